@@ -1,0 +1,31 @@
+"""az elastictrain: elastic, fault-tolerant PyTorch training on Azure Spot GPUs.
+
+Loading this module must stay cheap: the command table and arguments are
+imported inside the loader's methods, and no SDK (azure.mgmt, azure.storage,
+kubernetes, torch) is imported until a command runs.
+"""
+from azure.cli.core import AzCommandsLoader
+
+from azext_elastictrain._help import helps  # noqa: F401  (registers help text)
+
+
+class ElasticTrainCommandsLoader(AzCommandsLoader):
+    def __init__(self, cli_ctx=None):
+        from azure.cli.core.commands import CliCommandType
+
+        custom = CliCommandType(operations_tmpl="azext_elastictrain.operations.checkpoint#{}")
+        super().__init__(cli_ctx=cli_ctx, custom_command_type=custom)
+
+    def load_command_table(self, args):
+        from azext_elastictrain.commands import load_command_table
+
+        load_command_table(self, args)
+        return self.command_table
+
+    def load_arguments(self, command):
+        from azext_elastictrain._params import load_arguments
+
+        load_arguments(self, command)
+
+
+COMMAND_LOADER_CLS = ElasticTrainCommandsLoader

@@ -1,0 +1,37 @@
+"""-o table transformers: ordered rows, in the user's words."""
+from collections import OrderedDict
+
+
+def _size(num) -> str:
+    if num is None:
+        return ""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(num) < 1024 or unit == "GiB":
+            return f"{num:.0f} {unit}" if unit == "B" else f"{num:.1f} {unit}"
+        num /= 1024
+    return str(num)
+
+
+def _verified(value) -> str:
+    return {True: "yes", False: "NO", None: "-"}[value]
+
+
+def checkpoint_row(item: dict) -> OrderedDict:
+    return OrderedDict([
+        ("Step", item.get("step")),
+        ("Status", item.get("status")),
+        ("Created", item.get("created")),
+        ("Size", _size(item.get("sizeBytes"))),
+        ("Files", item.get("files")),
+        ("WorldSize", item.get("worldSize") if item.get("worldSize") is not None else ""),
+        ("Verified", _verified(item.get("verified"))),
+        ("Problems", "; ".join(item.get("problems") or [])),
+    ])
+
+
+def checkpoint_list_table(result) -> list:
+    return [checkpoint_row(item) for item in result]
+
+
+def checkpoint_show_table(result) -> list:
+    return [checkpoint_row(result)]

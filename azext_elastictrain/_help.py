@@ -1,0 +1,46 @@
+"""Help for every group and command, each with a runnable example."""
+from knack.help_files import helps
+
+helps["elastictrain"] = """
+type: group
+short-summary: Elastic, fault-tolerant PyTorch training on Azure Spot GPUs.
+long-summary: |
+    Train on cheap Spot GPUs without losing work to an eviction: checkpoints go to blob storage
+    atomically and asynchronously, and jobs resume from the newest complete one.
+"""
+
+helps["elastictrain checkpoint"] = """
+type: group
+short-summary: Inspect and verify a job's checkpoints in blob storage.
+"""
+
+helps["elastictrain checkpoint list"] = """
+type: command
+short-summary: List a job's checkpoints with their step, size and completeness.
+long-summary: |
+    A checkpoint is complete once its manifest is written (last, after every file). Incomplete
+    ones are being written or were abandoned; damaged ones miss files or have wrong sizes.
+examples:
+  - name: List the checkpoints of job 'resnet' with your az login.
+    text: az elastictrain checkpoint list --url https://mystore.blob.core.windows.net/checkpoints/resnet -o table
+  - name: List checkpoints in local Azurite.
+    text: az elastictrain checkpoint list --url http://127.0.0.1:10000/devstoreaccount1/checkpoints/resnet --connection-string "$AZURE_STORAGE_CONNECTION_STRING"
+"""
+
+helps["elastictrain checkpoint show"] = """
+type: command
+short-summary: Show one checkpoint, with its files, sizes and checksums.
+examples:
+  - name: Show the checkpoint of step 1200.
+    text: az elastictrain checkpoint show --url https://mystore.blob.core.windows.net/checkpoints/resnet --step 1200
+"""
+
+helps["elastictrain checkpoint verify"] = """
+type: command
+short-summary: Read checkpoints back and check every file's size and MD5 against its manifest.
+examples:
+  - name: Verify every complete checkpoint of a job.
+    text: az elastictrain checkpoint verify --url https://mystore.blob.core.windows.net/checkpoints/resnet -o table
+  - name: Verify one step.
+    text: az elastictrain checkpoint verify --url https://mystore.blob.core.windows.net/checkpoints/resnet --step 1200
+"""

@@ -1,0 +1,434 @@
+"""The one place that talks to blob storage (Azure, or Azurite locally).
+
+A handful of primitives over one container, shaped for checkpoints:
+
+* ``list`` — names, sizes and Content-MD5 under a prefix (one listing serves a
+  whole catalog);
+* ``create`` / ``open_writer`` — conditional writes (``If-None-Match: *``): a
+  blob is written once and never overwritten, which is what fences two
+  trainings that write the same job. Large files stream as parallel blocks
+  that only become visible when the block list is committed, so a writer
+  killed mid-way leaves nothing a reader could see;
+* ``download`` — parallel ranged reads into one buffer, hashed in order while
+  later ranges are still arriving, so verification costs almost nothing;
+* ``append`` — lines to an append blob (the job's event log);
+* ``delete``.
+
+azure-storage-blob is imported lazily: the CLI loads this module only when a
+command runs, and the runtime only inside training processes.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+from urllib.parse import urlparse
+
+BLOCK_SIZE = 8 * 1024 * 1024
+CONCURRENCY = 8
+# Bytes of blocks staged but not yet uploaded, across all writers of a store:
+# bounds memory while keeping every upload thread busy.
+MAX_BUFFERED = 2 * CONCURRENCY * BLOCK_SIZE
+
+
+class StoreError(RuntimeError):
+    """Blob storage refused or failed an operation."""
+
+
+class WriteConflict(StoreError):
+    """The blob already exists: someone else wrote it first (fencing)."""
+
+
+class NotFound(StoreError):
+    """The blob does not exist."""
+
+
+class IntegrityError(StoreError):
+    """Bytes read back do not match their recorded size or checksum."""
+
+
+@dataclass(frozen=True)
+class BlobEntry:
+    name: str
+    size: int
+    md5: str | None  # base64 Content-MD5, as listed
+    last_modified: float
+
+
+@dataclass(frozen=True)
+class Location:
+    """A container plus a prefix inside it, parsed from a URL."""
+
+    account_url: str
+    container: str
+    prefix: str
+
+    @property
+    def url(self) -> str:
+        return "/".join(p for p in (self.account_url, self.container, self.prefix) if p)
+
+
+def parse_location(url: str, connection_string: str | None = None) -> Location:
+    """Split ``<account url>/<container>/<prefix...>``.
+
+    Azure URLs name the account in the host; Azurite (and any URL under a
+    connection string's BlobEndpoint) names it in the first path segment.
+    """
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise ValueError(f"not a blob URL: {url!r} (expected https://<account>.blob.core.windows.net/<container>/<prefix>)")
+    base = f"{parsed.scheme}://{parsed.netloc}"
+    path = parsed.path.strip("/")
+    endpoint = _connection_string_endpoint(connection_string) if connection_string else None
+    if endpoint and url.rstrip("/").startswith(endpoint.rstrip("/")):
+        base = endpoint.rstrip("/")
+        path = url.rstrip("/")[len(base):].strip("/")
+    elif _is_ip_or_localhost(parsed.hostname or ""):
+        account, _, path = path.partition("/")
+        base = f"{base}/{account}"
+    container, _, prefix = path.partition("/")
+    if not container:
+        raise ValueError(f"blob URL {url!r} names no container")
+    return Location(account_url=base, container=container, prefix=prefix.strip("/"))
+
+
+def _is_ip_or_localhost(host: str) -> bool:
+    return host == "localhost" or host.replace(".", "").isdigit() or ":" in host
+
+
+def _connection_string_endpoint(connection_string: str) -> str | None:
+    parts = dict(
+        p.split("=", 1) for p in connection_string.split(";") if "=" in p
+    )
+    if "BlobEndpoint" in parts:
+        return parts["BlobEndpoint"]
+    if "AccountName" in parts:
+        protocol = parts.get("DefaultEndpointsProtocol", "https")
+        suffix = parts.get("EndpointSuffix", "core.windows.net")
+        return f"{protocol}://{parts['AccountName']}.blob.{suffix}"
+    return None
+
+
+def _b64(digest: bytes) -> str:
+    return base64.b64encode(digest).decode()
+
+
+def _translate(ex: Exception, name: str) -> Exception:
+    from azure.core.exceptions import (
+        HttpResponseError,
+        ResourceExistsError,
+        ResourceModifiedError,
+        ResourceNotFoundError,
+    )
+
+    if isinstance(ex, (ResourceExistsError, ResourceModifiedError)):
+        return WriteConflict(f"{name} already exists (written by another writer)")
+    if isinstance(ex, ResourceNotFoundError):
+        return NotFound(f"{name} does not exist")
+    if isinstance(ex, HttpResponseError):
+        return StoreError(f"blob storage failed on {name}: {ex.reason or ex.status_code}")
+    return ex
+
+
+class BlobStore:
+    """Blob primitives under one container. Thread-safe; share one per process."""
+
+    def __init__(self, container_client: Any, prefix: str = "", concurrency: int = CONCURRENCY):
+        self._container = container_client
+        self.prefix = prefix
+        self.concurrency = concurrency
+        self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="blob")
+        self._buffered = threading.BoundedSemaphore(max(1, MAX_BUFFERED // BLOCK_SIZE))
+
+    # -- construction -------------------------------------------------------
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        connection_string: str | None = None,
+        credential: Any = None,
+        concurrency: int = CONCURRENCY,
+    ) -> "BlobStore":
+        """Open the container of ``url``; its path after the container is ``prefix``.
+
+        Authentication: a connection string (Azurite, development) when given,
+        else ``credential``, else ``DefaultAzureCredential`` (workload identity
+        on AKS). Keys never leave this function.
+        """
+        from azure.storage.blob import ContainerClient
+
+        location = parse_location(url, connection_string)
+        options = {"max_single_put_size": BLOCK_SIZE, "max_block_size": BLOCK_SIZE}
+        if connection_string:
+            client = ContainerClient.from_connection_string(
+                connection_string, location.container, **options
+            )
+        else:
+            if credential is None:
+                from azure.identity import DefaultAzureCredential
+
+                credential = DefaultAzureCredential()
+            client = ContainerClient(
+                location.account_url, location.container, credential=credential, **options
+            )
+        return cls(client, location.prefix, concurrency)
+
+    @classmethod
+    def from_env(cls, url: str | None = None, environ: dict | None = None) -> "BlobStore":
+        env = os.environ if environ is None else environ
+        url = url or env.get("ELASTICTRAIN_CHECKPOINT_URL")
+        if not url:
+            raise ValueError("set ELASTICTRAIN_CHECKPOINT_URL to the blob URL of the job")
+        return cls.from_url(url, connection_string=env.get("AZURE_STORAGE_CONNECTION_STRING") or None)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        self._container.close()
+
+    # -- reads --------------------------------------------------------------
+    def list(self, prefix: str) -> list[BlobEntry]:
+        try:
+            return [
+                BlobEntry(
+                    name=b.name,
+                    size=int(b.size),
+                    md5=_b64(bytes(b.content_settings.content_md5))
+                    if b.content_settings and b.content_settings.content_md5
+                    else None,
+                    last_modified=b.last_modified.timestamp() if b.last_modified else 0.0,
+                )
+                for b in self._container.list_blobs(name_starts_with=prefix)
+            ]
+        except Exception as ex:  # noqa: BLE001 - translated at this boundary
+            raise _translate(ex, prefix) from ex
+
+    def read(self, name: str) -> bytes:
+        """A small blob, whole (manifests, metadata)."""
+        try:
+            return self._container.download_blob(name).readall()
+        except Exception as ex:  # noqa: BLE001
+            raise _translate(ex, name) from ex
+
+    def download(self, name: str, size: int, md5: str | None = None) -> memoryview:
+        """A blob of known ``size`` in parallel ranges; checks size and, if given, MD5.
+
+        Ranges land in one preallocated buffer; a hasher follows behind in
+        order, so the checksum is ready a moment after the last byte.
+        """
+        buffer = bytearray(size)
+        view = memoryview(buffer)
+        ranges = [(o, min(BLOCK_SIZE, size - o)) for o in range(0, size, BLOCK_SIZE)] or [(0, 0)]
+        blob = self._container.get_blob_client(name)
+
+        def fetch(offset: int, length: int) -> None:
+            if length == 0:
+                return
+            got = blob.download_blob(offset=offset, length=length).readinto(_ViewWriter(view[offset:offset + length]))
+            if got != length:
+                raise IntegrityError(f"{name}: short read at {offset} ({got} of {length} bytes)")
+
+        try:
+            futures = [self._pool.submit(fetch, o, n) for o, n in ranges]
+            hasher = hashlib.md5() if md5 else None
+            for (offset, length), fut in zip(ranges, futures):
+                fut.result()
+                if hasher:
+                    hasher.update(view[offset:offset + length])
+        except IntegrityError:
+            raise
+        except Exception as ex:  # noqa: BLE001
+            raise _translate(ex, name) from ex
+        if hasher and _b64(hasher.digest()) != md5:
+            raise IntegrityError(f"{name}: checksum mismatch (damaged or replaced)")
+        return view
+
+    # -- writes -------------------------------------------------------------
+    def create(self, name: str, data: bytes, *, content_type: str | None = None) -> str:
+        """Write a small blob once (fails with WriteConflict if it exists). Returns its MD5."""
+        from azure.storage.blob import ContentSettings
+
+        digest = hashlib.md5(data).digest()
+        settings = ContentSettings(content_md5=bytearray(digest), content_type=content_type)
+        try:
+            self._container.upload_blob(name, data, overwrite=False, content_settings=settings)
+        except Exception as ex:  # noqa: BLE001
+            raise _translate(ex, name) from ex
+        return _b64(digest)
+
+    def open_writer(self, name: str) -> "BlobWriter":
+        return BlobWriter(self, name)
+
+    def append(self, name: str, data: bytes) -> None:
+        """Append to an append blob, creating it on first use."""
+        from azure.core.exceptions import ResourceNotFoundError
+
+        blob = self._container.get_blob_client(name)
+        try:
+            try:
+                blob.append_block(data)
+            except ResourceNotFoundError:
+                try:
+                    blob.create_append_blob(if_none_match="*")
+                except Exception as ex:  # noqa: BLE001 - created concurrently is fine
+                    if not isinstance(_translate(ex, name), WriteConflict):
+                        raise
+                blob.append_block(data)
+        except Exception as ex:  # noqa: BLE001
+            raise _translate(ex, name) from ex
+
+    def delete(self, names: list[str]) -> None:
+        from azure.core.exceptions import ResourceNotFoundError
+
+        def remove(name: str) -> None:
+            try:
+                self._container.delete_blob(name)
+            except ResourceNotFoundError:
+                pass
+
+        for fut in [self._pool.submit(remove, n) for n in names]:
+            try:
+                fut.result()
+            except Exception as ex:  # noqa: BLE001
+                raise _translate(ex, "delete") from ex
+
+    # -- used by BlobWriter ---------------------------------------------------
+    def _submit_block(self, fn: Callable[[], None]) -> Future:
+        self._buffered.acquire()
+        fut = self._pool.submit(fn)
+        fut.add_done_callback(lambda _: self._buffered.release())
+        return fut
+
+    def _blob(self, name: str) -> Any:
+        return self._container.get_blob_client(name)
+
+
+class _ViewWriter:
+    """A write-only stream into a fixed memoryview (the downloader writes to streams)."""
+
+    def __init__(self, view: memoryview):
+        self._view = view
+        self._pos = 0
+
+    def write(self, data: Any) -> int:
+        chunk = memoryview(data).cast("B")
+        end = self._pos + chunk.nbytes
+        if end > len(self._view):
+            raise IntegrityError("blob is larger than its recorded size")
+        self._view[self._pos:end] = chunk
+        self._pos = end
+        return chunk.nbytes
+
+    def seekable(self) -> bool:
+        return False
+
+
+class BlobWriter:
+    """A write-once, file-like stream onto one block blob.
+
+    Bytes are cut into blocks that upload in parallel while the caller keeps
+    writing; nothing is visible until ``close`` commits the block list with
+    ``If-None-Match: *`` and the MD5 of everything written. A writer that is
+    killed or ``abort``-ed leaves no blob behind.
+    """
+
+    def __init__(self, store: BlobStore, name: str):
+        self._store = store
+        self.name = name
+        self._blob = store._blob(name)
+        self._buffer = bytearray()
+        self._md5 = hashlib.md5()
+        self._size = 0
+        self._block_ids: list[str] = []
+        self._futures: list[Future] = []
+        self.closed = False
+        self.md5: str | None = None
+
+    # file-like surface used by torch.save and DCP
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def readable(self) -> bool:
+        return False
+
+    def tell(self) -> int:
+        return self._size
+
+    def flush(self) -> None:
+        pass
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        n = view.nbytes
+        self._md5.update(view)
+        self._size += n
+        self._buffer += view
+        while len(self._buffer) >= BLOCK_SIZE:
+            self._stage(bytes(self._buffer[:BLOCK_SIZE]))
+            del self._buffer[:BLOCK_SIZE]
+        return n
+
+    def _stage(self, chunk: bytes) -> None:
+        block_id = base64.b64encode(f"{len(self._block_ids):08d}".encode()).decode()
+        self._block_ids.append(block_id)
+        self._futures.append(
+            self._store._submit_block(lambda: self._blob.stage_block(block_id, chunk, length=len(chunk)))
+        )
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        from azure.core import MatchConditions
+        from azure.storage.blob import BlobBlock, ContentSettings
+
+        digest = self._md5.digest()
+        settings = ContentSettings(content_md5=bytearray(digest))
+        try:
+            if not self._block_ids:
+                # Small file: one conditional PUT.
+                self._blob.upload_blob(bytes(self._buffer), overwrite=False, content_settings=settings)
+            else:
+                if self._buffer:
+                    self._stage(bytes(self._buffer))
+                for fut in self._futures:
+                    fut.result()
+                self._blob.commit_block_list(
+                    [BlobBlock(block_id=b) for b in self._block_ids],
+                    content_settings=settings,
+                    match_condition=MatchConditions.IfMissing,
+                )
+        except Exception as ex:  # noqa: BLE001
+            raise _translate(ex, self.name) from ex
+        finally:
+            self._buffer = bytearray()
+        self.md5 = _b64(digest)
+
+    def abort(self) -> None:
+        """Drop what was staged; uncommitted blocks expire on their own."""
+        self.closed = True
+        for fut in self._futures:
+            fut.cancel()
+        self._buffer = bytearray()
+
+    def __enter__(self) -> "BlobWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+def iter_lines(data: bytes) -> Iterator[bytes]:
+    for line in data.splitlines():
+        if line.strip():
+            yield line

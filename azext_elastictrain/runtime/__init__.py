@@ -1,0 +1,26 @@
+"""The training runtime: what training scripts import inside the job.
+
+    from azext_elastictrain.runtime import Checkpointer, TrainingState
+
+torch is imported on first use of these names, not when this package loads.
+"""
+from typing import Any
+
+_EXPORTS = {
+    "Checkpointer": "azext_elastictrain.runtime.checkpoint",
+    "CheckpointError": "azext_elastictrain.runtime.checkpoint",
+    "FencedError": "azext_elastictrain.runtime.checkpoint",
+    "TrainingState": "azext_elastictrain.runtime.state",
+    "PreemptionWatcher": "azext_elastictrain.runtime.preemption",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,447 @@
+"""Checkpointer: blob checkpoints that are atomic, verified and asynchronous.
+
+A training script does::
+
+    ckpt = Checkpointer.from_env()                 # after init_process_group
+    state = {"train": TrainingState(model, optimizer, scheduler)}
+    start = ckpt.restore(state) or 0               # newest valid checkpoint, same on every rank
+    for step in range(start + 1, total + 1):
+        ...one training step...
+        if ckpt.step(step, state, samples=global_batch):
+            break                                  # SIGTERM: the checkpoint is durable, exit now
+    ckpt.done(step, state)                         # final checkpoint, then close
+
+Guarantees:
+
+- *Atomic*: a checkpoint exists only once its ``manifest.json`` is written,
+  last, by rank 0, after every rank's files are in blob storage. Files are
+  written once (``If-None-Match: *``) under a folder private to the save
+  attempt, so two trainings that write the same job cannot corrupt each
+  other's committed checkpoints: the second manifest for a step is refused.
+- *Verified*: restore checks every file's size and MD5 against the manifest as
+  it reads it and falls back to the next newest checkpoint on any mismatch.
+  Rank 0 chooses, and every rank loads the same step.
+- *Asynchronous*: ``save`` blocks only while the state is copied to CPU
+  memory; the upload runs in a background thread on a process group of its
+  own, at most one at a time.
+- *Preemption*: SIGTERM or an Azure Scheduled Events ``Preempt`` notice on any
+  node makes every rank save the same step (agreed by one small all-reduce
+  per step); then the event is acknowledged so the node goes sooner.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.stateful import Stateful
+
+from azext_elastictrain.core import catalog, layout
+from azext_elastictrain.core.blobstore import BlobStore, WriteConflict
+from azext_elastictrain.runtime import progress
+from azext_elastictrain.runtime.state import Snapshotter, capture_rng, restore_rng
+from azext_elastictrain.runtime.storage import BlobCheckpointReader, BlobCheckpointWriter
+
+log = logging.getLogger(__name__)
+
+# Our own entry in every checkpoint: per-rank RNG states and the step.
+RESERVED = "_elastictrain"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be saved or committed."""
+
+
+class FencedError(CheckpointError):
+    """Another training already committed this step of the same job."""
+
+
+def _env_int(environ: Any, name: str, default: int | None) -> int | None:
+    value = environ.get(name)
+    return int(value) if value not in (None, "") else default
+
+
+def _env_float(environ: Any, name: str, default: float | None) -> float | None:
+    value = environ.get(name)
+    return float(value) if value not in (None, "") else default
+
+
+class Checkpointer:
+    def __init__(
+        self,
+        store: BlobStore,
+        job_prefix: str | None = None,
+        *,
+        keep: int = 3,
+        interval_steps: int | None = None,
+        interval_seconds: float | None = None,
+        async_save: bool = True,
+        verify: bool = True,
+        watcher: Any = None,
+        events: bool = True,
+        progress_seconds: float = 10.0,
+        thread_count: int = 1,
+        grace_seconds: float = catalog.DEFAULT_GRACE_SECONDS,
+    ):
+        if keep < 1:
+            raise ValueError("keep must be at least 1")
+        self.store = store
+        self.job_prefix = store.prefix if job_prefix is None else job_prefix
+        self.keep = keep
+        self.interval_steps = interval_steps
+        self.interval_seconds = interval_seconds
+        self.async_save = async_save
+        self.verify = verify
+        self.thread_count = thread_count
+        self.grace_seconds = grace_seconds
+        self.progress_seconds = progress_seconds
+
+        self.distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if self.distributed else 0
+        self.world_size = dist.get_world_size() if self.distributed else 1
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.node = os.environ.get("ELASTICTRAIN_NODE_NAME") or os.environ.get("ELASTICTRAIN_VM_NAME") or socket.gethostname()
+        # Two CPU groups of our own: the step-by-step agreement runs on the
+        # training thread, DCP's collectives in the upload thread; one group
+        # each keeps their collectives from interleaving across ranks.
+        self._ctl = dist.new_group(backend="gloo") if self.distributed else None
+        self._io = dist.new_group(backend="gloo") if self.distributed else None
+
+        self._snapshotter = Snapshotter()
+        self._uploader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="elastictrain-save")
+        self._pending: Future | None = None
+        self._pending_step: int | None = None
+        self._error: BaseException | None = None
+        self.last_saved_step: int | None = None
+        self._last_save_time = time.monotonic()
+        self._handled_notices: set[str] = set()
+        self._stopping = False
+
+        self._watcher = watcher
+        if self._watcher is not None:
+            self._watcher.start()
+        self._events = progress.EventLog(store, self.job_prefix, rank=self.rank, node=self.node) if events else None
+        self._progress_samples = 0.0
+        self._progress_since = time.monotonic()
+        self._progress_last_report = time.monotonic()
+        if self.rank == 0:
+            self._emit(
+                progress.STARTED,
+                world_size=self.world_size,
+                restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+                run_id=os.environ.get("TORCHELASTIC_RUN_ID"),
+            )
+
+    # -- construction from the job's environment -------------------------------
+    @classmethod
+    def from_env(cls, environ: Any = None, **overrides: Any) -> "Checkpointer":
+        """Everything from the environment the job sets (see README); keyword overrides win.
+
+        ``ELASTICTRAIN_CHECKPOINT_URL``: blob URL of the job's prefix;
+        ``AZURE_STORAGE_CONNECTION_STRING``: Azurite/development auth (else
+        DefaultAzureCredential: workload identity on AKS);
+        ``ELASTICTRAIN_KEEP``, ``ELASTICTRAIN_CHECKPOINT_INTERVAL_STEPS``,
+        ``ELASTICTRAIN_CHECKPOINT_INTERVAL_SECONDS``, ``ELASTICTRAIN_PROGRESS_SECONDS``;
+        and the preemption watcher's variables (runtime/preemption.py).
+        """
+        from azext_elastictrain.runtime.preemption import PreemptionWatcher
+
+        env = os.environ if environ is None else environ
+        options: dict[str, Any] = {
+            "keep": _env_int(env, "ELASTICTRAIN_KEEP", 3),
+            "interval_steps": _env_int(env, "ELASTICTRAIN_CHECKPOINT_INTERVAL_STEPS", None),
+            "interval_seconds": _env_float(env, "ELASTICTRAIN_CHECKPOINT_INTERVAL_SECONDS", None),
+            "progress_seconds": _env_float(env, "ELASTICTRAIN_PROGRESS_SECONDS", 10.0),
+        }
+        options.update(overrides)
+        if "watcher" not in options:
+            watcher = PreemptionWatcher.from_env(env)
+            if int(env.get("LOCAL_RANK", "0")) != 0:
+                watcher.events_url = None  # one poller per node; the all-reduce tells the rest
+            options["watcher"] = watcher
+        return cls(BlobStore.from_env(environ=env), **options)
+
+    # -- collectives on the control group ---------------------------------------
+    def _all_gather(self, obj: Any) -> list[Any]:
+        if not self.distributed:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self._ctl)
+        return out
+
+    def _broadcast(self, obj: Any) -> Any:
+        if not self.distributed:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self._ctl)
+        return box[0]
+
+    def _all_reduce_max(self, values: list[int]) -> list[int]:
+        if not self.distributed:
+            return values
+        tensor = torch.tensor(values, dtype=torch.int64)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self._ctl)
+        return tensor.tolist()
+
+    def _emit(self, kind: str, **fields: Any) -> None:
+        if self._events is not None:
+            self._events.emit(kind, **fields)
+
+    # -- restore -----------------------------------------------------------------
+    def restore(self, state: dict[str, Any]) -> int | None:
+        """Load the newest valid checkpoint into ``state``; its step, or None if there is none.
+
+        Collective: call it on every rank. Rank 0 lists the complete
+        checkpoints and broadcasts them; every rank tries the same one and they
+        move on together to the next newest if any rank finds a file damaged.
+        """
+        self.wait(raise_errors=False)
+        started = time.monotonic()
+        candidates: list[bytes] = []
+        if self.rank == 0:
+            listed = catalog.list_checkpoints(self.store, self.job_prefix)
+            candidates = [c.manifest.to_bytes() for c in reversed(listed) if c.complete and c.manifest]
+            skipped = [c.step for c in listed if c.status == catalog.DAMAGED]
+            if skipped:
+                log.warning("skipping damaged checkpoints at steps %s", skipped)
+        candidates = self._broadcast(candidates)
+        fallbacks = 0
+        for raw in candidates:
+            manifest = layout.Manifest.from_bytes(raw)
+            failed_somewhere = self._all_reduce_max([0 if self._load(manifest, state) else 1])[0]
+            if not failed_somewhere:
+                seconds = time.monotonic() - started
+                if self.rank == 0:
+                    log.info("restored step %d in %.2fs", manifest.step, seconds)
+                    self._emit(progress.RESTORED, step=manifest.step, seconds=round(seconds, 3),
+                               fallbacks=fallbacks, world_size=self.world_size,
+                               saved_world_size=manifest.world_size)
+                self.last_saved_step = manifest.step
+                self._last_save_time = time.monotonic()
+                return manifest.step
+            fallbacks += 1
+            if self.rank == 0:
+                log.warning("checkpoint of step %d is unreadable; falling back", manifest.step)
+        if self.rank == 0:
+            self._emit(progress.RESTORED, step=None, fallbacks=fallbacks, world_size=self.world_size)
+        return None
+
+    def _load(self, manifest: layout.Manifest, state: dict[str, Any]) -> bool:
+        target = dict(state)
+        target[RESERVED] = {"rng": None, "step": None}
+        reader = BlobCheckpointReader(self.store, self.job_prefix, manifest, verify=self.verify)
+        try:
+            dcp.load(target, storage_reader=reader, process_group=self._ctl, no_dist=not self.distributed)
+        except Exception as ex:  # noqa: BLE001 - any unreadable checkpoint means: try the previous one
+            log.warning("cannot load checkpoint of step %d: %s", manifest.step, ex)
+            return False
+        for key, value in target.items():
+            if key != RESERVED and not isinstance(state[key], Stateful):
+                state[key] = value
+        rng_states = target[RESERVED]["rng"] or []
+        if self.rank < len(rng_states) and rng_states[self.rank] is not None:
+            restore_rng(rng_states[self.rank])
+        else:
+            # The world grew: a new rank has no saved stream. Derive one from
+            # (step, rank) so reruns stay reproducible.
+            torch.manual_seed(manifest.step * 100003 + self.rank)
+        return True
+
+    # -- save ----------------------------------------------------------------------
+    def save(self, step: int, state: dict[str, Any], *, blocking: bool | None = None) -> None:
+        """Checkpoint ``state`` as ``step``. Collective: call it on every rank.
+
+        Returns once the state is copied to CPU memory; the upload continues in
+        the background (``blocking=True``, or ``async_save=False``, waits for
+        the commit). A previous save still uploading is finished first.
+        """
+        self.wait(raise_errors=False)
+        started = time.monotonic()
+        plain = {k: (v.state_dict() if isinstance(v, Stateful) else v) for k, v in state.items()}
+        gathered = self._all_gather((uuid.uuid4().hex[:12], capture_rng()))
+        writer = gathered[0][0]  # rank 0's token names this attempt's folder on every rank
+        plain[RESERVED] = {"rng": [g[1] for g in gathered], "step": step}
+        snapshot = self._snapshotter.snapshot(plain)
+        stall = time.monotonic() - started
+        self._last_save_time = time.monotonic()
+
+        def upload() -> None:
+            self._upload(step, snapshot, writer, stall)
+
+        if blocking or (blocking is None and not self.async_save):
+            upload()
+            return
+        self._pending_step = step
+        self._pending = self._uploader.submit(upload)
+
+    def _upload(self, step: int, snapshot: dict[str, Any], writer: str, stall: float) -> None:
+        started = time.monotonic()
+        committed: list[layout.Manifest] = []
+
+        def commit(files: list[layout.FileEntry]) -> None:
+            manifest = layout.Manifest(
+                step=step, created=time.time(), world_size=self.world_size, writer=writer,
+                files=layout.manifest_files(files),
+            )
+            try:
+                self.store.create(layout.manifest_name(self.job_prefix, step), manifest.to_bytes(),
+                                  content_type="application/json")
+            except WriteConflict as ex:
+                raise FencedError(
+                    f"step {step} was already committed by another training of this job; "
+                    "this save is discarded"
+                ) from ex
+            committed.append(manifest)
+
+        path = layout.writer_prefix(self.job_prefix, step, writer).rstrip("/")
+        try:
+            dcp.save(
+                snapshot,
+                storage_writer=BlobCheckpointWriter(self.store, path, commit, self.thread_count),
+                process_group=self._io,
+                no_dist=not self.distributed,
+            )
+        except BaseException as ex:
+            if self.rank == 0:
+                self._emit(progress.CHECKPOINT_FAILED, step=step, error=str(ex)[:500])
+            raise CheckpointError(f"checkpoint of step {step} failed: {ex}") from ex
+        seconds = time.monotonic() - started
+        self.last_saved_step = step
+        if self.rank == 0:
+            size = committed[0].total_bytes if committed else None
+            log.info("checkpoint of step %d committed (%s bytes, %.2fs upload, %.3fs stall)", step, size, seconds, stall)
+            self._emit(progress.CHECKPOINT, step=step, bytes=size, seconds=round(seconds, 3),
+                       stall_seconds=round(stall, 4), world_size=self.world_size)
+            self._retain()
+
+    def _retain(self) -> None:
+        """Keep the newest ``keep`` complete checkpoints; drop older and abandoned ones."""
+        try:
+            listed = catalog.list_checkpoints(self.store, self.job_prefix)
+            plan = catalog.plan_prune(listed, keep_last=self.keep, incomplete=True, grace=self.grace_seconds)
+            if plan.delete:
+                catalog.apply_prune(self.store, self.job_prefix, plan)
+                log.info("retention removed checkpoints %s", [c.step for c in plan.delete])
+        except Exception as ex:  # noqa: BLE001 - retention is housekeeping; never fail a save for it
+            log.warning("retention failed: %s", ex)
+
+    def wait(self, raise_errors: bool = True) -> None:
+        """Wait for the save in flight, if any. Raises its error unless told not to."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            try:
+                pending.result()
+            except BaseException as ex:  # noqa: BLE001
+                self._error = ex
+                log.error("%s", ex)
+        error, self._error = self._error, None
+        if error is not None and raise_errors:
+            raise error
+
+    # -- the per-step hook -----------------------------------------------------------
+    def step(self, step: int, state: dict[str, Any], *, samples: float | None = None,
+             metrics: dict[str, float] | None = None) -> bool:
+        """Call after every training step (collective). True means: stop now.
+
+        Saves on the configured interval, and at once on a preemption notice
+        anywhere in the job (every rank saves this same step). After SIGTERM
+        the checkpoint is durable when this returns True; the script should
+        exit. After a Scheduled Events notice training goes on: the node leaves
+        when Azure takes it, and the job resumes from this step.
+        """
+        notice = self._live_notice()
+        due = self.rank == 0 and self._due(step)
+        preempt_anywhere, save_due = self._all_reduce_max([1 if notice else 0, 1 if due else 0])
+        self._record_progress(step, samples, metrics)
+        if preempt_anywhere:
+            return self._on_preemption(step, state, notice)
+        if save_due:
+            self.save(step, state)
+        return False
+
+    def _live_notice(self) -> Any:
+        if self._watcher is None:
+            return None
+        notice = self._watcher.notice()
+        if notice is None:
+            return None
+        key = notice.event_id or notice.source
+        return None if key in self._handled_notices else notice
+
+    def _due(self, step: int) -> bool:
+        if self.interval_steps and step % self.interval_steps == 0:
+            return True
+        return bool(self.interval_seconds) and time.monotonic() - self._last_save_time >= self.interval_seconds
+
+    def _on_preemption(self, step: int, state: dict[str, Any], notice: Any) -> bool:
+        if notice is not None:
+            self._emit(progress.PREEMPTED, step=step, source=notice.source, event_id=notice.event_id)
+            log.warning("preemption notice (%s) at step %d: checkpointing now", notice.source, step)
+        started = time.monotonic()
+        if self.last_saved_step != step or self._pending is not None:
+            if self._pending_step == step and self._pending is not None:
+                self.wait(raise_errors=False)
+            else:
+                self.save(step, state, blocking=True)
+        if notice is not None:
+            self._handled_notices.add(notice.event_id or notice.source)
+            if notice.source != "sigterm":
+                self._watcher.acknowledge()
+            log.warning("preemption checkpoint of step %d durable after %.2fs", step, time.monotonic() - started)
+            return notice.source == "sigterm"
+        return False
+
+    def _record_progress(self, step: int, samples: float | None, metrics: dict[str, float] | None) -> None:
+        if self.rank != 0 or self._events is None:
+            return
+        self._progress_samples += samples or 0
+        now = time.monotonic()
+        if now - self._progress_last_report < self.progress_seconds:
+            return
+        elapsed = now - self._progress_since
+        rate = self._progress_samples / elapsed if elapsed > 0 and samples is not None else None
+        fields: dict[str, Any] = {"step": step, "world_size": self.world_size}
+        if rate is not None:
+            fields["samples_per_s"] = round(rate, 2)
+        if metrics:
+            fields["metrics"] = {k: float(v) for k, v in metrics.items()}
+        self._emit(progress.PROGRESS, **fields)
+        self._progress_samples, self._progress_since, self._progress_last_report = 0.0, now, now
+
+    # -- end ---------------------------------------------------------------------------
+    def done(self, step: int, state: dict[str, Any]) -> None:
+        """Training finished: commit the final state, record it, and close."""
+        if self.last_saved_step != step:
+            self.save(step, state, blocking=True)
+        self.wait()
+        if self.rank == 0:
+            self._emit(progress.FINISHED, step=step)
+        self.close()
+
+    def close(self) -> None:
+        """Finish the upload in flight and stop the background work. Idempotent."""
+        if self._stopping:
+            return
+        self._stopping = True
+        try:
+            self.wait(raise_errors=False)
+        finally:
+            self._uploader.shutdown(wait=True)
+            if self._watcher is not None:
+                self._watcher.stop()
+            if self._events is not None:
+                self._events.flush()
+                self._events.close()
+
+    def __enter__(self) -> "Checkpointer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

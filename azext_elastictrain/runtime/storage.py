@@ -1,0 +1,181 @@
+"""torch.distributed.checkpoint (DCP) storage straight onto blob storage.
+
+DCP's own file-system writer and reader do the planning and serialization;
+this module gives them a blob-backed ``FileSystemBase`` and replaces the one
+step that does not fit blob storage: DCP commits ``.metadata`` by renaming a
+temporary file, which on blob would be a copy. Here ``finish`` (which DCP
+calls on the coordinator only after every rank has written its files) writes
+``.metadata`` once and then the checkpoint's ``manifest.json`` — our commit.
+
+Call order, per save (all ranks):  prepare_local_plan -> [coordinator]
+prepare_global_plan -> write_data (every rank, in parallel, to its own files)
+-> [coordinator] finish (metadata, then manifest).
+"""
+from __future__ import annotations
+
+import io
+import pickle
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Generator
+
+from torch.distributed.checkpoint.filesystem import (
+    FileSystemBase,
+    FileSystemReader,
+    _FileSystemWriter,
+)
+from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.planner import SavePlan
+from torch.distributed.checkpoint.storage import WriteResult
+
+from azext_elastictrain.core import layout
+from azext_elastictrain.core.blobstore import BlobStore, NotFound
+
+METADATA = ".metadata"
+
+
+class MemoryReader(io.RawIOBase):
+    """A seekable, zero-copy reader over a downloaded buffer (torch.load needs seek)."""
+
+    def __init__(self, view: memoryview):
+        self._view = view
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        out = memoryview(buffer).cast("B")
+        n = max(0, min(len(out), len(self._view) - self._pos))
+        out[:n] = self._view[self._pos:self._pos + n]
+        self._pos += n
+        return n
+
+    def read(self, size: int = -1) -> bytes:
+        end = len(self._view) if size is None or size < 0 else min(len(self._view), self._pos + size)
+        data = self._view[self._pos:end].tobytes()
+        self._pos = end
+        return data
+
+
+class BlobFileSystem(FileSystemBase):
+    """DCP's file-system hooks over a BlobStore. Paths are blob names."""
+
+    def __init__(self, store: BlobStore, expected: dict[str, layout.FileEntry] | None = None):
+        self.store = store
+        # Reading a checkpoint: blob name -> manifest entry (size, checksum or ""
+        # for size only). Anything the manifest does not name is not read.
+        self.expected = expected
+
+    @contextmanager
+    def create_stream(self, path: Any, mode: str) -> Generator[io.IOBase, None, None]:
+        name = str(path)
+        if "w" in mode:
+            writer = self.store.open_writer(name)
+            try:
+                yield writer  # type: ignore[misc]
+            except BaseException:
+                writer.abort()
+                raise
+            writer.close()
+        else:
+            entry = (self.expected or {}).get(name)
+            if entry is None:
+                raise NotFound(f"{name} is not part of the checkpoint's manifest")
+            yield MemoryReader(self.store.download(name, entry.size, entry.md5 or None))  # type: ignore[misc]
+
+    def concat_path(self, path: Any, suffix: str) -> str:
+        return layout.join(str(path), suffix)
+
+    def init_path(self, path: Any) -> str:
+        return str(path).strip("/")
+
+    def rename(self, path: Any, new_path: Any) -> None:
+        raise NotImplementedError("blob checkpoints are written once and never renamed")
+
+    def mkdir(self, path: Any) -> None:
+        """Blob storage has no folders."""
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
+        return True
+
+    def exists(self, path: Any) -> bool:
+        name = str(path)
+        return any(e.name == name for e in self.store.list(name))
+
+    def rm_file(self, path: Any) -> None:
+        self.store.delete([str(path)])
+
+
+class BlobCheckpointWriter(_FileSystemWriter):
+    """DCP writer for one save attempt of one step, committed by its manifest.
+
+    ``path`` is the attempt's own folder (``<job>/checkpoints/<step>/<writer>``);
+    every blob is written with ``If-None-Match: *``. ``commit`` is called on the
+    coordinator after ``.metadata`` is written, with the attempt's files.
+    """
+
+    def __init__(
+        self,
+        store: BlobStore,
+        path: str,
+        commit: Callable[[list[layout.FileEntry]], None],
+        thread_count: int = 1,
+    ):
+        super().__init__(path=path, single_file_per_rank=True, sync_files=False, thread_count=thread_count)
+        self.fs = BlobFileSystem(store)
+        self.path = self.fs.init_path(path)
+        self._store = store
+        self._commit = commit
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        # Each attempt writes a fresh folder: nothing to create or to find there.
+        return plan
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION
+
+        metadata.version = CURRENT_DCP_VERSION
+        metadata.storage_data = {wr.index: wr.storage_data for wrs in results for wr in wrs}
+        metadata.storage_meta = self.storage_meta()
+        self._store.create(layout.join(self.path, METADATA), pickle.dumps(metadata))
+        # Manifest paths are relative to the step folder: "<writer>/<file>".
+        step_folder = self.path.rsplit("/", 1)[0] + "/"
+        files = [
+            layout.FileEntry(path=e.name[len(step_folder):], size=e.size, md5=e.md5 or "")
+            for e in self._store.list(self.path + "/")
+        ]
+        missing_md5 = [f.path for f in files if not f.md5]
+        if missing_md5:
+            raise RuntimeError(f"blob storage kept no checksum for {missing_md5}")
+        self._commit(files)
+
+
+class BlobCheckpointReader(FileSystemReader):
+    """DCP reader for one committed checkpoint; every file is checked as it is read.
+
+    Sizes are always checked; checksums too when ``verify`` (the default: the
+    bytes are in hand anyway and hashing overlaps the download).
+    """
+
+    def __init__(self, store: BlobStore, job_prefix: str, manifest: layout.Manifest, verify: bool = True):
+        super().__init__(path=layout.writer_prefix(job_prefix, manifest.step, manifest.writer))
+        folder = layout.checkpoint_prefix(job_prefix, manifest.step)
+        expected = {
+            folder + f.path: layout.FileEntry(f.path, f.size, f.md5 if verify else "")
+            for f in manifest.files
+        }
+        self.fs = BlobFileSystem(store, expected)
+        self.path = self.fs.init_path(self.path)

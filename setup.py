@@ -1,0 +1,47 @@
+"""The az elastictrain extension and its training runtime."""
+from setuptools import find_packages, setup
+
+VERSION = "0.1.0"
+
+CLASSIFIERS = [
+    "Development Status :: 3 - Alpha",
+    "Intended Audience :: Developers",
+    "Programming Language :: Python :: 3",
+    "Programming Language :: Python :: 3.11",
+    "License :: OSI Approved :: MIT License",
+]
+
+# The CLI side runs in az's own Python and uses only what azure-cli ships
+# (azure-storage-blob among it), so it declares nothing here.
+DEPENDENCIES: list = []
+
+EXTRAS = {
+    # What training scripts need inside the job (the runtime).
+    "train": [
+        "torch==2.13.0",
+        "azure-storage-blob>=12.19",
+        "azure-identity>=1.15",
+        "numpy",
+        "scikit-learn",
+    ],
+    "test": [
+        "pytest>=8",
+        "pytest-timeout",
+        "hypothesis",
+    ],
+}
+
+setup(
+    name="elastictrain",
+    version=VERSION,
+    description="Elastic, fault-tolerant PyTorch training on Azure Spot GPUs",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="MIT",
+    classifiers=CLASSIFIERS,
+    python_requires=">=3.10",
+    packages=find_packages(include=["azext_elastictrain", "azext_elastictrain.*"]),
+    install_requires=DEPENDENCIES,
+    extras_require=EXTRAS,
+    package_data={"azext_elastictrain": ["azext_metadata.json"]},
+)
