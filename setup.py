@@ -21,6 +21,7 @@ EXTRAS = {
         "torch==2.13.0",
         "azure-storage-blob>=12.19",
         "azure-identity>=1.15",
+        "python-etcd>=0.4.5",  # torchrun's etcd-v2 rendezvous backend
         "numpy",
         "scikit-learn",
     ],

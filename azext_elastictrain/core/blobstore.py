@@ -169,6 +169,11 @@ class BlobStore:
                 connection_string, location.container, **options
             )
         else:
+            if urlparse(url).scheme != "https":
+                raise ValueError(
+                    f"{url} is not HTTPS: Azure storage needs https://<account>.blob.core.windows.net/...; "
+                    "a local Azurite URL needs AZURE_STORAGE_CONNECTION_STRING"
+                )
             if credential is None:
                 from azure.identity import DefaultAzureCredential
 

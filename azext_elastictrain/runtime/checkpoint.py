@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 import socket
 import time
 import uuid
@@ -50,6 +51,9 @@ from azext_elastictrain.runtime.state import Snapshotter, capture_rng, restore_r
 from azext_elastictrain.runtime.storage import BlobCheckpointReader, BlobCheckpointWriter
 
 log = logging.getLogger(__name__)
+
+# DCP warns on every call in a single process; that is a supported mode here.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
 # Our own entry in every checkpoint: per-rank RNG states and the step.
 RESERVED = "_elastictrain"
@@ -117,7 +121,6 @@ class Checkpointer:
         self._snapshotter = Snapshotter()
         self._uploader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="elastictrain-save")
         self._pending: Future | None = None
-        self._pending_step: int | None = None
         self._error: BaseException | None = None
         self.last_saved_step: int | None = None
         self._last_save_time = time.monotonic()
@@ -162,10 +165,11 @@ class Checkpointer:
         }
         options.update(overrides)
         if "watcher" not in options:
-            watcher = PreemptionWatcher.from_env(env)
+            watcher_env = dict(env)
             if int(env.get("LOCAL_RANK", "0")) != 0:
-                watcher.events_url = None  # one poller per node; the all-reduce tells the rest
-            options["watcher"] = watcher
+                # One Scheduled Events poller per node; the per-step all-reduce tells the rest.
+                watcher_env["ELASTICTRAIN_SCHEDULED_EVENTS_URL"] = "off"
+            options["watcher"] = PreemptionWatcher.from_env(watcher_env)
         return cls(BlobStore.from_env(environ=env), **options)
 
     # -- collectives on the control group ---------------------------------------
@@ -263,6 +267,8 @@ class Checkpointer:
         the commit). A previous save still uploading is finished first.
         """
         self.wait(raise_errors=False)
+        if step == self.last_saved_step:
+            return  # already committed (e.g. an interval save of the step a notice arrived at)
         started = time.monotonic()
         plain = {k: (v.state_dict() if isinstance(v, Stateful) else v) for k, v in state.items()}
         gathered = self._all_gather((uuid.uuid4().hex[:12], capture_rng()))
@@ -278,7 +284,6 @@ class Checkpointer:
         if blocking or (blocking is None and not self.async_save):
             upload()
             return
-        self._pending_step = step
         self._pending = self._uploader.submit(upload)
 
     def _upload(self, step: int, snapshot: dict[str, Any], writer: str, stall: float) -> None:
@@ -385,11 +390,7 @@ class Checkpointer:
             self._emit(progress.PREEMPTED, step=step, source=notice.source, event_id=notice.event_id)
             log.warning("preemption notice (%s) at step %d: checkpointing now", notice.source, step)
         started = time.monotonic()
-        if self.last_saved_step != step or self._pending is not None:
-            if self._pending_step == step and self._pending is not None:
-                self.wait(raise_errors=False)
-            else:
-                self.save(step, state, blocking=True)
+        self.save(step, state, blocking=True)
         if notice is not None:
             self._handled_notices.add(notice.event_id or notice.source)
             if notice.source != "sigterm":
@@ -418,8 +419,7 @@ class Checkpointer:
     # -- end ---------------------------------------------------------------------------
     def done(self, step: int, state: dict[str, Any]) -> None:
         """Training finished: commit the final state, record it, and close."""
-        if self.last_saved_step != step:
-            self.save(step, state, blocking=True)
+        self.save(step, state, blocking=True)
         self.wait()
         if self.rank == 0:
             self._emit(progress.FINISHED, step=step)

@@ -1,0 +1,118 @@
+"""A real 2-node elastic job (torchrun agents, etcd-v2 rendezvous, Azurite) losing a node.
+
+Without notice the survivor resumes from the last committed checkpoint; with a
+notice (SIGTERM to the node, or an Azure Scheduled Events ``Preempt``) every
+rank checkpoints the step the notice arrived at and the survivor resumes there:
+no step is lost.
+"""
+from __future__ import annotations
+
+import signal
+import uuid
+
+import pytest
+
+from azext_elastictrain.core import catalog
+from azext_elastictrain.core.blobstore import BlobStore
+from tests.support.elastic import JobConfig, Node, dump, events_of, read_events, wait_for
+
+STEPS = 2000  # never reached: each test stops the job once it has shown recovery
+CHECKPOINT_EVERY = 25
+
+
+@pytest.fixture
+def job(azurite, etcd, container_url, tmp_path):
+    name = f"job-{uuid.uuid4().hex[:8]}"
+    config = JobConfig(
+        name=name,
+        checkpoint_url=f"{container_url}/{name}",
+        connection_string=azurite.connection_string,
+        etcd_endpoint=etcd.endpoint,
+        script_args=["--steps", str(STEPS), "--checkpoint-every", str(CHECKPOINT_EVERY),
+                     "--step-delay", "0.05", "--log-every", "50"],
+    )
+    store = BlobStore.from_url(config.checkpoint_url, connection_string=azurite.connection_string)
+    nodes: list[Node] = []
+
+    def start(node_name: str, **changes) -> Node:
+        for key, value in changes.items():
+            setattr(config, key, value)
+        node = Node(config, node_name, tmp_path / "logs")
+        nodes.append(node)
+        return node
+
+    yield config, store, start
+    for node in nodes:
+        node.stop()
+    store.close()
+
+
+def _logs(nodes) -> str:
+    return "\n".join(f"--- {n.name} ---\n{n.log_tail(3000)}" for n in nodes)
+
+
+def _start_two(store, start):
+    a, b = start("node-a"), start("node-b")
+    events = lambda: read_events(store, store.prefix)  # noqa: E731
+    wait_for(lambda: any(e.get("world_size") == 2 for e in events_of(events(), "checkpoint")),
+             timeout=120, what="a checkpoint at world size 2",
+             on_timeout=lambda: dump(events()) + _logs([a, b]))
+    return a, b, events
+
+
+def _committed_steps(store) -> list[int]:
+    return [c.step for c in catalog.list_checkpoints(store, store.prefix) if c.complete]
+
+
+def _restored_after(events, since: int) -> list[dict]:
+    return [e for e in events_of(events, "restored")[since:] if e.get("step") is not None]
+
+
+def test_survivor_resumes_from_last_committed_step_after_losing_a_node_without_notice(job):
+    config, store, start = job
+    a, b, events = _start_two(store, start)
+    restored_before = len(events_of(events(), "restored"))
+    committed_at_kill = max(_committed_steps(store))
+    b.kill()
+
+    restored = wait_for(lambda: _restored_after(events(), restored_before), timeout=90,
+                        what="the survivor to restore", on_timeout=lambda: dump(events()) + _logs([a]))
+    step = restored[0]["step"]
+    # The newest commit at the moment of the kill, or one that was already uploading then.
+    assert step >= committed_at_kill
+    assert step in _committed_steps(store) or step <= max(_committed_steps(store))
+    assert restored[0]["world_size"] == 1
+    wait_for(lambda: any(e.get("world_size") == 1 and e["step"] > step for e in events_of(events(), "progress")),
+             timeout=60, what="training to go on at world size 1", on_timeout=lambda: dump(events()))
+    assert a.alive()
+
+
+@pytest.mark.parametrize("notice", ["sigterm", "scheduled-events"])
+def test_no_step_is_lost_when_the_node_gets_a_preemption_notice(job, notice):
+    config, store, start = job
+    from azext_elastictrain.core.scheduled_events import ScheduledEventsServer
+
+    with ScheduledEventsServer() as imds:
+        if notice == "scheduled-events":
+            config.scheduled_events_url = imds.url
+        a, b, events = _start_two(store, start)
+        restored_before = len(events_of(events(), "restored"))
+        if notice == "sigterm":
+            b.signal_agent(signal.SIGTERM)
+            b.wait(timeout=60)  # the agent stops its workers once they saved and exited
+        else:
+            event_id = imds.post_event(["node-b"], "Preempt", notice_seconds=30)
+            assert imds.wait_acknowledged(event_id, timeout=60), dump(events()) + _logs([a, b])
+            b.kill()  # the acknowledged eviction happens
+
+        preempted = events_of(events(), "preempted")
+        assert preempted, dump(events())
+        notice_step = preempted[0]["step"]
+        assert notice_step in _committed_steps(store) or any(
+            e["step"] == notice_step for e in events_of(events(), "checkpoint")
+        )
+        restored = wait_for(lambda: _restored_after(events(), restored_before), timeout=90,
+                            what="the survivor to restore", on_timeout=lambda: dump(events()) + _logs([a]))
+        assert restored[0]["step"] == notice_step, dump(events())
+        assert restored[0]["world_size"] == 1
+        assert a.alive()

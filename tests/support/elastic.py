@@ -1,0 +1,153 @@
+"""Real torchrun agents acting as nodes of one elastic job, for tests and benchmarks.
+
+Each ``Node`` is a ``torchrun`` agent (etcd-v2 rendezvous, ``--nnodes=A:B``)
+running ``scripts/train_cifar10.py`` with the job's checkpoint URL, Azurite
+credentials and Scheduled Events endpoint in its environment. Losing a node
+means killing the agent AND every descendant: workers start sessions of their
+own, so a process-group kill would leave them training.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import psutil
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TRAIN_SCRIPT = REPO_ROOT / "scripts" / "train_cifar10.py"
+
+# Fast recovery without splitting the job: dead nodes are noticed after
+# keep_alive_interval x keep_alive_max_attempt, and a round closes last_call
+# seconds after min nodes joined (defaults: 5 x 3 s and 30 s).
+TUNED_RDZV_CONF = "last_call_timeout=3,keep_alive_interval=2,keep_alive_max_attempt=3,join_timeout=300"
+
+
+@dataclass
+class JobConfig:
+    name: str
+    checkpoint_url: str
+    connection_string: str
+    etcd_endpoint: str
+    min_nodes: int = 1
+    max_nodes: int = 2
+    nproc_per_node: int = 1
+    script_args: Sequence[str] = ()
+    scheduled_events_url: str = "off"
+    rdzv_conf: str = TUNED_RDZV_CONF
+    extra_env: dict = field(default_factory=dict)
+
+
+class Node:
+    def __init__(self, job: JobConfig, name: str, log_dir: Path):
+        self.job = job
+        self.name = name
+        self.log_path = log_dir / f"{name}.log"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        env.update({
+            "ELASTICTRAIN_CHECKPOINT_URL": job.checkpoint_url,
+            "AZURE_STORAGE_CONNECTION_STRING": job.connection_string,
+            "ELASTICTRAIN_SCHEDULED_EVENTS_URL": job.scheduled_events_url,
+            "ELASTICTRAIN_VM_NAME": name,
+            "ELASTICTRAIN_NODE_NAME": name,
+            "ELASTICTRAIN_PROGRESS_SECONDS": "1",
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # torch 2.13: scale-up hangs without it
+            "GLOO_SOCKET_IFNAME": "lo",
+            "OMP_NUM_THREADS": "1",
+            "PYTHONUNBUFFERED": "1",
+        })
+        env.update(job.extra_env)
+        argv = [
+            sys.executable, "-m", "torch.distributed.run",
+            f"--nnodes={job.min_nodes}:{job.max_nodes}",
+            f"--nproc-per-node={job.nproc_per_node}",
+            "--rdzv-backend=etcd-v2",
+            f"--rdzv-endpoint={job.etcd_endpoint}",
+            f"--rdzv-id={job.name}",
+            f"--rdzv-conf={job.rdzv_conf}",
+            "--local-addr=127.0.0.1",
+            "--max-restarts=100",
+            "--monitor-interval=0.5",
+            str(TRAIN_SCRIPT), *job.script_args,
+        ]
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log,
+                                     stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+    def tree(self) -> list[psutil.Process]:
+        try:
+            root = psutil.Process(self.proc.pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def signal_agent(self, sig: int) -> None:
+        """What the kubelet does on eviction: signal the agent, which signals its workers."""
+        try:
+            os.kill(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def kill(self) -> None:
+        """The node is gone: SIGKILL the agent and every descendant at once."""
+        procs = self.tree()
+        for p in procs:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(procs, timeout=10)
+        self.proc.wait(timeout=10)
+        self._log.close()
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self, chars: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.alive() or self.tree():
+            self.kill()
+        self._log.close()
+
+
+def read_events(store, job_prefix: str) -> list[dict]:
+    from azext_elastictrain.runtime.progress import read_events as _read
+
+    return _read(store, job_prefix)
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.25,
+             on_timeout: Callable[[], str] = lambda: "") -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{on_timeout()}")
+
+
+def events_of(events: list[dict], kind: str, **match) -> list[dict]:
+    return [e for e in events if e.get("event") == kind and all(e.get(k) == v for k, v in match.items())]
+
+
+def dump(events: list[dict]) -> str:
+    return "\n".join(json.dumps(e) for e in events[-40:])
+
+
+__all__ = ["JobConfig", "Node", "read_events", "wait_for", "events_of", "dump", "signal"]
