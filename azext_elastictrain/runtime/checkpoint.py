@@ -47,7 +47,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 from azext_elastictrain.core import catalog, layout
 from azext_elastictrain.core.blobstore import BlobStore, WriteConflict
 from azext_elastictrain.runtime import progress
-from azext_elastictrain.runtime.state import Snapshotter, capture_rng, restore_rng
+from azext_elastictrain.runtime.state import Snapshotter, TrainingState, capture_rng, restore_rng
 from azext_elastictrain.runtime.storage import BlobCheckpointReader, BlobCheckpointWriter
 
 log = logging.getLogger(__name__)
@@ -270,6 +270,7 @@ class Checkpointer:
         if step == self.last_saved_step:
             return  # already committed (e.g. an interval save of the step a notice arrived at)
         started = time.monotonic()
+        self._agree_on_buffers(state)
         plain = {k: (v.state_dict() if isinstance(v, Stateful) else v) for k, v in state.items()}
         gathered = self._all_gather((uuid.uuid4().hex[:12], capture_rng()))
         writer = gathered[0][0]  # rank 0's token names this attempt's folder on every rank
@@ -285,6 +286,25 @@ class Checkpointer:
             upload()
             return
         self._pending = self._uploader.submit(upload)
+
+    def _agree_on_buffers(self, state: dict[str, Any]) -> None:
+        """Give every rank rank 0's module buffers (BatchNorm statistics) before saving.
+
+        DDP replicates parameters exactly but lets each rank update buffers
+        from its own batch, then overwrites them from rank 0 at the next
+        forward. DCP saves each replicated tensor from one rank, not
+        necessarily rank 0, so without this a resumed run could start from
+        another rank's statistics and drift from an uninterrupted one.
+        """
+        if not self.distributed:
+            return
+        for value in state.values():
+            if isinstance(value, TrainingState):
+                for buffer in value.model.buffers():
+                    host = buffer.detach().cpu() if buffer.is_cuda else buffer.detach()
+                    dist.broadcast(host, src=0, group=self._ctl)
+                    if host is not buffer:
+                        buffer.copy_(host)
 
     def _upload(self, step: int, snapshot: dict[str, Any], writer: str, stall: float) -> None:
         started = time.monotonic()
