@@ -29,6 +29,7 @@ EXTRAS = {
         "pytest>=8",
         "pytest-timeout",
         "hypothesis",
+        "matplotlib",  # the demo's timeline picture
     ],
 }
 

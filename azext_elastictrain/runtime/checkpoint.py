@@ -381,43 +381,40 @@ class Checkpointer:
         exit. After a Scheduled Events notice training goes on: the node leaves
         when Azure takes it, and the job resumes from this step.
         """
-        notice = self._live_notice()
+        notices = self._live_notices()
         due = self.rank == 0 and self._due(step)
-        preempt_anywhere, save_due = self._all_reduce_max([1 if notice else 0, 1 if due else 0])
+        preempt_anywhere, save_due = self._all_reduce_max([1 if notices else 0, 1 if due else 0])
         self._record_progress(step, samples, metrics)
         if preempt_anywhere:
-            return self._on_preemption(step, state, notice)
+            return self._on_preemption(step, state, notices)
         if save_due:
             self.save(step, state)
         return False
 
-    def _live_notice(self) -> Any:
+    def _live_notices(self) -> list[Any]:
+        """Notices not yet acted on (a handled Scheduled Event stays listed until the VM goes)."""
         if self._watcher is None:
-            return None
-        notice = self._watcher.notice()
-        if notice is None:
-            return None
-        key = notice.event_id or notice.source
-        return None if key in self._handled_notices else notice
+            return []
+        return [n for n in self._watcher.notices() if (n.event_id or n.source) not in self._handled_notices]
 
     def _due(self, step: int) -> bool:
         if self.interval_steps and step % self.interval_steps == 0:
             return True
         return bool(self.interval_seconds) and time.monotonic() - self._last_save_time >= self.interval_seconds
 
-    def _on_preemption(self, step: int, state: dict[str, Any], notice: Any) -> bool:
-        if notice is not None:
+    def _on_preemption(self, step: int, state: dict[str, Any], notices: list[Any]) -> bool:
+        for notice in notices:
             self._emit(progress.PREEMPTED, step=step, source=notice.source, event_id=notice.event_id)
             log.warning("preemption notice (%s) at step %d: checkpointing now", notice.source, step)
         started = time.monotonic()
         self.save(step, state, blocking=True)
-        if notice is not None:
+        for notice in notices:
             self._handled_notices.add(notice.event_id or notice.source)
             if notice.source != "sigterm":
                 self._watcher.acknowledge()
+        if notices:
             log.warning("preemption checkpoint of step %d durable after %.2fs", step, time.monotonic() - started)
-            return notice.source == "sigterm"
-        return False
+        return any(n.source == "sigterm" for n in notices)
 
     def _record_progress(self, step: int, samples: float | None, metrics: dict[str, float] | None) -> None:
         if self.rank != 0 or self._events is None:

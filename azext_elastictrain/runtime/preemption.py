@@ -308,6 +308,11 @@ class PreemptionWatcher:
         """The current notice, if any; lock-free so it costs nothing per training step."""
         return self._scheduled_notice or self._sigterm_notice
 
+    def notices(self) -> list[PreemptionNotice]:
+        """Every notice received: a Scheduled Events one and a SIGTERM can both arrive,
+        and they mean different things (the VM will go vs. this process must stop now)."""
+        return [n for n in (self._scheduled_notice, self._sigterm_notice) if n is not None]
+
     def acknowledge(self) -> None:
         """Tell Azure the VM may go now (after the checkpoint); never raises.
 

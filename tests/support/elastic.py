@@ -58,6 +58,8 @@ class Node:
             "ELASTICTRAIN_VM_NAME": name,
             "ELASTICTRAIN_NODE_NAME": name,
             "ELASTICTRAIN_PROGRESS_SECONDS": "1",
+            # A worker restarted on the same VM must not act twice on an acknowledged event.
+            "ELASTICTRAIN_PREEMPTION_STATE": str(log_dir / f"{name}.acked.json"),
             "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # torch 2.13: scale-up hangs without it
             "GLOO_SOCKET_IFNAME": "lo",
             "OMP_NUM_THREADS": "1",
