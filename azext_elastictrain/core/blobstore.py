@@ -153,6 +153,7 @@ class BlobStore:
         connection_string: str | None = None,
         credential: Any = None,
         concurrency: int = CONCURRENCY,
+        quick_retries: bool = False,
     ) -> "BlobStore":
         """Open the container of ``url``; its path after the container is ``prefix``.
 
@@ -163,7 +164,11 @@ class BlobStore:
         from azure.storage.blob import ContainerClient
 
         location = parse_location(url, connection_string)
-        options = {"max_single_put_size": BLOCK_SIZE, "max_block_size": BLOCK_SIZE}
+        options: dict[str, Any] = {"max_single_put_size": BLOCK_SIZE, "max_block_size": BLOCK_SIZE}
+        if quick_retries:
+            # An interactive command should fail in seconds, not after the SDK's
+            # 15 s-based exponential backoff meant for long-running jobs.
+            options.update(retry_total=2, initial_backoff=1, increment_base=2)
         if connection_string:
             client = ContainerClient.from_connection_string(
                 connection_string, location.container, **options

@@ -22,16 +22,18 @@ from azure.cli.core.azclierror import (
 def _open_store(cmd, url: str, connection_string: str | None) -> Iterator:
     from azure.core.exceptions import ClientAuthenticationError, ServiceRequestError
 
-    from azext_elastictrain.core.blobstore import BlobStore, NotFound, StoreError
+    from azext_elastictrain.core.blobstore import BlobStore, NotFound, StoreError, parse_location
 
     connection_string = connection_string or os.environ.get("AZURE_STORAGE_CONNECTION_STRING") or None
-    credential = None
-    if not connection_string:
-        from azure.cli.core._profile import Profile
-
-        credential = Profile(cli_ctx=cmd.cli_ctx).get_login_credentials()[0]
     try:
-        store = BlobStore.from_url(url, connection_string=connection_string, credential=credential)
+        parse_location(url, connection_string)  # bad input fails before any login or request
+        credential = None
+        if not connection_string:
+            from azure.cli.core._profile import Profile
+
+            credential = Profile(cli_ctx=cmd.cli_ctx).get_login_credentials()[0]
+        store = BlobStore.from_url(url, connection_string=connection_string, credential=credential,
+                                   quick_retries=True)
     except ValueError as ex:
         raise InvalidArgumentValueError(
             str(ex), recommendation="Pass the job's checkpoint URL: https://<account>.blob.core.windows.net/<container>/<job>"

@@ -1,0 +1,79 @@
+"""az elastictrain checkpoint list|show|verify through the real az, over checkpoints the runtime wrote."""
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import torch
+
+from azext_elastictrain.core import layout
+from azext_elastictrain.core.blobstore import BlobStore
+from azext_elastictrain.runtime import Checkpointer
+
+
+@pytest.fixture
+def job_url(azurite, container_url):
+    """A job with checkpoints of steps 10, 20, 30 written by the real runtime."""
+    url = f"{container_url}/job-{uuid.uuid4().hex[:6]}"
+    store = BlobStore.from_url(url, connection_string=azurite.connection_string)
+    ckpt = Checkpointer(store, keep=5, watcher=None, events=False)
+    state = {"weights": {"w": torch.zeros(1000)}}
+    for step in (10, 20, 30):
+        state["weights"]["w"] += 1
+        ckpt.save(step, state, blocking=True)
+    ckpt.close()
+    yield url, store
+    store.close()
+
+
+def _env(azurite):
+    return {"AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string}
+
+
+def test_list_shows_every_checkpoint_with_its_status(az, azurite, job_url):
+    url, _ = job_url
+    listed = az.json("elastictrain", "checkpoint", "list", "--url", url, env=_env(azurite))
+    assert [(c["step"], c["status"]) for c in listed] == [(10, "complete"), (20, "complete"), (30, "complete")]
+    assert all(c["sizeBytes"] > 4000 and c["worldSize"] == 1 for c in listed)
+    table = az("elastictrain", "checkpoint", "list", "--url", url, "-o", "table", env=_env(azurite)).stdout
+    assert "Step" in table and "complete" in table and "30" in table
+
+
+def test_verify_reads_back_and_flags_a_damaged_file(az, azurite, job_url):
+    url, store = job_url
+    manifest = layout.Manifest.from_bytes(store.read(layout.manifest_name(store.prefix, 30)))
+    victim = layout.checkpoint_prefix(store.prefix, 30) + next(f.path for f in manifest.files if f.path.endswith(".distcp"))
+    size = next(f.size for f in manifest.files if victim.endswith(f.path))
+    store.delete([victim])
+    store.create(victim, b"\0" * size)  # same size, wrong bytes
+
+    verified = {c["step"]: c for c in az.json("elastictrain", "checkpoint", "verify", "--url", url, env=_env(azurite))}
+    assert verified[10]["verified"] is True and verified[20]["verified"] is True
+    assert verified[30]["verified"] is False and verified[30]["status"] == "damaged"
+    assert any("checksum" in p for p in verified[30]["problems"])
+
+
+def test_show_gives_files_and_a_missing_step_exits_3(az, azurite, job_url):
+    url, _ = job_url
+    shown = az.json("elastictrain", "checkpoint", "show", "--url", url, "--step", "20", env=_env(azurite))
+    assert shown["step"] == 20 and shown["status"] == "complete"
+    assert any(f["path"].endswith(".distcp") for f in shown["fileList"])
+    missing = az("elastictrain", "checkpoint", "show", "--url", url, "--step", "25", check=False, env=_env(azurite))
+    assert missing.returncode == 3, missing.stderr
+    assert "no checkpoint of step 25" in missing.stderr and "Traceback" not in missing.stderr
+
+
+@pytest.mark.parametrize("url, expected", [
+    ("not-a-url", "not a blob URL"),
+    ("https://", "not a blob URL"),
+    ("http://127.0.0.1:1/devstoreaccount1/c/job", "cannot reach blob storage"),
+])
+def test_bad_urls_are_clear_errors_not_tracebacks(az, azurite, url, expected):
+    env = _env(azurite) if "127.0.0.1:1/" in url else {}
+    if "127.0.0.1:1/" in url:
+        env["AZURE_STORAGE_CONNECTION_STRING"] = azurite.connection_string.replace(
+            azurite.blob_endpoint, "http://127.0.0.1:1/devstoreaccount1")
+    result = az("elastictrain", "checkpoint", "list", "--url", url, check=False, env=env, timeout=180)
+    assert result.returncode != 0
+    assert expected in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
