@@ -1,0 +1,103 @@
+"""Suite-wide fixtures: real Azurite, real etcd, the real az.
+
+Services listen on free loopback ports and are always stopped (see
+``tests/support/services.py``).  Tests are marked by folder: tests/unit ->
+``unit``, tests/integration -> ``integration``, tests/e2e -> ``e2e``, so
+``-m unit`` selects the fast ones.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+TESTS_DIR = Path(__file__).resolve().parent
+REPO_ROOT = TESTS_DIR.parent
+if str(REPO_ROOT) not in sys.path:  # pytest.ini's pythonpath does this too
+    sys.path.insert(0, str(REPO_ROOT))
+
+from tests.support import services as svc  # noqa: E402
+
+_FOLDER_MARKS = ("unit", "integration", "e2e")
+_LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Clients in the tests (azure-core, requests in az) honour proxy variables;
+    # traffic to the local services must never go through a proxy.
+    for var in ("no_proxy", "NO_PROXY"):
+        current = [h for h in os.environ.get(var, "").split(",") if h]
+        os.environ[var] = ",".join(current + [h for h in _LOOPBACK_HOSTS if h not in current])
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        try:
+            rel = Path(str(item.path)).resolve().relative_to(TESTS_DIR)
+        except ValueError:
+            continue
+        if len(rel.parts) > 1 and rel.parts[0] in _FOLDER_MARKS:
+            item.add_marker(getattr(pytest.mark, rel.parts[0]))
+
+
+def _enter_or_fail(stack: contextlib.ExitStack, cm):
+    try:
+        return stack.enter_context(cm)
+    except svc.ServiceError as exc:
+        stack.close()
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[svc.AzuriteService]:
+    """Azurite's blob service (on-disk data) for the whole session."""
+    with contextlib.ExitStack() as stack:
+        yield _enter_or_fail(stack, svc.start_azurite(tmp_path_factory.mktemp("azurite")))
+
+
+@pytest.fixture
+def container_url(azurite: svc.AzuriteService) -> Iterator[str]:
+    """A fresh, empty container in the session's Azurite: ``{blob_endpoint}/{name}``."""
+    name = f"t-{uuid.uuid4().hex[:20]}"
+    client = azurite.blob_service_client()
+    try:
+        client.create_container(name)
+        yield f"{azurite.blob_endpoint}/{name}"
+    finally:
+        try:
+            client.delete_container(name)
+        except Exception:  # noqa: BLE001  the test may have deleted it
+            pass
+        client.close()
+
+
+@pytest.fixture(scope="session")
+def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[svc.EtcdService]:
+    """A one-member etcd with the v2 API for the whole session."""
+    with contextlib.ExitStack() as stack:
+        yield _enter_or_fail(stack, svc.start_etcd(tmp_path_factory.mktemp("etcd")))
+
+
+@pytest.fixture
+def az(tmp_path: Path) -> svc.AzCli:
+    """The real az (.venv/bin/az) with an isolated AZURE_CONFIG_DIR and this
+    checkout as a dev extension: ``az("elastictrain", "--help")`` returns a
+    CompletedProcess (text); ``check=True`` raises on a non-zero exit;
+    ``az.json(...)`` adds ``-o json`` and parses stdout."""
+    try:
+        svc.check_dev_extension()
+        return svc.AzCli(tmp_path / "azure-config")
+    except svc.ServiceNotFound as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture
+def az_json(az: svc.AzCli):
+    """``az_json(*args)``: run ``az ... -o json`` and return the parsed stdout."""
+    return az.json
