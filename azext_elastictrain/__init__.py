@@ -4,12 +4,15 @@ Loading this module must stay cheap: the command table and arguments are
 imported inside the loader's methods, and no SDK (azure.mgmt, azure.storage,
 kubernetes, torch) is imported until a command runs.
 """
-from azure.cli.core import AzCommandsLoader
+try:
+    from azure.cli.core import AzCommandsLoader
+except ImportError:  # inside a training job: only .runtime and .core are used, without az
+    AzCommandsLoader = object  # type: ignore[assignment,misc]
+else:
+    from azext_elastictrain._help import helps  # noqa: F401  (registers help text)
 
-from azext_elastictrain._help import helps  # noqa: F401  (registers help text)
 
-
-class ElasticTrainCommandsLoader(AzCommandsLoader):
+class ElasticTrainCommandsLoader(AzCommandsLoader):  # type: ignore[misc,valid-type]
     def __init__(self, cli_ctx=None):
         from azure.cli.core.commands import CliCommandType
 

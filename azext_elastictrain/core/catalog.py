@@ -123,16 +123,20 @@ def _describe(store: Store, job_prefix: str, step: int, entries: list[BlobEntry]
 
 
 def verify(store: Store, job_prefix: str, checkpoint: Checkpoint) -> Checkpoint:
-    """Read every file of a complete checkpoint back and compare its MD5."""
-    if not checkpoint.complete or checkpoint.manifest is None:
+    """Read every file a checkpoint's manifest names back and compare its MD5.
+
+    Checkpoints without a manifest have nothing to verify against (verified stays None).
+    """
+    if checkpoint.manifest is None:
         return checkpoint
     folder = layout.checkpoint_prefix(job_prefix, checkpoint.step)
-    problems = []
+    problems = list(checkpoint.problems)
     for f in checkpoint.manifest.files:
         try:
             store.download(folder + f.path, f.size, f.md5)
         except (IntegrityError, NotFound) as ex:
-            problems.append(str(ex))
+            if str(ex) not in problems:
+                problems.append(str(ex))
     if problems:
         return _replace(checkpoint, status=DAMAGED, problems=tuple(problems), verified=False)
     return _replace(checkpoint, verified=True)

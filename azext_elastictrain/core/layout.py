@@ -26,8 +26,9 @@ MANIFEST = "manifest.json"
 EVENTS = "events.jsonl"
 STEP_DIGITS = 12
 
-_STEP_DIR = re.compile(r"^\d{%d}$" % STEP_DIGITS)
-_JOB_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+# fullmatch, and [0-9] not \d: "$" would accept a trailing newline, \d other scripts' digits.
+_STEP_DIR = re.compile(r"[0-9]{%d}" % STEP_DIGITS)
+_JOB_NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 
 
 class ManifestError(ValueError):
@@ -36,7 +37,7 @@ class ManifestError(ValueError):
 
 def validate_job_name(name: str) -> str:
     """Job names become blob prefixes and Kubernetes names: DNS labels."""
-    if not _JOB_NAME.match(name or ""):
+    if not _JOB_NAME.fullmatch(name or ""):
         raise ValueError(
             f"invalid job name {name!r}: use 1-63 lowercase letters, digits and '-', "
             "starting and ending with a letter or digit"
@@ -81,7 +82,7 @@ def parse_step(blob_name: str, job_prefix: str) -> int | None:
     if not blob_name.startswith(prefix):
         return None
     head = blob_name[len(prefix):].split("/", 1)[0]
-    return int(head) if _STEP_DIR.match(head) else None
+    return int(head) if _STEP_DIR.fullmatch(head) else None
 
 
 @dataclass(frozen=True)
