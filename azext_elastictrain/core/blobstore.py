@@ -245,7 +245,7 @@ class BlobStore:
         try:
             futures = [self._pool.submit(fetch, o, n) for o, n in ranges]
             hasher = hashlib.md5() if md5 else None
-            for (offset, length), fut in zip(ranges, futures):
+            for (offset, length), fut in zip(ranges, futures, strict=True):
                 fut.result()
                 if hasher:
                     hasher.update(view[offset:offset + length])
@@ -379,10 +379,19 @@ class BlobWriter:
         n = view.nbytes
         self._md5.update(view)
         self._size += n
-        self._buffer += view
-        while len(self._buffer) >= BLOCK_SIZE:
-            self._stage(bytes(self._buffer[:BLOCK_SIZE]))
-            del self._buffer[:BLOCK_SIZE]
+        pos = 0
+        if self._buffer:  # top up the partial block first
+            pos = min(n, BLOCK_SIZE - len(self._buffer))
+            self._buffer += view[:pos]
+            if len(self._buffer) == BLOCK_SIZE:
+                self._stage(bytes(self._buffer))
+                self._buffer = bytearray()
+        # Tensors arrive in one large write: cut blocks straight from it (one copy).
+        while n - pos >= BLOCK_SIZE:
+            self._stage(bytes(view[pos:pos + BLOCK_SIZE]))
+            pos += BLOCK_SIZE
+        if pos < n:
+            self._buffer += view[pos:]
         return n
 
     def _stage(self, chunk: bytes) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import io
 import pickle
-import time
 from contextlib import contextmanager
 from typing import Any, Callable, Generator
 
