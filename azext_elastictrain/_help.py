@@ -37,7 +37,7 @@ examples:
 
 helps["elastictrain checkpoint verify"] = """
 type: command
-short-summary: Read checkpoints back and check every file's size and MD5 against its manifest.
+short-summary: Read checkpoints back and check every file's size and SHA-256 checksum against its manifest.
 examples:
   - name: Verify every complete checkpoint of a job.
     text: az elastictrain checkpoint verify --url https://mystore.blob.core.windows.net/checkpoints/resnet -o table

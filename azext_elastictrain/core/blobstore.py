@@ -2,15 +2,15 @@
 
 A handful of primitives over one container, shaped for checkpoints:
 
-* ``list`` — names, sizes and Content-MD5 under a prefix (one listing serves a
+* ``list`` — names, sizes and recorded checksums under a prefix (one listing serves a
   whole catalog);
 * ``create`` / ``open_writer`` — conditional writes (``If-None-Match: *``): a
   blob is written once and never overwritten, which is what fences two
   trainings that write the same job. Large files stream as parallel blocks
   that only become visible when the block list is committed, so a writer
   killed mid-way leaves nothing a reader could see;
-* ``download`` — parallel ranged reads into one buffer, hashed in order while
-  later ranges are still arriving, so verification costs almost nothing;
+* ``download`` — parallel ranged reads into one buffer, each range hashed by
+  the thread that fetched it, so verification overlaps the transfer;
 * ``append`` — lines to an append blob (the job's event log);
 * ``delete``.
 
@@ -33,6 +33,8 @@ CONCURRENCY = 8
 # Bytes of blocks staged but not yet uploaded, across all writers of a store:
 # bounds memory while keeping every upload thread busy.
 MAX_BUFFERED = 2 * CONCURRENCY * BLOCK_SIZE
+# Blob metadata key holding the checksum (see ``checksum``); listings return it.
+CHECKSUM_METADATA = "sha256blocks"
 
 
 class StoreError(RuntimeError):
@@ -55,7 +57,7 @@ class IntegrityError(StoreError):
 class BlobEntry:
     name: str
     size: int
-    md5: str | None  # base64 Content-MD5, as listed
+    sha256: str | None  # the checksum its writer recorded in the blob's metadata
     last_modified: float
 
 
@@ -84,7 +86,7 @@ def parse_location(url: str, connection_string: str | None = None) -> Location:
     base = f"{parsed.scheme}://{parsed.netloc}"
     path = parsed.path.strip("/")
     endpoint = _connection_string_endpoint(connection_string) if connection_string else None
-    if endpoint and url.rstrip("/").startswith(endpoint.rstrip("/")):
+    if endpoint and (url.rstrip("/") + "/").startswith(endpoint.rstrip("/") + "/"):
         base = endpoint.rstrip("/")
         path = url.rstrip("/")[len(base):].strip("/")
     elif _is_ip_or_localhost(parsed.hostname or ""):
@@ -98,6 +100,15 @@ def parse_location(url: str, connection_string: str | None = None) -> Location:
 
 def _is_ip_or_localhost(host: str) -> bool:
     return host == "localhost" or host.replace(".", "").isdigit() or ":" in host
+
+
+def _total_size(content_range: str | None, default: int) -> int:
+    """The blob's full size from a ranged response's ``Content-Range: bytes a-b/total``."""
+    if content_range and "/" in content_range:
+        total = content_range.rsplit("/", 1)[1]
+        if total.isdigit():
+            return int(total)
+    return default
 
 
 def _connection_string_endpoint(connection_string: str) -> str | None:
@@ -115,6 +126,27 @@ def _connection_string_endpoint(connection_string: str) -> str | None:
 
 def _b64(digest: bytes) -> str:
     return base64.b64encode(digest).decode()
+
+
+def block_digest(data: Any) -> bytes:
+    return hashlib.sha256(data).digest()
+
+
+def combine(digests: list[bytes]) -> str:
+    """The file checksum from its blocks' digests: base64 SHA-256 of their concatenation.
+
+    Hashing blocks independently lets the threads that upload or download
+    them hash in parallel (hashlib releases the GIL), where one running hash
+    over the whole file would be a serial pass.
+    """
+    return _b64(hashlib.sha256(b"".join(digests)).digest())
+
+
+def checksum(data: Any) -> str:
+    """Checksum of ``data`` cut into BLOCK_SIZE blocks (an empty file is one empty block)."""
+    view = memoryview(data).cast("B")
+    offsets = range(0, len(view), BLOCK_SIZE) if len(view) else [0]
+    return combine([block_digest(view[o:o + BLOCK_SIZE]) for o in offsets])
 
 
 def _translate(ex: Exception, name: str) -> Exception:
@@ -207,12 +239,10 @@ class BlobStore:
                 BlobEntry(
                     name=b.name,
                     size=int(b.size),
-                    md5=_b64(bytes(b.content_settings.content_md5))
-                    if b.content_settings and b.content_settings.content_md5
-                    else None,
+                    sha256=(b.metadata or {}).get(CHECKSUM_METADATA),
                     last_modified=b.last_modified.timestamp() if b.last_modified else 0.0,
                 )
-                for b in self._container.list_blobs(name_starts_with=prefix)
+                for b in self._container.list_blobs(name_starts_with=prefix, include=["metadata"])
             ]
         except Exception as ex:  # noqa: BLE001 - translated at this boundary
             raise _translate(ex, prefix) from ex
@@ -224,51 +254,54 @@ class BlobStore:
         except Exception as ex:  # noqa: BLE001
             raise _translate(ex, name) from ex
 
-    def download(self, name: str, size: int, md5: str | None = None) -> memoryview:
-        """A blob of known ``size`` in parallel ranges; checks size and, if given, MD5.
+    def download(self, name: str, size: int, sha256: str | None = None) -> memoryview:
+        """A blob of known ``size`` in parallel ranges; checks its size and, if given, checksum.
 
-        Ranges land in one preallocated buffer; a hasher follows behind in
-        order, so the checksum is ready a moment after the last byte.
+        Ranges are the checksum's blocks: each fetching thread hashes its own
+        range, so verifying costs a fraction of a pass over the bytes.
         """
         buffer = bytearray(size)
         view = memoryview(buffer)
         ranges = [(o, min(BLOCK_SIZE, size - o)) for o in range(0, size, BLOCK_SIZE)] or [(0, 0)]
         blob = self._container.get_blob_client(name)
 
-        def fetch(offset: int, length: int) -> None:
+        def fetch(offset: int, length: int) -> bytes | None:
             if length == 0:
-                return
-            got = blob.download_blob(offset=offset, length=length).readinto(_ViewWriter(view[offset:offset + length]))
-            if got != length:
-                raise IntegrityError(f"{name}: short read at {offset} ({got} of {length} bytes)")
+                stored = blob.get_blob_properties().size
+            else:
+                downloader = blob.download_blob(offset=offset, length=length)
+                got = downloader.readinto(_ViewWriter(view[offset:offset + length]))
+                if got != length:
+                    raise IntegrityError(f"{name}: short read at {offset} ({got} of {length} bytes)")
+                stored = _total_size(downloader.properties.content_range, default=size)
+            if stored != size:
+                raise IntegrityError(f"{name}: {stored} bytes stored, expected {size}")
+            return block_digest(view[offset:offset + length]) if sha256 else None
 
         try:
-            futures = [self._pool.submit(fetch, o, n) for o, n in ranges]
-            hasher = hashlib.md5() if md5 else None
-            for (offset, length), fut in zip(ranges, futures, strict=True):
-                fut.result()
-                if hasher:
-                    hasher.update(view[offset:offset + length])
+            digests = [f.result() for f in [self._pool.submit(fetch, o, n) for o, n in ranges]]
         except IntegrityError:
             raise
         except Exception as ex:  # noqa: BLE001
             raise _translate(ex, name) from ex
-        if hasher and _b64(hasher.digest()) != md5:
+        if sha256 and combine(digests) != sha256:  # type: ignore[arg-type]
             raise IntegrityError(f"{name}: checksum mismatch (damaged or replaced)")
         return view
 
     # -- writes -------------------------------------------------------------
     def create(self, name: str, data: bytes, *, content_type: str | None = None) -> str:
-        """Write a small blob once (fails with WriteConflict if it exists). Returns its MD5."""
+        """Write a small blob once (fails with WriteConflict if it exists). Returns its checksum."""
         from azure.storage.blob import ContentSettings
 
-        digest = hashlib.md5(data).digest()
-        settings = ContentSettings(content_md5=bytearray(digest), content_type=content_type)
+        digest = checksum(data)
         try:
-            self._container.upload_blob(name, data, overwrite=False, content_settings=settings)
+            self._container.upload_blob(
+                name, data, overwrite=False, metadata={CHECKSUM_METADATA: digest},
+                content_settings=ContentSettings(content_type=content_type) if content_type else None,
+            )
         except Exception as ex:  # noqa: BLE001
             raise _translate(ex, name) from ex
-        return _b64(digest)
+        return digest
 
     def open_writer(self, name: str) -> "BlobWriter":
         return BlobWriter(self, name)
@@ -340,23 +373,26 @@ class _ViewWriter:
 class BlobWriter:
     """A write-once, file-like stream onto one block blob.
 
-    Bytes are cut into blocks that upload in parallel while the caller keeps
-    writing; nothing is visible until ``close`` commits the block list with
-    ``If-None-Match: *`` and the MD5 of everything written. A writer that is
-    killed or ``abort``-ed leaves no blob behind.
+    Bytes are cut into blocks that are hashed and uploaded in parallel while
+    the caller keeps writing; nothing is visible until ``close`` commits the
+    block list with ``If-None-Match: *`` and the checksum in the blob's
+    metadata. A writer that is killed or ``abort``-ed leaves no blob behind.
     """
 
     def __init__(self, store: BlobStore, name: str):
         self._store = store
         self.name = name
         self._blob = store._blob(name)
+        # Block ids are per writer: two writers racing on one name must not
+        # stage over each other's uncommitted blocks.
+        self._token = os.urandom(6).hex()
         self._buffer = bytearray()
-        self._md5 = hashlib.md5()
         self._size = 0
         self._block_ids: list[str] = []
+        self._digests: list[bytes | None] = []
         self._futures: list[Future] = []
         self.closed = False
-        self.md5: str | None = None
+        self.sha256: str | None = None
 
     # file-like surface used by torch.save and DCP
     def writable(self) -> bool:
@@ -377,7 +413,6 @@ class BlobWriter:
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
         n = view.nbytes
-        self._md5.update(view)
         self._size += n
         pos = 0
         if self._buffer:  # top up the partial block first
@@ -395,40 +430,46 @@ class BlobWriter:
         return n
 
     def _stage(self, chunk: bytes) -> None:
-        block_id = base64.b64encode(f"{len(self._block_ids):08d}".encode()).decode()
+        index = len(self._block_ids)
+        block_id = base64.b64encode(f"{self._token}-{index:08d}".encode()).decode()
         self._block_ids.append(block_id)
-        self._futures.append(
-            self._store._submit_block(lambda: self._blob.stage_block(block_id, chunk, length=len(chunk)))
-        )
+        self._digests.append(None)
+
+        def upload() -> None:
+            self._digests[index] = block_digest(chunk)
+            self._blob.stage_block(block_id, chunk, length=len(chunk))
+
+        self._futures.append(self._store._submit_block(upload))
 
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
         from azure.core import MatchConditions
-        from azure.storage.blob import BlobBlock, ContentSettings
+        from azure.storage.blob import BlobBlock
 
-        digest = self._md5.digest()
-        settings = ContentSettings(content_md5=bytearray(digest))
         try:
             if not self._block_ids:
                 # Small file: one conditional PUT.
-                self._blob.upload_blob(bytes(self._buffer), overwrite=False, content_settings=settings)
+                data = bytes(self._buffer)
+                digest = combine([block_digest(data)])
+                self._blob.upload_blob(data, overwrite=False, metadata={CHECKSUM_METADATA: digest})
             else:
                 if self._buffer:
                     self._stage(bytes(self._buffer))
                 for fut in self._futures:
                     fut.result()
+                digest = combine(self._digests)  # type: ignore[arg-type]
                 self._blob.commit_block_list(
                     [BlobBlock(block_id=b) for b in self._block_ids],
-                    content_settings=settings,
+                    metadata={CHECKSUM_METADATA: digest},
                     match_condition=MatchConditions.IfMissing,
                 )
         except Exception as ex:  # noqa: BLE001
             raise _translate(ex, self.name) from ex
         finally:
             self._buffer = bytearray()
-        self.md5 = _b64(digest)
+        self.sha256 = digest
 
     def abort(self) -> None:
         """Drop what was staged; uncommitted blocks expire on their own."""

@@ -26,7 +26,7 @@ DEFAULT_GRACE_SECONDS = 600.0
 class Store(Protocol):
     def list(self, prefix: str) -> list[BlobEntry]: ...
     def read(self, name: str) -> bytes: ...
-    def download(self, name: str, size: int, md5: str | None = None) -> memoryview: ...
+    def download(self, name: str, size: int, sha256: str | None = None) -> memoryview: ...
     def delete(self, names: list[str]) -> None: ...
 
 
@@ -105,7 +105,7 @@ def _describe(store: Store, job_prefix: str, step: int, entries: list[BlobEntry]
             problems.append(f"missing {f.path}")
         elif entry.size != f.size:
             problems.append(f"{f.path}: {entry.size} bytes, manifest says {f.size}")
-        elif entry.md5 and entry.md5 != f.md5:
+        elif entry.sha256 and entry.sha256 != f.sha256:
             problems.append(f"{f.path}: stored checksum differs from the manifest")
     if manifest.step != step:
         problems.append(f"manifest is for step {manifest.step}")
@@ -123,7 +123,7 @@ def _describe(store: Store, job_prefix: str, step: int, entries: list[BlobEntry]
 
 
 def verify(store: Store, job_prefix: str, checkpoint: Checkpoint) -> Checkpoint:
-    """Read every file a checkpoint's manifest names back and compare its MD5.
+    """Read every file a checkpoint's manifest names back and compare its checksum.
 
     Checkpoints without a manifest have nothing to verify against (verified stays None).
     """
@@ -133,7 +133,7 @@ def verify(store: Store, job_prefix: str, checkpoint: Checkpoint) -> Checkpoint:
     problems = list(checkpoint.problems)
     for f in checkpoint.manifest.files:
         try:
-            store.download(folder + f.path, f.size, f.md5)
+            store.download(folder + f.path, f.size, f.sha256)
         except (IntegrityError, NotFound) as ex:
             if str(ex) not in problems:
                 problems.append(str(ex))

@@ -21,6 +21,9 @@ from typing import Any, Iterable
 
 FORMAT_VERSION = 1
 FORMAT_NAME = "torch-dcp"
+# Every file's checksum: SHA-256 over the SHA-256 digests of its consecutive
+# 8 MiB blocks, so writers and readers hash blocks in parallel (core.blobstore).
+CHECKSUM = "sha256-of-8MiB-block-sha256"
 CHECKPOINTS = "checkpoints"
 MANIFEST = "manifest.json"
 EVENTS = "events.jsonl"
@@ -91,10 +94,10 @@ class FileEntry:
 
     path: str
     size: int
-    md5: str  # base64, as Azure reports Content-MD5
+    sha256: str  # base64 block-list checksum, see core.blobstore.checksum
 
     def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "size": self.size, "md5": self.md5}
+        return {"path": self.path, "size": self.size, "sha256": self.sha256}
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,7 @@ class Manifest:
             "world_size": self.world_size,
             "writer": self.writer,
             "total_bytes": self.total_bytes,
+            "checksum": CHECKSUM,
             "files": [f.to_json() for f in self.files],
             "extra": self.extra,
         }
@@ -133,7 +137,7 @@ class Manifest:
         try:
             doc = json.loads(data)
             files = tuple(
-                FileEntry(path=str(f["path"]), size=int(f["size"]), md5=str(f["md5"]))
+                FileEntry(path=str(f["path"]), size=int(f["size"]), sha256=str(f["sha256"]))
                 for f in doc["files"]
             )
             manifest = cls(
@@ -148,6 +152,8 @@ class Manifest:
             )
         except (ValueError, KeyError, TypeError) as ex:
             raise ManifestError(f"unreadable checkpoint manifest: {ex}") from ex
+        if doc.get("checksum", CHECKSUM) != CHECKSUM:
+            raise ManifestError(f"unsupported checksum {doc.get('checksum')!r}")
         if manifest.format != FORMAT_NAME or manifest.format_version > FORMAT_VERSION:
             raise ManifestError(
                 f"unsupported checkpoint format {manifest.format} v{manifest.format_version}"

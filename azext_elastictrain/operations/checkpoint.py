@@ -85,7 +85,7 @@ def show_checkpoint(cmd, url: str, step: int, connection_string: str | None = No
 
 
 def verify_checkpoints(cmd, url: str, step: int | None = None, connection_string: str | None = None) -> list[dict]:
-    """Read back every file of the complete checkpoints (or one step) and check its MD5."""
+    """Read back every file of the complete checkpoints (or one step) and check its checksum."""
     from azext_elastictrain.core import catalog
 
     with _open_store(cmd, url, connection_string) as store:

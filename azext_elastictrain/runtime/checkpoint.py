@@ -18,7 +18,7 @@ Guarantees:
   written once (``If-None-Match: *``) under a folder private to the save
   attempt, so two trainings that write the same job cannot corrupt each
   other's committed checkpoints: the second manifest for a step is refused.
-- *Verified*: restore checks every file's size and MD5 against the manifest as
+- *Verified*: restore checks every file's size and SHA-256 against the manifest as
   it reads it and falls back to the next newest checkpoint on any mismatch.
   Rank 0 chooses, and every rank loads the same step.
 - *Asynchronous*: ``save`` blocks only while the state is copied to CPU
@@ -42,6 +42,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.stateful import Stateful
 
 from azext_elastictrain.core import catalog, layout
@@ -75,6 +76,17 @@ def _env_int(environ: Any, name: str, default: int | None) -> int | None:
 def _env_float(environ: Any, name: str, default: float | None) -> float | None:
     value = environ.get(name)
     return float(value) if value not in (None, "") else default
+
+
+def _fenced(ex: BaseException) -> "FencedError | None":
+    """The FencedError behind a DCP failure, if that is what it was (on any rank)."""
+    if isinstance(ex, FencedError):
+        return ex
+    for failure in getattr(ex, "failures", {}).values():
+        cause = failure[0] if isinstance(failure, tuple) else failure
+        if isinstance(cause, FencedError):
+            return cause
+    return None
 
 
 class Checkpointer:
@@ -243,7 +255,8 @@ class Checkpointer:
         reader = BlobCheckpointReader(self.store, self.job_prefix, manifest, verify=self.verify)
         try:
             dcp.load(target, storage_reader=reader, process_group=self._ctl, no_dist=not self.distributed)
-        except Exception as ex:  # noqa: BLE001 - any unreadable checkpoint means: try the previous one
+        except (Exception, CheckpointException) as ex:  # noqa: BLE001 - unreadable: try the previous one
+            # (DCP wraps every rank's read error in CheckpointException, a BaseException.)
             log.warning("cannot load checkpoint of step %d: %s", manifest.step, ex)
             return False
         for key, value in target.items():
@@ -333,9 +346,12 @@ class Checkpointer:
                 process_group=self._io,
                 no_dist=not self.distributed,
             )
-        except BaseException as ex:
+        except (Exception, CheckpointException) as ex:
+            fenced = _fenced(ex)
             if self.rank == 0:
-                self._emit(progress.CHECKPOINT_FAILED, step=step, error=str(ex)[:500])
+                self._emit(progress.CHECKPOINT_FAILED, step=step, error=str(fenced or ex)[:500])
+            if fenced is not None:
+                raise fenced from ex
             raise CheckpointError(f"checkpoint of step {step} failed: {ex}") from ex
         seconds = time.monotonic() - started
         self.last_saved_step = step

@@ -92,7 +92,7 @@ class BlobFileSystem(FileSystemBase):
             entry = (self.expected or {}).get(name)
             if entry is None:
                 raise NotFound(f"{name} is not part of the checkpoint's manifest")
-            yield MemoryReader(self.store.download(name, entry.size, entry.md5 or None))  # type: ignore[misc]
+            yield MemoryReader(self.store.download(name, entry.size, entry.sha256 or None))  # type: ignore[misc]
 
     def concat_path(self, path: Any, suffix: str) -> str:
         return layout.join(str(path), suffix)
@@ -153,12 +153,12 @@ class BlobCheckpointWriter(_FileSystemWriter):
         # Manifest paths are relative to the step folder: "<writer>/<file>".
         step_folder = self.path.rsplit("/", 1)[0] + "/"
         files = [
-            layout.FileEntry(path=e.name[len(step_folder):], size=e.size, md5=e.md5 or "")
+            layout.FileEntry(path=e.name[len(step_folder):], size=e.size, sha256=e.sha256 or "")
             for e in self._store.list(self.path + "/")
         ]
-        missing_md5 = [f.path for f in files if not f.md5]
-        if missing_md5:
-            raise RuntimeError(f"blob storage kept no checksum for {missing_md5}")
+        unchecked = [f.path for f in files if not f.sha256]
+        if unchecked:
+            raise RuntimeError(f"blob storage kept no checksum for {unchecked}")
         self._commit(files)
 
 
@@ -173,7 +173,7 @@ class BlobCheckpointReader(FileSystemReader):
         super().__init__(path=layout.writer_prefix(job_prefix, manifest.step, manifest.writer))
         folder = layout.checkpoint_prefix(job_prefix, manifest.step)
         expected = {
-            folder + f.path: layout.FileEntry(f.path, f.size, f.md5 if verify else "")
+            folder + f.path: layout.FileEntry(f.path, f.size, f.sha256 if verify else "")
             for f in manifest.files
         }
         self.fs = BlobFileSystem(store, expected)
