@@ -35,3 +35,12 @@ def checkpoint_list_table(result) -> list:
 
 def checkpoint_show_table(result) -> list:
     return [checkpoint_row(result)]
+
+
+def checkpoint_prune_table(result) -> list:
+    action = "would delete" if result.get("dryRun") else ("deleted" if result.get("deleted") else "kept (declined)")
+    return [
+        OrderedDict([("Action", action), ("Step", c["step"]), ("Status", c["status"]),
+                     ("Size", _size(c.get("sizeBytes"))), ("Reason", c.get("reason", ""))])
+        for c in result.get("delete", [])
+    ]

@@ -44,3 +44,17 @@ examples:
   - name: Verify one step.
     text: az elastictrain checkpoint verify --url https://mystore.blob.core.windows.net/checkpoints/resnet --step 1200
 """
+
+helps["elastictrain checkpoint prune"] = """
+type: command
+short-summary: Delete old checkpoints, after showing the plan and asking for confirmation.
+long-summary: |
+    Never deletes the newest complete checkpoint, nor anything that may still be being written
+    (newer than it, or touched in the last 10 minutes). Each checkpoint's manifest is deleted
+    first, so a reader never sees a half-deleted checkpoint as complete.
+examples:
+  - name: Preview keeping only the newest 3 complete checkpoints.
+    text: az elastictrain checkpoint prune --url https://mystore.blob.core.windows.net/checkpoints/resnet --keep-last 3 --dry-run -o table
+  - name: Delete checkpoints older than a week and abandoned partial saves, without prompting.
+    text: az elastictrain checkpoint prune --url https://mystore.blob.core.windows.net/checkpoints/resnet --older-than 7d --incomplete --yes
+"""

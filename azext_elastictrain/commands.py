@@ -1,7 +1,7 @@
 """The command table: one CliCommandType per group, each with its own module."""
 from azure.cli.core.commands import CliCommandType
 
-from azext_elastictrain._format import checkpoint_list_table, checkpoint_show_table
+from azext_elastictrain._format import checkpoint_list_table, checkpoint_prune_table, checkpoint_show_table
 
 
 def load_command_table(loader, _):
@@ -11,3 +11,4 @@ def load_command_table(loader, _):
         g.custom_command("list", "list_checkpoints", table_transformer=checkpoint_list_table)
         g.custom_show_command("show", "show_checkpoint", table_transformer=checkpoint_show_table)
         g.custom_command("verify", "verify_checkpoints", table_transformer=checkpoint_list_table)
+        g.custom_command("prune", "prune_checkpoints", table_transformer=checkpoint_prune_table)

@@ -95,3 +95,62 @@ def verify_checkpoints(cmd, url: str, step: int | None = None, connection_string
             if not listed:
                 raise ResourceNotFoundError(f"no checkpoint of step {step} under {url}")
         return [catalog.verify(store, store.prefix, c).to_dict() for c in listed]
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str) -> float:
+    """'90s', '30m', '12h', '7d', '2w' -> seconds."""
+    value, unit = text.strip()[:-1], text.strip()[-1:].lower()
+    try:
+        seconds = float(value) * _UNITS[unit]
+    except (KeyError, ValueError):
+        seconds = -1.0
+    if seconds <= 0:
+        raise InvalidArgumentValueError(
+            f"invalid duration {text!r}", recommendation="Use a number and a unit: 90s, 30m, 12h, 7d or 2w."
+        )
+    return seconds
+
+
+def prune_checkpoints(cmd, url: str, keep_last: int | None = None, older_than: str | None = None,
+                      incomplete: bool = False, dry_run: bool = False, yes: bool = False,
+                      connection_string: str | None = None) -> dict:
+    """Plan which checkpoints go, show the plan, confirm, then delete (manifest first)."""
+    from azure.cli.core.azclierror import RequiredArgumentMissingError
+    from azure.cli.core.util import user_confirmation
+
+    from azext_elastictrain.core import catalog
+
+    if keep_last is None and older_than is None and not incomplete:
+        raise RequiredArgumentMissingError(
+            "nothing to prune: say which checkpoints go",
+            recommendation="Use --keep-last N, --older-than 7d and/or --incomplete; add --dry-run to preview.",
+        )
+    if keep_last is not None and keep_last < 1:
+        raise InvalidArgumentValueError(
+            f"--keep-last {keep_last} would delete every checkpoint",
+            recommendation="Keep at least 1: the newest complete checkpoint is never deleted.",
+        )
+    max_age = parse_duration(older_than) if older_than else None
+    with _open_store(cmd, url, connection_string) as store:
+        plan = catalog.plan_prune(catalog.list_checkpoints(store, store.prefix),
+                                  keep_last=keep_last, older_than=max_age, incomplete=incomplete)
+        result = {
+            "dryRun": dry_run,
+            "deleted": False,
+            "bytesFreed": plan.bytes_freed,
+            "delete": [dict(c.to_dict(), reason=plan.reasons[c.step]) for c in plan.delete],
+            "keep": [c.step for c in plan.keep],
+        }
+        if dry_run or not plan.delete:
+            return result
+        steps = ", ".join(str(c.step) for c in plan.delete)
+        user_confirmation(
+            f"Delete {len(plan.delete)} checkpoint(s) of {url} (steps {steps}; {plan.bytes_freed / 2**20:.1f} MiB)?",
+            yes=yes,
+        )
+        catalog.apply_prune(store, store.prefix, plan)
+        result["deleted"] = True
+        return result

@@ -420,7 +420,8 @@ class Checkpointer:
 
     def _on_preemption(self, step: int, state: dict[str, Any], notices: list[Any]) -> bool:
         for notice in notices:
-            self._emit(progress.PREEMPTED, step=step, source=notice.source, event_id=notice.event_id)
+            if self.local_rank == 0:  # one event per node, not one per worker
+                self._emit(progress.PREEMPTED, step=step, source=notice.source, event_id=notice.event_id)
             log.warning("preemption notice (%s) at step %d: checkpointing now", notice.source, step)
         started = time.monotonic()
         self.save(step, state, blocking=True)
@@ -452,11 +453,13 @@ class Checkpointer:
     # -- end ---------------------------------------------------------------------------
     def done(self, step: int, state: dict[str, Any]) -> None:
         """Training finished: commit the final state, record it, and close."""
-        self.save(step, state, blocking=True)
-        self.wait()
-        if self.rank == 0:
-            self._emit(progress.FINISHED, step=step)
-        self.close()
+        try:
+            self.save(step, state, blocking=True)
+            self.wait()
+            if self.rank == 0:
+                self._emit(progress.FINISHED, step=step)
+        finally:
+            self.close()
 
     def close(self) -> None:
         """Finish the upload in flight and stop the background work. Idempotent."""

@@ -77,3 +77,37 @@ def test_bad_urls_are_clear_errors_not_tracebacks(az, azurite, url, expected):
     assert result.returncode != 0
     assert expected in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+
+
+def _steps(az, azurite, url):
+    return [c["step"] for c in az.json("elastictrain", "checkpoint", "list", "--url", url, env=_env(azurite))]
+
+
+def test_prune_shows_the_plan_asks_and_only_then_deletes(az, azurite, job_url):
+    url, _ = job_url
+    prune = ("elastictrain", "checkpoint", "prune", "--url", url, "--keep-last", "1")
+
+    plan = az.json(*prune, "--dry-run", env=_env(azurite))
+    assert [c["step"] for c in plan["delete"]] == [10, 20] and plan["keep"] == [30] and not plan["deleted"]
+    assert _steps(az, azurite, url) == [10, 20, 30]
+
+    unconfirmed = az(*prune, check=False, env=_env(azurite))  # no TTY to ask on, no --yes
+    assert unconfirmed.returncode != 0 and "--yes" in unconfirmed.stderr, unconfirmed.stderr
+    assert _steps(az, azurite, url) == [10, 20, 30]
+
+    done = az.json(*prune, "--yes", env=_env(azurite))
+    assert done["deleted"] and done["bytesFreed"] > 0
+    assert _steps(az, azurite, url) == [30]
+
+
+@pytest.mark.parametrize("args, expected", [
+    ((), "nothing to prune"),
+    (("--keep-last", "0"), "would delete every checkpoint"),
+    (("--older-than", "7x"), "invalid duration"),
+])
+def test_prune_refuses_bad_input_and_deletes_nothing(az, azurite, job_url, args, expected):
+    url, _ = job_url
+    result = az("elastictrain", "checkpoint", "prune", "--url", url, "--yes", *args, check=False, env=_env(azurite))
+    assert result.returncode != 0 and expected in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    assert _steps(az, azurite, url) == [10, 20, 30]
