@@ -1,0 +1,95 @@
+"""The example job's data paths and its elastic batching, on small data made here."""
+from __future__ import annotations
+
+import importlib.util
+import io
+import pickle
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from azext_elastictrain.core.blobstore import BlobStore
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "train_cifar10.py"
+IMAGES_PER_BATCH = 6
+
+
+@pytest.fixture(scope="module")
+def train():
+    spec = importlib.util.spec_from_file_location("train_cifar10", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _cifar_batches() -> dict[str, bytes]:
+    """CIFAR-10's python format: pickled dicts of uint8 rows (3x32x32) and labels."""
+    rng = np.random.default_rng(0)
+    return {
+        f"data_batch_{i}": pickle.dumps({
+            b"data": rng.integers(0, 256, (IMAGES_PER_BATCH, 3 * 32 * 32), dtype=np.uint8),
+            b"labels": [int(x) for x in rng.integers(0, 10, IMAGES_PER_BATCH)],
+        })
+        for i in range(1, 6)
+    }
+
+
+def _tarball(batches: dict[str, bytes]) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        for name, data in batches.items():
+            info = tarfile.TarInfo(f"cifar-10-batches-py/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def _check(images: torch.Tensor, labels: torch.Tensor, name: str) -> None:
+    assert name == "cifar10"
+    assert images.shape == (5 * IMAGES_PER_BATCH, 3, 32, 32) and images.dtype == torch.float32
+    assert labels.shape == (5 * IMAGES_PER_BATCH,) and labels.dtype == torch.int64
+    assert -2.5 < images.min() < 0 < images.max() < 2.5  # normalised per channel
+
+
+def test_cifar10_loads_from_a_folder_an_archive_and_a_blob(train, tmp_path, azurite, container_url, monkeypatch):
+    batches = _cifar_batches()
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    for name, data in batches.items():
+        (folder / name).write_bytes(data)
+    archive = tmp_path / "cifar-10-python.tar.gz"
+    archive.write_bytes(_tarball(batches))
+    store = BlobStore.from_url(container_url, connection_string=azurite.connection_string)
+    store.create("datasets/cifar-10-python.tar.gz", archive.read_bytes())
+    store.close()
+
+    loaded = [train.load_dataset(str(tmp_path)), train.load_dataset(str(folder)), train.load_dataset(str(archive))]
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite.connection_string)
+    loaded.append(train.load_dataset(f"{container_url}/datasets/cifar-10-python.tar.gz"))
+    for images, labels, name in loaded:
+        _check(images, labels, name)
+        torch.testing.assert_close(images, loaded[0][0], rtol=0, atol=0)
+        assert torch.equal(labels, loaded[0][1])
+
+
+def test_offline_digits_are_the_fallback(train):
+    images, labels, name = train.load_dataset(None)
+    assert name == "digits" and images.shape == (1797, 1, 8, 8) and set(labels.tolist()) == set(range(10))
+
+
+def test_the_samples_of_a_step_do_not_depend_on_the_world_size(train):
+    size, global_batch = 1000, 64
+    for step in (1, 7, 15, 16, 40):
+        full = train.global_batch_indices(step, size, global_batch, seed=3)
+        for world in (1, 2, 4):
+            per_rank = global_batch // world
+            shards = [full[r * per_rank:(r + 1) * per_rank] for r in range(world)]
+            assert torch.equal(torch.cat(shards), full)
+    per_epoch = size // global_batch
+    epoch = torch.cat([train.global_batch_indices(s, size, global_batch, seed=3) for s in range(1, per_epoch + 1)])
+    assert len(set(epoch.tolist())) == per_epoch * global_batch  # no sample twice within an epoch
+    next_epoch = train.global_batch_indices(per_epoch + 1, size, global_batch, seed=3)
+    assert not torch.equal(next_epoch, train.global_batch_indices(1, size, global_batch, seed=3))
