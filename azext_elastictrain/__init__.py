@@ -14,10 +14,8 @@ else:
 
 class ElasticTrainCommandsLoader(AzCommandsLoader):  # type: ignore[misc,valid-type]
     def __init__(self, cli_ctx=None):
-        from azure.cli.core.commands import CliCommandType
-
-        custom = CliCommandType(operations_tmpl="azext_elastictrain.operations.checkpoint#{}")
-        super().__init__(cli_ctx=cli_ctx, custom_command_type=custom)
+        # Each command group names its own operations module (commands.py).
+        super().__init__(cli_ctx=cli_ctx)
 
     def load_command_table(self, args):
         from azext_elastictrain.commands import load_command_table

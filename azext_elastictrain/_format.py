@@ -44,3 +44,21 @@ def checkpoint_prune_table(result) -> list:
                      ("Size", _size(c.get("sizeBytes"))), ("Reason", c.get("reason", ""))])
         for c in result.get("delete", [])
     ]
+
+
+def cluster_row(item: dict) -> OrderedDict:
+    components = item.get("components", {})
+    return OrderedDict(
+        [("Name", item.get("name")), ("Type", item.get("type")), ("Health", item.get("health"))]
+        + [(key.title().replace("-", ""), (components.get(key) or {}).get("state", ""))
+           for key in ("etcd", "azurite", "scheduled-events")]
+        + [("Created", item.get("created"))]
+    )
+
+
+def cluster_show_table(result) -> list:
+    return [cluster_row(result)]
+
+
+def cluster_list_table(result) -> list:
+    return [cluster_row(item) for item in result]

@@ -58,3 +58,51 @@ examples:
   - name: Delete checkpoints older than a week and abandoned partial saves, without prompting.
     text: az elastictrain checkpoint prune --url https://mystore.blob.core.windows.net/checkpoints/resnet --older-than 7d --incomplete --yes
 """
+
+helps["elastictrain cluster"] = """
+type: group
+short-summary: Create and manage the clusters elastic jobs run on.
+long-summary: |
+    --local runs the whole stack on this machine: real etcd (rendezvous, v2 API), real Azurite
+    (checkpoint storage) and a local Azure Scheduled Events endpoint, as background processes on
+    loopback ports.
+"""
+
+helps["elastictrain cluster create"] = """
+type: command
+short-summary: Create a cluster, or finish one that is partly there (idempotent).
+examples:
+  - name: Start the local cluster.
+    text: az elastictrain cluster create --local
+  - name: Start a second local cluster named 'exp2'.
+    text: az elastictrain cluster create --local --name exp2 -o table
+"""
+
+helps["elastictrain cluster show"] = """
+type: command
+short-summary: Show a cluster and the health of each of its components.
+examples:
+  - name: Is the local cluster healthy?
+    text: az elastictrain cluster show --local -o table
+"""
+
+helps["elastictrain cluster list"] = """
+type: command
+short-summary: List clusters.
+examples:
+  - name: List local clusters.
+    text: az elastictrain cluster list --local -o table
+"""
+
+helps["elastictrain cluster delete"] = """
+type: command
+short-summary: Delete a cluster, after confirmation.
+long-summary: |
+    For a local cluster: stops the processes it started (checked by pid and start time, so no
+    other process is touched) and removes its state, including its local checkpoints.
+examples:
+  - name: See what deleting the local cluster would do.
+    text: az elastictrain cluster delete --local --dry-run
+  - name: Delete it without prompting.
+    text: az elastictrain cluster delete --local --yes
+"""

@@ -28,3 +28,14 @@ def load_arguments(self, _):
                    help="Show what would be deleted and delete nothing.")
         c.argument("yes", arg_type=get_three_state_flag(), options_list=["--yes", "-y"],
                    help="Do not prompt for confirmation.")
+
+    with self.argument_context("elastictrain cluster") as c:
+        c.argument("local", arg_type=get_three_state_flag(), options_list=["--local"],
+                   help="A cluster on this machine: real etcd, Azurite and a Scheduled Events endpoint.")
+        c.argument("name", options_list=["--name", "-n"],
+                   help="Name of the local cluster (default: local).")
+    with self.argument_context("elastictrain cluster delete") as c:
+        c.argument("dry_run", arg_type=get_three_state_flag(), options_list=["--dry-run"],
+                   help="Show what would be stopped and removed; change nothing.")
+        c.argument("yes", arg_type=get_three_state_flag(), options_list=["--yes", "-y"],
+                   help="Do not prompt for confirmation.")

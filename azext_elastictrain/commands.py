@@ -1,13 +1,26 @@
 """The command table: one CliCommandType per group, each with its own module."""
 from azure.cli.core.commands import CliCommandType
 
-from azext_elastictrain._format import checkpoint_list_table, checkpoint_prune_table, checkpoint_show_table
+from azext_elastictrain._format import (
+    checkpoint_list_table,
+    checkpoint_prune_table,
+    checkpoint_show_table,
+    cluster_list_table,
+    cluster_show_table,
+)
 
 
 def load_command_table(loader, _):
+    cluster_ops = CliCommandType(operations_tmpl="azext_elastictrain.operations.cluster#{}")
+    with loader.command_group("elastictrain cluster", custom_command_type=cluster_ops, is_preview=True) as g:
+        g.custom_command("create", "create_cluster", table_transformer=cluster_show_table)
+        g.custom_show_command("show", "show_cluster", table_transformer=cluster_show_table)
+        g.custom_command("list", "list_clusters", table_transformer=cluster_list_table)
+        g.custom_command("delete", "delete_cluster")
+
     checkpoint_ops = CliCommandType(operations_tmpl="azext_elastictrain.operations.checkpoint#{}")
 
-    with loader.command_group("elastictrain checkpoint", checkpoint_ops, is_preview=True) as g:
+    with loader.command_group("elastictrain checkpoint", custom_command_type=checkpoint_ops, is_preview=True) as g:
         g.custom_command("list", "list_checkpoints", table_transformer=checkpoint_list_table)
         g.custom_show_command("show", "show_checkpoint", table_transformer=checkpoint_show_table)
         g.custom_command("verify", "verify_checkpoints", table_transformer=checkpoint_list_table)

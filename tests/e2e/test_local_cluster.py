@@ -1,0 +1,101 @@
+"""az elastictrain cluster create|show|list|delete --local through the real az: real processes, checked by pid."""
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
+import pytest
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _gone(pids, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(_running(p) for p in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _ours(config_dir) -> list[psutil.Process]:
+    """Every live process started for this test's config dir (its state paths are on their command lines)."""
+    marker = str(config_dir)
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and any(marker in a for a in proc.info["cmdline"] or []):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.fixture
+def cluster_az(az):
+    yield az
+    for proc in _ours(az.config_dir):  # never leave a stray process behind, whatever failed
+        proc.kill()
+
+
+def _pids(shown: dict) -> dict[str, int]:
+    return {k: v["pid"] for k, v in shown["components"].items()}
+
+
+def test_create_is_idempotent_heals_a_dead_component_and_delete_stops_exactly_its_processes(cluster_az):
+    az = cluster_az
+    created = az.json("elastictrain", "cluster", "create", "--local", timeout=180)
+    assert created["health"] == "Healthy"
+    pids = _pids(created)
+    assert set(pids) == {"etcd", "azurite", "scheduled-events"} and all(_running(p) for p in pids.values())
+
+    again = az.json("elastictrain", "cluster", "create", "--local", timeout=180)
+    assert _pids(again) == pids, "a second create must leave a healthy cluster alone"
+
+    psutil.Process(pids["azurite"]).kill()
+    assert _gone([pids["azurite"]])
+    assert az.json("elastictrain", "cluster", "show", "--local")["health"] == "Degraded"
+    healed = az.json("elastictrain", "cluster", "create", "--local", timeout=180)
+    assert healed["health"] == "Healthy"
+    assert _pids(healed)["etcd"] == pids["etcd"] and _pids(healed)["azurite"] != pids["azurite"]
+    assert [c["name"] for c in az.json("elastictrain", "cluster", "list", "--local")] == ["local"]
+
+    plan = az.json("elastictrain", "cluster", "delete", "--local", "--dry-run")
+    assert sorted(p["pid"] for p in plan["stopped"]) == sorted(_pids(healed).values())
+    unconfirmed = az("elastictrain", "cluster", "delete", "--local", check=False)
+    assert unconfirmed.returncode != 0 and "--yes" in unconfirmed.stderr
+    assert all(_running(p) for p in _pids(healed).values()), "nothing stops before confirmation"
+
+    az("elastictrain", "cluster", "delete", "--local", "--yes")
+    assert _gone(_pids(healed).values())
+    assert not _ours(az.config_dir)
+    missing = az("elastictrain", "cluster", "show", "--local", check=False)
+    assert missing.returncode == 3 and "no local cluster named 'local'" in missing.stderr
+
+
+@pytest.mark.parametrize("args, env, expected", [
+    (["--name", "Bad_Name"], {}, "invalid local cluster name"),
+    (["--name", "x" * 40], {}, "invalid local cluster name"),
+    ([], {"AZURITE_BIN": "/nonexistent/azurite-blob"}, "is not an executable file"),
+    ([], {"ETCD_BIN": "/nonexistent/etcd"}, "is not an executable file"),
+])
+def test_a_failed_create_is_a_clear_error_and_leaves_nothing_behind(cluster_az, args, env, expected):
+    az = cluster_az
+    result = az("elastictrain", "cluster", "create", "--local", *args, check=False, env=env, timeout=180)
+    assert result.returncode != 0 and expected in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    assert not _ours(az.config_dir), "a failed create left processes running"
+    assert not os.path.exists(os.path.join(az.config_dir, "elastictrain", "local", "local")), "state left behind"
+
+
+def test_cluster_commands_need_a_place_to_run(cluster_az):
+    result = cluster_az("elastictrain", "cluster", "create", check=False)
+    assert result.returncode != 0 and "--local" in result.stderr and "Traceback" not in result.stderr
+    shown = cluster_az("elastictrain", "cluster", "show", "--local", "--name", "nothere", check=False)
+    assert shown.returncode == 3 and "nothere" in shown.stderr
