@@ -1,0 +1,127 @@
+"""Recovery after a Spot eviction: seconds to train again and steps lost, side by side.
+
+    .venv/bin/python scripts/bench/recovery.py [--repeats 3] [--json out.json]
+
+A real 2-node job (two torchrun agents, etcd-v2 rendezvous, Azurite, DDP on
+``scripts/train_cifar10.py``) loses one node, three ways, interleaved:
+
+  notice     ours, the node gets an Azure Scheduled Events Preempt first
+  no-notice  ours, the node just dies
+  baseline   plain torchrun: default rendezvous settings, no notice handling,
+             a checkpoint once per epoch (as in the AKS TorchElastic lab)
+
+recovery = eviction (the node killed) -> first progress report at the new
+world size; restore = eviction -> the survivor loaded its checkpoint;
+steps lost = the step training had reached (or the notice step) - the step it
+resumed from. Medians of the repetitions; the ratio baseline / notice is the
+headline. Everything runs on loopback and is stopped at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from azext_elastictrain.core.blobstore import BlobStore  # noqa: E402
+from azext_elastictrain.core.scheduled_events import ScheduledEventsServer  # noqa: E402
+from tests.support.elastic import TUNED_RDZV_CONF, JobConfig, Node, events_of, read_events, wait_for  # noqa: E402
+from tests.support.services import start_azurite, start_etcd  # noqa: E402
+
+DIGITS_STEPS_PER_EPOCH = 1797 // 64
+# torchrun's own defaults, spelled out (keep-alive 5 s x 3, last call 30 s).
+DEFAULT_RDZV_CONF = "last_call_timeout=30,keep_alive_interval=5,keep_alive_max_attempt=3,join_timeout=600"
+CASES = {
+    "notice": {"notice": True, "rdzv": TUNED_RDZV_CONF, "every": 25},
+    "no-notice": {"notice": False, "rdzv": TUNED_RDZV_CONF, "every": 25},
+    "baseline": {"notice": False, "rdzv": DEFAULT_RDZV_CONF, "every": DIGITS_STEPS_PER_EPOCH},
+}
+
+
+def run_case(case: str, blob, etcd, imds: ScheduledEventsServer, logs: Path) -> dict:
+    cfg = CASES[case]
+    name = f"rec-{case}-{uuid.uuid4().hex[:6]}"
+    job = JobConfig(
+        name=name, checkpoint_url=f"{blob.blob_endpoint}/bench/{name}", connection_string=blob.connection_string,
+        etcd_endpoint=etcd.endpoint, scheduled_events_url=imds.url if cfg["notice"] else "off",
+        rdzv_conf=cfg["rdzv"], extra_env={"ELASTICTRAIN_PROGRESS_SECONDS": "0.2"},
+        script_args=["--steps", "100000", "--checkpoint-every", str(cfg["every"]), "--step-delay", "0.05",
+                     "--log-every", "100"],
+    )
+    store = BlobStore.from_url(job.checkpoint_url, connection_string=blob.connection_string)
+    events = lambda: read_events(store, store.prefix)  # noqa: E731
+    a, b = Node(job, "node-a", logs / case), Node(job, "node-b", logs / case)
+    try:
+        wait_for(lambda: [e for e in events_of(events(), "progress") if e.get("world_size") == 2 and e["step"] > 60],
+                 300, f"{case}: training at world size 2")
+        seen = len(events())
+        if cfg["notice"]:
+            event_id = imds.post_event(["node-b"], "Preempt", notice_seconds=30)
+            if not imds.wait_acknowledged(event_id, timeout=60):
+                raise RuntimeError("the notice was never acknowledged")
+        before = events()
+        reached = max(e["step"] for e in before if e.get("event") == "progress")
+        b.kill()
+        evicted = time.time()
+        if cfg["notice"]:
+            imds.remove_event(event_id)
+        after = lambda: events()[seen:]  # noqa: E731
+        restored = wait_for(lambda: [e for e in after() if e.get("event") == "restored" and e.get("step") is not None
+                                     and e["time"] > evicted], 300, f"{case}: restore")[0]
+        resumed = wait_for(lambda: [e for e in after() if e.get("event") == "progress" and e.get("world_size") == 1
+                                    and e["time"] > restored["time"]], 120, f"{case}: training again")[0]
+        notice_steps = [e["step"] for e in after() if e.get("event") == "preempted"]
+        target = notice_steps[0] if notice_steps else reached
+        return {
+            "case": case,
+            "recovery_s": round(resumed["time"] - evicted, 2),
+            "restore_s": round(restored["time"] - evicted, 2),
+            "steps_lost": max(0, target - restored["step"]),
+            "resumed_from": restored["step"],
+        }
+    finally:
+        a.stop()
+        b.stop()
+        store.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", help="write every sample here")
+    args = parser.parse_args()
+    samples: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="elastictrain-recovery-") as tmp:
+        work = Path(tmp)
+        with start_azurite(work / "azurite") as blob, start_etcd(work / "etcd") as etcd, ScheduledEventsServer() as imds:
+            blob.blob_service_client().create_container("bench")
+            for rep in range(args.repeats):
+                order = list(CASES)[rep % 3:] + list(CASES)[:rep % 3]  # rotate to spread drift
+                for case in order:
+                    sample = run_case(case, blob, etcd, imds, work / "logs")
+                    samples.append(sample)
+                    print(f"  rep {rep + 1} {case:10s} recovery {sample['recovery_s']:6.2f}s  "
+                          f"restore {sample['restore_s']:6.2f}s  steps lost {sample['steps_lost']}", flush=True)
+    print(f"\n{'case':10s} {'n':>2s} {'recovery s':>11s} {'restore s':>10s} {'steps lost':>11s}")
+    medians = {}
+    for case in CASES:
+        rows = [s for s in samples if s["case"] == case]
+        medians[case] = {k: statistics.median(r[k] for r in rows) for k in ("recovery_s", "restore_s", "steps_lost")}
+        m = medians[case]
+        print(f"{case:10s} {len(rows):2d} {m['recovery_s']:11.2f} {m['restore_s']:10.2f} {m['steps_lost']:11.1f}")
+    ratio = medians["baseline"]["recovery_s"] / medians["notice"]["recovery_s"]
+    print(f"\nbaseline / notice recovery: {ratio:.2f}x   (goal for notice: <= 10 s and 0 steps lost)")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"samples": samples, "medians": medians, "ratio": ratio}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
