@@ -62,3 +62,43 @@ def cluster_show_table(result) -> list:
 
 def cluster_list_table(result) -> list:
     return [cluster_row(item) for item in result]
+
+
+def _number(value, digits: int = 1) -> str:
+    return "" if value is None else f"{value:.{digits}f}"
+
+
+def job_row(item: dict) -> OrderedDict:
+    nodes = item.get("nodes") or []
+    checkpoint = item.get("lastCheckpointStep")
+    return OrderedDict([
+        ("Name", item.get("name")),
+        ("State", item.get("state")),
+        ("Nodes", f"{sum(1 for n in nodes if n.get('alive'))}/{len(nodes)}"),
+        ("MinMax", f"{item.get('minNodes')}-{item.get('maxNodes')}"),
+        ("WorldSize", item.get("worldSize") if item.get("worldSize") is not None else ""),
+        ("Step", item.get("step") if item.get("step") is not None else ""),
+        ("SamplesPerSec", _number(item.get("samplesPerSecond"))),
+        ("LastCheckpoint", checkpoint if checkpoint is not None else ""),
+        ("Evictions", item.get("evictions", 0)),
+        ("Recoveries", item.get("recoveries", 0)),
+        ("Created", item.get("created")),
+    ])
+
+
+def job_show_table(result) -> list:
+    return [job_row(result)]
+
+
+def job_list_table(result) -> list:
+    return [job_row(item) for item in result]
+
+
+def job_delete_table(result) -> list:
+    action = "would stop" if result.get("dryRun") else "stopped"
+    rows = [OrderedDict([("Action", action), ("Node", p.get("node") or "(worker)"), ("Pid", p.get("pid"))])
+            for p in result.get("stopped", [])]
+    rows.append(OrderedDict([("Action", "would remove" if result.get("dryRun") else "removed"),
+                             ("Node", f"job {result.get('name')} state"), ("Pid", "")]))
+    rows.append(OrderedDict([("Action", "checkpoints"), ("Node", result.get("checkpoints")), ("Pid", "")]))
+    return rows

@@ -12,6 +12,10 @@ long-summary: |
 helps["elastictrain checkpoint"] = """
 type: group
 short-summary: Inspect and verify a job's checkpoints in blob storage.
+long-summary: >
+    Name the job by its checkpoint URL (--url), or, for a job on a local cluster, by
+    --local [--cluster NAME] --job JOB: the URL and the local storage credentials then come from
+    the cluster. Exactly one of the two.
 """
 
 helps["elastictrain checkpoint list"] = """
@@ -23,7 +27,9 @@ long-summary: |
 examples:
   - name: List the checkpoints of job 'resnet' with your az login.
     text: az elastictrain checkpoint list --url https://mystore.blob.core.windows.net/checkpoints/resnet -o table
-  - name: List checkpoints in local Azurite.
+  - name: List the checkpoints of job 'resnet' on the local cluster.
+    text: az elastictrain checkpoint list --local --job resnet -o table
+  - name: List checkpoints in local Azurite by URL.
     text: az elastictrain checkpoint list --url http://127.0.0.1:10000/devstoreaccount1/checkpoints/resnet --connection-string "$AZURE_STORAGE_CONNECTION_STRING"
 """
 
@@ -33,6 +39,8 @@ short-summary: Show one checkpoint, with its files, sizes and checksums.
 examples:
   - name: Show the checkpoint of step 1200.
     text: az elastictrain checkpoint show --url https://mystore.blob.core.windows.net/checkpoints/resnet --step 1200
+  - name: Show a checkpoint of job 'resnet' on the local cluster.
+    text: az elastictrain checkpoint show --local --job resnet --step 100
 """
 
 helps["elastictrain checkpoint verify"] = """
@@ -43,6 +51,8 @@ examples:
     text: az elastictrain checkpoint verify --url https://mystore.blob.core.windows.net/checkpoints/resnet -o table
   - name: Verify one step.
     text: az elastictrain checkpoint verify --url https://mystore.blob.core.windows.net/checkpoints/resnet --step 1200
+  - name: Verify the checkpoints of job 'resnet' on local cluster 'exp2'.
+    text: az elastictrain checkpoint verify --local --cluster exp2 --job resnet -o table
 """
 
 helps["elastictrain checkpoint prune"] = """
@@ -57,6 +67,8 @@ examples:
     text: az elastictrain checkpoint prune --url https://mystore.blob.core.windows.net/checkpoints/resnet --keep-last 3 --dry-run -o table
   - name: Delete checkpoints older than a week and abandoned partial saves, without prompting.
     text: az elastictrain checkpoint prune --url https://mystore.blob.core.windows.net/checkpoints/resnet --older-than 7d --incomplete --yes
+  - name: Preview pruning a local job's checkpoints to the newest 2.
+    text: az elastictrain checkpoint prune --local --job resnet --keep-last 2 --dry-run
 """
 
 helps["elastictrain cluster"] = """
@@ -105,4 +117,89 @@ examples:
     text: az elastictrain cluster delete --local --dry-run
   - name: Delete it without prompting.
     text: az elastictrain cluster delete --local --yes
+"""
+
+helps["elastictrain job"] = """
+type: group
+short-summary: Run and monitor elastic training jobs.
+long-summary: >
+    A job runs between --min-nodes and --max-nodes nodes: when a node is lost it re-forms with the
+    nodes it has and resumes from the newest complete checkpoint; nodes that come back rejoin.
+    --local runs each node as a torchrun agent on this machine, on a local cluster
+    ('az elastictrain cluster create --local'). State, world size, step, throughput, checkpoints,
+    evictions and recoveries come from the event log the job writes next to its checkpoints.
+"""
+
+helps["elastictrain job run"] = """
+type: command
+short-summary: Start an elastic job - validate everything, then start its nodes in the background.
+long-summary: >
+    Each node is a torchrun agent (etcd rendezvous on the cluster, --nnodes=MIN:MAX) that runs the
+    script with the job's checkpoint URL, storage credentials and Scheduled Events endpoint in its
+    environment (read by azext_elastictrain.runtime). Nothing starts unless everything is valid;
+    if a node fails to start, the others are stopped again. Node logs: 'az elastictrain job logs'.
+examples:
+  - name: Train the example on 2 nodes that may shrink to 1, checkpointing every 25 steps.
+    text: az elastictrain job run --local --name cifar --script scripts/train_cifar10.py --script-args "--steps 300 --step-delay 0.05" --min-nodes 1 --max-nodes 2 --checkpoint-interval 25
+  - name: Start 2 of at most 4 nodes with 2 processes each on local cluster 'exp2'.
+    text: az elastictrain job run --local --cluster exp2 --name big --script train.py --min-nodes 2 --max-nodes 4 --nodes 2 --nproc-per-node 2 -o table
+"""
+
+helps["elastictrain job list"] = """
+type: command
+short-summary: List the jobs of a cluster with their state, step and world size.
+examples:
+  - name: List the jobs on the local cluster.
+    text: az elastictrain job list --local -o table
+"""
+
+helps["elastictrain job show"] = """
+type: command
+short-summary: Show a job - state, world size, step, throughput, last checkpoint, evictions, recoveries, nodes.
+long-summary: >
+    State: Running while any node's agent runs; Succeeded once training finished; otherwise Failed
+    (or Stopped, when deleting it). Evictions count preemption notices plus nodes lost while the
+    job runs on; recoveries count the times the job re-formed and restored after its first start.
+examples:
+  - name: Show job 'cifar' on the local cluster.
+    text: az elastictrain job show --local --name cifar
+  - name: One line of it.
+    text: az elastictrain job show --local --name cifar -o table
+"""
+
+helps["elastictrain job logs"] = """
+type: command
+short-summary: Print the logs of a job's nodes (the agents' and the training processes' output).
+examples:
+  - name: The last 20 lines of every node.
+    text: az elastictrain job logs --local --name cifar --tail 20
+  - name: Follow node 0 until the job ends (Ctrl-C stops following, not the job).
+    text: az elastictrain job logs --local --name cifar --node cifar-node-0 --follow
+"""
+
+helps["elastictrain job wait"] = """
+type: command
+short-summary: Wait until a job reaches a state or a step; an error if it fails first or time runs out.
+examples:
+  - name: Wait up to 5 minutes for job 'cifar' to succeed.
+    text: az elastictrain job wait --local --name cifar --state Succeeded --timeout 300
+  - name: Wait until it trained 100 steps.
+    text: az elastictrain job wait --local --name cifar --step 100
+"""
+
+helps["elastictrain job delete"] = """
+type: command
+short-summary: Stop a job's nodes and remove it, after confirmation; its checkpoints are kept.
+long-summary: >
+    Stops every node's agent and all its descendants (checked by pid and start time; the training
+    processes get SIGTERM first, on which they checkpoint), then removes the job's state and logs.
+    The checkpoints and event log stay unless --delete-checkpoints: a new job of the same name
+    resumes from them.
+examples:
+  - name: See what deleting job 'cifar' would do.
+    text: az elastictrain job delete --local --name cifar --dry-run
+  - name: Delete it without prompting, keeping its checkpoints.
+    text: az elastictrain job delete --local --name cifar --yes
+  - name: Delete it and its checkpoints.
+    text: az elastictrain job delete --local --name cifar --delete-checkpoints --yes
 """

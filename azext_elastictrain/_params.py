@@ -1,5 +1,7 @@
 """Arguments: names in the user's words, every one with help."""
-from azure.cli.core.commands.parameters import get_three_state_flag
+from azure.cli.core.commands.parameters import get_enum_type, get_three_state_flag
+
+JOB_STATES = ["Running", "Succeeded", "Failed", "Stopped"]
 
 
 def load_arguments(self, _):
@@ -7,13 +9,21 @@ def load_arguments(self, _):
         c.argument(
             "url", options_list=["--url"],
             help="Blob URL of the job's checkpoint prefix: "
-                 "https://<account>.blob.core.windows.net/<container>/<job>.",
+                 "https://<account>.blob.core.windows.net/<container>/<job>. "
+                 "Pass either --url or --local --job.",
         )
         c.argument(
             "connection_string", options_list=["--connection-string"],
-            help="Storage connection string (local Azurite or development). Defaults to "
+            help="Storage connection string (local Azurite or development), with --url. Defaults to "
                  "AZURE_STORAGE_CONNECTION_STRING; without either, your az login is used (Entra ID).",
         )
+        c.argument("local", arg_type=get_three_state_flag(), options_list=["--local"],
+                   help="The checkpoints of a job on a local cluster (with --job): the URL and credentials "
+                        "come from the cluster. Instead of --url.")
+        c.argument("cluster", options_list=["--cluster"],
+                   help="With --local: the local cluster the job ran on (default: local).")
+        c.argument("job", options_list=["--job"],
+                   help="With --local: the job whose checkpoints to use.")
         c.argument("step", type=int, options_list=["--step"], help="Training step of the checkpoint.")
 
     with self.argument_context("elastictrain checkpoint prune") as c:
@@ -39,3 +49,58 @@ def load_arguments(self, _):
                    help="Show what would be stopped and removed; change nothing.")
         c.argument("yes", arg_type=get_three_state_flag(), options_list=["--yes", "-y"],
                    help="Do not prompt for confirmation.")
+
+    with self.argument_context("elastictrain job") as c:
+        c.argument("local", arg_type=get_three_state_flag(), options_list=["--local"],
+                   help="A job on a local cluster: its nodes are torchrun agents on this machine.")
+        c.argument("cluster", options_list=["--cluster"],
+                   help="The local cluster the job runs on (default: local). "
+                        "Create it with 'az elastictrain cluster create --local'.")
+        c.argument("name", options_list=["--name", "-n"],
+                   help="Name of the job: 1-63 lowercase letters, digits and '-' (a DNS label). "
+                        "It names the job's checkpoint folder and its rendezvous.")
+    with self.argument_context("elastictrain job run") as c:
+        c.argument("script", options_list=["--script"],
+                   help="Path of the training script each node runs under torchrun "
+                        "(e.g. scripts/train_cifar10.py).")
+        c.argument("script_args", options_list=["--script-args"],
+                   help='Arguments for the script, as one quoted string: --script-args "--steps 300 --lr 0.05". '
+                        'A single option needs "=": --script-args="--steps".')
+        c.argument("min_nodes", type=int, options_list=["--min-nodes"],
+                   help="Fewest nodes the job trains with: below this it waits for nodes to come back.")
+        c.argument("max_nodes", type=int, options_list=["--max-nodes"],
+                   help="Most nodes the job trains with: nodes that come back rejoin up to this.")
+        c.argument("nodes", type=int, options_list=["--nodes"],
+                   help="Nodes to start, between --min-nodes and --max-nodes (default: --max-nodes).")
+        c.argument("nproc_per_node", type=int, options_list=["--nproc-per-node"],
+                   help="Training processes (ranks) per node, e.g. one per GPU.")
+        c.argument("checkpoint_interval", type=int, options_list=["--checkpoint-interval"],
+                   help="Checkpoint every this many steps (ELASTICTRAIN_CHECKPOINT_INTERVAL_STEPS). "
+                        "Default: as the script says.")
+        c.argument("keep", type=int, options_list=["--keep"],
+                   help="Complete checkpoints to keep; older ones go once a newer one is committed.")
+    with self.argument_context("elastictrain job logs") as c:
+        c.argument("node", options_list=["--node"],
+                   help="Only this node's log, e.g. myjob-node-0 (default: every node, lines prefixed by node).")
+        c.argument("follow", arg_type=get_three_state_flag(), options_list=["--follow", "-f"],
+                   help="Keep printing new lines until the job's nodes have all exited, --timeout passed, "
+                        "or Ctrl-C.")
+        c.argument("tail", type=int, options_list=["--tail"],
+                   help="Print only the last N lines of each node's log (default: all).")
+        c.argument("timeout", type=int, options_list=["--timeout"],
+                   help="With --follow: stop following after this many seconds (default: until the job ends).")
+    with self.argument_context("elastictrain job wait") as c:
+        c.argument("state", arg_type=get_enum_type(JOB_STATES), options_list=["--state"],
+                   help="Wait until the job is in this state (default: Succeeded, unless --step is given).")
+        c.argument("step", type=int, options_list=["--step"],
+                   help="Wait until training reached this step.")
+        c.argument("timeout", type=int, options_list=["--timeout"],
+                   help="Give up after this many seconds, with an error.")
+    with self.argument_context("elastictrain job delete") as c:
+        c.argument("dry_run", arg_type=get_three_state_flag(), options_list=["--dry-run"],
+                   help="Show what would be stopped and removed; change nothing.")
+        c.argument("yes", arg_type=get_three_state_flag(), options_list=["--yes", "-y"],
+                   help="Do not prompt for confirmation.")
+        c.argument("delete_checkpoints", arg_type=get_three_state_flag(), options_list=["--delete-checkpoints"],
+                   help="Also delete the job's checkpoints and event log from blob storage. "
+                        "Default: they are kept, so a new job of the same name resumes from them.")

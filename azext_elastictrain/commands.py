@@ -7,6 +7,9 @@ from azext_elastictrain._format import (
     checkpoint_show_table,
     cluster_list_table,
     cluster_show_table,
+    job_delete_table,
+    job_list_table,
+    job_show_table,
 )
 
 
@@ -25,3 +28,12 @@ def load_command_table(loader, _):
         g.custom_show_command("show", "show_checkpoint", table_transformer=checkpoint_show_table)
         g.custom_command("verify", "verify_checkpoints", table_transformer=checkpoint_list_table)
         g.custom_command("prune", "prune_checkpoints", table_transformer=checkpoint_prune_table)
+
+    job_ops = CliCommandType(operations_tmpl="azext_elastictrain.operations.job#{}")
+    with loader.command_group("elastictrain job", custom_command_type=job_ops, is_preview=True) as g:
+        g.custom_command("run", "run_job", table_transformer=job_show_table)
+        g.custom_command("list", "list_jobs", table_transformer=job_list_table)
+        g.custom_show_command("show", "show_job", table_transformer=job_show_table)
+        g.custom_command("logs", "job_logs")
+        g.custom_command("wait", "wait_job", table_transformer=job_show_table)
+        g.custom_command("delete", "delete_job", table_transformer=job_delete_table)

@@ -190,6 +190,10 @@ def main(argv: list[str] | None = None) -> int:
     ckpt = Checkpointer.from_env(**overrides)
     torch.manual_seed(args.seed * 7919 + rank)  # per-rank augmentation stream (restored on resume)
     start = ckpt.restore(state) or 0
+    if scheduler.total_steps != args.steps:
+        # Resumed with a different --steps: the restored schedule would end at the old length.
+        log.warning("LR schedule was for %d steps; stretching it to %d", scheduler.total_steps, args.steps)
+        scheduler.total_steps = args.steps
     if rank == 0:
         log.info("dataset %s: %d samples; world size %d; %s at step %d of %d",
                  name, len(labels), world, "resuming" if start else "starting", start, args.steps)

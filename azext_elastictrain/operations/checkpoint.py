@@ -2,7 +2,9 @@
 
 Thin: parse, call core.catalog, map failures to az error types. The same code
 serves Azure storage (Entra ID through the CLI's login) and Azurite (a
-connection string).
+connection string). A job is named either by its URL (``--url``) or, on a
+local cluster, by ``--local [--cluster NAME] --job JOB``: the URL and the
+Azurite connection string then come from the cluster (and are never printed).
 """
 from __future__ import annotations
 
@@ -14,16 +16,68 @@ from azure.cli.core.azclierror import (
     AzureConnectionError,
     AzureResponseError,
     InvalidArgumentValueError,
+    MutuallyExclusiveArgumentError,
+    RequiredArgumentMissingError,
     ResourceNotFoundError,
 )
 
 
+def _where(cmd, url: str | None, connection_string: str | None, local: bool, cluster: str | None,
+           job: str | None) -> tuple[str, str | None, str | None]:
+    """(url, connection string, hint when unreachable) from exactly one of --url or --local --job."""
+    if url and (local or job or cluster):
+        raise MutuallyExclusiveArgumentError(
+            "pass either --url or --local --job, not both",
+            recommendation="--url names checkpoints anywhere; --local [--cluster NAME] --job JOB those of a "
+                           "job on a local cluster.",
+        )
+    if url:
+        return url, connection_string, None
+    if not (local or job or cluster):
+        raise RequiredArgumentMissingError(
+            "say whose checkpoints: --url or --local --job",
+            recommendation="Pass --url https://<account>.blob.core.windows.net/<container>/<job>, or "
+                           "--local --job JOB for a job on the local cluster.",
+        )
+    if not local:
+        raise RequiredArgumentMissingError(
+            "--job and --cluster name a job on a local cluster: add --local",
+            recommendation="For checkpoints in Azure storage pass --url instead.",
+        )
+    if not job:
+        raise RequiredArgumentMissingError(
+            "--local needs --job: the job whose checkpoints to use",
+            recommendation="List the cluster's jobs with 'az elastictrain job list --local'.",
+        )
+    if connection_string:
+        raise MutuallyExclusiveArgumentError(
+            "--connection-string goes with --url; --local uses the local cluster's own storage",
+            recommendation="Drop --connection-string.",
+        )
+    from azext_elastictrain.operations.cluster import _backend
+    from azext_elastictrain.operations.job import _errors, _names
+
+    cluster = _names(cluster, job)
+    with _errors(cluster, job):
+        url, connection_string = _backend(cmd, True).checkpoint_location(cluster, job)
+    return url, connection_string, (f"Is local cluster {cluster!r} healthy? 'az elastictrain cluster show --local "
+                                    f"--name {cluster}' tells; 'az elastictrain cluster create --local --name "
+                                    f"{cluster}' heals it.")
+
+
 @contextmanager
-def _open_store(cmd, url: str, connection_string: str | None) -> Iterator:
+def _open_store(cmd, url: str | None, connection_string: str | None, local: bool = False,
+                cluster: str | None = None, job: str | None = None) -> Iterator:
     from azure.core.exceptions import ClientAuthenticationError, ServiceRequestError
 
-    from azext_elastictrain.core.blobstore import BlobStore, NotFound, StoreError, parse_location
+    from azext_elastictrain.core.blobstore import (
+        BlobStore,
+        NotFound,
+        StoreError,
+        parse_location,
+    )
 
+    url, connection_string, hint = _where(cmd, url, connection_string, local, cluster, job)
     connection_string = connection_string or os.environ.get("AZURE_STORAGE_CONNECTION_STRING") or None
     try:
         parse_location(url, connection_string)  # bad input fails before any login or request
@@ -39,13 +93,14 @@ def _open_store(cmd, url: str, connection_string: str | None) -> Iterator:
             str(ex), recommendation="Pass the job's checkpoint URL: https://<account>.blob.core.windows.net/<container>/<job>"
         ) from ex
     try:
-        yield store
+        yield store, url
     except NotFound as ex:
         raise ResourceNotFoundError(str(ex)) from ex
     except ServiceRequestError as ex:
         raise AzureConnectionError(
             f"cannot reach blob storage at {url}: {ex.message}",
-            recommendation="Check the URL, and that the storage account (or local Azurite) is running and reachable.",
+            recommendation=hint or "Check the URL, and that the storage account (or local Azurite) is running "
+                                   "and reachable.",
         ) from ex
     except ClientAuthenticationError as ex:
         raise AzureResponseError(
@@ -58,21 +113,23 @@ def _open_store(cmd, url: str, connection_string: str | None) -> Iterator:
         store.close()
 
 
-def list_checkpoints(cmd, url: str, connection_string: str | None = None) -> list[dict]:
+def list_checkpoints(cmd, url: str | None = None, connection_string: str | None = None, local: bool = False,
+                     cluster: str | None = None, job: str | None = None) -> list[dict]:
     from azext_elastictrain.core import catalog
 
-    with _open_store(cmd, url, connection_string) as store:
+    with _open_store(cmd, url, connection_string, local, cluster, job) as (store, location):
         return [c.to_dict() for c in catalog.list_checkpoints(store, store.prefix)]
 
 
-def show_checkpoint(cmd, url: str, step: int, connection_string: str | None = None) -> dict:
+def show_checkpoint(cmd, step: int, url: str | None = None, connection_string: str | None = None,
+                    local: bool = False, cluster: str | None = None, job: str | None = None) -> dict:
     from azext_elastictrain.core import catalog
 
-    with _open_store(cmd, url, connection_string) as store:
+    with _open_store(cmd, url, connection_string, local, cluster, job) as (store, location):
         found = [c for c in catalog.list_checkpoints(store, store.prefix) if c.step == step]
         if not found:
             raise ResourceNotFoundError(
-                f"no checkpoint of step {step} under {url}",
+                f"no checkpoint of step {step} under {location}",
                 recommendation="List the job's checkpoints with 'az elastictrain checkpoint list'.",
             )
         checkpoint = found[0]
@@ -84,16 +141,17 @@ def show_checkpoint(cmd, url: str, step: int, connection_string: str | None = No
         return result
 
 
-def verify_checkpoints(cmd, url: str, step: int | None = None, connection_string: str | None = None) -> list[dict]:
+def verify_checkpoints(cmd, url: str | None = None, step: int | None = None, connection_string: str | None = None,
+                       local: bool = False, cluster: str | None = None, job: str | None = None) -> list[dict]:
     """Read back every file of the complete checkpoints (or one step) and check its checksum."""
     from azext_elastictrain.core import catalog
 
-    with _open_store(cmd, url, connection_string) as store:
+    with _open_store(cmd, url, connection_string, local, cluster, job) as (store, location):
         listed = catalog.list_checkpoints(store, store.prefix)
         if step is not None:
             listed = [c for c in listed if c.step == step]
             if not listed:
-                raise ResourceNotFoundError(f"no checkpoint of step {step} under {url}")
+                raise ResourceNotFoundError(f"no checkpoint of step {step} under {location}")
         return [catalog.verify(store, store.prefix, c).to_dict() for c in listed]
 
 
@@ -114,9 +172,10 @@ def parse_duration(text: str) -> float:
     return seconds
 
 
-def prune_checkpoints(cmd, url: str, keep_last: int | None = None, older_than: str | None = None,
+def prune_checkpoints(cmd, url: str | None = None, keep_last: int | None = None, older_than: str | None = None,
                       incomplete: bool = False, dry_run: bool = False, yes: bool = False,
-                      connection_string: str | None = None) -> dict:
+                      connection_string: str | None = None, local: bool = False, cluster: str | None = None,
+                      job: str | None = None) -> dict:
     """Plan which checkpoints go, show the plan, confirm, then delete (manifest first)."""
     from azure.cli.core.azclierror import RequiredArgumentMissingError
     from azure.cli.core.util import user_confirmation
@@ -134,7 +193,7 @@ def prune_checkpoints(cmd, url: str, keep_last: int | None = None, older_than: s
             recommendation="Keep at least 1: the newest complete checkpoint is never deleted.",
         )
     max_age = parse_duration(older_than) if older_than else None
-    with _open_store(cmd, url, connection_string) as store:
+    with _open_store(cmd, url, connection_string, local, cluster, job) as (store, location):
         plan = catalog.plan_prune(catalog.list_checkpoints(store, store.prefix),
                                   keep_last=keep_last, older_than=max_age, incomplete=incomplete)
         result = {
@@ -148,7 +207,7 @@ def prune_checkpoints(cmd, url: str, keep_last: int | None = None, older_than: s
             return result
         steps = ", ".join(str(c.step) for c in plan.delete)
         user_confirmation(
-            f"Delete {len(plan.delete)} checkpoint(s) of {url} (steps {steps}; {plan.bytes_freed / 2**20:.1f} MiB)?",
+            f"Delete {len(plan.delete)} checkpoint(s) of {location} (steps {steps}; {plan.bytes_freed / 2**20:.1f} MiB)?",
             yes=yes,
         )
         catalog.apply_prune(store, store.prefix, plan)

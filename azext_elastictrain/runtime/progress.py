@@ -19,15 +19,19 @@ from typing import Any
 from azext_elastictrain.core import layout
 from azext_elastictrain.core.blobstore import BlobStore
 
-log = logging.getLogger(__name__)
+# The event kinds and the reader live in core.events, which the CLI imports without torch.
+from azext_elastictrain.core.events import (  # noqa: F401  (re-exported)
+    CHECKPOINT,
+    CHECKPOINT_FAILED,
+    FINISHED,
+    PREEMPTED,
+    PROGRESS,
+    RESTORED,
+    STARTED,
+    read_events,
+)
 
-STARTED = "started"
-RESTORED = "restored"
-CHECKPOINT = "checkpoint"
-CHECKPOINT_FAILED = "checkpoint_failed"
-PREEMPTED = "preempted"
-PROGRESS = "progress"
-FINISHED = "finished"
+log = logging.getLogger(__name__)
 
 _STOP = object()
 
@@ -80,20 +84,3 @@ class EventLog:
         if self._thread.is_alive():
             self._queue.put(_STOP)
             self._thread.join(timeout)
-
-
-def read_events(store: BlobStore, job_prefix: str) -> list[dict]:
-    """All events of a job, in append order; unreadable lines are skipped."""
-    from azext_elastictrain.core.blobstore import NotFound
-
-    try:
-        data = store.read(layout.events_name(job_prefix))
-    except NotFound:
-        return []
-    events = []
-    for line in data.splitlines():
-        try:
-            events.append(json.loads(line))
-        except ValueError:
-            continue
-    return events

@@ -1,0 +1,118 @@
+"""A job's event log (``<job>/events.jsonl``): its event kinds, reading it, and what it says.
+
+The training runtime appends the events (runtime/progress.py); the CLI reads
+them here to show a job's state. No torch, no CLI: both sides import this.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable
+
+from azext_elastictrain.core import layout
+
+STARTED = "started"
+RESTORED = "restored"
+CHECKPOINT = "checkpoint"
+CHECKPOINT_FAILED = "checkpoint_failed"
+PREEMPTED = "preempted"
+PROGRESS = "progress"
+FINISHED = "finished"
+
+# Job states, as `job show` reports them.
+RUNNING = "Running"
+SUCCEEDED = "Succeeded"
+FAILED = "Failed"
+STOPPED = "Stopped"
+STATES = (RUNNING, SUCCEEDED, FAILED, STOPPED)
+
+
+def read_events(store: Any, job_prefix: str) -> list[dict]:
+    """All events of a job, in append order; unreadable lines are skipped."""
+    from azext_elastictrain.core.blobstore import NotFound
+
+    try:
+        data = store.read(layout.events_name(job_prefix))
+    except NotFound:
+        return []
+    return parse_events(data)
+
+
+def parse_events(data: bytes) -> list[dict]:
+    events = []
+    for line in data.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            events.append(record)
+    return events
+
+
+def since(events: Iterable[dict], start_time: float) -> list[dict]:
+    """The events of a run that began at ``start_time``: a job name used again keeps its old log
+    (next to the checkpoints it resumes from). One clock: the local cluster's machine."""
+    return [e for e in events if isinstance(e.get("time"), (int, float)) and e["time"] >= start_time]
+
+
+def summarize(events: list[dict]) -> dict:
+    """What the events say about a run: step, world size, throughput, checkpoints, notices, recoveries.
+
+    ``step`` follows the training: the last progress or final step, or the step
+    a re-formed job restored (which may be lower). ``recoveries`` counts the
+    restores after the first one: each is the job re-forming after losing or
+    gaining a node.
+    """
+    step = world_size = samples_per_s = loss = None
+    last_checkpoint = None
+    finished = None
+    preempted: list[dict] = []
+    restores = 0
+    restarts = 0
+    failed_checkpoints = 0
+    for e in events:
+        kind = e.get("event")
+        if e.get("world_size") is not None and kind in (STARTED, RESTORED, PROGRESS):
+            world_size = e["world_size"]
+        if kind == PROGRESS:
+            step = e.get("step", step)
+            samples_per_s = e.get("samples_per_s", samples_per_s)
+            loss = (e.get("metrics") or {}).get("loss", loss)
+        elif kind == FINISHED:
+            finished = e
+            step = e.get("step", step)
+        elif kind == RESTORED:
+            restores += 1
+            if e.get("step") is not None:
+                step = e["step"]
+        elif kind == CHECKPOINT:
+            last_checkpoint = e
+        elif kind == CHECKPOINT_FAILED:
+            failed_checkpoints += 1
+        elif kind == PREEMPTED:
+            preempted.append(e)
+        elif kind == STARTED:
+            restarts = max(restarts, int(e.get("restart_count") or 0))
+    return {
+        "started": any(e.get("event") == STARTED for e in events),
+        "finished": finished is not None,
+        "step": step,
+        "worldSize": world_size,
+        "samplesPerSecond": samples_per_s,
+        "loss": loss,
+        "lastCheckpointStep": last_checkpoint.get("step") if last_checkpoint else None,
+        "lastCheckpointTime": last_checkpoint.get("time") if last_checkpoint else None,
+        "failedCheckpoints": failed_checkpoints,
+        "preempted": [{"node": e.get("node"), "step": e.get("step"), "source": e.get("source")} for e in preempted],
+        "recoveries": max(0, restores - 1),
+        "workerRestarts": restarts,
+    }
+
+
+def job_state(finished: bool, any_alive: bool, stop_requested: bool = False) -> str:
+    """Running while an agent lives; then Succeeded if training finished, else Stopped (asked) or Failed."""
+    if finished:
+        return SUCCEEDED
+    if any_alive:
+        return RUNNING
+    return STOPPED if stop_requested else FAILED

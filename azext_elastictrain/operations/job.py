@@ -1,0 +1,211 @@
+"""az elastictrain job: run, list, show, logs, wait and delete elastic jobs.
+
+Thin: validate, call the backend, map its errors to az error types. A job's
+progress comes from its event log (core.events), never from torch.
+"""
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+from azure.cli.core.azclierror import (
+    CLIInternalError,
+    FileOperationError,
+    InvalidArgumentValueError,
+    ResourceNotFoundError,
+    UnclassifiedUserFault,
+    ValidationError,
+)
+
+from azext_elastictrain.operations.cluster import _backend
+
+WAIT_INTERVAL = 1.0
+
+
+@contextmanager
+def _errors(cluster: str, job: str | None = None) -> Iterator[None]:
+    from azext_elastictrain.core.backends.local import (
+        ClusterError,
+        ClusterNotFound,
+        ClusterUnhealthy,
+        JobConflict,
+        JobNotFound,
+        ToolMissing,
+    )
+    from azext_elastictrain.core.spec import SpecError
+
+    try:
+        yield
+    except SpecError as ex:
+        raise InvalidArgumentValueError(str(ex)) from ex
+    except ClusterNotFound as ex:
+        raise ResourceNotFoundError(
+            str(ex), recommendation=f"Create it with 'az elastictrain cluster create --local --name {cluster}', "
+                                    "or list them with 'az elastictrain cluster list --local'."
+        ) from ex
+    except JobNotFound as ex:
+        raise ResourceNotFoundError(
+            str(ex), recommendation=f"List the jobs with 'az elastictrain job list --local --cluster {cluster}'."
+        ) from ex
+    except JobConflict as ex:
+        raise ValidationError(str(ex)) from ex
+    except ClusterUnhealthy as ex:
+        raise ValidationError(str(ex)) from ex
+    except ToolMissing as ex:
+        raise ValidationError(str(ex), recommendation="Run 'bash scripts/setup.sh' from the repository.") from ex
+    except ClusterError as ex:
+        raise CLIInternalError(str(ex)) from ex
+    except OSError as ex:
+        raise FileOperationError(f"job {job or '*'!r} of local cluster {cluster!r}: {ex}") from ex
+
+
+def _names(cluster: str | None, job: str | None = None) -> str:
+    """The cluster's name (default 'local'), after checking both names: they become paths."""
+    from azext_elastictrain.core.layout import validate_job_name
+    from azext_elastictrain.core.spec import (
+        LOCAL_CLUSTER_DEFAULT,
+        LocalClusterSpec,
+        SpecError,
+    )
+
+    cluster = cluster or LOCAL_CLUSTER_DEFAULT
+    try:
+        LocalClusterSpec(cluster).validate()
+        if job is not None:
+            validate_job_name(job)
+    except (SpecError, ValueError) as ex:
+        raise InvalidArgumentValueError(str(ex)) from ex
+    return cluster
+
+
+def run_job(cmd, name: str, script: str, min_nodes: int, max_nodes: int, local: bool = False,
+            cluster: str | None = None, script_args: str | None = None, nodes: int | None = None,
+            nproc_per_node: int = 1, checkpoint_interval: int | None = None, keep: int = 3) -> dict:
+    """Validate everything, then start the job's nodes (torchrun agents) in the background."""
+    from azext_elastictrain.core.spec import JobSpec
+
+    backend = _backend(cmd, local)
+    cluster = _names(cluster)
+    try:
+        args = tuple(shlex.split(script_args or ""))
+    except ValueError as ex:
+        raise InvalidArgumentValueError(
+            f"--script-args {script_args!r} does not parse: {ex}",
+            recommendation='Quote it as one argument: --script-args "--steps 300 --lr 0.05".',
+        ) from ex
+    spec = JobSpec(name=name, script=script, min_nodes=min_nodes, max_nodes=max_nodes, nodes=nodes,
+                   nproc_per_node=nproc_per_node, script_args=args, checkpoint_interval=checkpoint_interval,
+                   keep=keep, cluster=cluster)
+    with _errors(cluster, name):
+        return backend.run_job(spec)
+
+
+def list_jobs(cmd, local: bool = False, cluster: str | None = None) -> list[dict]:
+    backend = _backend(cmd, local)
+    cluster = _names(cluster)
+    with _errors(cluster):
+        return backend.list_jobs(cluster)
+
+
+def show_job(cmd, name: str, local: bool = False, cluster: str | None = None) -> dict:
+    backend = _backend(cmd, local)
+    cluster = _names(cluster, name)
+    with _errors(cluster, name):
+        return backend.show_job(cluster, name)
+
+
+def job_logs(cmd, name: str, local: bool = False, cluster: str | None = None, node: str | None = None,
+             follow: bool = False, tail: int | None = None, timeout: int | None = None) -> None:
+    """Print the nodes' logs (each line prefixed with its node when there are several)."""
+    backend = _backend(cmd, local)
+    cluster = _names(cluster, name)
+    if tail is not None and tail < 0:
+        raise InvalidArgumentValueError(f"--tail {tail} is negative", recommendation="Pass a line count >= 0.")
+    if timeout is not None and timeout <= 0:
+        raise InvalidArgumentValueError(f"--timeout {timeout} must be positive",
+                                        recommendation="Pass seconds, e.g. --timeout 600.")
+    with _errors(cluster, name):
+        prefix = node is None and len(backend.job_nodes(cluster, name)) > 1
+        lines = backend.job_logs(cluster, name, node=node, tail=tail, follow=follow, timeout=timeout)
+        try:
+            for node_name, line in lines:
+                sys.stdout.write(f"{node_name} | {line}\n" if prefix else line + "\n")
+                if follow:
+                    sys.stdout.flush()
+        except KeyboardInterrupt:  # Ctrl-C ends --follow; the job goes on
+            pass
+        except BrokenPipeError:  # | head
+            pass
+        finally:
+            try:
+                sys.stdout.flush()
+            except BrokenPipeError:
+                pass
+
+
+def wait_job(cmd, name: str, local: bool = False, cluster: str | None = None, state: str | None = None,
+             step: int | None = None, timeout: int = 600) -> dict:
+    """Poll the job until it is in ``state`` (default Succeeded) and/or reached ``step``; fail on failure."""
+    from azext_elastictrain.core import events
+
+    backend = _backend(cmd, local)
+    cluster = _names(cluster, name)
+    if step is not None and step < 0:
+        raise InvalidArgumentValueError(f"--step {step} is negative", recommendation="Pass a step >= 0.")
+    if timeout <= 0:
+        raise InvalidArgumentValueError(f"--timeout {timeout} must be positive",
+                                        recommendation="Pass seconds, e.g. --timeout 600.")
+    if state is None and step is None:
+        state = events.SUCCEEDED
+    want = " and ".join(filter(None, [state and f"state {state}", step is not None and f"step {step}"]))
+    logs = f"az elastictrain job logs --local --cluster {cluster} --name {name} --tail 50"
+    deadline = time.monotonic() + timeout
+    with _errors(cluster, name):
+        while True:
+            shown = backend.show_job(cluster, name)
+            now, at = shown["state"], shown.get("step")
+            reached_step = step is None or (at is not None and at >= step)
+            if (state is None or now == state) and reached_step:
+                return shown
+            where = f"at step {at}" if at is not None else "before its first step"
+            terminal = now in (events.SUCCEEDED, events.FAILED, events.STOPPED)
+            if terminal and (state is None or now != state or not reached_step):
+                raise UnclassifiedUserFault(
+                    f"job {name!r} is {now} {where}: it will not reach {want}",
+                    recommendation=f"See what happened with '{logs}'." if now != events.SUCCEEDED else
+                    "Wait for a state or step it can still reach.",
+                )
+            if time.monotonic() >= deadline:
+                size = f", world size {shown['worldSize']}" if shown.get("worldSize") else ""
+                raise UnclassifiedUserFault(
+                    f"timed out after {timeout}s waiting for job {name!r} to reach {want}: "
+                    f"it is {now} {where}{size}",
+                    recommendation=f"Wait longer with --timeout, or look at its progress with '{logs}'.",
+                )
+            time.sleep(WAIT_INTERVAL)
+
+
+def delete_job(cmd, name: str, local: bool = False, cluster: str | None = None, yes: bool = False,
+               dry_run: bool = False, delete_checkpoints: bool = False) -> dict:
+    """Stop every node (agent and all descendants, checked by pid) and remove the job's state.
+
+    Checkpoints stay unless --delete-checkpoints: losing them by accident is the worst outcome.
+    """
+    from azure.cli.core.util import user_confirmation
+
+    backend = _backend(cmd, local)
+    cluster = _names(cluster, name)
+    with _errors(cluster, name):
+        plan = backend.delete_job(cluster, name, dry_run=True, delete_checkpoints=delete_checkpoints)
+        if dry_run:
+            return plan
+        pids = ", ".join(f"{p['node'] or 'worker'} (pid {p['pid']})" for p in plan["stopped"]) or "no running processes"
+        checkpoints = (f"DELETE its {plan['blobsDeleted']} checkpoint and event blobs "
+                       f"({plan['bytesFreed'] / 2**20:.1f} MiB)" if delete_checkpoints
+                       else "keep its checkpoints")
+        user_confirmation(f"Delete job {name!r} of local cluster {cluster!r}: stop {pids}, remove its state "
+                          f"and {checkpoints}?", yes=yes)
+        return backend.delete_job(cluster, name, delete_checkpoints=delete_checkpoints)

@@ -1,0 +1,251 @@
+"""Job specs, what a job's events say, the job table formatters and the job commands' help (pure)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from azext_elastictrain import _format
+from azext_elastictrain.core import events
+from azext_elastictrain.core.spec import JobSpec, SpecError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = str(REPO_ROOT / "scripts" / "train_cifar10.py")
+
+
+def spec(**changes) -> JobSpec:
+    fields = dict(name="cifar", script=SCRIPT, min_nodes=1, max_nodes=2)
+    fields.update(changes)
+    return JobSpec(**fields)
+
+
+# --------------------------------------------------------------------------- JobSpec
+
+
+def test_a_valid_spec_starts_max_nodes_by_default_named_after_the_job() -> None:
+    s = spec().validate()
+    assert s.node_count == 2 and s.node_names() == ["cifar-node-0", "cifar-node-1"]
+    assert spec(nodes=1).validate().node_names() == ["cifar-node-0"]
+    assert s.cluster == "local" and s.nproc_per_node == 1 and s.keep == 3 and s.checkpoint_interval is None
+
+
+@pytest.mark.parametrize("changes", [
+    dict(min_nodes=1, max_nodes=1),
+    dict(min_nodes=2, max_nodes=4, nodes=2),
+    dict(min_nodes=2, max_nodes=4, nodes=4),
+    dict(nproc_per_node=8, checkpoint_interval=1, keep=1),
+    dict(name="a"), dict(name="a" * 63), dict(name="job-2"),
+    dict(cluster="exp2"),
+])
+def test_valid_specs(changes) -> None:
+    spec(**changes).validate()
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(min_nodes=3, max_nodes=2), "--min-nodes 3 is more than --max-nodes 2"),
+    (dict(min_nodes=2, max_nodes=4, nodes=1), "--nodes 1 is outside"),
+    (dict(min_nodes=2, max_nodes=4, nodes=5), "--nodes 5 is outside"),
+    (dict(min_nodes=0), "--min-nodes must be a whole number of at least 1"),
+    (dict(min_nodes=-1, max_nodes=-1), "--min-nodes must be"),
+    (dict(max_nodes=0, min_nodes=0), "--min-nodes must be"),
+    (dict(nodes=0), "--nodes must be"),
+    (dict(nproc_per_node=0), "--nproc-per-node must be"),
+    (dict(checkpoint_interval=0), "--checkpoint-interval must be"),
+    (dict(keep=0), "--keep must be"),
+    (dict(min_nodes=True), "--min-nodes must be"),
+    (dict(min_nodes="2"), "--min-nodes must be"),
+    (dict(name="Bad_Name"), "invalid job name"),
+    (dict(name="-x"), "invalid job name"),
+    (dict(name="a" * 64), "invalid job name"),
+    (dict(name="../etc"), "invalid job name"),
+    (dict(name="job\n"), "invalid job name"),
+    (dict(name=""), "invalid job name"),
+    (dict(cluster="Bad/Cluster"), "invalid local cluster name"),
+    (dict(script="/nonexistent/train.py"), "is not a file"),
+    (dict(script=str(REPO_ROOT / "scripts")), "is not a file"),
+    (dict(script=""), "no training script"),
+])
+def test_invalid_specs_say_what_is_wrong(changes, message) -> None:
+    with pytest.raises(SpecError) as info:
+        spec(**changes).validate()
+    assert message in str(info.value)
+
+
+def test_name_is_checked_before_the_file_system() -> None:
+    with pytest.raises(SpecError, match="invalid job name"):
+        spec(name="BAD", script="/nonexistent").validate()
+
+
+# --------------------------------------------------------------------------- events
+
+
+def _ev(kind: str, t: float, **fields) -> dict:
+    return {"time": t, "event": kind, "rank": 0, "node": "n0", **fields}
+
+
+RUN = [
+    _ev("started", 100.0, world_size=2, restart_count=0),
+    _ev("restored", 100.5, step=None, world_size=2),
+    _ev("progress", 102.0, step=10, world_size=2, samples_per_s=900.0, metrics={"loss": 1.5}),
+    _ev("checkpoint", 103.0, step=25, bytes=10, seconds=0.1),
+    _ev("progress", 104.0, step=30, world_size=2, samples_per_s=880.0, metrics={"loss": 0.5}),
+    _ev("preempted", 104.5, step=31, source="scheduled-events", event_id="e1", node="n1"),
+    _ev("checkpoint", 104.7, step=31, bytes=10, seconds=0.1),
+    _ev("started", 110.0, world_size=1, restart_count=1),
+    _ev("restored", 110.5, step=31, world_size=1, saved_world_size=2),
+    _ev("progress", 112.0, step=40, world_size=1, samples_per_s=450.0, metrics={"loss": 0.25}),
+    _ev("checkpoint_failed", 112.5, step=50, error="x"),
+]
+
+
+def test_summary_of_a_run_that_lost_a_node_and_recovered() -> None:
+    s = events.summarize(RUN)
+    assert s["step"] == 40 and s["worldSize"] == 1 and s["samplesPerSecond"] == 450.0 and s["loss"] == 0.25
+    assert s["lastCheckpointStep"] == 31 and s["lastCheckpointTime"] == 104.7
+    assert s["preempted"] == [{"node": "n1", "step": 31, "source": "scheduled-events"}]
+    assert s["recoveries"] == 1 and s["workerRestarts"] == 1 and s["failedCheckpoints"] == 1
+    assert s["started"] and not s["finished"]
+
+
+def test_step_follows_a_restore_back_to_an_earlier_step() -> None:
+    s = events.summarize(RUN[:5] + [_ev("restored", 106.0, step=25, world_size=1)])
+    assert s["step"] == 25 and s["worldSize"] == 1 and s["recoveries"] == 1
+
+
+def test_finished_gives_the_final_step() -> None:
+    s = events.summarize(RUN + [_ev("checkpoint", 120.0, step=150), _ev("finished", 120.1, step=150)])
+    assert s["finished"] and s["step"] == 150 and s["lastCheckpointStep"] == 150
+
+
+def test_no_events_say_nothing() -> None:
+    s = events.summarize([])
+    assert not s["started"] and not s["finished"]
+    assert s["step"] is None and s["worldSize"] is None and s["lastCheckpointStep"] is None
+    assert s["recoveries"] == 0 and s["preempted"] == []
+
+
+def test_events_of_an_earlier_run_of_the_same_name_are_left_out() -> None:
+    old = [_ev("finished", 50.0, step=150)]
+    assert events.since(old + RUN, start_time=100.0) == RUN
+    assert events.since([{"event": "progress"}], 0) == []  # no time: not ours to judge
+
+
+def test_parse_events_skips_torn_and_foreign_lines() -> None:
+    data = b'{"event":"started","time":1}\n{"event":"prog\n[1,2]\n\n{"event":"finished","time":2}\n'
+    assert [e["event"] for e in events.parse_events(data)] == ["started", "finished"]
+
+
+@pytest.mark.parametrize("finished, alive, stop, state", [
+    (False, True, False, "Running"),
+    (True, True, False, "Succeeded"),
+    (True, False, False, "Succeeded"),
+    (False, False, False, "Failed"),
+    (False, False, True, "Stopped"),
+    (True, False, True, "Succeeded"),
+])
+def test_job_state(finished, alive, stop, state) -> None:
+    assert events.job_state(finished, alive, stop) == state
+
+
+def test_runtime_progress_re_exports_the_core_events() -> None:
+    import ast
+
+    source = (REPO_ROOT / "azext_elastictrain" / "runtime" / "progress.py").read_text()
+    tree = ast.parse(source)
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                and n.module == "azext_elastictrain.core.events" for a in n.names}
+    assert {"read_events", "STARTED", "FINISHED", "PROGRESS", "CHECKPOINT", "PREEMPTED", "RESTORED"} <= imported
+    assert "def read_events" not in source
+
+
+# --------------------------------------------------------------------------- tables
+
+SHOWN = {
+    "name": "cifar", "state": "Running", "minNodes": 1, "maxNodes": 2, "worldSize": 2, "step": 40,
+    "samplesPerSecond": 880.123, "lastCheckpointStep": 25, "evictions": 1, "recoveries": 1,
+    "created": "2026-01-01T00:00:00Z",
+    "nodes": [{"name": "cifar-node-0", "alive": True}, {"name": "cifar-node-1", "alive": False}],
+}
+
+
+def test_job_table_row_is_ordered_and_readable() -> None:
+    row = _format.job_row(SHOWN)
+    assert list(row) == ["Name", "State", "Nodes", "MinMax", "WorldSize", "Step", "SamplesPerSec",
+                         "LastCheckpoint", "Evictions", "Recoveries", "Created"]
+    assert list(row.values()) == ["cifar", "Running", "1/2", "1-2", 2, 40, "880.1", 25, 1, 1,
+                                  "2026-01-01T00:00:00Z"]
+    assert _format.job_show_table(SHOWN) == [row]
+    assert _format.job_list_table([SHOWN, SHOWN]) == [row, row]
+
+
+def test_job_table_row_before_the_first_event_has_blanks_not_none() -> None:
+    row = _format.job_row(dict(SHOWN, worldSize=None, step=None, samplesPerSecond=None, lastCheckpointStep=None))
+    assert (row["WorldSize"], row["Step"], row["SamplesPerSec"], row["LastCheckpoint"]) == ("", "", "", "")
+
+
+def test_a_step_zero_checkpoint_shows_as_zero() -> None:
+    assert _format.job_row(dict(SHOWN, lastCheckpointStep=0, step=0))["LastCheckpoint"] == 0
+
+
+def test_job_delete_table() -> None:
+    rows = _format.job_delete_table({"name": "cifar", "dryRun": True, "checkpoints": "kept",
+                                     "stopped": [{"node": "cifar-node-0", "pid": 11}, {"node": None, "pid": 12}]})
+    assert [list(r.values()) for r in rows] == [
+        ["would stop", "cifar-node-0", 11], ["would stop", "(worker)", 12],
+        ["would remove", "job cifar state", ""], ["checkpoints", "kept", ""]]
+
+
+# --------------------------------------------------------------------------- help
+
+def _command_table():
+    from azure.cli.core.mock import DummyCli
+
+    import azext_elastictrain
+
+    loader = azext_elastictrain.COMMAND_LOADER_CLS(cli_ctx=DummyCli())
+    return loader.load_command_table(None)
+
+
+def test_every_command_has_help_with_an_example_and_every_help_parses() -> None:
+    from knack.help_files import helps
+
+    import azext_elastictrain._help  # noqa: F401
+
+    ours = {k: yaml.safe_load(v) for k, v in helps.items() if k.startswith("elastictrain")}
+    assert all(isinstance(doc, dict) and doc.get("short-summary") for doc in ours.values()), ours
+    commands = [name for name in _command_table() if name.startswith("elastictrain ")]
+    assert {"elastictrain job run", "elastictrain job list", "elastictrain job show", "elastictrain job logs",
+            "elastictrain job wait", "elastictrain job delete"} <= set(commands)
+    for name in commands:
+        assert name in ours, f"no help for {name}"
+        assert ours[name].get("examples"), f"no example for {name}"
+        for example in ours[name]["examples"]:
+            assert example["text"].startswith(f"az {name} "), example
+
+
+
+def test_every_argument_of_every_command_has_help() -> None:
+    import types
+
+    from azure.cli.core.mock import DummyCli
+
+    import azext_elastictrain
+
+    cli = DummyCli()
+    loader = azext_elastictrain.COMMAND_LOADER_CLS(cli_ctx=cli)
+    table = loader.load_command_table(None)
+    missing = []
+    for name in sorted(n for n in table if n.startswith("elastictrain ")):
+        cli.invocation = types.SimpleNamespace(data={"command_string": name})
+        table[name].load_arguments()
+        loader.command_name = name
+        loader.load_arguments(name)
+        for arg_name, arg in table[name].arguments.items():
+            if arg_name == "cmd":  # az passes the command itself; never on the command line
+                continue
+            settings = dict(arg.type.settings)
+            settings.update(loader.argument_registry.get_cli_argument(name, arg_name).settings)
+            if not settings.get("help"):
+                missing.append(f"{name} {arg_name}")
+    assert not missing, "arguments without help: " + ", ".join(missing)
