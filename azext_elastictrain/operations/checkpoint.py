@@ -54,12 +54,12 @@ def _where(cmd, url: str | None, connection_string: str | None, local: bool, clu
             "--connection-string goes with --url; --local uses the local cluster's own storage",
             recommendation="Drop --connection-string.",
         )
-    from azext_elastictrain.operations.cluster import _backend
-    from azext_elastictrain.operations.job import _errors, _names
+    from azext_elastictrain.operations._local import local_backend, local_errors
+    from azext_elastictrain.operations.job import _names
 
     cluster = _names(cluster, job)
-    with _errors(cluster, job):
-        url, connection_string = _backend(cmd, True).checkpoint_location(cluster, job)
+    with local_errors(cluster, job):
+        url, connection_string = local_backend(cmd, True).checkpoint_location(cluster, job)
     return url, connection_string, (f"Is local cluster {cluster!r} healthy? 'az elastictrain cluster show --local "
                                     f"--name {cluster}' tells; 'az elastictrain cluster create --local --name "
                                     f"{cluster}' heals it.")

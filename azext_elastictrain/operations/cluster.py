@@ -4,74 +4,30 @@ Thin: validate, call the backend, map its errors to az error types.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Iterator
-
-from azure.cli.core.azclierror import (
-    ArgumentUsageError,
-    CLIInternalError,
-    FileOperationError,
-    InvalidArgumentValueError,
-    ResourceNotFoundError,
-    ValidationError,
-)
-
-
-def _backend(cmd, local: bool):
-    if not local:
-        raise ArgumentUsageError(
-            "this version runs clusters on this machine only",
-            recommendation="Add --local (real etcd, Azurite and torchrun processes here).",
-        )
-    from azext_elastictrain.core.backends import get_backend
-
-    return get_backend("local", Path(cmd.cli_ctx.config.config_dir) / "elastictrain" / "local")
-
-
-@contextmanager
-def _errors(name: str) -> Iterator[None]:
-    from azext_elastictrain.core.backends.local import ClusterError, ClusterNotFound, ToolMissing
-    from azext_elastictrain.core.spec import SpecError
-
-    try:
-        yield
-    except SpecError as ex:
-        raise InvalidArgumentValueError(str(ex)) from ex
-    except ClusterNotFound as ex:
-        raise ResourceNotFoundError(
-            str(ex), recommendation=f"Create it with 'az elastictrain cluster create --local --name {name}', "
-                                    "or list them with 'az elastictrain cluster list --local'."
-        ) from ex
-    except ToolMissing as ex:
-        raise ValidationError(str(ex), recommendation="Run 'bash scripts/setup.sh' from the repository.") from ex
-    except ClusterError as ex:
-        raise CLIInternalError(str(ex)) from ex
-    except OSError as ex:
-        raise FileOperationError(f"local cluster {name!r}: {ex}") from ex
+from azext_elastictrain.operations._local import local_backend, local_errors
 
 
 def create_cluster(cmd, local: bool = False, name: str | None = None) -> dict:
     from azext_elastictrain.core.spec import LOCAL_CLUSTER_DEFAULT, LocalClusterSpec
 
-    backend = _backend(cmd, local)
+    backend = local_backend(cmd, local)
     name = name or LOCAL_CLUSTER_DEFAULT
-    with _errors(name):
+    with local_errors(name):
         return backend.create_cluster(LocalClusterSpec(name))
 
 
 def show_cluster(cmd, local: bool = False, name: str | None = None) -> dict:
     from azext_elastictrain.core.spec import LOCAL_CLUSTER_DEFAULT
 
-    backend = _backend(cmd, local)
+    backend = local_backend(cmd, local)
     name = name or LOCAL_CLUSTER_DEFAULT
-    with _errors(name):
+    with local_errors(name):
         return backend.show_cluster(name)
 
 
 def list_clusters(cmd, local: bool = False) -> list[dict]:
-    backend = _backend(cmd, local)
-    with _errors("*"):
+    backend = local_backend(cmd, local)
+    with local_errors("*"):
         return backend.list_clusters()
 
 
@@ -82,9 +38,9 @@ def delete_cluster(cmd, local: bool = False, name: str | None = None, dry_run: b
 
     from azext_elastictrain.core.spec import LOCAL_CLUSTER_DEFAULT
 
-    backend = _backend(cmd, local)
+    backend = local_backend(cmd, local)
     name = name or LOCAL_CLUSTER_DEFAULT
-    with _errors(name):
+    with local_errors(name):
         plan = backend.delete_cluster(name, dry_run=True)
         if dry_run:
             return plan

@@ -8,58 +8,15 @@ from __future__ import annotations
 import shlex
 import sys
 import time
-from contextlib import contextmanager
-from typing import Iterator
 
 from azure.cli.core.azclierror import (
-    CLIInternalError,
-    FileOperationError,
     InvalidArgumentValueError,
-    ResourceNotFoundError,
     UnclassifiedUserFault,
-    ValidationError,
 )
 
-from azext_elastictrain.operations.cluster import _backend
+from azext_elastictrain.operations._local import local_backend, local_errors
 
 WAIT_INTERVAL = 1.0
-
-
-@contextmanager
-def _errors(cluster: str, job: str | None = None) -> Iterator[None]:
-    from azext_elastictrain.core.backends.local import (
-        ClusterError,
-        ClusterNotFound,
-        ClusterUnhealthy,
-        JobConflict,
-        JobNotFound,
-        ToolMissing,
-    )
-    from azext_elastictrain.core.spec import SpecError
-
-    try:
-        yield
-    except SpecError as ex:
-        raise InvalidArgumentValueError(str(ex)) from ex
-    except ClusterNotFound as ex:
-        raise ResourceNotFoundError(
-            str(ex), recommendation=f"Create it with 'az elastictrain cluster create --local --name {cluster}', "
-                                    "or list them with 'az elastictrain cluster list --local'."
-        ) from ex
-    except JobNotFound as ex:
-        raise ResourceNotFoundError(
-            str(ex), recommendation=f"List the jobs with 'az elastictrain job list --local --cluster {cluster}'."
-        ) from ex
-    except JobConflict as ex:
-        raise ValidationError(str(ex)) from ex
-    except ClusterUnhealthy as ex:
-        raise ValidationError(str(ex)) from ex
-    except ToolMissing as ex:
-        raise ValidationError(str(ex), recommendation="Run 'bash scripts/setup.sh' from the repository.") from ex
-    except ClusterError as ex:
-        raise CLIInternalError(str(ex)) from ex
-    except OSError as ex:
-        raise FileOperationError(f"job {job or '*'!r} of local cluster {cluster!r}: {ex}") from ex
 
 
 def _names(cluster: str | None, job: str | None = None) -> str:
@@ -87,7 +44,7 @@ def run_job(cmd, name: str, script: str, min_nodes: int, max_nodes: int, local: 
     """Validate everything, then start the job's nodes (torchrun agents) in the background."""
     from azext_elastictrain.core.spec import JobSpec
 
-    backend = _backend(cmd, local)
+    backend = local_backend(cmd, local)
     cluster = _names(cluster)
     try:
         args = tuple(shlex.split(script_args or ""))
@@ -99,35 +56,35 @@ def run_job(cmd, name: str, script: str, min_nodes: int, max_nodes: int, local: 
     spec = JobSpec(name=name, script=script, min_nodes=min_nodes, max_nodes=max_nodes, nodes=nodes,
                    nproc_per_node=nproc_per_node, script_args=args, checkpoint_interval=checkpoint_interval,
                    keep=keep, cluster=cluster)
-    with _errors(cluster, name):
+    with local_errors(cluster, name):
         return backend.run_job(spec)
 
 
 def list_jobs(cmd, local: bool = False, cluster: str | None = None) -> list[dict]:
-    backend = _backend(cmd, local)
+    backend = local_backend(cmd, local)
     cluster = _names(cluster)
-    with _errors(cluster):
+    with local_errors(cluster):
         return backend.list_jobs(cluster)
 
 
 def show_job(cmd, name: str, local: bool = False, cluster: str | None = None) -> dict:
-    backend = _backend(cmd, local)
+    backend = local_backend(cmd, local)
     cluster = _names(cluster, name)
-    with _errors(cluster, name):
+    with local_errors(cluster, name):
         return backend.show_job(cluster, name)
 
 
 def job_logs(cmd, name: str, local: bool = False, cluster: str | None = None, node: str | None = None,
              follow: bool = False, tail: int | None = None, timeout: int | None = None) -> None:
     """Print the nodes' logs (each line prefixed with its node when there are several)."""
-    backend = _backend(cmd, local)
+    backend = local_backend(cmd, local)
     cluster = _names(cluster, name)
     if tail is not None and tail < 0:
         raise InvalidArgumentValueError(f"--tail {tail} is negative", recommendation="Pass a line count >= 0.")
     if timeout is not None and timeout <= 0:
         raise InvalidArgumentValueError(f"--timeout {timeout} must be positive",
                                         recommendation="Pass seconds, e.g. --timeout 600.")
-    with _errors(cluster, name):
+    with local_errors(cluster, name):
         prefix = node is None and len(backend.job_nodes(cluster, name)) > 1
         lines = backend.job_logs(cluster, name, node=node, tail=tail, follow=follow, timeout=timeout)
         try:
@@ -151,7 +108,7 @@ def wait_job(cmd, name: str, local: bool = False, cluster: str | None = None, st
     """Poll the job until it is in ``state`` (default Succeeded) and/or reached ``step``; fail on failure."""
     from azext_elastictrain.core import events
 
-    backend = _backend(cmd, local)
+    backend = local_backend(cmd, local)
     cluster = _names(cluster, name)
     if step is not None and step < 0:
         raise InvalidArgumentValueError(f"--step {step} is negative", recommendation="Pass a step >= 0.")
@@ -163,7 +120,7 @@ def wait_job(cmd, name: str, local: bool = False, cluster: str | None = None, st
     want = " and ".join(filter(None, [state and f"state {state}", step is not None and f"step {step}"]))
     logs = f"az elastictrain job logs --local --cluster {cluster} --name {name} --tail 50"
     deadline = time.monotonic() + timeout
-    with _errors(cluster, name):
+    with local_errors(cluster, name):
         while True:
             shown = backend.show_job(cluster, name)
             now, at = shown["state"], shown.get("step")
@@ -196,9 +153,9 @@ def delete_job(cmd, name: str, local: bool = False, cluster: str | None = None, 
     """
     from azure.cli.core.util import user_confirmation
 
-    backend = _backend(cmd, local)
+    backend = local_backend(cmd, local)
     cluster = _names(cluster, name)
-    with _errors(cluster, name):
+    with local_errors(cluster, name):
         plan = backend.delete_job(cluster, name, dry_run=True, delete_checkpoints=delete_checkpoints)
         if dry_run:
             return plan

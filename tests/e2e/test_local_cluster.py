@@ -2,39 +2,13 @@
 from __future__ import annotations
 
 import os
-import time
 
 import psutil
 import pytest
 
-
-def _running(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def _gone(pids, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not any(_running(p) for p in pids):
-            return True
-        time.sleep(0.1)
-    return False
-
-
-def _ours(config_dir) -> list[psutil.Process]:
-    """Every live process started for this test's config dir (its state paths are on their command lines)."""
-    marker = str(config_dir)
-    found = []
-    for proc in psutil.process_iter(["cmdline", "status"]):
-        try:
-            if proc.info["status"] != psutil.STATUS_ZOMBIE and any(marker in a for a in proc.info["cmdline"] or []):
-                found.append(proc)
-        except psutil.Error:
-            continue
-    return found
+from tests.support.processes import gone as _gone
+from tests.support.processes import ours as _ours
+from tests.support.processes import running as _running
 
 
 @pytest.fixture

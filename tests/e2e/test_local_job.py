@@ -14,45 +14,15 @@ import psutil
 import pytest
 
 from tests.support import services as svc
+from tests.support.processes import gone as _gone
+from tests.support.processes import ours as _ours
+from tests.support.processes import running as _running
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = "scripts/train_cifar10.py"
 STEPS = 150
 JOB = "cifar"
 SECRET_MARKERS = ("AccountKey", "DefaultEndpointsProtocol", "Eby8vdM02xNOcqFl")
-
-
-def _running(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def _gone(pids, timeout: float = 15.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not any(_running(p) for p in pids):
-            return True
-        time.sleep(0.1)
-    return False
-
-
-def _ours(config_dir: Path) -> list[psutil.Process]:
-    """Live processes started for this config dir: cluster components name it on their command line,
-    job processes (agents and workers) carry it in their environment."""
-    marker = str(config_dir)
-    found = []
-    for proc in psutil.process_iter(["cmdline", "status"]):
-        try:
-            if proc.info["status"] == psutil.STATUS_ZOMBIE:
-                continue
-            if any(marker in a for a in proc.info["cmdline"] or []) or \
-                    any(marker in v for v in proc.environ().values()):
-                found.append(proc)
-        except psutil.Error:
-            continue
-    return found
 
 
 def _job_pids(config_dir: Path) -> set[int]:
