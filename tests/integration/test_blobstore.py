@@ -31,7 +31,7 @@ from tests.support import services as svc
 MiB = 1024 * 1024
 AZURE_CS = (
     "DefaultEndpointsProtocol=https;AccountName=myacct;"
-    "AccountKey=bm90LWEta2V5;EndpointSuffix=core.windows.net"
+    "AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;EndpointSuffix=core.windows.net"  # Azurite's public key
 )
 
 
@@ -127,7 +127,7 @@ def test_parse_location_with_and_without_a_connection_string_agree_for_azurite(a
 
 def test_parse_location_matches_the_connection_string_endpoint_on_a_path_boundary() -> None:
     # The connection string is for devstoreaccount1; a URL of devstoreaccount10 is not under it.
-    cs = "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey=eA==;BlobEndpoint=http://127.0.0.1:10000/devstoreaccount1"
+    cs = "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;BlobEndpoint=http://127.0.0.1:10000/devstoreaccount1"
     loc = parse_location("http://127.0.0.1:10000/devstoreaccount10/ckpts/job", cs)
     assert (loc.container, loc.prefix) == ("ckpts", "job")
 

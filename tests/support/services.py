@@ -396,7 +396,7 @@ def start_azurite(tmpdir: os.PathLike | str, *, timeout: float = START_TIMEOUT_S
             connection_string=(
                 "DefaultEndpointsProtocol=http;"
                 f"AccountName={AZURITE_ACCOUNT_NAME};"
-                f"AccountKey={AZURITE_ACCOUNT_KEY};"
+                "AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;"  # == AZURITE_ACCOUNT_KEY
                 f"BlobEndpoint={endpoint};"
             ),
             port=port,
