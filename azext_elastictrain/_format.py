@@ -102,3 +102,16 @@ def job_delete_table(result) -> list:
                              ("Node", f"job {result.get('name')} state"), ("Pid", "")]))
     rows.append(OrderedDict([("Action", "checkpoints"), ("Node", result.get("checkpoints")), ("Pid", "")]))
     return rows
+
+
+def eviction_table(result) -> list:
+    recovery = (result.get("recovery") or [{}])[-1]
+    return [
+        OrderedDict([
+            ("Node", e["node"]), ("Notice", f"{e['noticeSeconds']:g}s" if e["noticeSeconds"] else "none"),
+            ("Acknowledged", "" if e["acknowledgedAfterSeconds"] is None else f"after {e['acknowledgedAfterSeconds']}s"),
+            ("RecoverySeconds", recovery.get("recoverySeconds", "")), ("StepsLost", recovery.get("stepsLost", "")),
+            ("ResumedFrom", recovery.get("resumedFromStep", "")),
+        ])
+        for e in result.get("evictions", [])
+    ] or [OrderedDict([("Node", n["node"]), ("Pid", n["pid"]), ("Action", "would evict")]) for n in result["nodes"]]

@@ -203,3 +203,22 @@ examples:
   - name: Delete it and its checkpoints.
     text: az elastictrain job delete --local --name cifar --delete-checkpoints --yes
 """
+
+helps["elastictrain evict"] = """
+type: group
+short-summary: Evict Spot nodes, to see a job survive it.
+"""
+
+helps["elastictrain evict simulate"] = """
+type: command
+short-summary: Evict nodes of a running job the way Azure evicts Spot VMs, and report the recovery.
+long-summary: |
+    Posts an Azure Scheduled Events Preempt for the node; the training runtime checkpoints the step
+    the notice arrived at on every rank and acknowledges; then the node's agent and all its workers
+    are killed (or when the notice runs out). With --notice-seconds 0 the node just dies.
+examples:
+  - name: Evict the newest node of job 'cifar' with Azure's 30 s notice and follow the recovery.
+    text: az elastictrain evict simulate --local --job cifar --wait --yes -o table
+  - name: Evict node cifar-node-0 without notice; capacity returns 5 s later.
+    text: az elastictrain evict simulate --local --job cifar --node cifar-node-0 --notice-seconds 0 --replace-after 5 --wait --yes
+"""

@@ -104,3 +104,22 @@ def load_arguments(self, _):
         c.argument("delete_checkpoints", arg_type=get_three_state_flag(), options_list=["--delete-checkpoints"],
                    help="Also delete the job's checkpoints and event log from blob storage. "
                         "Default: they are kept, so a new job of the same name resumes from them.")
+
+    with self.argument_context("elastictrain evict simulate") as c:
+        c.argument("local", arg_type=get_three_state_flag(), options_list=["--local"],
+                   help="Evict a node of a job on a local cluster.")
+        c.argument("cluster", options_list=["--cluster", "-c"], help="Name of the local cluster (default: local).")
+        c.argument("job", options_list=["--job"], help="The job whose node(s) go.")
+        c.argument("node", options_list=["--node"], help="The node to evict (see 'job show'); default: the newest.")
+        c.argument("count", type=int, options_list=["--count"], help="How many nodes to evict (newest first).")
+        c.argument("notice_seconds", type=float, options_list=["--notice-seconds"],
+                   help="Seconds of Preempt notice before the node goes (Azure gives at least 30); 0: no notice. "
+                        "The node goes as soon as the runtime acknowledges (its checkpoint is durable).")
+        c.argument("replace_after", type=float, options_list=["--replace-after"],
+                   help="Spot capacity comes back: start a replacement node this many seconds after the eviction.")
+        c.argument("wait", arg_type=get_three_state_flag(), options_list=["--wait"],
+                   help="Follow the job until it trains again; report recovery seconds and steps lost.")
+        c.argument("dry_run", arg_type=get_three_state_flag(), options_list=["--dry-run"],
+                   help="Show which nodes would go; change nothing.")
+        c.argument("yes", arg_type=get_three_state_flag(), options_list=["--yes", "-y"],
+                   help="Do not prompt for confirmation.")

@@ -7,6 +7,7 @@ from azext_elastictrain._format import (
     checkpoint_show_table,
     cluster_list_table,
     cluster_show_table,
+    eviction_table,
     job_delete_table,
     job_list_table,
     job_show_table,
@@ -20,6 +21,10 @@ def load_command_table(loader, _):
         g.custom_show_command("show", "show_cluster", table_transformer=cluster_show_table)
         g.custom_command("list", "list_clusters", table_transformer=cluster_list_table)
         g.custom_command("delete", "delete_cluster")
+
+    evict_ops = CliCommandType(operations_tmpl="azext_elastictrain.operations.evict#{}")
+    with loader.command_group("elastictrain evict", custom_command_type=evict_ops, is_preview=True) as g:
+        g.custom_command("simulate", "simulate_eviction", table_transformer=eviction_table)
 
     checkpoint_ops = CliCommandType(operations_tmpl="azext_elastictrain.operations.checkpoint#{}")
 

@@ -679,6 +679,23 @@ class LocalBackend:
         state = self._load_job(cluster, job)
         return bool(state) and any(self._alive(n) for n in state["nodes"])
 
+    # -- evictions ---------------------------------------------------------------------
+    def evict(self, cluster: str, job: str, **options: Any) -> dict:
+        """Spot-evict nodes of a running job (see local_evict); serialized with job starts."""
+        from azext_elastictrain.core.backends.local_evict import evict_nodes
+
+        with self._job_lock(cluster):
+            return evict_nodes(self, cluster, job, **options)
+
+    def follow_recovery(self, cluster: str, job: str, eviction: dict) -> dict:
+        from azext_elastictrain.core.backends.local_evict import follow_recovery
+
+        read = self._event_reader(cluster)
+        try:
+            return follow_recovery(read, job, eviction)
+        finally:
+            read.close()
+
     # -- logs --------------------------------------------------------------------------
     def job_nodes(self, cluster: str, job: str) -> list[dict]:
         """The job's recorded nodes: name, agent pid and start time, log, status."""

@@ -1,0 +1,160 @@
+"""Spot evictions on the local cluster, as Azure does them: a notice, then the node goes.
+
+A ``Preempt`` event for the node is posted on the cluster's Scheduled Events
+endpoint; the node's agent and all its workers are killed once the runtime
+acknowledged the event (its checkpoint is durable) or the notice ran out.
+Optionally Spot capacity comes back: a replacement node joins the job's
+rendezvous. ``follow_recovery`` reads the job's events to report how long the
+job took to train again and how many steps it lost.
+"""
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from typing import Any
+
+from azext_elastictrain.core.spec import JobSpec, SpecError
+
+RECOVERY_TIMEOUT = 240.0
+
+
+class EvictionError(RuntimeError):
+    """The eviction could not be carried out."""
+
+
+def _admin(conn: dict) -> str:
+    return conn["scheduled_events"].split("/metadata/", 1)[0] + "/admin/events"
+
+
+def _request(method: str, url: str, body: dict | None = None) -> Any:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(request, timeout=10) as response:
+        raw = response.read()
+    return json.loads(raw) if raw else None
+
+
+def _kill_node(node: dict) -> None:
+    """The VM is gone: SIGKILL the agent and every descendant (workers start sessions of their own)."""
+    import psutil
+
+    try:
+        root = psutil.Process(node["pid"])
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return
+    for proc in procs:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(procs, timeout=10)
+
+
+def choose_nodes(job: dict, alive: list[dict], node: str | None, count: int | None) -> list[dict]:
+    """Which live nodes go: the one named, or the newest ``count``. Pure; raises SpecError."""
+    if node is not None and count is not None:
+        raise SpecError("name a --node or give a --count, not both")
+    if node is not None:
+        named = [n for n in job["nodes"] if n["name"] == node]
+        if not named:
+            known = ", ".join(n["name"] for n in job["nodes"])
+            raise SpecError(f"job {job['name']!r} has no node {node!r} (its nodes: {known})")
+        if named[0] not in alive:
+            raise SpecError(f"node {node!r} of job {job['name']!r} is not running")
+        return named
+    count = 1 if count is None else count
+    if count < 1 or count > len(alive):
+        raise SpecError(f"--count {count}: job {job['name']!r} has {len(alive)} running node(s)")
+    return alive[-count:]
+
+
+def evict_nodes(backend: Any, cluster: str, job_name: str, *, node: str | None = None, count: int | None = None,
+                notice_seconds: float = 30.0, replace_after: float | None = None, dry_run: bool = False) -> dict:
+    if notice_seconds < 0:
+        raise SpecError(f"--notice-seconds {notice_seconds:g}: use 0 (no notice) or more")
+    if replace_after is not None and replace_after < 0:
+        raise SpecError(f"--replace-after {replace_after:g}: use 0 or more seconds")
+    job = backend._require_job(cluster, job_name)
+    alive = [n for n in job["nodes"] if backend._alive(n)]
+    targets = choose_nodes(job, alive, node, count)
+    plan = {"job": job_name, "dryRun": dry_run, "noticeSeconds": notice_seconds,
+            "nodes": [{"node": n["name"], "pid": n["pid"]} for n in targets], "evictions": [], "replacements": []}
+    if dry_run:
+        return plan
+    conn = backend.connection(cluster)
+    for target in targets:
+        plan["evictions"].append(_evict_one(backend, cluster, job, target, conn, notice_seconds))
+    if replace_after is not None:
+        time.sleep(replace_after)
+        for _ in targets:
+            plan["replacements"].append(_replace(backend, cluster, job, conn))
+    return plan
+
+
+def _evict_one(backend: Any, cluster: str, job: dict, target: dict, conn: dict, notice_seconds: float) -> dict:
+    started = time.time()
+    acked_after = None
+    event_id = None
+    if notice_seconds > 0:
+        event_id = _request("POST", _admin(conn), {"resources": [target["name"]], "event_type": "Preempt",
+                                                   "notice_seconds": notice_seconds})["EventId"]
+        deadline = started + notice_seconds
+        while time.time() < deadline:
+            events = {e["EventId"]: e for e in _request("GET", _admin(conn))}
+            if events.get(event_id, {}).get("AcknowledgedAt"):
+                acked_after = round(events[event_id]["AcknowledgedAt"] - started, 2)
+                break
+            time.sleep(0.2)
+    _kill_node(target)
+    evicted_at = time.time()
+    if event_id is not None:
+        _request("DELETE", f"{_admin(conn)}/{event_id}")  # the VM is gone, and its events with it
+    target["status"] = "evicted"
+    target["evictedAt"] = evicted_at
+    backend._save_job(cluster, job)
+    return {"node": target["name"], "pid": target["pid"], "noticeSeconds": notice_seconds,
+            "acknowledged": acked_after is not None, "acknowledgedAfterSeconds": acked_after,
+            "evictedAt": evicted_at, "startedAt": started}
+
+
+def _replace(backend: Any, cluster: str, job: dict, conn: dict) -> dict:
+    """Spot capacity is back: a new node joins the job's rendezvous."""
+    spec = JobSpec(
+        name=job["name"], script=job["script"], min_nodes=job["minNodes"], max_nodes=job["maxNodes"],
+        nproc_per_node=job["nprocPerNode"], script_args=tuple(job["scriptArgs"]),
+        checkpoint_interval=job["checkpointInterval"], keep=job["keep"], cluster=cluster,
+    )
+    name = f"{job['name']}-node-{len(job['nodes'])}"
+    node = backend._start_node(spec, job["script"], name, conn, backend._job_dir(cluster, job["name"]), job["rdzvId"])
+    job["nodes"].append(node)
+    backend._save_job(cluster, job)
+    return {"node": name, "pid": node["pid"], "startedAt": node["started"]}
+
+
+def follow_recovery(read_events: Any, job: str, eviction: dict, timeout: float = RECOVERY_TIMEOUT) -> dict:
+    """After an eviction: seconds until the job restored and trained again, and the steps it lost."""
+    deadline = time.time() + timeout
+    evicted_at, started_at = eviction["evictedAt"], eviction["startedAt"]
+    while time.time() < deadline:
+        events = read_events(job)
+        restored = [e for e in events if e.get("event") == "restored" and e.get("step") is not None
+                    and e["time"] > evicted_at]
+        if restored:
+            resumed = [e for e in events if e.get("event") == "progress" and e["time"] > restored[0]["time"]]
+            if resumed:
+                before = [e["step"] for e in events if e.get("event") == "progress" and e["time"] <= evicted_at]
+                notices = [e["step"] for e in events if e.get("event") == "preempted"
+                           and started_at <= e["time"] <= evicted_at]
+                reached = notices[0] if notices else max(before, default=restored[0]["step"])
+                return {
+                    "resumedFromStep": restored[0]["step"],
+                    "worldSize": resumed[0].get("world_size"),
+                    "restoreSeconds": round(restored[0]["time"] - evicted_at, 2),
+                    "recoverySeconds": round(resumed[0]["time"] - evicted_at, 2),
+                    "stepsLost": max(0, reached - restored[0]["step"]),
+                }
+        time.sleep(0.5)
+    raise EvictionError(f"job {job!r} did not train again within {timeout:.0f}s of the eviction")
