@@ -61,3 +61,22 @@ def local_errors(cluster: str, job: str | None = None) -> Iterator[None]:
         raise CLIInternalError(str(ex)) from ex
     except OSError as ex:
         raise FileOperationError(f"job {job or '*'!r} of local cluster {cluster!r}: {ex}") from ex
+
+
+def local_names(cluster: str | None, job: str | None = None) -> str:
+    """The cluster's name (default 'local'), after checking both names: they become paths."""
+    from azext_elastictrain.core.layout import validate_job_name
+    from azext_elastictrain.core.spec import (
+        LOCAL_CLUSTER_DEFAULT,
+        LocalClusterSpec,
+        SpecError,
+    )
+
+    cluster = cluster or LOCAL_CLUSTER_DEFAULT
+    try:
+        LocalClusterSpec(cluster).validate()
+        if job is not None:
+            validate_job_name(job)
+    except (SpecError, ValueError) as ex:
+        raise InvalidArgumentValueError(str(ex)) from ex
+    return cluster

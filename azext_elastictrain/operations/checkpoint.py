@@ -54,10 +54,9 @@ def _where(cmd, url: str | None, connection_string: str | None, local: bool, clu
             "--connection-string goes with --url; --local uses the local cluster's own storage",
             recommendation="Drop --connection-string.",
         )
-    from azext_elastictrain.operations._local import local_backend, local_errors
-    from azext_elastictrain.operations.job import _names
+    from azext_elastictrain.operations._local import local_backend, local_errors, local_names
 
-    cluster = _names(cluster, job)
+    cluster = local_names(cluster, job)
     with local_errors(cluster, job):
         url, connection_string = local_backend(cmd, True).checkpoint_location(cluster, job)
     return url, connection_string, (f"Is local cluster {cluster!r} healthy? 'az elastictrain cluster show --local "

@@ -1,7 +1,7 @@
 """az elastictrain evict simulate: Spot evictions, with a notice first as Azure gives one."""
 from __future__ import annotations
 
-from azext_elastictrain.operations._local import local_backend, local_errors
+from azext_elastictrain.operations._local import local_backend, local_errors, local_names
 
 
 def simulate_eviction(cmd, job: str, local: bool = False, cluster: str | None = None, node: str | None = None,
@@ -12,10 +12,9 @@ def simulate_eviction(cmd, job: str, local: bool = False, cluster: str | None = 
     from azure.cli.core.util import user_confirmation
 
     from azext_elastictrain.core.backends.local_evict import EvictionError
-    from azext_elastictrain.operations.job import _names
 
     backend = local_backend(cmd, local)
-    cluster = _names(cluster, job)
+    cluster = local_names(cluster, job)
     options = dict(node=node, count=count, notice_seconds=notice_seconds, replace_after=replace_after)
     with local_errors(cluster, job):
         plan = backend.evict(cluster, job, dry_run=True, **options)

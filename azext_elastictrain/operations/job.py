@@ -14,28 +14,9 @@ from azure.cli.core.azclierror import (
     UnclassifiedUserFault,
 )
 
-from azext_elastictrain.operations._local import local_backend, local_errors
+from azext_elastictrain.operations._local import local_backend, local_errors, local_names
 
 WAIT_INTERVAL = 1.0
-
-
-def _names(cluster: str | None, job: str | None = None) -> str:
-    """The cluster's name (default 'local'), after checking both names: they become paths."""
-    from azext_elastictrain.core.layout import validate_job_name
-    from azext_elastictrain.core.spec import (
-        LOCAL_CLUSTER_DEFAULT,
-        LocalClusterSpec,
-        SpecError,
-    )
-
-    cluster = cluster or LOCAL_CLUSTER_DEFAULT
-    try:
-        LocalClusterSpec(cluster).validate()
-        if job is not None:
-            validate_job_name(job)
-    except (SpecError, ValueError) as ex:
-        raise InvalidArgumentValueError(str(ex)) from ex
-    return cluster
 
 
 def run_job(cmd, name: str, script: str, min_nodes: int, max_nodes: int, local: bool = False,
@@ -45,7 +26,7 @@ def run_job(cmd, name: str, script: str, min_nodes: int, max_nodes: int, local: 
     from azext_elastictrain.core.spec import JobSpec
 
     backend = local_backend(cmd, local)
-    cluster = _names(cluster)
+    cluster = local_names(cluster)
     try:
         args = tuple(shlex.split(script_args or ""))
     except ValueError as ex:
@@ -62,14 +43,14 @@ def run_job(cmd, name: str, script: str, min_nodes: int, max_nodes: int, local: 
 
 def list_jobs(cmd, local: bool = False, cluster: str | None = None) -> list[dict]:
     backend = local_backend(cmd, local)
-    cluster = _names(cluster)
+    cluster = local_names(cluster)
     with local_errors(cluster):
         return backend.list_jobs(cluster)
 
 
 def show_job(cmd, name: str, local: bool = False, cluster: str | None = None) -> dict:
     backend = local_backend(cmd, local)
-    cluster = _names(cluster, name)
+    cluster = local_names(cluster, name)
     with local_errors(cluster, name):
         return backend.show_job(cluster, name)
 
@@ -78,7 +59,7 @@ def job_logs(cmd, name: str, local: bool = False, cluster: str | None = None, no
              follow: bool = False, tail: int | None = None, timeout: int | None = None) -> None:
     """Print the nodes' logs (each line prefixed with its node when there are several)."""
     backend = local_backend(cmd, local)
-    cluster = _names(cluster, name)
+    cluster = local_names(cluster, name)
     if tail is not None and tail < 0:
         raise InvalidArgumentValueError(f"--tail {tail} is negative", recommendation="Pass a line count >= 0.")
     if timeout is not None and timeout <= 0:
@@ -109,7 +90,7 @@ def wait_job(cmd, name: str, local: bool = False, cluster: str | None = None, st
     from azext_elastictrain.core import events
 
     backend = local_backend(cmd, local)
-    cluster = _names(cluster, name)
+    cluster = local_names(cluster, name)
     if step is not None and step < 0:
         raise InvalidArgumentValueError(f"--step {step} is negative", recommendation="Pass a step >= 0.")
     if timeout <= 0:
@@ -154,7 +135,7 @@ def delete_job(cmd, name: str, local: bool = False, cluster: str | None = None, 
     from azure.cli.core.util import user_confirmation
 
     backend = local_backend(cmd, local)
-    cluster = _names(cluster, name)
+    cluster = local_names(cluster, name)
     with local_errors(cluster, name):
         plan = backend.delete_job(cluster, name, dry_run=True, delete_checkpoints=delete_checkpoints)
         if dry_run:

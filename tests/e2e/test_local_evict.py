@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import time
 
-import psutil
 import pytest
 
 from tests.support import services as svc
-from tests.support.processes import gone, ours, running
+from tests.support.processes import gone, local_cluster, running
 
 JOB = "spot"
 INTERVAL = 25
@@ -17,26 +16,18 @@ INTERVAL = 25
 def job(tmp_path_factory: pytest.TempPathFactory):
     """A local cluster running a 2-node job that would train for minutes: the tests evict its nodes."""
     try:
-        svc.check_dev_extension()
+        with local_cluster(tmp_path_factory.mktemp("local-evict") / "azure-config") as az:
+            try:
+                az("elastictrain", "job", "run", "--local", "--name", JOB, "--script", "scripts/train_cifar10.py",
+                   "--script-args", "--steps 5000 --step-delay 0.05", "--min-nodes", "1", "--max-nodes", "2",
+                   "--checkpoint-interval", str(INTERVAL), "-o", "none")
+                az("elastictrain", "job", "wait", "--local", "--name", JOB, "--step", "50", "--timeout", "240",
+                   "-o", "none", timeout=300)
+                yield az
+            finally:
+                az("elastictrain", "job", "delete", "--local", "--name", JOB, "--yes", check=False, timeout=180)
     except svc.ServiceNotFound as exc:
         pytest.fail(str(exc), pytrace=False)
-    az = svc.AzCli(tmp_path_factory.mktemp("local-evict") / "azure-config")
-    try:
-        az("elastictrain", "cluster", "create", "--local", "-o", "none", timeout=180)
-        az("elastictrain", "job", "run", "--local", "--name", JOB, "--script", "scripts/train_cifar10.py",
-           "--script-args", "--steps 5000 --step-delay 0.05", "--min-nodes", "1", "--max-nodes", "2",
-           "--checkpoint-interval", str(INTERVAL), "-o", "none")
-        az("elastictrain", "job", "wait", "--local", "--name", JOB, "--step", "50", "--timeout", "240", "-o", "none",
-           timeout=300)
-        yield az
-    finally:
-        az("elastictrain", "job", "delete", "--local", "--name", JOB, "--yes", check=False, timeout=180)
-        az("elastictrain", "cluster", "delete", "--local", "--yes", check=False, timeout=180)
-        for proc in ours(az.config_dir):
-            try:
-                proc.kill()
-            except psutil.Error:
-                pass
 
 
 def _nodes(az) -> list[dict]:

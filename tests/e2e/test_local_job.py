@@ -15,6 +15,7 @@ import pytest
 
 from tests.support import services as svc
 from tests.support.processes import gone as _gone
+from tests.support.processes import local_cluster
 from tests.support.processes import ours as _ours
 from tests.support.processes import running as _running
 
@@ -48,21 +49,10 @@ def _no_secret(text: str) -> None:
 @pytest.fixture(scope="module")
 def local(tmp_path_factory: pytest.TempPathFactory):
     try:
-        svc.check_dev_extension()
+        with local_cluster(tmp_path_factory.mktemp("local-job") / "azure-config") as az:
+            yield az
     except svc.ServiceNotFound as exc:
         pytest.fail(str(exc), pytrace=False)
-    az = svc.AzCli(tmp_path_factory.mktemp("local-job") / "azure-config")
-    try:
-        created = az.json("elastictrain", "cluster", "create", "--local", timeout=180)
-        assert created["health"] == "Healthy", created
-        yield az
-    finally:
-        az("elastictrain", "cluster", "delete", "--local", "--yes", check=False, timeout=180)
-        for proc in _ours(az.config_dir):  # never leave a stray process behind, whatever failed
-            try:
-                proc.kill()
-            except psutil.Error:
-                pass
 
 
 def _error(result, *expected: str) -> None:

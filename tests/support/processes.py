@@ -1,9 +1,10 @@
 """Finding and checking the processes a test's local cluster and jobs started."""
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import psutil
 
@@ -40,3 +41,24 @@ def ours(config_dir: Path | str) -> list[psutil.Process]:
         except psutil.Error:
             continue
     return found
+
+
+@contextlib.contextmanager
+def local_cluster(config_dir: Path) -> Iterator:
+    """The real az with an isolated config dir and a healthy local cluster in it; afterwards the
+    cluster is deleted and anything still running for that config dir is killed."""
+    from tests.support import services as svc
+
+    svc.check_dev_extension()
+    az = svc.AzCli(config_dir)
+    try:
+        created = az.json("elastictrain", "cluster", "create", "--local", timeout=180)
+        assert created["health"] == "Healthy", created
+        yield az
+    finally:
+        az("elastictrain", "cluster", "delete", "--local", "--yes", check=False, timeout=180)
+        for proc in ours(az.config_dir):  # never leave a stray process behind, whatever failed
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass

@@ -608,4 +608,4 @@ class AzCli:
         try:
             return json.loads(result.stdout) if result.stdout.strip() else None
         except json.JSONDecodeError as exc:
-            raise AssertionError(f"az {' '.join(args)} -o json printed non-JSON: {exc}\n{result.stdout[-2000:]}")
+            raise AssertionError(f"az {' '.join(args)} -o json printed non-JSON: {exc}\n{result.stdout[-2000:]}") from exc

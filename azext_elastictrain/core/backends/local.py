@@ -132,6 +132,22 @@ def _which(env_var: str, candidates: list[Path], name: str, install: str) -> str
     raise ToolMissing(f"{name} is not installed: {install} (or set {env_var})")
 
 
+def _read_state(path: Path, what: str) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except ValueError as ex:
+        raise ClusterError(f"the state of {what} is unreadable ({path}): {ex}") from ex
+
+
+def _write_state(path: Path, state: dict) -> None:
+    """Atomically: a reader sees the old state or the new one, never half of one."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=1))
+    os.replace(tmp, path)
+
+
 class LocalBackend:
     """Local clusters under ``state_root`` (the az config dir's ``elastictrain/local``)."""
 
@@ -143,19 +159,10 @@ class LocalBackend:
         return self.state_root / name
 
     def _load(self, name: str) -> dict | None:
-        path = self._dir(name) / "cluster.json"
-        try:
-            return json.loads(path.read_text())
-        except FileNotFoundError:
-            return None
-        except ValueError as ex:
-            raise ClusterError(f"the state of local cluster {name!r} is unreadable ({path}): {ex}") from ex
+        return _read_state(self._dir(name) / "cluster.json", f"local cluster {name!r}")
 
     def _save(self, name: str, state: dict) -> None:
-        path = self._dir(name) / "cluster.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=1))
-        os.replace(tmp, path)
+        _write_state(self._dir(name) / "cluster.json", state)
 
     # -- processes ------------------------------------------------------------
     def _spawn(self, name: str, component: str, argv: list[str], port: int,
@@ -392,19 +399,10 @@ class LocalBackend:
         return sorted(p.name for p in jobs.iterdir() if (p / "job.json").is_file())
 
     def _load_job(self, cluster: str, job: str) -> dict | None:
-        path = self._job_dir(cluster, job) / "job.json"
-        try:
-            return json.loads(path.read_text())
-        except FileNotFoundError:
-            return None
-        except ValueError as ex:
-            raise ClusterError(f"the state of job {job!r} is unreadable ({path}): {ex}") from ex
+        return _read_state(self._job_dir(cluster, job) / "job.json", f"job {job!r}")
 
     def _save_job(self, cluster: str, state: dict) -> None:
-        path = self._job_dir(cluster, state["name"]) / "job.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=1))
-        os.replace(tmp, path)
+        _write_state(self._job_dir(cluster, state["name"]) / "job.json", state)
 
     def _require_job(self, cluster: str, job: str) -> dict:
         from azext_elastictrain.core.layout import validate_job_name
