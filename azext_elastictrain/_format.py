@@ -26,7 +26,7 @@ def checkpoint_row(item: dict) -> OrderedDict:
         ("WorldSize", item.get("worldSize") if item.get("worldSize") is not None else ""),
         ("Verified", _verified(item.get("verified"))),
         ("Problems", "; ".join(item.get("problems") or [])),
-    ])
+    ] + ([("Path", item["path"])] if item.get("path") else []))
 
 
 def checkpoint_list_table(result) -> list:
@@ -106,12 +106,15 @@ def job_delete_table(result) -> list:
 
 def eviction_table(result) -> list:
     recovery = (result.get("recovery") or [{}])[-1]
+    back = result.get("capacityBack") or {}
     return [
         OrderedDict([
             ("Node", e["node"]), ("Notice", f"{e['noticeSeconds']:g}s" if e["noticeSeconds"] else "none"),
             ("Acknowledged", "" if e["acknowledgedAfterSeconds"] is None else f"after {e['acknowledgedAfterSeconds']}s"),
             ("RecoverySeconds", recovery.get("recoverySeconds", "")), ("StepsLost", recovery.get("stepsLost", "")),
             ("ResumedFrom", recovery.get("resumedFromStep", "")),
+            ("Replacement", ", ".join(r["node"] for r in result.get("replacements") or [])),
+            ("FullSizeAfterSeconds", back.get("seconds", "")),
         ])
         for e in result.get("evictions", [])
     ] or [OrderedDict([("Node", n["node"]), ("Pid", n["pid"]), ("Action", "would evict")]) for n in result["nodes"]]

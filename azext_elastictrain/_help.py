@@ -71,6 +71,23 @@ examples:
     text: az elastictrain checkpoint prune --local --job resnet --keep-last 2 --dry-run
 """
 
+helps["elastictrain checkpoint download"] = """
+type: command
+short-summary: Download a complete checkpoint to a local folder, every file checked against its SHA-256.
+long-summary: |
+    The checkpoint lands in <dest>/<step, 12 digits>/ as a plain PyTorch Distributed Checkpoint
+    folder (.metadata, __*.distcp) plus its manifest.json: load it with
+    torch.distributed.checkpoint (FileSystemReader), or turn it into one torch.save file with
+    'python -m torch.distributed.checkpoint.format_utils dcp_to_torch <folder> model.pt'.
+    Files are written to a hidden folder and moved into place once all are verified, so an
+    interrupted or damaged download leaves nothing that looks complete.
+examples:
+  - name: Download the newest complete checkpoint of job 'resnet' with your az login.
+    text: az elastictrain checkpoint download --url https://mystore.blob.core.windows.net/checkpoints/resnet --dest ./ckpt
+  - name: Download step 1200 of job 'resnet' on the local cluster.
+    text: az elastictrain checkpoint download --local --job resnet --step 1200 --dest ./ckpt -o table
+"""
+
 helps["elastictrain cluster"] = """
 type: group
 short-summary: Create and manage the clusters elastic jobs run on.
@@ -185,6 +202,8 @@ examples:
     text: az elastictrain job wait --local --name cifar --state Succeeded --timeout 300
   - name: Wait until it trained 100 steps.
     text: az elastictrain job wait --local --name cifar --step 100
+  - name: Wait until it trains with 2 ranks again after an eviction.
+    text: az elastictrain job wait --local --name cifar --world-size 2 --timeout 120
 """
 
 helps["elastictrain job delete"] = """
@@ -216,9 +235,13 @@ long-summary: |
     Posts an Azure Scheduled Events Preempt for the node; the training runtime checkpoints the step
     the notice arrived at on every rank and acknowledges; then the node's agent and all its workers
     are killed (or when the notice runs out). With --notice-seconds 0 the node just dies.
+    With --wait it follows the job until it trains again and reports the recovery seconds (eviction
+    to the first step at the smaller world size) and the steps lost. With --replace-after S, Spot
+    capacity comes back S seconds after the eviction (with --wait: once the job recovered, at the
+    earliest): a new node joins, and --wait follows the job back to its full world size.
 examples:
   - name: Evict the newest node of job 'cifar' with Azure's 30 s notice and follow the recovery.
     text: az elastictrain evict simulate --local --job cifar --wait --yes -o table
-  - name: Evict node cifar-node-0 without notice; capacity returns 5 s later.
+  - name: Evict node cifar-node-0 without notice; capacity returns 5 s later; follow both.
     text: az elastictrain evict simulate --local --job cifar --node cifar-node-0 --notice-seconds 0 --replace-after 5 --wait --yes
 """

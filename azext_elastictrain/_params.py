@@ -26,6 +26,13 @@ def load_arguments(self, _):
                    help="With --local: the job whose checkpoints to use.")
         c.argument("step", type=int, options_list=["--step"], help="Training step of the checkpoint.")
 
+    with self.argument_context("elastictrain checkpoint download") as c:
+        c.argument("dest", options_list=["--dest"],
+                   help="Folder to download into; the checkpoint lands in <dest>/<step, 12 digits>/ "
+                        "(an existing one is never overwritten).")
+        c.argument("step", type=int, options_list=["--step"],
+                   help="Training step of the checkpoint (default: the newest complete one).")
+
     with self.argument_context("elastictrain checkpoint prune") as c:
         c.argument("keep_last", type=int, options_list=["--keep-last"],
                    help="Keep the newest N complete checkpoints; delete older complete ones.")
@@ -94,6 +101,8 @@ def load_arguments(self, _):
                    help="Wait until the job is in this state (default: Succeeded, unless --step is given).")
         c.argument("step", type=int, options_list=["--step"],
                    help="Wait until training reached this step.")
+        c.argument("world_size", type=int, options_list=["--world-size"],
+                   help="Wait until the job trains with this many ranks (e.g. after capacity came back).")
         c.argument("timeout", type=int, options_list=["--timeout"],
                    help="Give up after this many seconds, with an error.")
     with self.argument_context("elastictrain job delete") as c:
@@ -116,9 +125,11 @@ def load_arguments(self, _):
                    help="Seconds of Preempt notice before the node goes (Azure gives at least 30); 0: no notice. "
                         "The node goes as soon as the runtime acknowledges (its checkpoint is durable).")
         c.argument("replace_after", type=float, options_list=["--replace-after"],
-                   help="Spot capacity comes back: start a replacement node this many seconds after the eviction.")
+                   help="Spot capacity comes back: start a replacement node this many seconds after the eviction "
+                        "(with --wait: after the job recovered, at the earliest).")
         c.argument("wait", arg_type=get_three_state_flag(), options_list=["--wait"],
-                   help="Follow the job until it trains again; report recovery seconds and steps lost.")
+                   help="Follow the job until it trains again; report recovery seconds and steps lost "
+                        "(and, with --replace-after, the seconds until it trains at full size again).")
         c.argument("dry_run", arg_type=get_three_state_flag(), options_list=["--dry-run"],
                    help="Show which nodes would go; change nothing.")
         c.argument("yes", arg_type=get_three_state_flag(), options_list=["--yes", "-y"],

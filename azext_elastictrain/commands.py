@@ -33,6 +33,7 @@ def load_command_table(loader, _):
         g.custom_show_command("show", "show_checkpoint", table_transformer=checkpoint_show_table)
         g.custom_command("verify", "verify_checkpoints", table_transformer=checkpoint_list_table)
         g.custom_command("prune", "prune_checkpoints", table_transformer=checkpoint_prune_table)
+        g.custom_command("download", "download_checkpoint", table_transformer=checkpoint_show_table)
 
     job_ops = CliCommandType(operations_tmpl="azext_elastictrain.operations.job#{}")
     with loader.command_group("elastictrain job", custom_command_type=job_ops, is_preview=True) as g:

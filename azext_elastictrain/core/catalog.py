@@ -8,8 +8,11 @@ reader never sees a half-deleted checkpoint as complete.
 """
 from __future__ import annotations
 
+import os
+import shutil
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterable, Protocol, Sequence
 
 from azext_elastictrain.core import layout
@@ -230,3 +233,36 @@ def orphan_blobs(checkpoint: Checkpoint, job_prefix: str) -> list[str]:
     covered = {folder + f.path for f in checkpoint.manifest.files}
     covered.add(layout.manifest_name(job_prefix, checkpoint.step))
     return [n for n in checkpoint.blobs if n not in covered]
+
+
+def download(store: Store, job_prefix: str, checkpoint: Checkpoint, dest: Path) -> dict:
+    """Copy a complete checkpoint into ``dest/<step:012d>/`` as a plain DCP folder, every file verified.
+
+    The writer's folder level is dropped, so the result is what
+    ``torch.distributed.checkpoint.FileSystemReader`` reads (``.metadata``,
+    ``__*.distcp``) plus ``manifest.json``. Files land in a hidden folder
+    first and are renamed into place once all are verified: an interrupted
+    download leaves no folder that looks complete. An existing folder is
+    never overwritten.
+    """
+    if not checkpoint.complete or checkpoint.manifest is None:
+        raise StoreError(f"checkpoint of step {checkpoint.step} is {checkpoint.status}: only a complete "
+                         "checkpoint can be downloaded")
+    final = dest / layout.step_dir(checkpoint.step)
+    if final.exists():
+        raise FileExistsError(f"{final} already exists; choose another --dest or remove it")
+    partial = dest / f".{layout.step_dir(checkpoint.step)}.partial-{os.getpid()}"
+    folder = layout.checkpoint_prefix(job_prefix, checkpoint.step)
+    writer = checkpoint.manifest.writer.strip("/") + "/"
+    try:
+        for f in checkpoint.manifest.files:
+            local = partial / (f.path[len(writer):] if f.path.startswith(writer) else f.path)
+            local.parent.mkdir(parents=True, exist_ok=True)
+            with open(local, "wb") as out:
+                out.write(store.download(folder + f.path, f.size, f.sha256))
+        (partial / layout.MANIFEST).write_bytes(checkpoint.manifest.to_bytes())
+        os.replace(partial, final)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return dict(checkpoint.to_dict(), verified=True, path=str(final))

@@ -28,7 +28,7 @@ def local_backend(cmd, local: bool):
 
 @contextmanager
 def local_errors(cluster: str, job: str | None = None) -> Iterator[None]:
-    from azext_elastictrain.core.backends.local import (
+    from azext_elastictrain.core.backends.local_state import (
         ClusterError,
         ClusterNotFound,
         ClusterUnhealthy,

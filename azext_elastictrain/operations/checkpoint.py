@@ -212,3 +212,43 @@ def prune_checkpoints(cmd, url: str | None = None, keep_last: int | None = None,
         catalog.apply_prune(store, store.prefix, plan)
         result["deleted"] = True
         return result
+
+
+def download_checkpoint(cmd, dest: str, step: int | None = None, url: str | None = None,
+                        connection_string: str | None = None, local: bool = False, cluster: str | None = None,
+                        job: str | None = None) -> dict:
+    """Copy a complete checkpoint (default: the newest) to a local folder, every file verified."""
+    from pathlib import Path
+
+    from azure.cli.core.azclierror import FileOperationError
+
+    from azext_elastictrain.core import catalog
+
+    with _open_store(cmd, url, connection_string, local, cluster, job) as (store, location):
+        listed = catalog.list_checkpoints(store, store.prefix)
+        if step is None:
+            chosen = catalog.newest_complete(listed)
+            if chosen is None:
+                raise ResourceNotFoundError(f"no complete checkpoint under {location}",
+                                            recommendation="List them with 'az elastictrain checkpoint list'.")
+        else:
+            chosen = next((c for c in listed if c.step == step), None)
+            if chosen is None:
+                raise ResourceNotFoundError(f"no checkpoint of step {step} under {location}",
+                                            recommendation="List them with 'az elastictrain checkpoint list'.")
+            if not chosen.complete:
+                raise InvalidArgumentValueError(
+                    f"checkpoint of step {step} is {chosen.status}: it cannot be restored",
+                    recommendation="Download a complete one; 'az elastictrain checkpoint list' shows which are.")
+        try:
+            Path(dest).mkdir(parents=True, exist_ok=True)
+            return catalog.download(store, store.prefix, chosen, Path(dest))
+        except FileExistsError as ex:
+            raise FileOperationError(str(ex)) from ex
+        except catalog.IntegrityError as ex:
+            raise AzureResponseError(
+                f"checkpoint of step {chosen.step} is damaged: {ex}; nothing was written",
+                recommendation="'az elastictrain checkpoint verify' shows which; download an older step.",
+            ) from ex
+        except OSError as ex:
+            raise FileOperationError(f"cannot write to {dest}: {ex}") from ex

@@ -85,32 +85,38 @@ def job_logs(cmd, name: str, local: bool = False, cluster: str | None = None, no
 
 
 def wait_job(cmd, name: str, local: bool = False, cluster: str | None = None, state: str | None = None,
-             step: int | None = None, timeout: int = 600) -> dict:
-    """Poll the job until it is in ``state`` (default Succeeded) and/or reached ``step``; fail on failure."""
+             step: int | None = None, world_size: int | None = None, timeout: int = 600) -> dict:
+    """Poll the job until it is in ``state`` (default Succeeded), reached ``step`` and/or trains at
+    ``world_size``; fail when it ends without getting there or time runs out."""
     from azext_elastictrain.core import events
 
     backend = local_backend(cmd, local)
     cluster = local_names(cluster, name)
     if step is not None and step < 0:
         raise InvalidArgumentValueError(f"--step {step} is negative", recommendation="Pass a step >= 0.")
+    if world_size is not None and world_size < 1:
+        raise InvalidArgumentValueError(f"--world-size {world_size} must be at least 1",
+                                        recommendation="Pass the number of ranks to wait for, e.g. 2.")
     if timeout <= 0:
         raise InvalidArgumentValueError(f"--timeout {timeout} must be positive",
                                         recommendation="Pass seconds, e.g. --timeout 600.")
-    if state is None and step is None:
+    if state is None and step is None and world_size is None:
         state = events.SUCCEEDED
-    want = " and ".join(filter(None, [state and f"state {state}", step is not None and f"step {step}"]))
+    want = " and ".join(filter(None, [state and f"state {state}", step is not None and f"step {step}",
+                                      world_size is not None and f"world size {world_size}"]))
     logs = f"az elastictrain job logs --local --cluster {cluster} --name {name} --tail 50"
     deadline = time.monotonic() + timeout
     with local_errors(cluster, name):
         while True:
             shown = backend.show_job(cluster, name)
             now, at = shown["state"], shown.get("step")
-            reached_step = step is None or (at is not None and at >= step)
-            if (state is None or now == state) and reached_step:
+            reached = (step is None or (at is not None and at >= step)) and \
+                (world_size is None or (now == events.RUNNING and shown.get("worldSize") == world_size))
+            if (state is None or now == state) and reached:
                 return shown
             where = f"at step {at}" if at is not None else "before its first step"
             terminal = now in (events.SUCCEEDED, events.FAILED, events.STOPPED)
-            if terminal and (state is None or now != state or not reached_step):
+            if terminal and (state is None or now != state or not reached):
                 raise UnclassifiedUserFault(
                     f"job {name!r} is {now} {where}: it will not reach {want}",
                     recommendation=f"See what happened with '{logs}'." if now != events.SUCCEEDED else

@@ -111,3 +111,47 @@ def test_prune_refuses_bad_input_and_deletes_nothing(az, azurite, job_url, args,
     assert result.returncode != 0 and expected in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
     assert _steps(az, azurite, url) == [10, 20, 30]
+
+
+def _damage(store, step: int) -> None:
+    manifest = layout.Manifest.from_bytes(store.read(layout.manifest_name(store.prefix, step)))
+    entry = next(f for f in manifest.files if f.path.endswith(".distcp"))
+    victim = layout.checkpoint_prefix(store.prefix, step) + entry.path
+    store.delete([victim])
+    store.create(victim, b"\0" * entry.size)  # same size, wrong bytes
+
+
+def test_download_gives_a_plain_dcp_folder_that_torch_loads(az, azurite, job_url, tmp_path):
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    url, _ = job_url
+    got = az.json("elastictrain", "checkpoint", "download", "--url", url, "--dest", str(tmp_path),
+                  env=_env(azurite))
+    folder = tmp_path / layout.step_dir(30)
+    assert got["step"] == 30 and got["verified"] is True and got["path"] == str(folder)  # the newest by default
+    assert (folder / ".metadata").is_file() and (folder / layout.MANIFEST).is_file()
+    dcp_to_torch_save(folder, tmp_path / "model.pt")
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    assert torch.equal(loaded["weights"]["w"], torch.full((1000,), 3.0))
+
+    again = az("elastictrain", "checkpoint", "download", "--url", url, "--dest", str(tmp_path), check=False,
+               env=_env(azurite))
+    assert again.returncode != 0 and "already exists" in again.stderr and "Traceback" not in again.stderr
+
+    older = az.json("elastictrain", "checkpoint", "download", "--url", url, "--step", "10", "--dest",
+                    str(tmp_path), env=_env(azurite))
+    assert older["step"] == 10 and (tmp_path / layout.step_dir(10) / ".metadata").is_file()
+
+
+def test_a_damaged_checkpoint_downloads_nothing(az, azurite, job_url, tmp_path):
+    url, store = job_url
+    _damage(store, 30)
+    dest = tmp_path / "dest"
+    result = az("elastictrain", "checkpoint", "download", "--url", url, "--step", "30", "--dest", str(dest),
+                check=False, env=_env(azurite))
+    assert result.returncode != 0 and "step 30 is damaged" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    assert not dest.exists() or list(dest.iterdir()) == []  # no partial folder left behind
+    missing = az("elastictrain", "checkpoint", "download", "--url", url, "--step", "25", "--dest", str(dest),
+                 check=False, env=_env(azurite))
+    assert missing.returncode == 3 and "no checkpoint of step 25" in missing.stderr

@@ -3,9 +3,10 @@
 A ``Preempt`` event for the node is posted on the cluster's Scheduled Events
 endpoint; the node's agent and all its workers are killed once the runtime
 acknowledged the event (its checkpoint is durable) or the notice ran out.
-Optionally Spot capacity comes back: a replacement node joins the job's
-rendezvous. ``follow_recovery`` reads the job's events to report how long the
-job took to train again and how many steps it lost.
+Then Spot capacity may come back: ``replace_nodes`` starts nodes that join the
+job's rendezvous. ``follow_recovery`` reads the job's events to report how long
+the job took to train again and how many steps it lost; ``follow_world_size``
+how long until it trained at full size again.
 """
 from __future__ import annotations
 
@@ -73,6 +74,8 @@ def choose_nodes(job: dict, alive: list[dict], node: str | None, count: int | No
 
 def evict_nodes(backend: Any, cluster: str, job_name: str, *, node: str | None = None, count: int | None = None,
                 notice_seconds: float = 30.0, replace_after: float | None = None, dry_run: bool = False) -> dict:
+    """Evict the chosen nodes, one after the other. Replacements are the caller's next step
+    (``replace_nodes``), so it can follow the recovery at the smaller world size first."""
     if notice_seconds < 0:
         raise SpecError(f"--notice-seconds {notice_seconds:g}: use 0 (no notice) or more")
     if replace_after is not None and replace_after < 0:
@@ -81,17 +84,21 @@ def evict_nodes(backend: Any, cluster: str, job_name: str, *, node: str | None =
     alive = [n for n in job["nodes"] if backend._alive(n)]
     targets = choose_nodes(job, alive, node, count)
     plan = {"job": job_name, "dryRun": dry_run, "noticeSeconds": notice_seconds,
-            "nodes": [{"node": n["name"], "pid": n["pid"]} for n in targets], "evictions": [], "replacements": []}
+            "nodes": [{"node": n["name"], "pid": n["pid"]} for n in targets], "evictions": [],
+            "replaceAfterSeconds": replace_after, "replacements": []}
     if dry_run:
         return plan
     conn = backend.connection(cluster)
     for target in targets:
         plan["evictions"].append(_evict_one(backend, cluster, job, target, conn, notice_seconds))
-    if replace_after is not None:
-        time.sleep(replace_after)
-        for _ in targets:
-            plan["replacements"].append(_replace(backend, cluster, job, conn))
     return plan
+
+
+def replace_nodes(backend: Any, cluster: str, job_name: str, count: int) -> list[dict]:
+    """Spot capacity is back: ``count`` new nodes join the job's rendezvous."""
+    job = backend._require_job(cluster, job_name)
+    conn = backend.connection(cluster)
+    return [_replace(backend, cluster, job, conn) for _ in range(count)]
 
 
 def _evict_one(backend: Any, cluster: str, job: dict, target: dict, conn: dict, notice_seconds: float) -> dict:
@@ -150,6 +157,7 @@ def follow_recovery(read_events: Any, job: str, eviction: dict, timeout: float =
                            and started_at <= e["time"] <= evicted_at]
                 reached = notices[0] if notices else max(before, default=restored[0]["step"])
                 return {
+                    "node": eviction["node"],
                     "resumedFromStep": restored[0]["step"],
                     "worldSize": resumed[0].get("world_size"),
                     "restoreSeconds": round(restored[0]["time"] - evicted_at, 2),
@@ -158,3 +166,18 @@ def follow_recovery(read_events: Any, job: str, eviction: dict, timeout: float =
                 }
         time.sleep(0.5)
     raise EvictionError(f"job {job!r} did not train again within {timeout:.0f}s of the eviction")
+
+
+def follow_world_size(read_events: Any, job: str, world_size: int, since: float,
+                      timeout: float = RECOVERY_TIMEOUT) -> dict:
+    """After capacity came back: seconds until the job trains at ``world_size`` again."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        grown = [e for e in read_events(job) if e.get("event") == "progress" and e["time"] > since
+                 and e.get("world_size") == world_size]
+        if grown:
+            return {"worldSize": world_size, "step": grown[0]["step"],
+                    "seconds": round(grown[0]["time"] - since, 2)}
+        time.sleep(0.5)
+    raise EvictionError(f"job {job!r} did not train at world size {world_size} within {timeout:.0f}s "
+                        "of the replacement joining")
