@@ -175,8 +175,9 @@ type: command
 short-summary: Show a job - state, world size, step, throughput, last checkpoint, evictions, recoveries, nodes.
 long-summary: >
     State: Running while any node's agent runs; Succeeded once training finished; otherwise Failed
-    (or Stopped, when deleting it). Evictions count preemption notices plus nodes lost while the
-    job runs on; recoveries count the times the job re-formed and restored after its first start.
+    (or Stopped, when deleting it). Evictions count Spot preemption notices plus nodes lost while
+    the job runs on. Each time the job re-formed and restored after its first start is a recovery
+    (it lost a node or a worker failed) or a scale-up (scaleUps: capacity came back and it grew).
 examples:
   - name: Show job 'cifar' on the local cluster.
     text: az elastictrain job show --local --name cifar

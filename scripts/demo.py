@@ -1,132 +1,135 @@
-"""The runtime demo: a real 2-node elastic job survives Spot evictions on this machine.
+"""The main job: a real 2-node elastic training job survives Spot evictions, driven through the real az.
 
-    bash scripts/demo.sh            # sets everything up, then runs this
+    bash scripts/demo.sh                 # sets everything up, then runs this
+    bash scripts/demo.sh --keep-cluster  # leave the cluster running to look around afterwards
 
-What happens, all real and on loopback: Azurite (blob storage), etcd (the
-rendezvous), a local Azure Scheduled Events endpoint, and two ``torchrun``
-agents ("nodes") training ``scripts/train_cifar10.py`` with DDP. Then:
+Every step is an ``az elastictrain`` command (printed before it runs), against a
+local cluster on this machine: real etcd (rendezvous), real Azurite (blob
+storage), a local Azure Scheduled Events endpoint, and real ``torchrun`` agents
+as the job's nodes, training ``scripts/train_cifar10.py`` with DDP:
 
-1. node-b gets a Spot ``Preempt`` notice: every rank checkpoints the step the
-   notice arrived at, node-b acknowledges, and is killed (evicted);
-2. node-a goes on alone from that step (world size 2 -> 1);
-3. node-b comes back (Spot capacity returns; world size 1 -> 2);
-4. node-a is killed without notice; node-b resumes from the last checkpoint;
-5. node-a comes back and the job finishes.
+1. ``cluster create --local`` and ``job run``: 2 nodes, checkpoint every 40 steps;
+2. ``evict simulate`` with Azure's 30 s Preempt notice: every rank checkpoints
+   the step the notice arrived at, the node acknowledges and goes; the job goes
+   on alone from that step (world size 2 -> 1), then capacity comes back (-> 2);
+3. ``evict simulate --notice-seconds 0``: a node just dies; the job resumes from
+   its last checkpoint (at most one interval lost); capacity comes back again;
+4. ``job wait`` until every step is trained, ``checkpoint list`` and ``prune``.
 
-It prints a summary (steps, loss, each recovery in seconds, steps lost), the
-checkpoint catalog through the real ``az elastictrain checkpoint list``, and
-writes a timeline picture.
+It prints a summary (steps, loss at start and end, each recovery in seconds,
+steps lost), writes ``<out>/summary.json`` and a timeline picture
+``<out>/timeline.png``, and deletes the cluster (unless ``--keep-cluster``).
+az runs with its own config dir (``<out>/azure-config``): your ~/.azure is untouched.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
-import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from azext_elastictrain.core import catalog  # noqa: E402
-from azext_elastictrain.core.blobstore import BlobStore  # noqa: E402
-from azext_elastictrain.core.scheduled_events import ScheduledEventsServer  # noqa: E402
-from tests.support.elastic import JobConfig, Node, events_of, read_events, wait_for  # noqa: E402
-from tests.support.services import start_azurite, start_etcd  # noqa: E402
+CLUSTER, JOB, INTERVAL = "demo", "cifar", 40
 
 
 def say(text: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
+    print(f"\n[{time.strftime('%H:%M:%S')}] {text}", flush=True)
 
 
-class Demo:
-    def __init__(self, job: JobConfig, store: BlobStore, imds: ScheduledEventsServer, logs: Path):
-        self.job, self.store, self.imds, self.logs = job, store, imds, logs
-        self.nodes: dict[str, Node] = {}
-        self.evictions: list[dict] = []
-        self.joins: list[tuple[str, float]] = []
+class Az:
+    """The real az CLI with this demo's own config dir; each command is printed before it runs."""
 
-    def events(self) -> list[dict]:
-        return read_events(self.store, self.store.prefix)
+    def __init__(self, config_dir: Path):
+        self.path = shutil.which("az", path=f"{REPO / '.venv' / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}")
+        if not self.path:
+            raise SystemExit("az not found: run `bash scripts/setup.sh` first (or `bash scripts/demo.sh`)")
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("AZURE_")}
+        self.env.update(AZURE_CONFIG_DIR=str(config_dir), AZURE_CORE_COLLECT_TELEMETRY="false",
+                        AZURE_CORE_SURVEY_MESSAGE="false", AZURE_CORE_ONLY_SHOW_ERRORS="true",
+                        AZURE_EXTENSION_DEV_SOURCES=str(REPO / "build" / "azext-dev"))
 
-    def start(self, name: str) -> None:
-        self.nodes[name] = Node(self.job, name, self.logs)
-        self.joins.append((name, time.time()))
+    def _run(self, args: list[str], capture: bool, timeout: float) -> subprocess.CompletedProcess:
+        print("$ az " + " ".join(shlex.quote(a) for a in args), flush=True)
+        result = subprocess.run([self.path, *args], env=self.env, cwd=REPO, text=True, timeout=timeout,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE if capture else None)
+        if result.returncode != 0:
+            raise SystemExit(f"az {args[0]} {args[1]} {args[2]} failed (exit {result.returncode}); see above")
+        return result
 
-    def world(self) -> int | None:
-        sizes = [e["world_size"] for e in self.events() if e.get("event") == "progress"]
-        return sizes[-1] if sizes else None
+    def show(self, *args: str, timeout: float = 600) -> None:
+        """Run it and let its table through to the terminal."""
+        self._run([*args, "-o", "table"], capture=False, timeout=timeout)
 
-    def wait_world(self, size: int, timeout: float = 180) -> None:
-        wait_for(lambda: self.world() == size, timeout, f"world size {size}")
-
-    def evict(self, name: str, notice: bool) -> None:
-        seen = len(self.events())
-        evicted_at = time.time()
-        if notice:
-            event_id = self.imds.post_event([name], "Preempt", notice_seconds=30)
-            say(f"Spot eviction notice (Preempt, 30 s) for {name}")
-            if not self.imds.wait_acknowledged(event_id, timeout=60):
-                raise SystemExit(f"{name} never acknowledged the eviction notice")
-            say(f"{name} checkpointed and acknowledged after {time.time() - evicted_at:.1f}s; evicting it")
-        else:
-            say(f"{name} evicted without notice")
-        self.nodes.pop(name).kill()
-        killed_at = time.time()
-        if notice:
-            self.imds.remove_event(event_id)  # the VM is gone, and its events with it
-        restored = wait_for(
-            lambda: [e for e in self.events()[seen:] if e.get("event") == "restored" and e.get("step") is not None],
-            timeout=180, what="the job to restore",
-        )[0]
-        resumed = wait_for(
-            lambda: [e for e in self.events()[seen:] if e.get("event") == "progress"
-                     and e.get("world_size") == restored["world_size"] and e["time"] > restored["time"]],
-            timeout=120, what="training to resume",
-        )[0]
-        before = [e["step"] for e in self.events()[:seen] if e.get("event") == "progress"]
-        preempted = [e["step"] for e in self.events()[seen:] if e.get("event") == "preempted"]
-        reached = max(before + preempted) if before or preempted else 0
-        record = {
-            "node": name, "notice": notice, "time": killed_at,
-            "resumed_from": restored["step"], "reached": reached,
-            "steps_lost": max(0, (preempted[0] if preempted else reached) - restored["step"]),
-            "recovery_s": round(restored["time"] - killed_at, 1),
-            "first_step_s": round(resumed["time"] - killed_at, 1),
-        }
-        self.evictions.append(record)
-        say(f"recovered from step {record['resumed_from']} at world size {restored['world_size']}: "
-            f"{record['recovery_s']}s to restore, {record['steps_lost']} step(s) lost")
-
-    def stop(self) -> None:
-        for node in self.nodes.values():
-            node.stop()
+    def json(self, *args: str, timeout: float = 600):
+        return json.loads(self._run([*args, "-o", "json"], capture=True, timeout=timeout).stdout or "null")
 
 
-def summary(events: list[dict], evictions: list[dict]) -> str:
-    progress = [e for e in events if e.get("event") == "progress" and "metrics" in e]
-    first, last = progress[0], progress[-1]
-    checkpoints = events_of(events, "checkpoint")
+def evict(az: Az, notice: bool, node: str | None) -> dict:
+    target = ["--node", node] if node else ["--count", "1"]
+    result = az.json("elastictrain", "evict", "simulate", "--local", "--cluster", CLUSTER, "--job", JOB, *target,
+                     "--notice-seconds", "30" if notice else "0", "--replace-after", "3", "--wait", "--yes")
+    (eviction,), (recovery,) = result["evictions"], result["recovery"]
+    back = result.get("capacityBack") or {}
+    acked = (f"checkpointed and acknowledged the notice after {eviction['acknowledgedAfterSeconds']}s, then went"
+             if eviction["acknowledged"] else "was killed without notice")
+    print(f"  {eviction['node']} {acked}\n"
+          f"  the job trained again after {recovery['recoverySeconds']}s at world size {recovery['worldSize']}, "
+          f"from step {recovery['resumedFromStep']}: {recovery['stepsLost']} step(s) lost\n"
+          f"  Spot capacity came back: {', '.join(r['node'] for r in result['replacements'])} joined; "
+          f"world size {back.get('worldSize')} again after {back.get('seconds')}s", flush=True)
+    return {"node": eviction["node"], "notice": notice, "evictedAt": eviction["evictedAt"],
+            "acknowledged": eviction["acknowledged"], **recovery,
+            "replacement": result["replacements"][0], "capacityBack": back}
+
+
+def world_sizes(events: list[dict]) -> list[int]:
+    """The world sizes the job trained at, in order, each run of equal sizes once."""
+    sizes: list[int] = []
+    for e in events:
+        if e.get("event") == "progress" and e.get("world_size") and (not sizes or sizes[-1] != e["world_size"]):
+            sizes.append(e["world_size"])
+    return sizes
+
+
+def summarize(events: list[dict], evictions: list[dict], shown: dict, steps: int) -> dict:
+    progress = [e for e in events if e.get("event") == "progress" and (e.get("metrics") or {}).get("loss") is not None]
+    checkpoints = [e for e in events if e.get("event") == "checkpoint"]
+    median = lambda xs: sorted(xs)[len(xs) // 2] if xs else None  # noqa: E731
+    return {
+        "state": shown["state"], "steps": steps, "step": shown["step"], "worldSizes": world_sizes(events),
+        "lossStart": {"step": progress[0]["step"], "loss": progress[0]["metrics"]["loss"]},
+        "lossEnd": {"step": progress[-1]["step"], "loss": progress[-1]["metrics"]["loss"]},
+        "checkpoints": len(checkpoints), "checkpointInterval": INTERVAL,
+        "medianUploadSeconds": median([c["seconds"] for c in checkpoints]),
+        "medianStallSeconds": median([c["stall_seconds"] for c in checkpoints]),
+        "evictions": evictions,
+    }
+
+
+def print_summary(s: dict, picture: Path) -> None:
     lines = [
-        "",
         "Summary",
-        f"  steps trained      {events_of(events, 'finished')[-1]['step']}",
-        f"  loss               {first['metrics']['loss']:.3f} (step {first['step']}) -> "
-        f"{last['metrics']['loss']:.3f} (step {last['step']})",
-        f"  checkpoints        {len(checkpoints)} committed, median upload "
-        f"{sorted(c['seconds'] for c in checkpoints)[len(checkpoints) // 2]:.2f}s, "
-        f"median training stall {1000 * sorted(c['stall_seconds'] for c in checkpoints)[len(checkpoints) // 2]:.0f} ms",
+        f"  job                {s['state']}: {s['step']} of {s['steps']} steps trained; world sizes "
+        + " -> ".join(map(str, s["worldSizes"])),
+        f"  loss               {s['lossStart']['loss']:.3f} (step {s['lossStart']['step']}) -> "
+        f"{s['lossEnd']['loss']:.3f} (step {s['lossEnd']['step']})",
+        f"  checkpoints        {s['checkpoints']} committed, median upload {s['medianUploadSeconds']:.2f}s, "
+        f"median training stall {1000 * s['medianStallSeconds']:.0f} ms",
     ]
-    for i, ev in enumerate(evictions, 1):
+    for i, ev in enumerate(s["evictions"], 1):
         kind = "with notice   " if ev["notice"] else "without notice"
-        lines.append(f"  eviction {i} {kind} {ev['node']}: resumed from step {ev['resumed_from']} "
-                     f"in {ev['recovery_s']}s, {ev['steps_lost']} step(s) lost")
-    return "\n".join(lines)
+        lines.append(f"  eviction {i} {kind} {ev['node']}: training again after {ev['recoverySeconds']}s "
+                     f"from step {ev['resumedFromStep']}, {ev['stepsLost']} step(s) lost; full size again "
+                     f"{ev['capacityBack'].get('seconds')}s after capacity returned")
+    lines.append(f"  timeline           {picture}")
+    print("\n" + "\n".join(lines), flush=True)
 
 
 def _segments(points: list[tuple[float, int]], gap: float) -> list[list[tuple[float, int]]]:
@@ -139,7 +142,7 @@ def _segments(points: list[tuple[float, int]], gap: float) -> list[list[tuple[fl
     return segments
 
 
-def timeline(events: list[dict], evictions: list[dict], joins: list[tuple[str, float]], out: Path) -> None:
+def timeline(events: list[dict], evictions: list[dict], out: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -150,21 +153,29 @@ def timeline(events: list[dict], evictions: list[dict], joins: list[tuple[str, f
     fig, (ax, ax2) = plt.subplots(2, 1, figsize=(10, 5.5), sharex=True, height_ratios=[3, 1])
     for i, seg in enumerate(_segments([(e["time"] - t0, e["step"]) for e in progress], gap=3.0)):
         ax.plot([t for t, _ in seg], [s for _, s in seg], ".-", color="tab:blue", label="step" if i == 0 else None)
-    checkpoints = events_of(events, "checkpoint")
+    checkpoints = [e for e in events if e.get("event") == "checkpoint"]
     ax.plot([c["time"] - t0 for c in checkpoints], [c["step"] for c in checkpoints], "|", color="tab:green",
             markersize=12, mew=2, label="checkpoint committed")
     top = max(e["step"] for e in progress)
     for ev in evictions:
-        ax.axvline(ev["time"] - t0, color="tab:red", lw=2)
+        ax.axvline(ev["evictedAt"] - t0, color="tab:red", lw=2)
         ax.annotate(f" {ev['node']} evicted\n {'with notice' if ev['notice'] else 'no notice'}\n"
-                    f" {ev['steps_lost']} step(s) lost", (ev["time"] - t0, top * 0.72), color="tab:red", fontsize=8)
-    for name, when in joins[2:]:
-        ax.axvline(when - t0, color="tab:gray", lw=1, ls="--")
-        ax.annotate(f" {name} back", (when - t0, top * 0.05), color="tab:gray", fontsize=8)
+                    f" {ev['stepsLost']} step(s) lost\n back in {ev['recoverySeconds']:.1f}s",
+                    (ev["evictedAt"] - t0, top * 0.62), color="tab:red", fontsize=8)
+        joined = ev["replacement"]["startedAt"] - t0
+        ax.axvline(joined, color="tab:gray", lw=1, ls="--")
+        ax.annotate(f" {ev['replacement']['node']}\n joins", (joined, top * 0.05), color="tab:gray", fontsize=8)
     ax.set_ylabel("step")
     ax.legend(loc="upper left", fontsize=8)
-    ax.set_title("Elastic training through Spot evictions")
-    ax2.step([e["time"] - t0 for e in progress], [e["world_size"] for e in progress], where="post", color="tab:purple")
+    ax.set_title("Elastic training through Spot evictions (az elastictrain, local cluster)")
+    times, sizes = [], []
+    for seg in _segments([(e["time"] - t0, e["world_size"]) for e in progress], gap=3.0):
+        if times:  # between two segments nothing trained: the job was re-forming
+            times.append(times[-1] + 0.5)
+            sizes.append(0)
+        times += [t for t, _ in seg]
+        sizes += [w for _, w in seg]
+    ax2.step(times, sizes, where="post", color="tab:purple")
     ax2.set_ylabel("world size")
     ax2.set_yticks([0, 1, 2])
     ax2.set_xlabel("seconds")
@@ -172,62 +183,77 @@ def timeline(events: list[dict], evictions: list[dict], joins: list[tuple[str, f
     fig.savefig(out, dpi=110)
 
 
+def job_events(config_dir: Path) -> list[dict]:
+    """The job's event log, read from the cluster's blob storage (what `job show` summarizes)."""
+    from azext_elastictrain.core.backends import get_backend
+
+    return get_backend("local", config_dir / "elastictrain" / "local").job_events(CLUSTER, JOB)
+
+
+def run(az: Az, args: argparse.Namespace, out: Path) -> dict:
+    say("A local cluster: etcd, Azurite and a Scheduled Events endpoint, as background processes")
+    az.show("elastictrain", "cluster", "create", "--local", "--name", CLUSTER)
+    say(f"A 2-node elastic job (1..2 nodes), {args.steps} steps, a checkpoint every {INTERVAL} steps")
+    az.show("elastictrain", "job", "run", "--local", "--cluster", CLUSTER, "--name", JOB,
+            "--script", "scripts/train_cifar10.py",
+            "--script-args", f"--steps {args.steps} --step-delay 0.05 --log-every 100",
+            "--min-nodes", "1", "--max-nodes", "2", "--checkpoint-interval", str(INTERVAL))
+    az.json("elastictrain", "job", "wait", "--local", "--cluster", CLUSTER, "--name", JOB,
+            "--world-size", "2", "--step", "60", "--timeout", "300")
+    evictions = []
+    say("Spot eviction WITH notice: Azure's Preempt event, 30 s before the VM goes")
+    evictions.append(evict(az, notice=True, node=f"{JOB}-node-1"))
+    time.sleep(3)
+    say("Spot eviction WITHOUT notice: the node just dies")
+    evictions.append(evict(az, notice=False, node=None))
+    say("Training to the end")
+    az.json("elastictrain", "job", "wait", "--local", "--cluster", CLUSTER, "--name", JOB,
+            "--state", "Succeeded", "--timeout", "900")
+    az.show("elastictrain", "job", "show", "--local", "--cluster", CLUSTER, "--name", JOB)
+    shown = az.json("elastictrain", "job", "show", "--local", "--cluster", CLUSTER, "--name", JOB)
+    say("The checkpoint catalog, then retention: keep the newest 2")
+    where = ("--local", "--cluster", CLUSTER, "--job", JOB)
+    az.show("elastictrain", "checkpoint", "list", *where)
+    az.show("elastictrain", "checkpoint", "prune", *where, "--keep-last", "2", "--yes")
+    kept = az.json("elastictrain", "checkpoint", "list", *where)
+    az.show("elastictrain", "checkpoint", "list", *where)
+    events = job_events(args.config_dir)
+    summary = summarize(events, evictions, shown, args.steps)
+    summary["checkpointsKept"] = [c["step"] for c in kept if c["status"] == "complete"]
+    picture = out / "timeline.png"
+    timeline(events, evictions, picture)
+    (out / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    print_summary(summary, picture)
+    return summary
+
+
 def main() -> int:
-    parser = argparse.ArgumentParser(description="Run the elastic training demo on this machine.")
-    parser.add_argument("--steps", type=int, default=600)
-    parser.add_argument("--out", default="out", help="folder for the timeline picture and logs")
+    parser = argparse.ArgumentParser(description="Run the elastic training demo on this machine, through az.")
+    parser.add_argument("--steps", type=int, default=600, help="training steps (default 600)")
+    parser.add_argument("--out", default="out", help="folder for the summary, timeline picture and events")
+    parser.add_argument("--config-dir", type=Path, help="az config dir (default: <out>/azure-config)")
+    parser.add_argument("--keep-cluster", action="store_true", help="leave the local cluster running afterwards")
     args = parser.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="elastictrain-demo-"))
+    args.config_dir = (args.config_dir or out / "azure-config").resolve()
+    az = Az(args.config_dir)
+    delete_cluster = [az.path, "elastictrain", "cluster", "delete", "--local", "--name", CLUSTER, "--yes", "-o", "none"]
+    # A cluster left by an earlier run (--keep-cluster) would hold that run's checkpoints: start clean.
+    subprocess.run(delete_cluster, env=az.env, cwd=REPO, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   timeout=300)
     try:
-        with start_azurite(work / "azurite") as blob, start_etcd(work / "etcd") as etcd, ScheduledEventsServer() as imds:
-            say(f"Azurite on {blob.blob_endpoint}, etcd on {etcd.endpoint}, Scheduled Events on {imds.url}")
-            blob.blob_service_client().create_container("checkpoints")
-            name = f"cifar-{uuid.uuid4().hex[:6]}"
-            job = JobConfig(
-                name=name, checkpoint_url=f"{blob.blob_endpoint}/checkpoints/{name}",
-                connection_string=blob.connection_string, etcd_endpoint=etcd.endpoint,
-                scheduled_events_url=imds.url,
-                script_args=["--steps", str(args.steps), "--checkpoint-every", "40", "--step-delay", "0.05",
-                             "--log-every", "50"],
-            )
-            store = BlobStore.from_url(job.checkpoint_url, connection_string=blob.connection_string)
-            demo = Demo(job, store, imds, out / "logs")
-            try:
-                say(f"job {name}: 2 nodes, {args.steps} steps, checkpoint every 40 steps")
-                demo.start("node-a")
-                demo.start("node-b")
-                demo.wait_world(2)
-                time.sleep(4)
-                demo.evict("node-b", notice=True)
-                time.sleep(3)
-                say("Spot capacity is back: node-b rejoins")
-                demo.start("node-b")
-                demo.wait_world(2)
-                time.sleep(6)
-                demo.evict("node-a", notice=False)
-                time.sleep(3)
-                say("node-a rejoins")
-                demo.start("node-a")
-                wait_for(lambda: events_of(demo.events(), "finished"), 600, "the job to finish")
-                events = demo.events()
-            finally:
-                demo.stop()
-            print(summary(events, demo.evictions))
-            picture = out / "timeline.png"
-            timeline(events, demo.evictions, demo.joins, picture)
-            print(f"  timeline           {picture}")
-            (out / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
-            print("\nCheckpoints, through the real az CLI:", flush=True)
-            subprocess.run(["az", "elastictrain", "checkpoint", "list", "--url", job.checkpoint_url, "-o", "table"],
-                           env={**os.environ, "AZURE_STORAGE_CONNECTION_STRING": blob.connection_string,
-                                "AZURE_CONFIG_DIR": str(work / "azure")}, check=True)
-            complete = [c for c in catalog.list_checkpoints(store, store.prefix) if c.complete]
-            store.close()
-            return 0 if complete else 1
+        summary = run(az, args, out)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if not args.keep_cluster:
+            say("Cleaning up: the cluster's processes stop, its state goes")
+            subprocess.run(delete_cluster, env=az.env, cwd=REPO, stdin=subprocess.DEVNULL, timeout=300)
+    if args.keep_cluster:
+        print(f"\nThe cluster runs on. Look around with:\n  export AZURE_CONFIG_DIR={args.config_dir}\n"
+              f"  az elastictrain job show --local --cluster {CLUSTER} --name {JOB} -o table\n"
+              f"  az elastictrain cluster delete --local --name {CLUSTER} --yes   # when done")
+    return 0 if summary["state"] == "Succeeded" and summary["step"] == args.steps else 1
 
 
 if __name__ == "__main__":

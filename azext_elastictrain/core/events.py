@@ -59,21 +59,30 @@ def summarize(events: list[dict]) -> dict:
     """What the events say about a run: step, world size, throughput, checkpoints, notices, recoveries.
 
     ``step`` follows the training: the last progress or final step, or the step
-    a re-formed job restored (which may be lower). ``recoveries`` counts the
-    restores after the first one: each is the job re-forming after losing or
-    gaining a node.
+    a re-formed job restored (which may be lower). Every restore after the
+    first is the job re-forming: a ``scaleUp`` when it restored at a larger
+    world size than it trained at before (capacity came back), else a
+    ``recovery`` (it lost a node, or a worker failed).
     """
     step = world_size = samples_per_s = loss = None
     last_checkpoint = None
     finished = None
     preempted: list[dict] = []
-    restores = 0
+    restores = recoveries = scale_ups = 0
+    trained_at = None  # the world size of the last start, restore or progress before this event
     restarts = 0
     failed_checkpoints = 0
     for e in events:
         kind = e.get("event")
+        if kind == RESTORED and restores >= 1:
+            if None not in (e.get("world_size"), trained_at) and e["world_size"] > trained_at:
+                scale_ups += 1
+            else:
+                recoveries += 1
         if e.get("world_size") is not None and kind in (STARTED, RESTORED, PROGRESS):
             world_size = e["world_size"]
+            if kind != STARTED:
+                trained_at = world_size
         if kind == PROGRESS:
             step = e.get("step", step)
             samples_per_s = e.get("samples_per_s", samples_per_s)
@@ -104,7 +113,8 @@ def summarize(events: list[dict]) -> dict:
         "lastCheckpointTime": last_checkpoint.get("time") if last_checkpoint else None,
         "failedCheckpoints": failed_checkpoints,
         "preempted": [{"node": e.get("node"), "step": e.get("step"), "source": e.get("source")} for e in preempted],
-        "recoveries": max(0, restores - 1),
+        "recoveries": recoveries,
+        "scaleUps": scale_ups,
         "workerRestarts": restarts,
     }
 

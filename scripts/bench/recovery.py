@@ -47,7 +47,7 @@ CASES = {
 
 def run_case(case: str, blob, etcd, imds: ScheduledEventsServer, logs: Path) -> dict:
     cfg = CASES[case]
-    name = f"rec-{case}-{uuid.uuid4().hex[:6]}"
+    name = f"rec-{case.replace('*', '-candidate')}-{uuid.uuid4().hex[:6]}"
     job = JobConfig(
         name=name, checkpoint_url=f"{blob.blob_endpoint}/bench/{name}", connection_string=blob.connection_string,
         etcd_endpoint=etcd.endpoint, scheduled_events_url=imds.url if cfg["notice"] else "off",
@@ -96,14 +96,20 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", help="write every sample here")
+    parser.add_argument("--candidate", metavar="RDZV_CONF",
+                        help="also measure these rendezvous settings (cases notice* and no-notice*), "
+                             "side by side with the shipped ones")
     args = parser.parse_args()
+    if args.candidate:
+        CASES["notice*"] = dict(CASES["notice"], rdzv=args.candidate)
+        CASES["no-notice*"] = dict(CASES["no-notice"], rdzv=args.candidate)
     samples: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="elastictrain-recovery-") as tmp:
         work = Path(tmp)
         with start_azurite(work / "azurite") as blob, start_etcd(work / "etcd") as etcd, ScheduledEventsServer() as imds:
             blob.blob_service_client().create_container("bench")
             for rep in range(args.repeats):
-                order = list(CASES)[rep % 3:] + list(CASES)[:rep % 3]  # rotate to spread drift
+                order = list(CASES)[rep % len(CASES):] + list(CASES)[:rep % len(CASES)]  # rotate: spread drift
                 for case in order:
                     sample = run_case(case, blob, etcd, imds, work / "logs")
                     samples.append(sample)
@@ -118,6 +124,9 @@ def main() -> int:
         print(f"{case:10s} {len(rows):2d} {m['recovery_s']:11.2f} {m['restore_s']:10.2f} {m['steps_lost']:11.1f}")
     ratio = medians["baseline"]["recovery_s"] / medians["notice"]["recovery_s"]
     print(f"\nbaseline / notice recovery: {ratio:.2f}x   (goal for notice: <= 10 s and 0 steps lost)")
+    if args.candidate:
+        print(f"candidate {args.candidate}: notice* / notice recovery "
+              f"{medians['notice*']['recovery_s'] / medians['notice']['recovery_s']:.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps({"samples": samples, "medians": medians, "ratio": ratio}, indent=1))
     return 0

@@ -63,27 +63,19 @@ def test_bad_evictions_are_refused_and_kill_nothing(job, args, expected):
     assert unknown.returncode == 3 and "no job named 'nosuchjob'" in unknown.stderr
 
 
-def test_an_eviction_with_notice_loses_no_step_and_capacity_coming_back_restores_the_world(job):
+def test_an_evicted_node_is_gone_and_shown_as_evicted(job):
+    """The whole story (notice, no notice, capacity back, recovery seconds, steps lost) is
+    tests/e2e/test_demo.py; here: what one eviction leaves behind."""
     az = job
     _wait_world(az, 2)
     victim = next(n for n in _nodes(az) if n["alive"] and n["name"].endswith("-node-1"))
     result = az.json("elastictrain", "evict", "simulate", "--local", "--job", JOB, "--node", victim["name"],
-                     "--notice-seconds", "30", "--replace-after", "2", "--wait", "--yes", timeout=360)
+                     "--notice-seconds", "0", "--yes")
     (eviction,) = result["evictions"]
-    assert eviction["acknowledged"], "the runtime must acknowledge once its checkpoint is durable"
-    (recovery,) = result["recovery"]
-    assert recovery["stepsLost"] == 0
+    assert eviction["node"] == victim["name"] and not eviction["acknowledged"]
+    assert "recovery" not in result and result["replacements"] == []  # no --wait, no --replace-after
     assert gone([victim["pid"]])
-    assert next(n for n in _nodes(az) if n["name"] == victim["name"])["status"] == "Evicted"
-    (replacement,) = result["replacements"]
-    _wait_world(az, 2)  # Spot capacity came back: the replacement joined
-
-    # Without notice: at most one checkpoint interval is lost.
-    result = az.json("elastictrain", "evict", "simulate", "--local", "--job", JOB, "--count", "1",
-                     "--notice-seconds", "0", "--wait", "--yes", timeout=360)
-    assert result["evictions"][0]["node"] == replacement["node"]  # the newest goes first
-    assert not result["evictions"][0]["acknowledged"]
-    assert 0 <= result["recovery"][0]["stepsLost"] <= INTERVAL and result["recovery"][0]["worldSize"] == 1
     shown = az.json("elastictrain", "job", "show", "--local", "--name", JOB)
-    assert shown["state"] == "Running" and shown["evictions"] >= 2
+    assert next(n for n in shown["nodes"] if n["name"] == victim["name"])["status"] == "Evicted"
+    assert shown["state"] == "Running" and shown["evictions"] == 1
     assert all(running(n["pid"]) for n in shown["nodes"] if n["alive"])

@@ -20,13 +20,12 @@ from typing import Callable, Sequence
 
 import psutil
 
+# The rendezvous settings local jobs run with: one place decides them.
+from azext_elastictrain.core.backends.local_jobs import TUNED_RDZV_CONF
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TRAIN_SCRIPT = REPO_ROOT / "scripts" / "train_cifar10.py"
 
-# Fast recovery without splitting the job: dead nodes are noticed after
-# keep_alive_interval x keep_alive_max_attempt, and a round closes last_call
-# seconds after min nodes joined (defaults: 5 x 3 s and 30 s).
-TUNED_RDZV_CONF = "last_call_timeout=3,keep_alive_interval=2,keep_alive_max_attempt=3,join_timeout=300"
 
 
 @dataclass

@@ -113,6 +113,14 @@ def test_step_follows_a_restore_back_to_an_earlier_step() -> None:
     assert s["step"] == 25 and s["worldSize"] == 1 and s["recoveries"] == 1
 
 
+def test_capacity_coming_back_is_a_scale_up_not_a_recovery() -> None:
+    back = [_ev("started", 114.0, world_size=2, restart_count=2),
+            _ev("restored", 114.5, step=40, world_size=2, saved_world_size=1),
+            _ev("progress", 116.0, step=50, world_size=2)]
+    s = events.summarize(RUN + back)
+    assert s["recoveries"] == 1 and s["scaleUps"] == 1 and s["worldSize"] == 2
+
+
 def test_finished_gives_the_final_step() -> None:
     s = events.summarize(RUN + [_ev("checkpoint", 120.0, step=150), _ev("finished", 120.1, step=150)])
     assert s["finished"] and s["step"] == 150 and s["lastCheckpointStep"] == 150

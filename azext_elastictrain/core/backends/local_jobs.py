@@ -46,7 +46,7 @@ from azext_elastictrain.core.spec import JobSpec, LocalClusterSpec
 JOB_STOP_TIMEOUT = 15.0
 # Fast recovery without splitting the job: dead nodes are noticed after
 # keep_alive_interval x keep_alive_max_attempt, and a round closes last_call
-# seconds after min nodes joined (defaults: 5 x 3 s and 30 s). Same as tests/support/elastic.py.
+# seconds after min nodes joined (defaults: 5 x 3 s and 30 s). The tests and benchmarks use it too.
 TUNED_RDZV_CONF = "last_call_timeout=3,keep_alive_interval=2,keep_alive_max_attempt=3,join_timeout=300"
 MAX_RESTARTS = 100
 PROGRESS_SECONDS = 2
@@ -278,9 +278,12 @@ class LocalJobs:
         state = job_events.job_state(summary["finished"], any_alive, job.get("stopRequested", False))
         if events_error and state == job_events.FAILED:
             state = "Unknown"  # the agents are gone; whether training finished is in the unread events
-        preempted_nodes = {p["node"] for p in summary["preempted"]}
-        # Nodes lost while the job runs on (once every node is gone, an exit is no longer told from
-        # a crash or the end), and nodes an eviction marked; each counted once with its notice.
+        # An eviction is a Scheduled Events notice, or a node lost while the job runs on (once every
+        # node is gone, an exit is no longer told from a crash or the end), or a node an eviction
+        # marked; each counted once. A SIGTERM notice alone is not one: torchrun sends it to restart
+        # the workers when capacity comes back.
+        notices = [p for p in summary["preempted"] if p["source"] != "sigterm"]
+        preempted_nodes = {p["node"] for p in notices}
         died = [n for n in nodes if not n["alive"] and n["name"] not in preempted_nodes
                 and (n["status"] == "Evicted" or state == job_events.RUNNING)]
         result = {
@@ -306,8 +309,9 @@ class LocalJobs:
             "lastCheckpointStep": summary["lastCheckpointStep"],
             "lastCheckpointTime": iso_time(summary["lastCheckpointTime"]) if summary["lastCheckpointTime"] else None,
             "failedCheckpoints": summary["failedCheckpoints"],
-            "evictions": len(summary["preempted"]) + len(died),
+            "evictions": len(notices) + len(died),
             "recoveries": summary["recoveries"],
+            "scaleUps": summary["scaleUps"],
             "nodes": nodes,
             "stateDir": str(self._job_dir(cluster, job["name"])),
         }

@@ -1,0 +1,43 @@
+"""The README's main job, as a newcomer runs it: scripts/demo.py drives the whole story through the real az."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.support import services as svc
+from tests.support.processes import ours
+
+STEPS, INTERVAL = 600, 40
+
+
+def test_the_demo_survives_two_evictions_and_finishes_every_step(tmp_path):
+    svc.check_dev_extension()
+    out, config = tmp_path / "out", tmp_path / "azure-config"
+    try:
+        run = subprocess.run([sys.executable, "scripts/demo.py", "--steps", str(STEPS), "--out", str(out),
+                              "--config-dir", str(config)], cwd=svc.REPO_ROOT, env=svc.az_env(config),
+                             capture_output=True, text=True, timeout=900)
+        assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+        assert "Traceback" not in run.stderr
+        summary = json.loads((out / "summary.json").read_text())
+
+        assert summary["state"] == "Succeeded" and summary["step"] == STEPS
+        assert summary["worldSizes"] == [2, 1, 2, 1, 2]  # each eviction shrank the job, capacity grew it back
+        notice, sudden = summary["evictions"]
+        assert notice["notice"] and notice["acknowledged"] and notice["stepsLost"] == 0, notice
+        assert not sudden["notice"] and 0 <= sudden["stepsLost"] <= INTERVAL, sudden
+        assert sudden["node"] == notice["replacement"]["node"]  # --count 1 takes the newest node
+        assert notice["worldSize"] == sudden["worldSize"] == 1
+        assert all(e["capacityBack"]["worldSize"] == 2 for e in summary["evictions"])
+        assert summary["lossEnd"]["loss"] < summary["lossStart"]["loss"]
+        assert summary["checkpointsKept"] == [STEPS - INTERVAL, STEPS]  # pruned to the newest 2
+        assert (out / "timeline.png").stat().st_size > 10_000
+        for command in ("cluster create --local", "job run --local", "evict simulate --local",
+                        "checkpoint prune --local"):
+            assert f"$ az elastictrain {command}" in run.stdout  # every step went through az
+    finally:
+        leftovers = ours(config)
+        for proc in leftovers:
+            proc.kill()
+    assert not leftovers, f"the demo left processes running: {[p.pid for p in leftovers]}"
