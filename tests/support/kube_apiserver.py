@@ -66,12 +66,13 @@ class KubeApi:
         self.failures[(method, path)] = (status, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
                                                   "reason": reason, "message": message, "code": status})
 
-    def kubeconfig(self, *, token: str | None = None, client_cert: bool = False) -> bytes:
+    def kubeconfig(self, *, token: str | None = None, use_token: bool = True, client_cert: bool = False) -> bytes:
+        """A kubeconfig for this server: its token (or ``token``), and/or a client certificate."""
         cluster = {"server": self.url}
         if self.ca_pem:
             cluster["certificate-authority-data"] = base64.b64encode(self.ca_pem).decode()
         user: dict = {}
-        if token or self.token:
+        if use_token and (token or self.token):
             user["token"] = token or self.token
         if client_cert:
             user["client-certificate-data"] = base64.b64encode(self.client_cert_pem).decode()
@@ -193,7 +194,7 @@ def serve_kube_api(token: str | None = "test-token", *, tls_dir: Path | None = N
     server.RequestHandlerClass = _handler(api)
     if tls_dir:
         _serve_tls(server, api, tls_dir)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
         yield api
