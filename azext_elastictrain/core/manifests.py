@@ -1,0 +1,277 @@
+"""The Kubernetes objects az elastictrain puts in a cluster, rendered for one cluster. Pure: no network.
+
+The objects come from ``azext_elastictrain/manifests/`` (a kustomize base shipped with the extension; the
+repository's ``manifests/`` applies the same files by hand). Rendering fills in what differs per cluster —
+namespace, the workload identity's client id, the checkpoint URL, the GPU pool's taint — field by field, never
+by text substitution, and orders the objects so that whatever others depend on (CRD, namespace) goes first.
+"""
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from azext_elastictrain.core.spec import SpecError
+
+NAMESPACE = "elastictrain"
+TRAINING_SERVICE_ACCOUNT = "elastictrain-training"
+CHECKPOINT_CONFIGMAP = "elastictrain-checkpoints"
+CHECKPOINT_URL_KEY = "checkpoint-url"
+ETCD_NAME = "elastictrain-etcd"  # the StatefulSet and its Service
+ETCD_CLIENT_PORT = 2379
+OPERATOR_DEPLOYMENT = "elastictrain-elastic-job-controller"
+DEVICE_PLUGIN_DAEMONSET = "elastictrain-nvidia-device-plugin"
+ELASTICJOB_CRD = "elasticjobs.elastic.pytorch.org"
+ELASTICJOB_API_VERSION = "elastic.pytorch.org/v1alpha1"
+GPU_TAINT = "sku=gpu:NoSchedule"
+SPOT_TAINT = "kubernetes.azure.com/scalesetpriority=spot:NoSchedule"
+CLIENT_ID_ANNOTATION = "azure.workload.identity/client-id"
+TENANT_ID_ANNOTATION = "azure.workload.identity/tenant-id"
+# Labels a pod needs to reach etcd (the NetworkPolicy admits only these).
+WORKER_LABELS = {"app.kubernetes.io/part-of": "elastictrain", "app.kubernetes.io/component": "training-worker"}
+
+_PACKAGE_DIR = "manifests"
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+_GUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+_STORAGE_ACCOUNT = re.compile(r"[a-z0-9]{3,24}")
+_CONTAINER = re.compile(r"[a-z0-9](?!.*--)[a-z0-9-]{1,61}[a-z0-9]")
+_TAINT = re.compile(r"(?P<key>([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)"
+                    r"(=(?P<value>[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?)?"
+                    r":(?P<effect>NoSchedule|PreferNoSchedule|NoExecute)")
+# Apply order: what other objects need (the CRD's API, the namespace) first; then who runs as whom.
+_APPLY_RANK = {"CustomResourceDefinition": 0, "Namespace": 1, "ServiceAccount": 2, "ConfigMap": 3,
+               "ClusterRole": 4, "ClusterRoleBinding": 5, "Role": 4, "RoleBinding": 5}
+_WORKLOAD_RANK = 6
+
+
+@dataclass(frozen=True, kw_only=True)
+class InClusterSpec:
+    """What differs between clusters in the objects az elastictrain installs."""
+
+    namespace: str = NAMESPACE
+    service_account: str = TRAINING_SERVICE_ACCOUNT
+    identity_client_id: str  # the user-assigned identity's clientId
+    tenant_id: str | None = None
+    checkpoint_url: str  # https://<account>.blob.core.windows.net/<container>
+    gpu_taint: str = GPU_TAINT
+
+    def validate(self) -> "InClusterSpec":
+        if not _DNS_LABEL.fullmatch(self.namespace or ""):
+            raise SpecError(f"invalid namespace {self.namespace!r}: use 1-63 lowercase letters, digits and '-', "
+                            "starting and ending with a letter or digit")
+        if not _DNS_SUBDOMAIN.fullmatch(self.service_account or ""):
+            raise SpecError(f"invalid service account name {self.service_account!r}: use lowercase letters, "
+                            "digits, '-' and '.', starting and ending with a letter or digit")
+        for what, value in (("identity client id", self.identity_client_id), ("tenant id", self.tenant_id)):
+            if (value is not None or what == "identity client id") and not _GUID.fullmatch(value or ""):
+                raise SpecError(f"invalid {what} {value!r}: expected a GUID like "
+                                "00000000-0000-0000-0000-000000000000")
+        validate_checkpoint_url(self.checkpoint_url)
+        parse_taint(self.gpu_taint)
+        return self
+
+
+def validate_checkpoint_url(url: str) -> str:
+    """A blob container URL, nothing more: a query (SAS) or user info would put a secret in the cluster."""
+    hint = "expected https://<account>.blob.core.windows.net/<container>, without a SAS or trailing path"
+    try:
+        parts = urlsplit(url or "")
+    except ValueError as ex:
+        raise SpecError(f"invalid checkpoint URL: {hint}") from ex
+    account, _, suffix = (parts.hostname or "").partition(".blob.")
+    container = parts.path[1:] if parts.path.startswith("/") else ""
+    if parts.query or parts.fragment or parts.username or parts.password:
+        # The URL itself is not echoed: a query string may be a SAS token.
+        raise SpecError(f"the checkpoint URL must not carry a query, fragment or credentials: {hint}")
+    if (parts.scheme != "https" or not suffix or parts.port is not None
+            or not _STORAGE_ACCOUNT.fullmatch(account) or not _CONTAINER.fullmatch(container)):
+        raise SpecError(f"invalid checkpoint URL {url!r}: {hint}")
+    return url
+
+
+def parse_taint(taint: str) -> dict:
+    """``key=value:Effect`` (as ``az aks nodepool add --node-taints`` takes it) -> a toleration for it."""
+    match = _TAINT.fullmatch(taint or "")
+    if not match:
+        raise SpecError(f"invalid taint {taint!r}: expected key=value:Effect with Effect one of NoSchedule, "
+                        "PreferNoSchedule, NoExecute (e.g. sku=gpu:NoSchedule)")
+    toleration = {"key": match["key"], "operator": "Exists", "effect": match["effect"]}
+    if match["value"] is not None:
+        toleration.update(operator="Equal", value=match["value"])
+    return toleration
+
+
+def load_base_objects() -> list[dict]:
+    """The objects of the shipped kustomize base, in its ``resources`` order."""
+    import yaml  # PyYAML: azure-cli ships it (knack needs it)
+
+    base = _base_dir()
+    kustomization = yaml.safe_load(base.joinpath("kustomization.yaml").read_text(encoding="utf-8"))
+    objects = []
+    for name in kustomization["resources"]:
+        text = base.joinpath(name).read_text(encoding="utf-8")
+        objects += [doc for doc in yaml.safe_load_all(text) if doc]
+    return objects
+
+
+def _base_dir():
+    from importlib.resources import files
+
+    return files("azext_elastictrain").joinpath(_PACKAGE_DIR)
+
+
+def render_cluster_objects(spec: InClusterSpec) -> list[dict]:
+    """Every object to apply for ``spec``, in apply order: CRD and namespace first."""
+    spec.validate()
+    objects = [_place(copy.deepcopy(obj), spec) for obj in load_base_objects()]
+    return sorted(objects, key=lambda obj: _APPLY_RANK.get(obj["kind"], _WORKLOAD_RANK))  # stable
+
+
+def _place(obj: dict, spec: InClusterSpec) -> dict:
+    meta = obj["metadata"]
+    if obj["kind"] == "Namespace":
+        meta["name"] = spec.namespace
+    if "namespace" in meta:
+        meta["namespace"] = spec.namespace
+    for subject in obj.get("subjects", ()):
+        if subject.get("kind") == "ServiceAccount":
+            subject["namespace"] = spec.namespace
+    if obj["kind"] == "ServiceAccount" and meta["name"] == TRAINING_SERVICE_ACCOUNT:
+        _place_training_account(meta, spec)
+    elif obj["kind"] == "ConfigMap" and meta["name"] == CHECKPOINT_CONFIGMAP:
+        obj["data"][CHECKPOINT_URL_KEY] = spec.checkpoint_url
+    elif obj["kind"] == "DaemonSet" and meta["name"] == DEVICE_PLUGIN_DAEMONSET:
+        _tolerate_gpu_taint(obj["spec"]["template"]["spec"], spec.gpu_taint)
+    return obj
+
+
+def _place_training_account(meta: dict, spec: InClusterSpec) -> None:
+    meta["name"] = spec.service_account
+    annotations = meta.setdefault("annotations", {})
+    annotations[CLIENT_ID_ANNOTATION] = spec.identity_client_id
+    if spec.tenant_id:
+        annotations[TENANT_ID_ANNOTATION] = spec.tenant_id
+
+
+def _tolerate_gpu_taint(pod_spec: dict, gpu_taint: str) -> None:
+    base = parse_taint(GPU_TAINT)
+    tolerations = [t for t in pod_spec.get("tolerations", []) if t != base]
+    pod_spec["tolerations"] = tolerations + [parse_taint(gpu_taint)]
+
+
+def object_key(obj: dict[str, Any]) -> str:
+    """``Kind namespace/name`` (or ``Kind name``): how objects are named in progress and errors."""
+    meta = obj.get("metadata", {})
+    where = f"{meta['namespace']}/" if meta.get("namespace") else ""
+    return f"{obj.get('kind')} {where}{meta.get('name')}"
+
+
+# -- training jobs -------------------------------------------------------------------------------------------
+
+# Same tuning as the local backend: a dead node is noticed in keep_alive_interval x keep_alive_max_attempt
+# seconds and a round closes last_call seconds after min nodes joined (torch defaults: 5 x 3 s and 30 s).
+TUNED_RDZV_CONF = "last_call_timeout=3,keep_alive_interval=2,keep_alive_max_attempt=3,join_timeout=300"
+MAX_RESTARTS = 100
+# Azure gives a Spot VM >= 30 s between the Preempt notice and the eviction; a pod deleted otherwise (scale-in,
+# job delete, node drain) gets this long after SIGTERM to finish its preemption checkpoint.
+TERMINATION_GRACE_SECONDS = 120
+_CONTAINER_URL_ENV = "ELASTICTRAIN_CHECKPOINT_CONTAINER_URL"
+
+
+def etcd_endpoint(namespace: str) -> str:
+    """host:port of the rendezvous server, as pods of any namespace reach it."""
+    return f"{ETCD_NAME}.{namespace}.svc.cluster.local:{ETCD_CLIENT_PORT}"
+
+
+def render_elastic_job(job, cluster: InClusterSpec, image: str, *, run_id: str | None = None) -> dict:
+    """The ElasticJob running ``job`` (a core.spec.JobSpec; its script is a path inside ``image``).
+
+    The operator prepends ``--rdzv_backend=etcd --rdzv_endpoint=.. --rdzv_id=<name> --nnodes=min:max`` to the
+    container's args; ours come after and torchrun keeps the last value of an option, so the job uses the
+    etcd-v2 backend (``etcd`` is torch's legacy one), the tuned rendezvous and, with ``run_id``, a rendezvous
+    of its own even when an earlier job of the same name left state in etcd.
+    """
+    from azext_elastictrain.core.layout import validate_job_name
+
+    cluster.validate()
+    try:
+        validate_job_name(job.name)
+    except ValueError as ex:
+        raise SpecError(str(ex)) from ex
+    _validate_image(image)
+    if not 1 <= job.min_nodes <= job.node_count <= job.max_nodes:
+        raise SpecError(f"nodes must satisfy 1 <= --min-nodes ({job.min_nodes}) <= --nodes ({job.node_count}) "
+                        f"<= --max-nodes ({job.max_nodes})")
+    return {
+        "apiVersion": ELASTICJOB_API_VERSION, "kind": "ElasticJob",
+        "metadata": {"name": job.name, "namespace": cluster.namespace, "labels": _job_labels(job)},
+        "spec": {
+            "rdzvEndpoint": etcd_endpoint(cluster.namespace),
+            "minReplicas": job.min_nodes, "maxReplicas": job.max_nodes,
+            "replicaSpecs": {"Worker": {"replicas": job.node_count, "restartPolicy": "ExitCode",
+                                        "template": _worker_template(job, cluster, image, run_id)}},
+        },
+    }
+
+
+def _validate_image(image: str) -> None:
+    name, _, tag = (image or "").rpartition(":")
+    if "@sha256:" not in (image or "") and (not name or "/" in tag or tag in ("", "latest")):
+        raise SpecError(f"image {image!r} is not pinned: give a version tag (or digest), not :latest, so every "
+                        "worker of the job runs the same code")
+
+
+def _job_labels(job) -> dict:
+    return {"app.kubernetes.io/part-of": "elastictrain", "elastictrain.azure.com/job": job.name}
+
+
+def _worker_template(job, cluster: InClusterSpec, image: str, run_id: str | None) -> dict:
+    labels = {**_job_labels(job), **WORKER_LABELS, "azure.workload.identity/use": "true"}
+    return {
+        "metadata": {"labels": labels},
+        "spec": {
+            "serviceAccountName": cluster.service_account,
+            "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+            "tolerations": [parse_taint(SPOT_TAINT), parse_taint(cluster.gpu_taint)],
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "kubernetes.azure.com/scalesetpriority", "operator": "In",
+                                       "values": ["spot"]}]}]}}},
+            "containers": [_worker_container(job, image, run_id)],
+            # torch's DataLoader workers and NCCL share tensors through /dev/shm (64 MiB by default).
+            "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+        },
+    }
+
+
+def _worker_container(job, image: str, run_id: str | None) -> dict:
+    args = ["--rdzv-backend=etcd-v2", f"--rdzv-conf={TUNED_RDZV_CONF}",
+            *([f"--rdzv-id={run_id}"] if run_id else []),
+            f"--nproc-per-node={job.nproc_per_node}", f"--max-restarts={MAX_RESTARTS}",
+            job.script, *job.script_args]
+    return {
+        "name": "worker", "image": image,
+        "command": ["python", "-m", "torch.distributed.run"],
+        "args": args,
+        "env": _worker_env(job),
+        "resources": {"limits": {"nvidia.com/gpu": job.nproc_per_node}},
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+
+
+def _worker_env(job) -> list[dict]:
+    env = [
+        # The container URL comes from the cluster's ConfigMap; Kubernetes expands $(VAR) of earlier entries.
+        {"name": _CONTAINER_URL_ENV, "valueFrom": {"configMapKeyRef": {
+            "name": CHECKPOINT_CONFIGMAP, "key": CHECKPOINT_URL_KEY}}},
+        {"name": "ELASTICTRAIN_CHECKPOINT_URL", "value": f"$({_CONTAINER_URL_ENV})/{job.name}"},
+        {"name": "ELASTICTRAIN_KEEP", "value": str(job.keep)},
+        {"name": "ELASTICTRAIN_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"},  # torch 2.13: scale-up hangs without it
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+    ]
+    if job.checkpoint_interval is not None:
+        env.append({"name": "ELASTICTRAIN_CHECKPOINT_INTERVAL_STEPS", "value": str(job.checkpoint_interval)})
+    return env
