@@ -1,0 +1,321 @@
+"""Elastic jobs on AKS, as `job list|show|logs|wait|delete` show them: the ElasticJob's status, its worker pods
+(where they run, Spot or not, phase, restarts) and the job's event log in blob (core.events).
+
+``describe_job`` is pure over the objects the caller fetched; ``show_job``, ``list_jobs`` and
+``wait_node_gone`` are thin functions over a ``core.kube.KubeClient``. The result has the keys of the local
+backend's job show where they mean the same (so the table formatters and `job wait` work on both), with
+``nodes`` one entry per worker pod and ``operator`` the controller's own conditions and replica counts.
+
+The archived operator (kubeflow/common JobStatus) writes conditions Created, Running, Restarting, Succeeded,
+Failed; for a job of Worker replicas only it never writes Succeeded (only a Master's exit does), so the job's
+``finished`` event is what says training succeeded.
+"""
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from typing import Any, Callable
+
+from azext_elastictrain.core import events as job_events
+from azext_elastictrain.core.eviction import (
+    holds_node,
+    is_spot,
+    job_workers,
+    node_pool,
+    pod_job,
+    pod_node,
+)
+from azext_elastictrain.core.manifests import ELASTICJOB_API_VERSION, NAMESPACE, WORKER_LABELS
+from azext_elastictrain.core.spec import SpecError
+
+CREATED = "Created"
+PENDING = "Pending"
+RESTARTING = "Restarting"
+UNKNOWN = "Unknown"
+# The operator's condition types, strongest first: a terminal condition outranks a transient one.
+_CONDITION_ORDER = ("Failed", "Succeeded", "Restarting", "Running", "Created")
+NODE_LOST = "NodeLost"  # a pod whose node left the cluster (evicted VM) before the pod was cleaned up
+TERMINATING = "Terminating"
+_WORKER_REPLICA = "Worker"
+_CONTAINER_URL_ENV = "ELASTICTRAIN_CHECKPOINT_CONTAINER_URL"
+
+ReadEvents = Callable[[str], list]
+
+
+class JobNotFound(SpecError):
+    """No ElasticJob (or no rank) of that name: the CLI answers ResourceNotFoundError."""
+
+
+def describe_job(elastic_job: dict, pods: list[dict], nodes: list[dict], events: list[dict], *,
+                 cluster: str | None = None, events_error: str | None = None) -> dict:
+    """`job show` of one ElasticJob from its object, the namespace's pods, the cluster's nodes and its events
+    (all of them: those of an earlier job of the same name are dropped here by the job's creation time)."""
+    meta = elastic_job.get("metadata") or {}
+    name = meta.get("name")
+    spec = elastic_job.get("spec") or {}
+    worker = (spec.get("replicaSpecs") or {}).get(_WORKER_REPLICA) or {}
+    created = _epoch(meta.get("creationTimestamp"))
+    evs = job_events.since(events, created) if created is not None else list(events)
+    summary = job_events.summarize(evs)
+    node_by_name = {(n.get("metadata") or {}).get("name"): n for n in nodes}
+    workers = [_worker(rank, pod, node_by_name) for rank, pod in job_workers(pods, name)]
+    status = elastic_job.get("status") or {}
+    state = job_state(status.get("conditions") or [], summary["finished"], workers, events_error is not None)
+    notices = [p for p in summary["preempted"] if p["source"] != "sigterm"]
+    noticed = {p["node"] for p in notices}
+    lost = {w["node"] for w in workers if w["status"] == NODE_LOST and w["node"] not in noticed}
+    container = _container(worker.get("template") or {})
+    args = _script_args(container.get("args") or [])
+    env = {e.get("name"): e.get("value") for e in container.get("env") or []}
+    result = {
+        "name": name,
+        "cluster": cluster,
+        "type": "aks",
+        "namespace": meta.get("namespace"),
+        "state": state,
+        "created": meta.get("creationTimestamp"),
+        "image": container.get("image"),
+        "script": args["script"],
+        "scriptArgs": args["scriptArgs"],
+        "minNodes": spec.get("minReplicas"),
+        "maxNodes": spec.get("maxReplicas"),
+        "nodeCount": worker.get("replicas"),
+        "nprocPerNode": args["nprocPerNode"],
+        "checkpointInterval": _int(env.get("ELASTICTRAIN_CHECKPOINT_INTERVAL_STEPS")),
+        "keep": _int(env.get("ELASTICTRAIN_KEEP")),
+        "rdzvId": args["rdzvId"] or name,
+        "worldSize": summary["worldSize"],
+        "step": summary["step"],
+        "samplesPerSecond": summary["samplesPerSecond"],
+        "loss": summary["loss"],
+        "lastCheckpointStep": summary["lastCheckpointStep"],
+        "lastCheckpointTime": _iso(summary["lastCheckpointTime"]),
+        "failedCheckpoints": summary["failedCheckpoints"],
+        # A Scheduled Events notice, or a node lost without one; each node counted once.
+        "evictions": len(notices) + len(lost),
+        "recoveries": summary["recoveries"],
+        "scaleUps": summary["scaleUps"],
+        "workerRestarts": summary["workerRestarts"],
+        "nodes": workers,
+        "operator": {
+            "conditions": [_condition(c) for c in status.get("conditions") or []],
+            "replicaStatuses": status.get("replicaStatuses") or {},
+            "startTime": status.get("startTime"),
+            "completionTime": status.get("completionTime"),
+        },
+    }
+    if events_error:
+        result["eventsError"] = events_error
+    return result
+
+
+def job_state(conditions: list[dict], finished: bool, workers: list[dict], events_unread: bool = False) -> str:
+    """Succeeded once training wrote its final event; else the operator's strongest true condition; a job
+    the operator has not reconciled yet is Pending (or Running, where a worker already runs)."""
+    if finished:
+        return job_events.SUCCEEDED
+    true = {c.get("type") for c in conditions if str(c.get("status")).lower() == "true"}
+    state = next((t for t in _CONDITION_ORDER if t in true), None)
+    if state == job_events.SUCCEEDED and events_unread:
+        return UNKNOWN  # the operator thinks so, but only the events say training finished
+    if state is not None and state != CREATED:
+        return state
+    if any(w["alive"] for w in workers):
+        return job_events.RUNNING
+    return state or PENDING
+
+
+def _worker(rank: int, pod: dict, node_by_name: dict) -> dict:
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    node_name = pod_node(pod)
+    node = node_by_name.get(node_name)
+    phase = status.get("phase") or UNKNOWN
+    if meta.get("deletionTimestamp"):
+        shown = TERMINATING
+    elif node_name and node is None and holds_node(pod):
+        shown = NODE_LOST
+    else:
+        shown = phase
+    return {
+        "pod": meta.get("name"),
+        "rank": rank,
+        "node": node_name,
+        "pool": node_pool(node) if node else None,
+        "spot": is_spot(node) if node else None,  # None: the node is not known (gone, or not scheduled yet)
+        "phase": phase,
+        "status": shown,
+        "alive": shown == "Running" and _ready(node),
+        "restarts": sum(int(c.get("restartCount") or 0) for c in status.get("containerStatuses") or []),
+        "reason": status.get("reason") or _waiting_reason(status),
+        "started": status.get("startTime"),
+    }
+
+
+def _ready(node: dict | None) -> bool:
+    conditions = ((node or {}).get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def _waiting_reason(status: dict) -> str | None:
+    for container in status.get("containerStatuses") or []:
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason"):
+            return waiting["reason"]
+    unschedulable = [c for c in status.get("conditions") or []
+                     if c.get("type") == "PodScheduled" and c.get("status") == "False"]
+    return unschedulable[0].get("reason") if unschedulable else None
+
+
+def _condition(c: dict) -> dict:
+    keys = ("type", "status", "reason", "message", "lastTransitionTime")
+    return {k: c.get(k) for k in keys if c.get(k) is not None}
+
+
+def _container(template: dict) -> dict:
+    containers = (template.get("spec") or {}).get("containers") or [{}]
+    return next((c for c in containers if c.get("name") == "worker"), containers[0])
+
+
+def _script_args(args: list[str]) -> dict:
+    """Our torchrun options come first (manifests._worker_container), then the script and its arguments."""
+    options = {}
+    for i, arg in enumerate(args):
+        if not arg.startswith("--"):
+            script, rest = arg, list(args[i + 1:])
+            break
+        key, _, value = arg[2:].partition("=")
+        options[key.replace("_", "-")] = value
+    else:
+        script, rest = None, []
+    return {"script": script, "scriptArgs": rest, "nprocPerNode": _int(options.get("nproc-per-node")),
+            "rdzvId": options.get("rdzv-id")}
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _epoch(timestamp: str | None) -> float | None:
+    if not timestamp:
+        return None
+    try:
+        return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _iso(epoch: float | None) -> str | None:
+    return None if epoch is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
+
+
+# -- logs and delete, planned ---------------------------------------------------------------------------------
+
+def plan_logs(elastic_job: dict, pods: list[dict], rank: int | None = None) -> list[dict]:
+    """Which pod and container hold the logs of the job (every worker, by rank) or of one ``rank``:
+    ``[{"pod", "container", "rank", "node", "phase"}]``. A worker not started yet has no logs to read."""
+    name = (elastic_job.get("metadata") or {}).get("name")
+    workers = job_workers(pods, name)
+    if rank is not None:
+        chosen = [(r, p) for r, p in workers if r == rank]
+        if not chosen:
+            ranks = ", ".join(str(r) for r, _ in workers) or "none yet"
+            raise JobNotFound(f"job {name!r} has no rank {rank} (its ranks: {ranks})")
+        workers = chosen
+    container = _container(((elastic_job.get("spec") or {}).get("replicaSpecs") or {})
+                           .get(_WORKER_REPLICA, {}).get("template") or {}).get("name") or "worker"
+    plan = [{"pod": (p.get("metadata") or {}).get("name"), "container": container, "rank": r,
+             "node": pod_node(p), "phase": (p.get("status") or {}).get("phase") or UNKNOWN} for r, p in workers]
+    if rank is not None and plan[0]["phase"] == PENDING and pod_node(workers[0][1]) is None:
+        raise SpecError(f"rank {rank} of job {name!r} is not scheduled yet (pod {plan[0]['pod']} is "
+                                     "Pending): it has no logs; 'az elastictrain job show' says why")
+    return plan
+
+
+def plan_delete(elastic_job: dict, pods: list[dict]) -> dict:
+    """What deleting the ElasticJob stops: the operator owns the worker pods, so they go with it (background
+    propagation); the checkpoints and events in blob stay for a later job of the same name."""
+    meta = elastic_job.get("metadata") or {}
+    return {
+        "name": meta.get("name"), "namespace": meta.get("namespace"),
+        "object": {"apiVersion": elastic_job.get("apiVersion", ELASTICJOB_API_VERSION), "kind": "ElasticJob",
+                   "name": meta.get("name"), "namespace": meta.get("namespace")},
+        "stopped": [{"pod": (p.get("metadata") or {}).get("name"), "rank": r, "node": pod_node(p)}
+                    for r, p in job_workers(pods, meta.get("name"))],
+        "checkpoints": "kept",
+    }
+
+
+# -- over a KubeClient ---------------------------------------------------------------------------------------
+
+def _worker_selector() -> str:
+    return ",".join(f"{k}={v}" for k, v in WORKER_LABELS.items())
+
+
+def _read(read_events: ReadEvents, name: str) -> tuple[list[dict], str | None]:
+    try:
+        return list(read_events(name)), None
+    except Exception as ex:  # noqa: BLE001 - show what the cluster says; tell why events are missing
+        return [], f"cannot read the job's events from the cluster's blob storage: {ex}"
+
+
+def show_job(kube: Any, name: str, read_events: ReadEvents, *, namespace: str = NAMESPACE,
+             cluster: str | None = None) -> dict:
+    """`job show` for ElasticJob ``name``; raises JobNotFound (naming the jobs there are)."""
+    job = kube.get(ELASTICJOB_API_VERSION, "ElasticJob", name, namespace)
+    if job is None:
+        known = sorted((j.get("metadata") or {}).get("name") for j in
+                       kube.list(ELASTICJOB_API_VERSION, "ElasticJob", namespace))
+        raise JobNotFound(f"no job {name!r} in namespace {namespace!r} (its jobs: {', '.join(known) or 'none'}); "
+                          "'az elastictrain job list' shows them")
+    pods = kube.list("v1", "Pod", namespace, _worker_selector())
+    nodes = kube.list("v1", "Node")
+    events, error = _read(read_events, name)
+    return describe_job(job, pods, nodes, events, cluster=cluster, events_error=error)
+
+
+def list_jobs(kube: Any, read_events: ReadEvents, *, namespace: str = NAMESPACE,
+              cluster: str | None = None) -> list[dict]:
+    """`job list`: every ElasticJob of the namespace, described; one pod and one node list for all."""
+    jobs = kube.list(ELASTICJOB_API_VERSION, "ElasticJob", namespace)
+    if not jobs:
+        return []
+    pods = kube.list("v1", "Pod", namespace, _worker_selector())
+    nodes = kube.list("v1", "Node")
+    described = []
+    for job in sorted(jobs, key=lambda j: (j.get("metadata") or {}).get("name") or ""):
+        name = (job.get("metadata") or {}).get("name")
+        events, error = _read(read_events, name)
+        mine = [p for p in pods if pod_job(p) == name]
+        described.append(describe_job(job, mine, nodes, events, cluster=cluster, events_error=error))
+    return described
+
+
+def wait_node_gone(kube: Any, node: str, *, timeout: float = 600.0, poll: float = 2.0,
+                   clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep) -> float:
+    """Block until Node ``node`` left the cluster (the evicted VM was deleted); return when that was seen.
+
+    Spot eviction gives a >= 30 s notice before the VM goes, then the cloud node manager removes the node.
+    """
+    deadline = clock() + timeout
+    while True:
+        if kube.get("v1", "Node", node) is None:
+            return clock()
+        if clock() >= deadline:
+            raise TimeoutError(f"node {node!r} is still in the cluster {timeout:.0f}s after its eviction was "
+                               "asked for; 'kubectl get node' shows its state")
+        sleep(poll)
+
+
+def follow_recovery_aks(read_events: ReadEvents, job: str, evicted_at: float, *, node: str,
+                        requested_at: float | None = None, timeout: float | None = None) -> dict:
+    """After an eviction: seconds from ``evicted_at`` (the node left, see ``wait_node_gone``) until the job
+    trained again, and the steps it lost (from the Preempt notice's step, seen since ``requested_at``, the
+    simulateEviction call). The same reading of the events as on the local cluster."""
+    from azext_elastictrain.core.backends.local_evict import RECOVERY_TIMEOUT, follow_recovery
+
+    eviction = {"node": node, "evictedAt": evicted_at,
+                "startedAt": evicted_at if requested_at is None else min(requested_at, evicted_at)}
+    return follow_recovery(read_events, job, eviction, RECOVERY_TIMEOUT if timeout is None else timeout)
