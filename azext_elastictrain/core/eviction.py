@@ -282,7 +282,7 @@ def _job_nodes(by_name: dict, pods: list[dict], job: str, rank: int | None) -> l
             raise EvictionTargetNotFound(f"job {job!r} has no rank {rank} (its ranks: {_names(ranks)})")
     placed = [(r, p) for r, p in workers if holds_node(p)]
     if not placed:
-        what = f"rank {rank} of job {job!r} is" if rank is not None else f"no worker of job {job!r} is"
+        what = f"rank {rank} of job {job!r} is not" if rank is not None else f"no worker of job {job!r} is"
         phases = ", ".join(f"{_meta(p).get('name')}: {(p.get('status') or {}).get('phase') or 'Unknown'}"
                            for _, p in workers)
         raise EvictionPlanError(f"{what} on a node now ({phases}): nothing to evict; wait until the job's "
