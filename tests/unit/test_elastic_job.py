@@ -103,3 +103,29 @@ def test_a_bad_job_is_refused() -> None:
         m.render_elastic_job(JobSpec(name="Bad_Name", script="train.py"), CLUSTER, IMAGE)
     with pytest.raises(SpecError):
         m.render_elastic_job(JobSpec(name="j", script="train.py", min_nodes=3, max_nodes=2), CLUSTER, IMAGE)
+
+
+# Every ElasticJob the extension can make, not only the one above: edge counts, many GPUs per node, no
+# checkpoint interval or run id, another namespace, service account and GPU taint.
+OTHER_CLUSTER = m.InClusterSpec(namespace="team-a", service_account="trainer.sa",
+                                gpu_taint="nvidia.com/gpu:NoSchedule",
+                                identity_client_id="3f2a1b4c-5d6e-4f70-8192-a3b4c5d6e7f8",
+                                tenant_id="11111111-2222-4333-8444-555555555555",
+                                checkpoint_url="https://ckptstore01.blob.core.windows.net/team-a")
+SPECS = [
+    (JobSpec(name="a", script="train.py"), CLUSTER, None),
+    (JobSpec(name="bert-large", script="bert/pretrain.py", min_nodes=2, max_nodes=8, nodes=2, nproc_per_node=4,
+             script_args=("--lr=3e-4", "--data", "/data", "--flag with space"), keep=1), OTHER_CLUSTER, "r-1"),
+    (JobSpec(name="x" * 40, script="t.py", min_nodes=3, max_nodes=3, checkpoint_interval=1), OTHER_CLUSTER, None),
+]
+
+
+@pytest.mark.parametrize("spec, cluster, run_id", SPECS, ids=["smallest", "many-gpus", "fixed-size"])
+def test_every_job_validates_against_our_crd_and_its_pods_against_kubernetes(spec, cluster, run_id) -> None:
+    rendered = m.render_elastic_job(spec, cluster, IMAGE, run_id=run_id)
+    crd = next(o for o in m.load_base_objects() if o["kind"] == "CustomResourceDefinition")
+    jsonschema.Draft7Validator(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]).validate(rendered)
+    kubernetes_validate.validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "worker"},
+                                  "template": _pod(rendered)}, kubernetes_validate.latest_version(), strict=True)
+    assert rendered["metadata"]["namespace"] == cluster.namespace
+    assert _container(rendered)["resources"]["limits"] == {"nvidia.com/gpu": spec.nproc_per_node}
