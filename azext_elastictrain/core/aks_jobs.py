@@ -309,7 +309,7 @@ def wait_node_gone(kube: Any, node: str, *, timeout: float = 600.0, poll: float 
         sleep(poll)
 
 
-def follow_recovery_aks(read_events: ReadEvents, job: str, evicted_at: float, *, node: str,
+def follow_recovery_aks(read_events: ReadEvents, job: str, evicted_at: float, *, node: str | None = None,
                         requested_at: float | None = None, timeout: float | None = None) -> dict:
     """After an eviction: seconds from ``evicted_at`` (the node left, see ``wait_node_gone``) until the job
     trained again, and the steps it lost (from the Preempt notice's step, seen since ``requested_at``, the
