@@ -75,7 +75,11 @@ def parse_provider_id(provider_id: str, node: str | None = None) -> VmssInstance
     if not text:
         raise ProviderIdError(f"{who} has no providerID: it is not (yet) backed by an Azure VM; wait until it "
                               "is Ready or pick another node")
-    scheme = text.split(":", 1)[0] if ":" in text else ""
+    scheme = text.split("://", 1)[0] if "://" in text else None
+    if scheme is None:
+        raise ProviderIdError(f"{who} has a providerID without a scheme ({text!r}): expected azure:///subscriptions"
+                              "/<sub>/resourceGroups/<rg>/providers/Microsoft.Compute/virtualMachineScaleSets/"
+                              "<vmss>/virtualMachines/<instance id>")
     if scheme.lower() != "azure":
         raise ProviderIdError(f"{who} is not an Azure VM (providerID {text!r}): only AKS nodes backed by a "
                               "Spot virtual machine scale set can be evicted")

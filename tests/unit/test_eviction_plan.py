@@ -75,7 +75,7 @@ def test_the_vm_ids_of_the_official_vmss_examples_parse_as_provider_ids() -> Non
     (f"azure:///subscriptions/{SUB}/resourceGroups/rg/providers/Microsoft.Compute/virtualMachineScaleSets/v/"
      "virtualMachines/0/extra", "does not understand"),
     (f"/subscriptions/{SUB}/resourceGroups/rg/providers/Microsoft.Compute/virtualMachineScaleSets/v/"
-     "virtualMachines/0", "not an Azure VM"),
+     "virtualMachines/0", "without a scheme"),
     ("azure://garbage", "does not understand"),
 ])
 def test_what_is_not_a_vmss_instance_is_refused_with_a_reason(provider_id, says) -> None:
