@@ -145,7 +145,9 @@ class Checkpointer:
         self._events = progress.EventLog(store, self.job_prefix, rank=self.rank, node=self.node) if events else None
         self._progress_samples = 0.0
         self._progress_since = time.monotonic()
-        self._progress_last_report = time.monotonic()
+        # The first step is reported at once: when a (re-formed) job trains again is what monitoring
+        # and recovery measurements want to know, to the step, not to the next report interval.
+        self._progress_last_report: float | None = None
         if self.rank == 0:
             self._emit(
                 progress.STARTED,
@@ -438,10 +440,12 @@ class Checkpointer:
             return
         self._progress_samples += samples or 0
         now = time.monotonic()
-        if now - self._progress_last_report < self.progress_seconds:
+        first = self._progress_last_report is None
+        if not first and now - self._progress_last_report < self.progress_seconds:
             return
         elapsed = now - self._progress_since
-        rate = self._progress_samples / elapsed if elapsed > 0 and samples is not None else None
+        # no rate from the first step: its time since start includes the restore
+        rate = self._progress_samples / elapsed if elapsed > 0 and samples is not None and not first else None
         fields: dict[str, Any] = {"step": step, "world_size": self.world_size}
         if rate is not None:
             fields["samples_per_s"] = round(rate, 2)

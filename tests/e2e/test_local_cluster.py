@@ -35,6 +35,15 @@ def test_create_is_idempotent_heals_a_dead_component_and_delete_stops_exactly_it
     psutil.Process(pids["azurite"]).kill()
     assert _gone([pids["azurite"]])
     assert az.json("elastictrain", "cluster", "show", "--local")["health"] == "Degraded"
+    # An unreachable cluster: clear errors that say how to heal it, and nothing starts.
+    refused = az("elastictrain", "job", "run", "--local", "--name", "j", "--script", "scripts/train_cifar10.py",
+                 "--min-nodes", "1", "--max-nodes", "1", check=False)
+    assert refused.returncode != 0 and "is Degraded (azurite not running)" in refused.stderr, refused.stderr
+    assert "cluster create --local" in refused.stderr and "Traceback" not in refused.stderr
+    assert not (az.config_dir / "elastictrain" / "local" / "local" / "jobs" / "j").exists()
+    unreachable = az("elastictrain", "checkpoint", "list", "--local", "--job", "j", check=False, timeout=180)
+    assert unreachable.returncode != 0 and "cannot reach blob storage" in unreachable.stderr, unreachable.stderr
+    assert "Is local cluster 'local' healthy?" in unreachable.stderr and "Traceback" not in unreachable.stderr
     healed = az.json("elastictrain", "cluster", "create", "--local", timeout=180)
     assert healed["health"] == "Healthy"
     assert _pids(healed)["etcd"] == pids["etcd"] and _pids(healed)["azurite"] != pids["azurite"]

@@ -1,0 +1,84 @@
+"""Does a rendezvous setting re-form a healthy job for nothing? A soak under CPU load.
+
+    .venv/bin/python scripts/bench/rdzv_soak.py [--seconds 180] [--hogs 2] [--conf RDZV_CONF ...]
+
+Shorter keep-alives notice a dead node sooner (faster recovery) but call a live
+node dead when its agent's heartbeat is late: the job then re-forms for
+nothing. Per setting, a real 2-node job (two torchrun agents, etcd-v2
+rendezvous, Azurite) trains for ``--seconds`` with no eviction while ``--hogs``
+busy processes compete for the CPU; every restore after the first is a
+needless re-form. Everything runs on loopback and is stopped at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from tests.support.elastic import TUNED_RDZV_CONF, JobConfig, Node, events_of, read_events, wait_for  # noqa: E402
+from tests.support.services import start_azurite, start_etcd  # noqa: E402
+
+from azext_elastictrain.core.blobstore import BlobStore  # noqa: E402
+
+
+def _hog() -> None:
+    while True:
+        pass
+
+
+def soak(conf: str, seconds: float, blob, etcd, logs: Path) -> dict:
+    name = f"soak-{uuid.uuid4().hex[:6]}"
+    job = JobConfig(name=name, checkpoint_url=f"{blob.blob_endpoint}/bench/{name}",
+                    connection_string=blob.connection_string, etcd_endpoint=etcd.endpoint, rdzv_conf=conf,
+                    script_args=["--steps", "1000000", "--checkpoint-every", "50", "--step-delay", "0.05",
+                                 "--log-every", "1000"])
+    store = BlobStore.from_url(job.checkpoint_url, connection_string=blob.connection_string)
+    nodes = [Node(job, "node-a", logs), Node(job, "node-b", logs)]
+    try:
+        wait_for(lambda: [e for e in events_of(read_events(store, store.prefix), "progress")
+                          if e.get("world_size") == 2], 300, "training at world size 2")
+        start = time.time()
+        time.sleep(seconds)
+        events = [e for e in read_events(store, store.prefix) if e["time"] >= start]
+        progress = events_of(events, "progress")
+        return {"conf": conf, "seconds": seconds, "reforms": len(events_of(events, "restored")),
+                "steps": progress[-1]["step"] - progress[0]["step"] if progress else 0}
+    finally:
+        for node in nodes:
+            node.stop()
+        store.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=180)
+    parser.add_argument("--hogs", type=int, default=2, help="busy processes competing for the CPU")
+    parser.add_argument("--conf", action="append", help="rendezvous settings to soak (default: the shipped ones)")
+    args = parser.parse_args()
+    hogs = [multiprocessing.Process(target=_hog, daemon=True) for _ in range(args.hogs)]
+    for hog in hogs:
+        hog.start()
+    try:
+        with tempfile.TemporaryDirectory(prefix="elastictrain-soak-") as tmp:
+            work = Path(tmp)
+            with start_azurite(work / "azurite") as blob, start_etcd(work / "etcd") as etcd:
+                blob.blob_service_client().create_container("bench")
+                for conf in args.conf or [TUNED_RDZV_CONF]:
+                    r = soak(conf, args.seconds, blob, etcd, work / "logs")
+                    print(f"{r['reforms']} needless re-form(s) in {r['seconds']:.0f}s ({r['steps']} steps, "
+                          f"{args.hogs} CPU hogs): {conf}", flush=True)
+    finally:
+        for hog in hogs:
+            hog.terminate()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
