@@ -30,6 +30,8 @@ EXTRAS = {
         "pytest-timeout",
         "hypothesis",
         "matplotlib",  # the demo's timeline picture
+        "kubernetes-validate>=1.30.0",  # rendered objects vs the official Kubernetes schemas
+        "jsonschema>=4.23",  # ElasticJobs vs our CRD's openAPIV3Schema
     ],
 }
 
@@ -45,5 +47,6 @@ setup(
     packages=find_packages(include=["azext_elastictrain", "azext_elastictrain.*"]),
     install_requires=DEPENDENCIES,
     extras_require=EXTRAS,
-    package_data={"azext_elastictrain": ["azext_metadata.json"]},
+    # manifests/: the in-cluster objects (a kustomize base) core.manifests renders from.
+    package_data={"azext_elastictrain": ["azext_metadata.json", "manifests/*.yaml"]},
 )

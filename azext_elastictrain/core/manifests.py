@@ -1,0 +1,169 @@
+"""The Kubernetes objects az elastictrain puts in a cluster, rendered for one cluster. Pure: no network.
+
+The objects come from ``azext_elastictrain/manifests/`` (a kustomize base shipped with the extension; the
+repository's ``manifests/`` applies the same files by hand). Rendering fills in what differs per cluster —
+namespace, the workload identity's client id, the checkpoint URL, the GPU pool's taint — field by field, never
+by text substitution, and orders the objects so that whatever others depend on (CRD, namespace) goes first.
+"""
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from azext_elastictrain.core.spec import SpecError
+
+NAMESPACE = "elastictrain"
+TRAINING_SERVICE_ACCOUNT = "elastictrain-training"
+CHECKPOINT_CONFIGMAP = "elastictrain-checkpoints"
+CHECKPOINT_URL_KEY = "checkpoint-url"
+ETCD_NAME = "elastictrain-etcd"  # the StatefulSet and its Service
+ETCD_CLIENT_PORT = 2379
+OPERATOR_DEPLOYMENT = "elastictrain-elastic-job-controller"
+DEVICE_PLUGIN_DAEMONSET = "elastictrain-nvidia-device-plugin"
+ELASTICJOB_CRD = "elasticjobs.elastic.pytorch.org"
+ELASTICJOB_API_VERSION = "elastic.pytorch.org/v1alpha1"
+GPU_TAINT = "sku=gpu:NoSchedule"
+SPOT_TAINT = "kubernetes.azure.com/scalesetpriority=spot:NoSchedule"
+CLIENT_ID_ANNOTATION = "azure.workload.identity/client-id"
+TENANT_ID_ANNOTATION = "azure.workload.identity/tenant-id"
+# Labels a pod needs to reach etcd (the NetworkPolicy admits only these).
+WORKER_LABELS = {"app.kubernetes.io/part-of": "elastictrain", "app.kubernetes.io/component": "training-worker"}
+
+_PACKAGE_DIR = "manifests"
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+_GUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+_STORAGE_ACCOUNT = re.compile(r"[a-z0-9]{3,24}")
+_CONTAINER = re.compile(r"[a-z0-9](?!.*--)[a-z0-9-]{1,61}[a-z0-9]")
+_TAINT = re.compile(r"(?P<key>([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)"
+                    r"(=(?P<value>[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?)?"
+                    r":(?P<effect>NoSchedule|PreferNoSchedule|NoExecute)")
+# Apply order: what other objects need (the CRD's API, the namespace) first; then who runs as whom.
+_APPLY_RANK = {"CustomResourceDefinition": 0, "Namespace": 1, "ServiceAccount": 2, "ConfigMap": 3,
+               "ClusterRole": 4, "ClusterRoleBinding": 5, "Role": 4, "RoleBinding": 5}
+_WORKLOAD_RANK = 6
+
+
+@dataclass(frozen=True, kw_only=True)
+class InClusterSpec:
+    """What differs between clusters in the objects az elastictrain installs."""
+
+    namespace: str = NAMESPACE
+    service_account: str = TRAINING_SERVICE_ACCOUNT
+    identity_client_id: str  # the user-assigned identity's clientId
+    tenant_id: str | None = None
+    checkpoint_url: str  # https://<account>.blob.core.windows.net/<container>
+    gpu_taint: str = GPU_TAINT
+
+    def validate(self) -> "InClusterSpec":
+        if not _DNS_LABEL.fullmatch(self.namespace or ""):
+            raise SpecError(f"invalid namespace {self.namespace!r}: use 1-63 lowercase letters, digits and '-', "
+                            "starting and ending with a letter or digit")
+        if not _DNS_SUBDOMAIN.fullmatch(self.service_account or ""):
+            raise SpecError(f"invalid service account name {self.service_account!r}: use lowercase letters, "
+                            "digits, '-' and '.', starting and ending with a letter or digit")
+        for what, value in (("identity client id", self.identity_client_id), ("tenant id", self.tenant_id)):
+            if (value is not None or what == "identity client id") and not _GUID.fullmatch(value or ""):
+                raise SpecError(f"invalid {what} {value!r}: expected a GUID like "
+                                "00000000-0000-0000-0000-000000000000")
+        validate_checkpoint_url(self.checkpoint_url)
+        parse_taint(self.gpu_taint)
+        return self
+
+
+def validate_checkpoint_url(url: str) -> str:
+    """A blob container URL, nothing more: a query (SAS) or user info would put a secret in the cluster."""
+    hint = "expected https://<account>.blob.core.windows.net/<container>, without a SAS or trailing path"
+    try:
+        parts = urlsplit(url or "")
+    except ValueError as ex:
+        raise SpecError(f"invalid checkpoint URL: {hint}") from ex
+    account, _, suffix = (parts.hostname or "").partition(".blob.")
+    container = parts.path[1:] if parts.path.startswith("/") else ""
+    if parts.query or parts.fragment or parts.username or parts.password:
+        # The URL itself is not echoed: a query string may be a SAS token.
+        raise SpecError(f"the checkpoint URL must not carry a query, fragment or credentials: {hint}")
+    if (parts.scheme != "https" or not suffix or parts.port is not None
+            or not _STORAGE_ACCOUNT.fullmatch(account) or not _CONTAINER.fullmatch(container)):
+        raise SpecError(f"invalid checkpoint URL {url!r}: {hint}")
+    return url
+
+
+def parse_taint(taint: str) -> dict:
+    """``key=value:Effect`` (as ``az aks nodepool add --node-taints`` takes it) -> a toleration for it."""
+    match = _TAINT.fullmatch(taint or "")
+    if not match:
+        raise SpecError(f"invalid taint {taint!r}: expected key=value:Effect with Effect one of NoSchedule, "
+                        "PreferNoSchedule, NoExecute (e.g. sku=gpu:NoSchedule)")
+    toleration = {"key": match["key"], "operator": "Exists", "effect": match["effect"]}
+    if match["value"] is not None:
+        toleration.update(operator="Equal", value=match["value"])
+    return toleration
+
+
+def load_base_objects() -> list[dict]:
+    """The objects of the shipped kustomize base, in its ``resources`` order."""
+    import yaml  # PyYAML: azure-cli ships it (knack needs it)
+
+    base = _base_dir()
+    kustomization = yaml.safe_load(base.joinpath("kustomization.yaml").read_text(encoding="utf-8"))
+    objects = []
+    for name in kustomization["resources"]:
+        text = base.joinpath(name).read_text(encoding="utf-8")
+        objects += [doc for doc in yaml.safe_load_all(text) if doc]
+    return objects
+
+
+def _base_dir():
+    from importlib.resources import files
+
+    return files("azext_elastictrain").joinpath(_PACKAGE_DIR)
+
+
+def render_cluster_objects(spec: InClusterSpec) -> list[dict]:
+    """Every object to apply for ``spec``, in apply order: CRD and namespace first."""
+    spec.validate()
+    objects = [_place(copy.deepcopy(obj), spec) for obj in load_base_objects()]
+    return sorted(objects, key=lambda obj: _APPLY_RANK.get(obj["kind"], _WORKLOAD_RANK))  # stable
+
+
+def _place(obj: dict, spec: InClusterSpec) -> dict:
+    meta = obj["metadata"]
+    if obj["kind"] == "Namespace":
+        meta["name"] = spec.namespace
+    if "namespace" in meta:
+        meta["namespace"] = spec.namespace
+    for subject in obj.get("subjects", ()):
+        if subject.get("kind") == "ServiceAccount":
+            subject["namespace"] = spec.namespace
+    if obj["kind"] == "ServiceAccount" and meta["name"] == TRAINING_SERVICE_ACCOUNT:
+        _place_training_account(meta, spec)
+    elif obj["kind"] == "ConfigMap" and meta["name"] == CHECKPOINT_CONFIGMAP:
+        obj["data"][CHECKPOINT_URL_KEY] = spec.checkpoint_url
+    elif obj["kind"] == "DaemonSet" and meta["name"] == DEVICE_PLUGIN_DAEMONSET:
+        _tolerate_gpu_taint(obj["spec"]["template"]["spec"], spec.gpu_taint)
+    return obj
+
+
+def _place_training_account(meta: dict, spec: InClusterSpec) -> None:
+    meta["name"] = spec.service_account
+    annotations = meta.setdefault("annotations", {})
+    annotations[CLIENT_ID_ANNOTATION] = spec.identity_client_id
+    if spec.tenant_id:
+        annotations[TENANT_ID_ANNOTATION] = spec.tenant_id
+
+
+def _tolerate_gpu_taint(pod_spec: dict, gpu_taint: str) -> None:
+    base = parse_taint(GPU_TAINT)
+    tolerations = [t for t in pod_spec.get("tolerations", []) if t != base]
+    pod_spec["tolerations"] = tolerations + [parse_taint(gpu_taint)]
+
+
+def object_key(obj: dict[str, Any]) -> str:
+    """``Kind namespace/name`` (or ``Kind name``): how objects are named in progress and errors."""
+    meta = obj.get("metadata", {})
+    where = f"{meta['namespace']}/" if meta.get("namespace") else ""
+    return f"{obj.get('kind')} {where}{meta.get('name')}"

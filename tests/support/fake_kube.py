@@ -1,0 +1,151 @@
+"""An in-memory Kubernetes for tests: :class:`FakeKube` implements ``core.kube.KubeClient``.
+
+It keeps objects by (apiVersion, kind, namespace, name) and answers like an API server would for what the
+extension does: server-side apply creates or merges (resourceVersion bumps only on a change, generation
+only on a spec change), get returns None for what is missing, list filters by namespace and label selector,
+delete reports whether there was something. Tests seed state the cluster would produce itself (nodes,
+pods, status of workloads) with :meth:`FakeKube.seed` and :meth:`FakeKube.set_status`, and make calls fail
+with :meth:`FakeKube.fail`. Every call is recorded in ``calls``.
+
+    kube = FakeKube()
+    kube.seed({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "aks-gpu-0", "labels": {...}}})
+    install(kube, spec)
+    kube.set_status("apps/v1", "StatefulSet", "elastictrain-etcd", "elastictrain", {"readyReplicas": 1})
+"""
+from __future__ import annotations
+
+import copy
+import itertools
+import uuid
+from typing import Any
+
+from azext_elastictrain.core.kube import KubeError
+
+# Kinds without a namespace; everything else must be given one.
+CLUSTER_SCOPED = frozenset({
+    "Namespace", "Node", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "PriorityClass",
+    "PersistentVolume", "StorageClass",
+})
+
+Key = tuple[str, str, str | None, str]
+
+
+class FakeKube:
+    """A ``KubeClient`` backed by a dict; see the module docstring."""
+
+    def __init__(self) -> None:
+        self.objects: dict[Key, dict] = {}
+        self.calls: list[tuple[str, str, str | None, str | None]] = []  # (verb, kind, namespace, name)
+        self._versions = itertools.count(1)
+        self._failures: dict[tuple[str, str, str | None], KubeError] = {}
+
+    # -- KubeClient -----------------------------------------------------------
+    def apply(self, obj: dict) -> dict:
+        meta = obj["metadata"]
+        key = self._key(obj["apiVersion"], obj["kind"], meta["name"], meta.get("namespace"))
+        self._record("apply", key)
+        current = self.objects.get(key)
+        if current is None:
+            created = copy.deepcopy(obj)
+            created.pop("status", None)  # status is the cluster's to write
+            created["metadata"].update(uid=str(uuid.uuid4()), resourceVersion=self._next_version(), generation=1,
+                                       creationTimestamp="2026-01-01T00:00:00Z")
+            self.objects[key] = created
+            return copy.deepcopy(created)
+        merged = _merge(current, {k: v for k, v in obj.items() if k != "status"})
+        if merged != current:
+            merged["metadata"]["resourceVersion"] = self._next_version()
+            if merged.get("spec") != current.get("spec"):
+                merged["metadata"]["generation"] = current["metadata"].get("generation", 1) + 1
+            self.objects[key] = merged
+        return copy.deepcopy(self.objects[key])
+
+    def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> dict | None:
+        key = self._key(api_version, kind, name, namespace)
+        self._record("get", key)
+        found = self.objects.get(key)
+        return copy.deepcopy(found) if found is not None else None
+
+    def list(self, api_version: str, kind: str, namespace: str | None = None,
+             label_selector: str | None = None) -> list[dict]:
+        self._raise_if_failing("list", kind, None)
+        self.calls.append(("list", kind, namespace, None))
+        return [copy.deepcopy(o) for (v, k, ns, _), o in sorted(self.objects.items(), key=lambda kv: kv[0][1:])
+                if v == api_version and k == kind and (namespace is None or ns == namespace or k in CLUSTER_SCOPED)
+                and _matches(o, label_selector)]
+
+    def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> bool:
+        key = self._key(api_version, kind, name, namespace)
+        self._record("delete", key)
+        return self.objects.pop(key, None) is not None
+
+    # -- what the cluster itself would do ------------------------------------------
+    def seed(self, obj: dict) -> dict:
+        """Put an object as it is, status included (nodes, pods, workloads with a status)."""
+        obj = copy.deepcopy(obj)
+        meta = obj.setdefault("metadata", {})
+        meta.setdefault("uid", str(uuid.uuid4()))
+        meta.setdefault("generation", 1)
+        meta["resourceVersion"] = self._next_version()
+        self.objects[self._key(obj["apiVersion"], obj["kind"], meta["name"], meta.get("namespace"))] = obj
+        return copy.deepcopy(obj)
+
+    def set_status(self, api_version: str, kind: str, name: str, namespace: str | None, status: dict) -> None:
+        """Replace an existing object's status, as its controller would."""
+        obj = self.objects[self._key(api_version, kind, name, namespace)]
+        obj["status"] = copy.deepcopy(status)
+        obj["metadata"]["resourceVersion"] = self._next_version()
+
+    def fail(self, verb: str, kind: str, name: str | None = None, error: KubeError | None = None) -> None:
+        """Make ``verb`` (apply/get/list/delete) on ``kind`` (``name``, or any) raise ``error`` from now on."""
+        self._failures[(verb, kind, name)] = error or KubeError(f"{verb} {kind} failed: HTTP 500", status=500)
+
+    # -- helpers -------------------------------------------------------------------
+    def _key(self, api_version: str, kind: str, name: str, namespace: str | None) -> Key:
+        if kind in CLUSTER_SCOPED:
+            return (api_version, kind, None, name)
+        if not namespace:
+            raise ValueError(f"{kind} {name!r} is namespaced: give its namespace")
+        return (api_version, kind, namespace, name)
+
+    def _record(self, verb: str, key: Key) -> None:
+        self._raise_if_failing(verb, key[1], key[3])
+        self.calls.append((verb, key[1], key[2], key[3]))
+
+    def _raise_if_failing(self, verb: str, kind: str, name: str | None) -> None:
+        error = self._failures.get((verb, kind, name)) or self._failures.get((verb, kind, None))
+        if error is not None:
+            raise error
+
+    def _next_version(self) -> str:
+        return str(next(self._versions))
+
+
+def _merge(current: dict, applied: dict) -> dict:
+    """Server-side apply, roughly: applied fields win, maps merge, lists are replaced."""
+    merged = copy.deepcopy(current)
+    for key, value in applied.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def _matches(obj: dict, selector: str | None) -> bool:
+    """Equality-based selectors: ``a=b``, ``a==b``, ``a!=b``, ``a``, ``!a``, comma-separated."""
+    labels: dict[str, Any] = (obj.get("metadata") or {}).get("labels") or {}
+    for term in filter(None, (t.strip() for t in (selector or "").split(","))):
+        if "!=" in term:
+            key, value = term.split("!=", 1)
+            ok = labels.get(key.strip()) != value.strip()
+        elif "=" in term:
+            key, value = term.replace("==", "=").split("=", 1)
+            ok = labels.get(key.strip()) == value.strip()
+        elif term.startswith("!"):
+            ok = term[1:] not in labels
+        else:
+            ok = term in labels
+        if not ok:
+            return False
+    return True
