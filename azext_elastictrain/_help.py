@@ -74,7 +74,7 @@ examples:
 helps["elastictrain cluster"] = """
 type: group
 short-summary: Create and manage the clusters elastic jobs run on.
-long-summary: |
+long-summary: >
     On Azure (-g/--resource-group): an AKS cluster with a CPU system pool (etcd rendezvous, the
     TorchElastic operator) and an autoscaled GPU Spot pool, a private storage account for checkpoints
     reached with workload identity (no keys), and the Kubernetes components to run elastic jobs.
@@ -86,7 +86,7 @@ long-summary: |
 helps["elastictrain cluster create"] = """
 type: command
 short-summary: Create a cluster, or finish one that is partly there (idempotent).
-long-summary: |
+long-summary: >
     On Azure the plan is, in order: the resource group (if missing); a StorageV2 account (HTTPS only,
     TLS 1.2, no public blob access, shared-key access off) and a private container for checkpoints; a
     user-assigned managed identity; the AKS cluster (system pool autoscaled 1-3, OIDC issuer and
@@ -117,7 +117,7 @@ examples:
 helps["elastictrain cluster show"] = """
 type: command
 short-summary: Show a cluster and the health of each of its components.
-long-summary: |
+long-summary: >
     On Azure: its pools (VM size, Spot priority, eviction policy, max price, node counts and
     autoscale bounds), storage, identity, and the health of etcd, the operator and the device plugin.
 examples:
@@ -151,7 +151,7 @@ examples:
 helps["elastictrain cluster delete"] = """
 type: command
 short-summary: Delete a cluster, after confirmation.
-long-summary: |
+long-summary: >
     On Azure: deletes the role assignment, the federated credential, the AKS cluster and the managed
     identity. The storage account and its checkpoints are KEPT unless --delete-storage; the resource
     group is kept. For a local cluster: stops the processes it started (checked by pid and start time,

@@ -158,7 +158,9 @@ class AksBackend:
                              "longRunning": step.long_running, "body": step.body(ctx)})
         incluster = self._incluster_spec(ctx)
         return {"dryRun": True, "name": spec.name, "resourceGroup": spec.resource_group,
-                "arm": requests, "kubernetes": _kube_objects(incluster)}
+                "arm": requests, "kubernetes": _kube_objects(incluster),
+                "note": "Values in <...> are known once the step before creates them; in the Kubernetes "
+                        f"objects the identity's client id is shown as {_ZERO_GUID}."}
 
     def create(self, spec: ClusterSpec, *, no_wait: bool = False, install: bool = True) -> dict:
         """Run the plan: every step whose resource is missing or not right; stop at the first failure."""
@@ -185,8 +187,9 @@ class AksBackend:
         if install:
             try:
                 self._progress(f"{title}: installing etcd, operator, device plugin")
-                self._install(ctx)
-                changes.append({"step": "Kubernetes components", "action": "applied"})
+                applied = self._install(ctx)
+                changes.append({"step": "Kubernetes components", "action": _overall(applied),
+                                "objects": applied})
             except ArmError as ex:
                 raise PlanFailed("Kubernetes components", ex, done) from ex
             except Exception as ex:  # noqa: BLE001  a Kubernetes failure: report with what was done
@@ -252,11 +255,15 @@ class AksBackend:
             time.sleep(self._poll_seconds)
 
     def _incluster_spec(self, ctx: _Context):
-        from azext_elastictrain.core.incluster import InClusterSpec
+        from azext_elastictrain.core.manifests import InClusterSpec
+
+        def guid(value: str) -> str:  # dry run: Azure assigns these ids; a zero GUID stands in for them
+            return _ZERO_GUID if value.startswith("<") else value
 
         return InClusterSpec(namespace=ctx.spec.namespace, service_account=ctx.spec.service_account,
-                             identity_client_id=ctx.identity("clientId"),
-                             tenant_id=ctx.identity("tenantId") if "identity" in ctx.found else ctx.tenant,
+                             identity_client_id=guid(ctx.identity("clientId")),
+                             tenant_id=guid(ctx.identity("tenantId")) if "identity" in ctx.found
+                             else (ctx.tenant or None),
                              checkpoint_url=ctx.spec.checkpoint_url)
 
     def _kube(self, spec: ClusterSpec):
@@ -267,12 +274,16 @@ class AksBackend:
             from azext_elastictrain.core.kube import connect
         return connect(kubeconfig)
 
-    def _install(self, ctx: _Context) -> None:
+    def _install(self, ctx: _Context) -> list[dict]:
         from azext_elastictrain.core import incluster
 
-        incluster.install(self._kube(ctx.spec), self._incluster_spec(ctx))
+        return incluster.install(self._kube(ctx.spec), self._incluster_spec(ctx),
+                                 progress=lambda line: self._progress(f"  {line}"))
 
     def _summary(self, ctx: _Context, changes: list, pending: list[str] | None = None) -> dict:
+        if not pending:  # the GPU pool came after the cluster was read: read it again, pools and all
+            ctx.found["cluster"] = self.arm.get("cluster", {"resource_group": ctx.spec.resource_group,
+                                                            "name": ctx.spec.name})
         shown = self._describe(ctx.spec, ctx.found.get("cluster"), ctx, health=None)
         shown["changes"] = changes
         if pending:
@@ -349,26 +360,29 @@ class AksBackend:
         if identity:
             iprops = identity.get("properties") or {}
             shown["identity"].update({"clientId": iprops.get("clientId"), "principalId": iprops.get("principalId")})
-        if health:
-            shown["components"] = self._health(spec, ctx) if ctx else {}
-            states = [c.get("state") for c in shown["components"].values()]
-            shown["health"] = "Healthy" if states and all(s == "Running" for s in states) else (
-                "Unknown" if not states or all(s == "Unknown" for s in states) else "Degraded")
+        if health and ctx:
+            found = self._health(spec, ctx)
+            shown["health"] = _HEALTH.get(found["state"], found["state"])
+            shown["components"] = found["components"]
         return shown
 
     def _health(self, spec: ClusterSpec, ctx: _Context) -> dict:
+        """incluster.health, or every component 'unknown' (with why) where the cluster cannot be asked."""
+        def unknown(reason: str) -> dict:
+            return {"state": "unknown", "components": {name: {"state": "unknown", "reason": reason} for name in (
+                "elasticjob-crd", "etcd", "operator", "nvidia-device-plugin")}}
+
         if _provisioning_state(ctx.found.get("cluster")) in IN_PROGRESS:
-            return {name: {"state": "Unknown", "detail": "the cluster is still being provisioned"}
-                    for name in ("etcd", "operator", "device-plugin")}
+            return unknown("the cluster is still being provisioned")
         try:
             from azext_elastictrain.core import incluster
 
             return incluster.health(self._kube(spec), self._incluster_spec(ctx))
-        except ArmError:
-            raise
         except Exception as ex:  # noqa: BLE001  show must still show the Azure side
-            return {name: {"state": "Unknown", "detail": f"Kubernetes API not reachable: {type(ex).__name__}"}
-                    for name in ("etcd", "operator", "device-plugin")}
+            from azext_elastictrain.core.kube import KubeError
+
+            reason = str(ex) if isinstance(ex, (KubeError, ArmError)) else type(ex).__name__
+            return unknown(f"the Kubernetes API did not answer: {reason}")
 
     # ------------------------------------------------------------------ delete
 
@@ -424,11 +438,19 @@ class AksBackend:
                 "kept": plan["keep"]}
 
 
-def _kube_objects(incluster_spec) -> list:
-    from azext_elastictrain.core import incluster
+_ZERO_GUID = "00000000-0000-0000-0000-000000000000"
+_HEALTH = {"ok": "Healthy", "degraded": "Degraded", "missing": "Missing", "unknown": "Unknown"}
 
-    render = getattr(incluster, "objects", None)
-    return list(render(incluster_spec)) if render else []
+
+def _kube_objects(incluster_spec) -> list:
+    from azext_elastictrain.core.manifests import render_cluster_objects
+
+    return render_cluster_objects(incluster_spec)
+
+
+def _overall(applied: list[dict]) -> str:
+    actions = {a.get("action") for a in applied}
+    return "unchanged" if actions <= {"unchanged"} else "applied"
 
 
 def _without(body: dict, ignored: Iterable[str] = _IGNORED) -> dict:
