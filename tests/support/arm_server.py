@@ -29,6 +29,7 @@ import json
 import re
 import ssl
 import threading
+import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -106,6 +107,7 @@ class ArmServer:
         self.operations: dict[str, dict] = {}
         self.requests: list[tuple[str, str]] = []  # (method, path?query)
         self.violations: list[str] = []
+        self.timeline: list[tuple[float, str, str]] = []
         self.expect: dict[str, Any] = {"gpu_vm_size": "Standard_NC4as_T4_v3", "min_count": 0, "max_count": 3,
                                        "spot_max_price": -1, "eviction_policy": "Delete", "storage_sku": "Standard_LRS"}
         self.kube = FakeKube()
@@ -137,8 +139,9 @@ class ArmServer:
         return next((r for rid, r in self.resources.items() if rid.endswith(suffix.lower())), None)
 
     def writes(self) -> list[tuple[str, str]]:
-        return [(m, p.split("?")[0]) for m, p in self.requests if m in ("PUT", "POST", "DELETE", "PATCH")
-                and "/operations/" not in p and not p.startswith("/kube") and not p.endswith("listClusterUserCredential")]
+        paths = [(m, p.split("?")[0]) for m, p in self.requests]
+        return [(m, p) for m, p in paths if m in ("PUT", "POST", "DELETE", "PATCH") and "/operations/" not in p
+                and not p.startswith("/kube") and not p.endswith("/listClusterUserCredential")]
 
     @property
     def env(self) -> dict[str, str]:
@@ -151,6 +154,7 @@ class ArmServer:
     def handle(self, method: str, raw_path: str, headers: dict, body: bytes) -> tuple[int, dict, Any]:
         with self._lock:
             self.requests.append((method, raw_path))
+            self.timeline.append((time.monotonic(), method, raw_path))
             parts = urlsplit(raw_path)
             path, query = parts.path, {k: v[0] for k, v in parse_qs(parts.query).items()}
             if path.startswith("/kube/") or path == "/kube":
@@ -287,7 +291,7 @@ class ArmServer:
             if not done:
                 return 202, {"Location": f"{self.url}/operations/{op}", "Retry-After": "1"}, None
             return (200, {}, resource) if record["kind"] == "put" else (204, {}, None)
-        return 200, {}, {"id": f"/operations/{op}", "name": op,
+        return 200, {"Retry-After": "1"}, {"id": f"/operations/{op}", "name": op,
                          "status": "Succeeded" if done else "InProgress",
                          "startTime": "2026-01-01T00:00:00Z"}
 
@@ -383,14 +387,18 @@ class ArmServer:
                        True),
                       ("nodeLabels", bool(props.get("nodeLabels")), True)]
         elif kind == "federated_credential":
-            cluster = next((r for r in self.resources.values() if r["type"] == _TYPE["cluster"]), None)
+            group = rid.lower().split("/providers/")[0]
+            cluster = next((r for k, r in self.resources.items() if r["type"] == _TYPE["cluster"]
+                            and k.startswith(group + "/")), None)
             issuer = ((cluster or {}).get("properties", {}).get("oidcIssuerProfile") or {}).get("issuerURL")
             wants += [("issuer", props.get("issuer"), issuer),
                       ("subject", props.get("subject"), "system:serviceaccount:elastictrain:elastictrain-training"),
                       ("audiences", props.get("audiences"), ["api://AzureADTokenExchange"])]
         elif kind == "role_assignment":
             scope, _, name = rid.partition("/providers/Microsoft.Authorization/roleAssignments/")
-            identity = next((r for r in self.resources.values() if r["type"] == _TYPE["identity"]), None)
+            group = rid.lower().split("/providers/")[0]
+            identity = next((r for k, r in self.resources.items() if r["type"] == _TYPE["identity"]
+                             and k.startswith(group + "/")), None)
             wants += [("scope is the checkpoint container", bool(re.fullmatch(
                           r"/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.Storage/storageAccounts/"
                           r"[a-z0-9]{3,24}/blobServices/default/containers/[a-z0-9-]{3,63}", scope)), True),

@@ -19,6 +19,7 @@ from azext_elastictrain.core.spec import GPU_POOL, ClusterSpec
 
 IN_PROGRESS = {"creating", "updating", "upgrading", "scaling", "deleting", "accepted", "resolvingdns",
                "starting", "stopping", "migrating", "canceling"}
+_NO_WAIT_KINDS = ("cluster", "agent_pool")
 #: fields ARM changes on its own: the autoscaler sets pool node counts
 _IGNORED = ("count",)
 
@@ -217,7 +218,7 @@ class AksBackend:
         found = self.arm.get(step.kind, ref)
         state = _provisioning_state(found)
         if state in IN_PROGRESS:
-            if no_wait:
+            if no_wait and step.kind in _NO_WAIT_KINDS:
                 self._progress(f"{title}: {state} (already in progress)")
                 changes.append({"step": step.title, "action": "in progress"})
                 return True
@@ -232,7 +233,8 @@ class AksBackend:
             return False
         action = "created" if found is None else "updated"
         detail = "" if found is None else f" ({', '.join(wrong or ['failed before'])})"
-        wait = not (no_wait and step.long_running)
+        # --no-wait skips the AKS waits (minutes); the storage account takes seconds and the container needs it
+        wait = not (no_wait and step.kind in _NO_WAIT_KINDS)
         self._progress(f"{title}: {'creating' if found is None else 'updating'}{detail}"
                        + ("" if wait else ", not waiting (--no-wait)")
                        + (" - this takes several minutes" if step.long_running and wait else ""))
