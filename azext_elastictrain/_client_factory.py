@@ -150,7 +150,9 @@ class AzureArm:
         """The cluster user's kubeconfig: kept in memory, never logged."""
         client = self._client("containerservice")
         with _arm_errors():
-            result = client.managed_clusters.list_cluster_user_credentials(resource_group, cluster, cls=_raw)
+            # logging_enable=False: az --debug would otherwise log the response, credentials and all
+            result = client.managed_clusters.list_cluster_user_credentials(resource_group, cluster, cls=_raw,
+                                                                            logging_enable=False)
         configs = (result or {}).get("kubeconfigs") or []
         if not configs:
             from azext_elastictrain.core.backends.aks import ArmError

@@ -144,7 +144,8 @@ def test_dry_run_prints_every_request_and_calls_nothing(az, arm, group):
 
 def test_delete_asks_and_keeps_storage_unless_asked(az, arm, group):
     _create(az, group, "spot7")
-    account = next(rid for rid in arm.resources if "/storageaccounts/" in rid and rid.count("/") == 8)
+    account = next(rid for rid in arm.resources if f"/resourcegroups/{group}/providers/microsoft.storage/" in rid
+                   and rid.count("/") == 8)
     unconfirmed = az("elastictrain", "cluster", "delete", "-g", group, "-n", "spot7", check=False)
     assert unconfirmed.returncode != 0 and "--yes" in unconfirmed.stderr
     assert arm.find("/managedclusters/spot7") is not None, "nothing goes before confirmation"

@@ -221,6 +221,9 @@ class ArmServer:
         if kind == "credentials":
             return self._credentials(method, rid)
         if method == "GET":
+            pending = next((op for op, r in self.operations.items() if r["id"] == key and not r.get("done")), None)
+            if pending:  # Azure finishes on its own time, polled or not: a GET moves it along too
+                self._operation(pending)
             found = self.resources.get(key)
             if found is None:
                 code = "ResourceGroupNotFound" if kind == "resource_group" else "ResourceNotFound"
@@ -278,6 +281,7 @@ class ArmServer:
         record["polls"] += 1
         resource = self.resources.get(record["id"])
         done = record["polls"] > LRO_POLLS
+        record["done"] = done
         if done and record["kind"] == "put" and resource is not None:
             resource["properties"]["provisioningState"] = "Succeeded"
             if "/agentpools/" in record["id"]:
