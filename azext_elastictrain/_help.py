@@ -163,6 +163,8 @@ examples:
     text: az elastictrain cluster delete -g ml-rg -n spot-train --yes
   - name: Delete it and its storage account with every checkpoint.
     text: az elastictrain cluster delete -g ml-rg -n spot-train --delete-storage
+  - name: Later, delete a kept storage account that create was given by name.
+    text: az elastictrain cluster delete -g ml-rg -n spot-train --delete-storage --storage-account mycheckpoints
   - name: See what deleting the local cluster would do.
     text: az elastictrain cluster delete --local --dry-run
   - name: Delete it without prompting.

@@ -91,6 +91,9 @@ def load_arguments(self, _):
                    help="Do not prompt for confirmation.")
         c.argument("delete_storage", arg_type=get_three_state_flag(), options_list=["--delete-storage"],
                    help="Also delete the storage account WITH EVERY CHECKPOINT in it. Default: it is kept.")
+        c.argument("storage_account", options_list=["--storage-account"],
+                   help="The cluster's storage account, where create was given --storage-account and the AKS "
+                        "cluster (which records it) is already gone.")
     with self.argument_context("elastictrain cluster wait") as c:
         c.argument("resource_group_name", options_list=["--resource-group", "-g"],
                    help="Resource group of the AKS cluster.")

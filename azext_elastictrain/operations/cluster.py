@@ -112,7 +112,8 @@ def list_clusters(cmd, local: bool = False, resource_group_name: str | None = No
 
 
 def delete_cluster(cmd, local: bool = False, name: str | None = None, resource_group_name: str | None = None,
-                   delete_storage: bool = False, dry_run: bool = False, yes: bool = False, no_wait: bool = False):
+                   delete_storage: bool = False, storage_account: str | None = None, dry_run: bool = False,
+                   yes: bool = False, no_wait: bool = False):
     """Local: stop the processes this cluster started (by pid, checked) and remove its state.
     Azure: delete the AKS cluster, its identity, credential and role assignment; keep the storage account
     (and every checkpoint) unless --delete-storage."""
@@ -124,7 +125,8 @@ def delete_cluster(cmd, local: bool = False, name: str | None = None, resource_g
 
         with aks_errors(resource_group_name, name):
             backend = aks_backend(cmd)
-            plan = backend.delete_plan(ClusterSpec(name=name, resource_group=resource_group_name),
+            plan = backend.delete_plan(ClusterSpec(name=name, resource_group=resource_group_name,
+                                                   storage_account=storage_account or ""),
                                        delete_storage=delete_storage)
             if dry_run:
                 return {"dryRun": True, **{k: v for k, v in plan.items() if k != "delete"},
