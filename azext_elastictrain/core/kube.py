@@ -310,7 +310,7 @@ def _retries():
     import urllib3
 
     # Server-side apply, get and delete are idempotent: retry what a busy API server answers.
-    return urllib3.Retry(total=3, connect=3, read=1, status=3, backoff_factor=0.5, raise_on_status=False,
+    return urllib3.Retry(total=3, connect=3, read=1, status=3, backoff_factor=0.25, raise_on_status=False,
                          status_forcelist=(429, 502, 503, 504), allowed_methods=("GET", "PATCH", "DELETE"))
 
 

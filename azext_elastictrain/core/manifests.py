@@ -167,3 +167,111 @@ def object_key(obj: dict[str, Any]) -> str:
     meta = obj.get("metadata", {})
     where = f"{meta['namespace']}/" if meta.get("namespace") else ""
     return f"{obj.get('kind')} {where}{meta.get('name')}"
+
+
+# -- training jobs -------------------------------------------------------------------------------------------
+
+# Same tuning as the local backend: a dead node is noticed in keep_alive_interval x keep_alive_max_attempt
+# seconds and a round closes last_call seconds after min nodes joined (torch defaults: 5 x 3 s and 30 s).
+TUNED_RDZV_CONF = "last_call_timeout=3,keep_alive_interval=2,keep_alive_max_attempt=3,join_timeout=300"
+MAX_RESTARTS = 100
+# Azure gives a Spot VM >= 30 s between the Preempt notice and the eviction; a pod deleted otherwise (scale-in,
+# job delete, node drain) gets this long after SIGTERM to finish its preemption checkpoint.
+TERMINATION_GRACE_SECONDS = 120
+_CONTAINER_URL_ENV = "ELASTICTRAIN_CHECKPOINT_CONTAINER_URL"
+
+
+def etcd_endpoint(namespace: str) -> str:
+    """host:port of the rendezvous server, as pods of any namespace reach it."""
+    return f"{ETCD_NAME}.{namespace}.svc.cluster.local:{ETCD_CLIENT_PORT}"
+
+
+def render_elastic_job(job, cluster: InClusterSpec, image: str, *, run_id: str | None = None) -> dict:
+    """The ElasticJob running ``job`` (a core.spec.JobSpec; its script is a path inside ``image``).
+
+    The operator prepends ``--rdzv_backend=etcd --rdzv_endpoint=.. --rdzv_id=<name> --nnodes=min:max`` to the
+    container's args; ours come after and torchrun keeps the last value of an option, so the job uses the
+    etcd-v2 backend (``etcd`` is torch's legacy one), the tuned rendezvous and, with ``run_id``, a rendezvous
+    of its own even when an earlier job of the same name left state in etcd.
+    """
+    from azext_elastictrain.core.layout import validate_job_name
+
+    cluster.validate()
+    try:
+        validate_job_name(job.name)
+    except ValueError as ex:
+        raise SpecError(str(ex)) from ex
+    _validate_image(image)
+    if not 1 <= job.min_nodes <= job.node_count <= job.max_nodes:
+        raise SpecError(f"nodes must satisfy 1 <= --min-nodes ({job.min_nodes}) <= --nodes ({job.node_count}) "
+                        f"<= --max-nodes ({job.max_nodes})")
+    return {
+        "apiVersion": ELASTICJOB_API_VERSION, "kind": "ElasticJob",
+        "metadata": {"name": job.name, "namespace": cluster.namespace, "labels": _job_labels(job)},
+        "spec": {
+            "rdzvEndpoint": etcd_endpoint(cluster.namespace),
+            "minReplicas": job.min_nodes, "maxReplicas": job.max_nodes,
+            "replicaSpecs": {"Worker": {"replicas": job.node_count, "restartPolicy": "ExitCode",
+                                        "template": _worker_template(job, cluster, image, run_id)}},
+        },
+    }
+
+
+def _validate_image(image: str) -> None:
+    name, _, tag = (image or "").rpartition(":")
+    if "@sha256:" not in (image or "") and (not name or "/" in tag or tag in ("", "latest")):
+        raise SpecError(f"image {image!r} is not pinned: give a version tag (or digest), not :latest, so every "
+                        "worker of the job runs the same code")
+
+
+def _job_labels(job) -> dict:
+    return {"app.kubernetes.io/part-of": "elastictrain", "elastictrain.azure.com/job": job.name}
+
+
+def _worker_template(job, cluster: InClusterSpec, image: str, run_id: str | None) -> dict:
+    labels = {**_job_labels(job), **WORKER_LABELS, "azure.workload.identity/use": "true"}
+    return {
+        "metadata": {"labels": labels},
+        "spec": {
+            "serviceAccountName": cluster.service_account,
+            "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+            "tolerations": [parse_taint(SPOT_TAINT), parse_taint(cluster.gpu_taint)],
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "kubernetes.azure.com/scalesetpriority", "operator": "In",
+                                       "values": ["spot"]}]}]}}},
+            "containers": [_worker_container(job, image, run_id)],
+            # torch's DataLoader workers and NCCL share tensors through /dev/shm (64 MiB by default).
+            "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+        },
+    }
+
+
+def _worker_container(job, image: str, run_id: str | None) -> dict:
+    args = ["--rdzv-backend=etcd-v2", f"--rdzv-conf={TUNED_RDZV_CONF}",
+            *([f"--rdzv-id={run_id}"] if run_id else []),
+            f"--nproc-per-node={job.nproc_per_node}", f"--max-restarts={MAX_RESTARTS}",
+            job.script, *job.script_args]
+    return {
+        "name": "worker", "image": image,
+        "command": ["python", "-m", "torch.distributed.run"],
+        "args": args,
+        "env": _worker_env(job),
+        "resources": {"limits": {"nvidia.com/gpu": job.nproc_per_node}},
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+
+
+def _worker_env(job) -> list[dict]:
+    env = [
+        # The container URL comes from the cluster's ConfigMap; Kubernetes expands $(VAR) of earlier entries.
+        {"name": _CONTAINER_URL_ENV, "valueFrom": {"configMapKeyRef": {
+            "name": CHECKPOINT_CONFIGMAP, "key": CHECKPOINT_URL_KEY}}},
+        {"name": "ELASTICTRAIN_CHECKPOINT_URL", "value": f"$({_CONTAINER_URL_ENV})/{job.name}"},
+        {"name": "ELASTICTRAIN_KEEP", "value": str(job.keep)},
+        {"name": "ELASTICTRAIN_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"},  # torch 2.13: scale-up hangs without it
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+    ]
+    if job.checkpoint_interval is not None:
+        env.append({"name": "ELASTICTRAIN_CHECKPOINT_INTERVAL_STEPS", "value": str(job.checkpoint_interval)})
+    return env
