@@ -103,6 +103,8 @@ examples:
     text: az elastictrain cluster create -g ml-rg -n spot-train -l eastus --dry-run
   - name: A100 Spot nodes at most $1.50 an hour, deallocated on eviction, with a team label.
     text: az elastictrain cluster create -g ml-rg -n a100 --gpu-vm-size Standard_NC24ads_A100_v4 --max-price 1.5 --eviction-policy Deallocate --labels team=vision
+  - name: Create it and use it with kubectl afterwards.
+    text: az elastictrain cluster create -g ml-rg -n spot-train -l eastus --merge-kubeconfig
   - name: Start creating and return; wait; then finish the plan.
     text: |
         az elastictrain cluster create -g ml-rg -n spot-train -l eastus --no-wait

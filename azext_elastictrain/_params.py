@@ -81,6 +81,10 @@ def load_arguments(self, _):
                    help="Extra Kubernetes labels for the GPU nodes, space-separated KEY=VALUE pairs.")
         c.argument("dry_run", arg_type=get_three_state_flag(), options_list=["--dry-run"],
                    help="Print the whole plan - every ARM request body and Kubernetes object - and call nothing.")
+        c.argument("merge_kubeconfig", arg_type=get_three_state_flag(), options_list=["--merge-kubeconfig"],
+                   help="Also merge the cluster's user credentials into your kubeconfig (first file of "
+                        "$KUBECONFIG, else ~/.kube/config) and make it the current context. Default: the "
+                        "credentials stay in memory.")
     with self.argument_context("elastictrain cluster list") as c:
         c.argument("resource_group_name", options_list=["--resource-group", "-g"],
                    help="Only the AKS clusters of this resource group (default: the whole subscription).")

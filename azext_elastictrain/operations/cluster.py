@@ -34,7 +34,8 @@ def create_cluster(cmd, local: bool = False, name: str | None = None, resource_g
                    storage_sku: str | None = None, kubernetes_version: str | None = None,
                    node_vm_size: str | None = None, gpu_vm_size: str | None = None, min_count: int | None = None,
                    max_count: int | None = None, max_price: str | None = None, eviction_policy: str | None = None,
-                   labels: list[str] | None = None, dry_run: bool = False, no_wait: bool = False):
+                   labels: list[str] | None = None, merge_kubeconfig: bool = False, dry_run: bool = False,
+                   no_wait: bool = False):
     if _on_azure(local, resource_group_name, name):
         from dataclasses import fields
 
@@ -53,7 +54,17 @@ def create_cluster(cmd, local: bool = False, name: str | None = None, resource_g
             backend = aks_backend(cmd)
             if dry_run:
                 return backend.plan(spec)
-            return backend.create(spec, no_wait=no_wait)
+            result = backend.create(spec, no_wait=no_wait)
+            if merge_kubeconfig and not result.get("pending"):
+                try:
+                    result["kubeconfig"] = backend.merge_kubeconfig(spec)
+                except (ValueError, OSError) as ex:
+                    from azure.cli.core.azclierror import FileOperationError
+
+                    raise FileOperationError(f"the cluster is ready, but its credentials were not merged: {ex}",
+                                             recommendation="Fix the kubeconfig file, then run the same create "
+                                                            "with --merge-kubeconfig again.") from ex
+            return result
 
     from azext_elastictrain.core.spec import LOCAL_CLUSTER_DEFAULT, LocalClusterSpec
 

@@ -206,3 +206,21 @@ def arm_token_signature() -> str:
     import base64
 
     return base64.urlsafe_b64encode(ACCESS_TOKEN_SECRET.encode()).decode().rstrip("=")
+
+
+def test_credentials_reach_a_kubeconfig_only_when_asked(az, arm, group, tmp_path):
+    kubeconfig = tmp_path / "kubeconfig"
+    env = {"KUBECONFIG": str(kubeconfig)}
+    _create(az, group, "spot9")
+    az("elastictrain", "cluster", "show", "-g", group, "-n", "spot9", env=env)
+    assert not kubeconfig.exists() and not (az.config_dir / ".kube").exists(), "credentials stay in memory"
+    result = az.json("elastictrain", "cluster", "create", "-g", group, "-n", "spot9", "--merge-kubeconfig", env=env)
+    assert result["kubeconfig"] == {"path": str(kubeconfig), "context": "spot9"}
+    assert KUBE_TOKEN in kubeconfig.read_text() and oct(kubeconfig.stat().st_mode & 0o777) == "0o600"
+    assert KUBE_TOKEN not in json_text(result)
+
+
+def json_text(value) -> str:
+    import json
+
+    return json.dumps(value)

@@ -163,6 +163,14 @@ class AksBackend:
                 "note": "Values in <...> are known once the step before creates them; in the Kubernetes "
                         f"objects the identity's client id is shown as {_ZERO_GUID}."}
 
+    def merge_kubeconfig(self, spec: ClusterSpec, path=None) -> dict:
+        """Write the cluster user's credentials into a kubeconfig file: only when the user asks."""
+        from azext_elastictrain.core.kubeconfig import merge_into_file
+
+        written, context = merge_into_file(self.arm.user_kubeconfig(spec.resource_group, spec.name), path)
+        self._progress(f"Merged the credentials of {spec.name!r} into {written} (context {context!r})")
+        return {"path": str(written), "context": context}
+
     def create(self, spec: ClusterSpec, *, no_wait: bool = False, install: bool = True) -> dict:
         """Run the plan: every step whose resource is missing or not right; stop at the first failure."""
         spec.validate()
