@@ -71,7 +71,7 @@ class Step:
 
     title: str
     kind: str
-    ref: dict
+    ref: "dict | Callable[[_Context], dict]"  # a function where the name depends on an earlier result
     body: Callable[["_Context"], dict]
     long_running: bool = False
     compare: bool = True  # False: existing is enough (a resource group may hold more than ours)
@@ -95,7 +95,8 @@ class _Context:
             f"<OIDC issuer URL of cluster {self.spec.name}>"
 
 
-def plan_steps(spec: ClusterSpec, subscription: str, ctx: "_Context | None" = None) -> list[Step]:
+def plan_steps(spec: ClusterSpec, subscription: str) -> list[Step]:
+    """The create plan, in the order the resources depend on each other."""
     rg = spec.resource_group
     container_scope = arm.container_id(subscription, spec)
 
@@ -103,7 +104,7 @@ def plan_steps(spec: ClusterSpec, subscription: str, ctx: "_Context | None" = No
         return {"scope": container_scope,
                 "name": arm.role_assignment_name(container_scope, c.identity("principalId"))}
 
-    steps = [
+    return [
         Step("resource group", "resource_group", {"resource_group": rg}, lambda c: arm.resource_group(c.spec),
              compare=False),
         Step("storage account", "storage_account", {"resource_group": rg, "name": spec.storage_account_name},
@@ -120,10 +121,9 @@ def plan_steps(spec: ClusterSpec, subscription: str, ctx: "_Context | None" = No
         Step("federated credential", "federated_credential",
              {"resource_group": rg, "identity": spec.identity_name, "name": arm.federated_credential_name(spec)},
              lambda c: arm.federated_credential(c.spec, c.issuer())),
-        Step("role assignment", "role_assignment", role_ref,  # type: ignore[arg-type]  (resolved at run time)
+        Step("role assignment", "role_assignment", role_ref,
              lambda c: arm.role_assignment(c.subscription, c.identity("principalId"))),
     ]
-    return steps
 
 
 def _ref(step: Step, ctx: _Context) -> dict:
