@@ -159,6 +159,8 @@ def test_delete_asks_and_keeps_storage_unless_asked(az, arm, group):
     assert [m for m, _ in arm.writes()] == ["DELETE"] * 4
     assert arm.find("/managedclusters/spot7") is None and arm.find("/userassignedidentities/spot7-training") is None
     assert account in arm.resources and deleted["kept"], "checkpoints are kept by default"
+    az("elastictrain", "cluster", "wait", "-g", group, "-n", "spot7", "--deleted", "--interval", "1",
+       "--timeout", "10")  # a missing cluster is a 404 to 'wait', so --deleted returns at once
 
     az("elastictrain", "cluster", "delete", "-g", group, "-n", "spot7", "--delete-storage", "--yes")
     assert account not in arm.resources
