@@ -46,7 +46,34 @@ def checkpoint_prune_table(result) -> list:
     ]
 
 
+def _spot(pool: dict) -> str:
+    if pool.get("priority") != "Spot":
+        return pool.get("priority") or ""
+    price = pool.get("spotMaxPrice")
+    price = "on-demand cap" if price in (None, -1, -1.0) else f"max ${price:g}/h"
+    return f"Spot, {pool.get('evictionPolicy')}, {price}"
+
+
+def aks_cluster_row(item: dict) -> OrderedDict:
+    """An AKS cluster: its state, the GPU Spot pool, and (from show) the health of each component."""
+    pools = item.get("pools") or []
+    gpu = next((p for p in pools if p.get("mode") == "User"), {})
+    components = item.get("components") or {}
+    row = [("Name", item.get("name")), ("ResourceGroup", item.get("resourceGroup")),
+           ("Location", item.get("location")), ("State", item.get("provisioningState"))]
+    if "health" in item:
+        row += [("Health", item.get("health"))] + [
+            (title, (components.get(key) or {}).get("state", ""))
+            for title, key in (("Etcd", "etcd"), ("Operator", "operator"), ("DevicePlugin", "nvidia-device-plugin"))]
+    row += [("GpuSize", gpu.get("vmSize", "")), ("Priority", _spot(gpu) if gpu else ""),
+            ("GpuNodes", f"{gpu.get('count')} ({gpu.get('minCount')}-{gpu.get('maxCount')})" if gpu else ""),
+            ("Storage", (item.get("storage") or {}).get("account", ""))]
+    return OrderedDict(row)
+
+
 def cluster_row(item: dict) -> OrderedDict:
+    if item.get("type") == "aks":
+        return aks_cluster_row(item)
     components = item.get("components", {})
     return OrderedDict(
         [("Name", item.get("name")), ("Type", item.get("type")), ("Health", item.get("health"))]

@@ -91,7 +91,10 @@ examples:
 helps["elastictrain cluster"] = """
 type: group
 short-summary: Create and manage the clusters elastic jobs run on.
-long-summary: |
+long-summary: >
+    On Azure (-g/--resource-group): an AKS cluster with a CPU system pool (etcd rendezvous, the
+    TorchElastic operator) and an autoscaled GPU Spot pool, a private storage account for checkpoints
+    reached with workload identity (no keys), and the Kubernetes components to run elastic jobs.
     --local runs the whole stack on this machine: real etcd (rendezvous, v2 API), real Azurite
     (checkpoint storage) and a local Azure Scheduled Events endpoint, as background processes on
     loopback ports.
@@ -100,7 +103,30 @@ long-summary: |
 helps["elastictrain cluster create"] = """
 type: command
 short-summary: Create a cluster, or finish one that is partly there (idempotent).
+long-summary: >
+    On Azure the plan is, in order: the resource group (if missing); a StorageV2 account (HTTPS only,
+    TLS 1.2, no public blob access, shared-key access off) and a private container for checkpoints; a
+    user-assigned managed identity; the AKS cluster (system pool autoscaled 1-3, OIDC issuer and
+    workload identity on); the GPU Spot pool (taint sku=gpu:NoSchedule, autoscaled --min-count to
+    --max-count); a federated credential for the training service account and a Storage Blob Data
+    Contributor role assignment on the container; then, through the Kubernetes API, the namespace,
+    service account, NVIDIA device plugin, etcd, operator and settings. Each step first checks what is
+    there: a re-run after a failure finishes the plan and changes nothing that is already right.
+    The cluster credentials stay in memory.
 examples:
+  - name: Create a cluster on Azure with up to 4 T4 Spot nodes.
+    text: az elastictrain cluster create -g ml-rg -n spot-train -l eastus --max-count 4
+  - name: Show every request the create would send, without sending any.
+    text: az elastictrain cluster create -g ml-rg -n spot-train -l eastus --dry-run
+  - name: A100 Spot nodes at most $1.50 an hour, deallocated on eviction, with a team label.
+    text: az elastictrain cluster create -g ml-rg -n a100 --gpu-vm-size Standard_NC24ads_A100_v4 --max-price 1.5 --eviction-policy Deallocate --labels team=vision
+  - name: Create it and use it with kubectl afterwards.
+    text: az elastictrain cluster create -g ml-rg -n spot-train -l eastus --merge-kubeconfig
+  - name: Start creating and return; wait; then finish the plan.
+    text: |
+        az elastictrain cluster create -g ml-rg -n spot-train -l eastus --no-wait
+        az elastictrain cluster wait -g ml-rg -n spot-train --created
+        az elastictrain cluster create -g ml-rg -n spot-train
   - name: Start the local cluster.
     text: az elastictrain cluster create --local
   - name: Start a second local cluster named 'exp2'.
@@ -110,7 +136,12 @@ examples:
 helps["elastictrain cluster show"] = """
 type: command
 short-summary: Show a cluster and the health of each of its components.
+long-summary: >
+    On Azure: its pools (VM size, Spot priority, eviction policy, max price, node counts and
+    autoscale bounds), storage, identity, and the health of etcd, the operator and the device plugin.
 examples:
+  - name: Show a cluster on Azure.
+    text: az elastictrain cluster show -g ml-rg -n spot-train -o table
   - name: Is the local cluster healthy?
     text: az elastictrain cluster show --local -o table
 """
@@ -118,18 +149,41 @@ examples:
 helps["elastictrain cluster list"] = """
 type: command
 short-summary: List clusters.
+long-summary: Without --local, the AKS clusters this extension created in the subscription (or in -g).
 examples:
+  - name: List the clusters on Azure in a resource group.
+    text: az elastictrain cluster list -g ml-rg -o table
   - name: List local clusters.
     text: az elastictrain cluster list --local -o table
+"""
+
+helps["elastictrain cluster wait"] = """
+type: command
+short-summary: Wait until an AKS cluster and its pools reach a state, e.g. after 'create --no-wait'.
+examples:
+  - name: Wait until the cluster is created.
+    text: az elastictrain cluster wait -g ml-rg -n spot-train --created
+  - name: Wait until it is deleted.
+    text: az elastictrain cluster wait -g ml-rg -n spot-train --deleted
 """
 
 helps["elastictrain cluster delete"] = """
 type: command
 short-summary: Delete a cluster, after confirmation.
-long-summary: |
-    For a local cluster: stops the processes it started (checked by pid and start time, so no
-    other process is touched) and removes its state, including its local checkpoints.
+long-summary: >
+    On Azure: deletes the role assignment, the federated credential, the AKS cluster and the managed
+    identity. The storage account and its checkpoints are KEPT unless --delete-storage; the resource
+    group is kept. For a local cluster: stops the processes it started (checked by pid and start time,
+    so no other process is touched) and removes its state, including its local checkpoints.
 examples:
+  - name: See what deleting a cluster on Azure would do.
+    text: az elastictrain cluster delete -g ml-rg -n spot-train --dry-run
+  - name: Delete it, keeping its checkpoints, without prompting.
+    text: az elastictrain cluster delete -g ml-rg -n spot-train --yes
+  - name: Delete it and its storage account with every checkpoint.
+    text: az elastictrain cluster delete -g ml-rg -n spot-train --delete-storage
+  - name: Later, delete a kept storage account that create was given by name.
+    text: az elastictrain cluster delete -g ml-rg -n spot-train --delete-storage --storage-account mycheckpoints
   - name: See what deleting the local cluster would do.
     text: az elastictrain cluster delete --local --dry-run
   - name: Delete it without prompting.

@@ -2,6 +2,7 @@
 from azure.cli.core.commands.parameters import get_enum_type, get_three_state_flag
 
 JOB_STATES = ["Running", "Succeeded", "Failed", "Stopped"]
+STORAGE_SKUS = ["Standard_LRS", "Standard_ZRS", "Standard_GRS", "Standard_RAGRS", "Premium_LRS"]
 
 
 def load_arguments(self, _):
@@ -50,12 +51,64 @@ def load_arguments(self, _):
         c.argument("local", arg_type=get_three_state_flag(), options_list=["--local"],
                    help="A cluster on this machine: real etcd, Azurite and a Scheduled Events endpoint.")
         c.argument("name", options_list=["--name", "-n"],
-                   help="Name of the local cluster (default: local).")
+                   help="Name of the cluster. Local: 1-32 lowercase letters, digits and '-' (default: local). "
+                        "On Azure (with -g): the AKS cluster's name, 1-63 letters, digits, '-' and '_'.")
+        # not resource_group_name_type: a configured default group must not turn --local commands into Azure ones
+        c.argument("resource_group_name", options_list=["--resource-group", "-g"],
+                   help="Resource group of a cluster on Azure (AKS). Without it, --local is needed.")
+    with self.argument_context("elastictrain cluster create") as c:
+        c.argument("location", options_list=["--location", "-l"],
+                   help="Azure region, e.g. eastus. Default: the resource group's location "
+                        "(needed when the group does not exist yet).")
+        c.argument("storage_account", options_list=["--storage-account"],
+                   help="Name of the checkpoint storage account: 3-24 lowercase letters and digits, unique in "
+                        "Azure. Default: 'et' + the cluster name + a stable hash.")
+        c.argument("storage_sku", arg_type=get_enum_type(STORAGE_SKUS), options_list=["--storage-sku"],
+                   help="Redundancy of the checkpoint storage account (default: Standard_LRS).")
+        c.argument("kubernetes_version", options_list=["--kubernetes-version", "-k"],
+                   help="Kubernetes version, e.g. 1.33 (default: the AKS default for the region).")
+        c.argument("node_vm_size", options_list=["--node-vm-size"],
+                   help="VM size of the CPU system pool (regular priority, autoscaled 1-3), which runs etcd "
+                        "and the operator. Default: Standard_D4s_v5.")
+        c.argument("gpu_vm_size", options_list=["--gpu-vm-size"],
+                   help="VM size of the GPU Spot pool, one of the supported GPU sizes "
+                        "(default: Standard_NC4as_T4_v3).")
+        c.argument("min_count", type=int, options_list=["--min-count"],
+                   help="Fewest GPU Spot nodes the autoscaler keeps (default 0: no cost while idle).")
+        c.argument("max_count", type=int, options_list=["--max-count"],
+                   help="Most GPU Spot nodes the autoscaler adds (default 3).")
+        c.argument("max_price", options_list=["--max-price"],
+                   help="Most you pay per GPU node and hour, in US dollars, with at most 5 decimals; "
+                        "-1 (default): up to the on-demand price, evicted for capacity only.")
+        c.argument("eviction_policy", arg_type=get_enum_type(["Delete", "Deallocate"]),
+                   options_list=["--eviction-policy"],
+                   help="What happens to an evicted Spot node: Delete (default; no cost) or Deallocate "
+                        "(the disk stays and counts against quota).")
+        c.argument("labels", nargs="+", options_list=["--labels"],
+                   help="Extra Kubernetes labels for the GPU nodes, space-separated KEY=VALUE pairs.")
+        c.argument("dry_run", arg_type=get_three_state_flag(), options_list=["--dry-run"],
+                   help="Print the whole plan - every ARM request body and Kubernetes object - and call nothing.")
+        c.argument("merge_kubeconfig", arg_type=get_three_state_flag(), options_list=["--merge-kubeconfig"],
+                   help="Also merge the cluster's user credentials into your kubeconfig (first file of "
+                        "$KUBECONFIG, else ~/.kube/config) and make it the current context. Default: the "
+                        "credentials stay in memory.")
+    with self.argument_context("elastictrain cluster list") as c:
+        c.argument("resource_group_name", options_list=["--resource-group", "-g"],
+                   help="Only the AKS clusters of this resource group (default: the whole subscription).")
     with self.argument_context("elastictrain cluster delete") as c:
         c.argument("dry_run", arg_type=get_three_state_flag(), options_list=["--dry-run"],
                    help="Show what would be stopped and removed; change nothing.")
         c.argument("yes", arg_type=get_three_state_flag(), options_list=["--yes", "-y"],
                    help="Do not prompt for confirmation.")
+        c.argument("delete_storage", arg_type=get_three_state_flag(), options_list=["--delete-storage"],
+                   help="Also delete the storage account WITH EVERY CHECKPOINT in it. Default: it is kept.")
+        c.argument("storage_account", options_list=["--storage-account"],
+                   help="The cluster's storage account, where create was given --storage-account and the AKS "
+                        "cluster (which records it) is already gone.")
+    with self.argument_context("elastictrain cluster wait") as c:
+        c.argument("resource_group_name", options_list=["--resource-group", "-g"],
+                   help="Resource group of the AKS cluster.")
+        c.argument("name", options_list=["--name", "-n"], help="Name of the AKS cluster.")
 
     with self.argument_context("elastictrain job") as c:
         c.argument("local", arg_type=get_three_state_flag(), options_list=["--local"],

@@ -17,10 +17,11 @@ from azext_elastictrain._format import (
 def load_command_table(loader, _):
     cluster_ops = CliCommandType(operations_tmpl="azext_elastictrain.operations.cluster#{}")
     with loader.command_group("elastictrain cluster", custom_command_type=cluster_ops, is_preview=True) as g:
-        g.custom_command("create", "create_cluster", table_transformer=cluster_show_table)
+        g.custom_command("create", "create_cluster", table_transformer=cluster_show_table, supports_no_wait=True)
         g.custom_show_command("show", "show_cluster", table_transformer=cluster_show_table)
         g.custom_command("list", "list_clusters", table_transformer=cluster_list_table)
-        g.custom_command("delete", "delete_cluster")
+        g.custom_command("delete", "delete_cluster", supports_no_wait=True)
+        g.custom_wait_command("wait", "cluster_state")
 
     evict_ops = CliCommandType(operations_tmpl="azext_elastictrain.operations.evict#{}")
     with loader.command_group("elastictrain evict", custom_command_type=evict_ops, is_preview=True) as g:

@@ -2,7 +2,7 @@
 
 Services listen on free loopback ports and are always stopped (see
 ``tests/support/services.py``).  Tests are marked by folder: tests/unit ->
-``unit``, tests/integration -> ``integration``, tests/e2e -> ``e2e``, so
+``unit``, tests/integration -> ``integration``, tests/contract -> ``contract``, tests/e2e -> ``e2e``, so
 ``-m unit`` selects the fast ones.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ if str(REPO_ROOT) not in sys.path:  # pytest.ini's pythonpath does this too
 
 from tests.support import services as svc  # noqa: E402
 
-_FOLDER_MARKS = ("unit", "integration", "e2e")
+_FOLDER_MARKS = ("unit", "integration", "contract", "e2e")
 _LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
 
 

@@ -89,3 +89,165 @@ class JobSpec:
 def _at_least_one(flag: str, value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise SpecError(f"{flag} must be a whole number of at least 1, not {value!r}")
+
+
+# --------------------------------------------------------------------------- clusters on Azure (AKS)
+
+#: GPU sizes a Spot pool may use: current NVIDIA sizes with Spot support. NCv3 (V100) is retired.
+GPU_VM_SIZES = (
+    "Standard_NC4as_T4_v3", "Standard_NC8as_T4_v3", "Standard_NC16as_T4_v3", "Standard_NC64as_T4_v3",
+    "Standard_NC24ads_A100_v4", "Standard_NC48ads_A100_v4", "Standard_NC96ads_A100_v4",
+    "Standard_NC40ads_H100_v5", "Standard_NC80adis_H100_v5",
+    "Standard_ND96asr_v4", "Standard_ND96amsr_A100_v4", "Standard_ND96isr_H100_v5",
+    "Standard_NV6ads_A10_v5", "Standard_NV12ads_A10_v5", "Standard_NV18ads_A10_v5",
+    "Standard_NV36ads_A10_v5", "Standard_NV72ads_A10_v5",
+)
+DEFAULT_GPU_VM_SIZE = "Standard_NC4as_T4_v3"
+DEFAULT_SYSTEM_VM_SIZE = "Standard_D4s_v5"
+EVICTION_POLICIES = ("Delete", "Deallocate")
+STORAGE_SKUS = ("Standard_LRS", "Standard_ZRS", "Standard_GRS", "Standard_RAGRS", "Premium_LRS")
+SYSTEM_POOL = "system"
+GPU_POOL = "gpu"
+CHECKPOINT_CONTAINER = "checkpoints"
+TRAINING_NAMESPACE = "elastictrain"
+TRAINING_SERVICE_ACCOUNT = "elastictrain-training"
+GPU_TAINT = "sku=gpu:NoSchedule"
+#: A pool autoscales up to this many nodes at most (AKS: 1000 per pool).
+MAX_POOL_NODES = 1000
+
+_AKS_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_-]{0,61}[A-Za-z0-9])?")
+_RESOURCE_GROUP = re.compile(r"[-\w._()]{0,89}[-\w_()]", re.UNICODE)
+_STORAGE_ACCOUNT = re.compile(r"[a-z0-9]{3,24}")
+_VM_SIZE = re.compile(r"Standard_[A-Za-z0-9_]+")
+_K8S_VERSION = re.compile(r"\d+\.\d+(\.\d+)?")
+_LOCATION = re.compile(r"[a-z0-9]{2,40}")
+
+
+def default_storage_account(resource_group: str, cluster: str) -> str:
+    """A storage account name for the cluster: globally unique in practice, stable across re-runs.
+
+    'et' + up to 14 letters/digits of the cluster name + 8 hex digits of a hash of the resource group and
+    the name (a different cluster, or the same name in another group, gets another account).
+    """
+    import hashlib
+
+    stem = re.sub(r"[^a-z0-9]", "", cluster.lower())[:14]
+    digest = hashlib.sha256(f"{resource_group.lower()}/{cluster.lower()}".encode()).hexdigest()[:8]
+    return f"et{stem}{digest}"
+
+
+def spot_price(value: "str | float | int") -> float:
+    """The Spot max price as AKS takes it: -1 (pay up to the on-demand price) or > 0 with <= 5 decimals."""
+    from decimal import Decimal, InvalidOperation
+
+    try:
+        price = Decimal(str(value).strip())
+    except InvalidOperation:
+        price = None
+    if price is None or not price.is_finite():
+        raise SpecError(f"--max-price {value!r} is not a number: use -1 (up to the on-demand price) "
+                        "or a price in US dollars per hour such as 0.25")
+    if price == -1:
+        return -1.0
+    if price <= 0:
+        raise SpecError(f"--max-price {value} must be -1 (up to the on-demand price) or more than 0")
+    if -price.as_tuple().exponent > 5:
+        raise SpecError(f"--max-price {value} has more than 5 decimals: Azure takes prices like 0.12345")
+    return float(price)
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """An AKS cluster for elastic training: CPU system pool, GPU Spot pool, storage, identity.
+
+    ``location`` may be empty: the resource group's location is used (``with_location``).
+    """
+
+    name: str
+    resource_group: str
+    location: str = ""
+    storage_account: str = ""
+    container: str = CHECKPOINT_CONTAINER
+    storage_sku: str = "Standard_LRS"
+    identity: str = ""
+    kubernetes_version: str = ""
+    system_vm_size: str = DEFAULT_SYSTEM_VM_SIZE
+    gpu_vm_size: str = DEFAULT_GPU_VM_SIZE
+    min_count: int = 0
+    max_count: int = 3
+    max_price: "str | float" = -1
+    eviction_policy: str = "Delete"
+    node_labels: tuple[tuple[str, str], ...] = ()
+    namespace: str = TRAINING_NAMESPACE
+    service_account: str = TRAINING_SERVICE_ACCOUNT
+
+    @property
+    def storage_account_name(self) -> str:
+        return self.storage_account or default_storage_account(self.resource_group, self.name)
+
+    @property
+    def identity_name(self) -> str:
+        return self.identity or f"{self.name}-training"
+
+    @property
+    def dns_prefix(self) -> str:
+        prefix = re.sub(r"[^A-Za-z0-9-]", "", self.name)[:54].strip("-")
+        return prefix or "elastictrain"
+
+    @property
+    def spot_max_price(self) -> float:
+        return spot_price(self.max_price)
+
+    @property
+    def checkpoint_url(self) -> str:
+        return f"https://{self.storage_account_name}.blob.core.windows.net/{self.container}"
+
+    def gpu_labels(self) -> dict[str, str]:
+        labels = {"elastictrain.azure.com/pool": GPU_POOL, "accelerator": "nvidia"}
+        labels.update(dict(self.node_labels))
+        return labels
+
+    def validate(self) -> "ClusterSpec":
+        if not _AKS_NAME.fullmatch(self.name or ""):
+            raise SpecError(f"invalid cluster name {self.name!r}: use 1-63 letters, digits, '-' and '_', "
+                            "starting and ending with a letter or digit (AKS naming rules)")
+        if not _RESOURCE_GROUP.fullmatch(self.resource_group or ""):
+            raise SpecError(f"invalid resource group name {self.resource_group!r}: use 1-90 letters, digits, "
+                            "'-', '_', '.', '(' and ')', not ending with '.'")
+        if self.location and not _LOCATION.fullmatch(self.location):
+            raise SpecError(f"invalid location {self.location!r}: use a region name such as 'eastus' "
+                            "('az account list-locations -o table')")
+        if not _STORAGE_ACCOUNT.fullmatch(self.storage_account_name):
+            raise SpecError(f"invalid storage account name {self.storage_account_name!r}: use 3-24 lowercase "
+                            "letters and digits (storage naming rules)")
+        if not re.fullmatch(r"[a-z0-9](?!.*--)[a-z0-9-]{1,61}[a-z0-9]", self.container or ""):
+            raise SpecError(f"invalid container name {self.container!r}: use 3-63 lowercase letters, digits "
+                            "and single '-', starting and ending with a letter or digit")
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{2,127}", self.identity_name):
+            raise SpecError(f"invalid identity name {self.identity_name!r}: use 3-128 letters, digits, '-' "
+                            "and '_', starting with a letter or digit")
+        if self.storage_sku not in STORAGE_SKUS:
+            raise SpecError(f"unknown storage SKU {self.storage_sku!r}: use one of {', '.join(STORAGE_SKUS)}")
+        if self.kubernetes_version and not _K8S_VERSION.fullmatch(self.kubernetes_version):
+            raise SpecError(f"invalid Kubernetes version {self.kubernetes_version!r}: use e.g. 1.33 or 1.33.2 "
+                            "('az aks get-versions -l LOCATION -o table')")
+        if not _VM_SIZE.fullmatch(self.system_vm_size or ""):
+            raise SpecError(f"invalid system pool VM size {self.system_vm_size!r}: use a size such as "
+                            f"{DEFAULT_SYSTEM_VM_SIZE}")
+        if self.gpu_vm_size not in GPU_VM_SIZES:
+            raise SpecError(f"unknown GPU VM size {self.gpu_vm_size!r}: use one of {', '.join(GPU_VM_SIZES)}")
+        if self.eviction_policy not in EVICTION_POLICIES:
+            raise SpecError(f"unknown eviction policy {self.eviction_policy!r}: use Delete or Deallocate")
+        for flag, value, least in (("--min-count", self.min_count, 0), ("--max-count", self.max_count, 1)):
+            if not isinstance(value, int) or isinstance(value, bool) or not least <= value <= MAX_POOL_NODES:
+                raise SpecError(f"{flag} must be a whole number from {least} to {MAX_POOL_NODES}, not {value!r}")
+        if self.min_count > self.max_count:
+            raise SpecError(f"--min-count {self.min_count} is more than --max-count {self.max_count}: the GPU "
+                            "pool autoscales between the two, so min <= max")
+        self.spot_max_price  # noqa: B018  (raises SpecError)
+        for key, value in self.node_labels:
+            if not re.fullmatch(r"([a-z0-9.-]{1,253}/)?[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?", key) or \
+                    not re.fullmatch(r"([A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?)?", value):
+                raise SpecError(f"invalid node label {key}={value}: keys and values are Kubernetes label "
+                                "names (letters, digits, '-', '_', '.'; up to 63 characters)")
+        return self

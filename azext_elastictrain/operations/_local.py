@@ -18,7 +18,7 @@ from azure.cli.core.azclierror import (
 def local_backend(cmd, local: bool):
     if not local:
         raise ArgumentUsageError(
-            "this version runs clusters on this machine only",
+            "this command runs on a local cluster only in this version",
             recommendation="Add --local (real etcd, Azurite and torchrun processes here).",
         )
     from azext_elastictrain.core.backends import get_backend

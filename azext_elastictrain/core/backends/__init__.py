@@ -1,14 +1,17 @@
 """Where clusters and jobs run: one interface, one module per place, imported only when chosen.
 
 ``local``: real etcd, Azurite and torchrun processes on this machine.
-AKS arrives as ``aks`` behind the same calls.
+``aks``: a cluster on Azure (AKS, storage, identity) through an ARM layer the caller gives it.
 """
 import importlib
-from pathlib import Path
 
-_BACKENDS = {"local": "azext_elastictrain.core.backends.local:LocalBackend"}
+_BACKENDS = {
+    "local": "azext_elastictrain.core.backends.local:LocalBackend",
+    "aks": "azext_elastictrain.core.backends.aks:AksBackend",
+}
 
 
-def get_backend(name: str, state_root: Path):
+def get_backend(name: str, *args, **kwargs):
+    """``get_backend("local", state_root)``; ``get_backend("aks", arm_client, kube_connect=..., progress=...)``."""
     module, _, cls = _BACKENDS[name].partition(":")
-    return getattr(importlib.import_module(module), cls)(state_root)
+    return getattr(importlib.import_module(module), cls)(*args, **kwargs)

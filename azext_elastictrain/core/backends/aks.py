@@ -1,0 +1,529 @@
+"""Clusters on Azure: the create plan, show, list and delete, through an injectable ARM layer.
+
+The plan is a list of steps, each able to ``check`` (GET: is it there and right?) and ``apply`` (PUT).
+``create`` runs every step whose check fails, so a re-run after a failure half-way finishes the plan
+and changes nothing that is already right; ``plan`` (dry run) builds every body without calling anything.
+
+The ARM layer (``Arm``) is this module's one view of Azure: the CLI gives it one built on the SDK
+clients (``azext_elastictrain._client_factory``); tests give it the same against a local ARM server.
+Kubernetes is reached through ``core.kube`` and installed by ``core.incluster``.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable, Iterable, Protocol
+
+from azext_elastictrain.core import arm
+from azext_elastictrain.core.spec import GPU_POOL, ClusterSpec
+
+IN_PROGRESS = {"creating", "updating", "upgrading", "scaling", "deleting", "accepted", "resolvingdns",
+               "starting", "stopping", "migrating", "canceling"}
+_NO_WAIT_KINDS = ("cluster", "agent_pool")
+#: fields ARM changes on its own: the autoscaler sets pool node counts
+_IGNORED = ("count",)
+
+
+class ArmError(Exception):
+    """ARM answered with an error: ``status`` (HTTP), ``code`` and ``message`` from its error body."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}" if code else message)
+        self.status, self.code, self.message = status, code, message
+
+
+class PlanFailed(Exception):
+    """A step failed; ``done`` lists what this run completed before it. A re-run finishes the plan."""
+
+    def __init__(self, step: str, error: ArmError | Exception, done: list[str]) -> None:
+        super().__init__(f"{step}: {error}")
+        self.step, self.error, self.done = step, error, done
+
+
+class ClusterNotFound(LookupError):
+    pass
+
+
+class Arm(Protocol):
+    """Azure Resource Manager as the backend needs it. ``kind``: one of ``KINDS``; ``ref``: its names.
+
+    ``get`` returns the resource in wire format (camelCase) or None if it does not exist; errors raise
+    ``ArmError``. ``put``/``delete`` with ``wait=False`` return once ARM accepted the request.
+    """
+
+    subscription: str
+    tenant: str
+
+    def get(self, kind: str, ref: dict) -> dict | None: ...
+    def put(self, kind: str, ref: dict, body: dict, wait: bool = True) -> dict | None: ...
+    def delete(self, kind: str, ref: dict, wait: bool = True) -> None: ...
+    def list_clusters(self, resource_group: str | None) -> list[dict]: ...
+    def user_kubeconfig(self, resource_group: str, cluster: str) -> bytes: ...
+
+
+KINDS = ("resource_group", "storage_account", "container", "identity", "cluster", "agent_pool",
+         "federated_credential", "role_assignment")
+
+
+@dataclass
+class Step:
+    """One resource of the plan. ``body`` is built when the step runs (it may need earlier results)."""
+
+    title: str
+    kind: str
+    ref: "dict | Callable[[_Context], dict]"  # a function where the name depends on an earlier result
+    body: Callable[["_Context"], dict]
+    long_running: bool = False
+    compare: bool = True  # False: existing is enough (a resource group may hold more than ours)
+
+
+@dataclass
+class _Context:
+    spec: ClusterSpec
+    subscription: str
+    tenant: str
+    found: dict = field(default_factory=dict)  # kind -> the resource as ARM returned it
+    placeholders: bool = False  # dry run: values only Azure knows become "<...>"
+
+    def identity(self, key: str) -> str:
+        value = ((self.found.get("identity") or {}).get("properties") or {}).get(key)
+        return value or f"<{key} of identity {self.spec.identity_name}>"
+
+    def issuer(self) -> str:
+        props = (self.found.get("cluster") or {}).get("properties") or {}
+        return (props.get("oidcIssuerProfile") or {}).get("issuerURL") or \
+            f"<OIDC issuer URL of cluster {self.spec.name}>"
+
+
+def plan_steps(spec: ClusterSpec, subscription: str) -> list[Step]:
+    """The create plan, in the order the resources depend on each other."""
+    rg = spec.resource_group
+    container_scope = arm.container_id(subscription, spec)
+
+    def role_ref(c: _Context) -> dict:
+        return {"scope": container_scope,
+                "name": arm.role_assignment_name(container_scope, c.identity("principalId"))}
+
+    return [
+        Step("resource group", "resource_group", {"resource_group": rg}, lambda c: arm.resource_group(c.spec),
+             compare=False),
+        Step("storage account", "storage_account", {"resource_group": rg, "name": spec.storage_account_name},
+             lambda c: arm.storage_account(c.spec), long_running=True),
+        Step("checkpoint container", "container",
+             {"resource_group": rg, "account": spec.storage_account_name, "name": spec.container},
+             lambda c: arm.blob_container(c.spec)),
+        Step("managed identity", "identity", {"resource_group": rg, "name": spec.identity_name},
+             lambda c: arm.user_assigned_identity(c.spec)),
+        Step("AKS cluster", "cluster", {"resource_group": rg, "name": spec.name},
+             lambda c: arm.managed_cluster(c.spec), long_running=True),
+        Step("GPU Spot pool", "agent_pool", {"resource_group": rg, "cluster": spec.name, "name": GPU_POOL},
+             lambda c: arm.gpu_agent_pool(c.spec), long_running=True),
+        Step("federated credential", "federated_credential",
+             {"resource_group": rg, "identity": spec.identity_name, "name": arm.federated_credential_name(spec)},
+             lambda c: arm.federated_credential(c.spec, c.issuer())),
+        Step("role assignment", "role_assignment", role_ref,
+             lambda c: arm.role_assignment(c.subscription, c.identity("principalId"))),
+    ]
+
+
+def _ref(step: Step, ctx: _Context) -> dict:
+    return step.ref(ctx) if callable(step.ref) else step.ref
+
+
+def _needs_location(spec: ClusterSpec) -> str:
+    return spec.location or f"<location of resource group {spec.resource_group}>"
+
+
+class AksBackend:
+    """Create, show, list and delete elastic-training clusters on AKS."""
+
+    def __init__(self, arm_client: Arm, *, kube_connect: Callable[[bytes], object] | None = None,
+                 progress: Callable[[str], None] | None = None, poll_seconds: float = 10.0,
+                 poll_timeout: float = 3600.0) -> None:
+        self.arm = arm_client
+        self._kube_connect = kube_connect
+        self._progress = progress or (lambda message: None)
+        self._poll_seconds = poll_seconds
+        self._poll_timeout = poll_timeout
+
+    # ------------------------------------------------------------------ create
+
+    def plan(self, spec: ClusterSpec) -> dict:
+        """The whole plan, every ARM body and Kubernetes object, without calling Azure or Kubernetes."""
+        spec = replace(spec.validate(), location=_needs_location(spec))
+        ctx = _Context(spec, self.arm.subscription, self.arm.tenant, placeholders=True)
+        requests = []
+        for step in plan_steps(spec, ctx.subscription):
+            ref = _ref(step, ctx)
+            requests.append({"step": step.title, "method": "PUT", "id": _resource_id(step.kind, ref, ctx),
+                             "longRunning": step.long_running, "body": step.body(ctx)})
+        incluster = self._incluster_spec(ctx)
+        return {"dryRun": True, "name": spec.name, "resourceGroup": spec.resource_group,
+                "arm": requests, "kubernetes": _kube_objects(incluster),
+                "note": "Values in <...> are known once the step before creates them; in the Kubernetes "
+                        f"objects the identity's client id is shown as {_ZERO_GUID}."}
+
+    def merge_kubeconfig(self, spec: ClusterSpec, path=None) -> dict:
+        """Write the cluster user's credentials into a kubeconfig file: only when the user asks."""
+        from azext_elastictrain.core.kubeconfig import merge_into_file
+
+        written, context = merge_into_file(self.arm.user_kubeconfig(spec.resource_group, spec.name), path)
+        self._progress(f"Merged the credentials of {spec.name!r} into {written} (context {context!r})")
+        return {"path": str(written), "context": context}
+
+    def create(self, spec: ClusterSpec, *, no_wait: bool = False, install: bool = True) -> dict:
+        """Run the plan: every step whose resource is missing or not right; stop at the first failure."""
+        spec.validate()
+        ctx = _Context(spec, self.arm.subscription, self.arm.tenant)
+        done: list[str] = []
+        changes: list[dict] = []
+        steps = plan_steps(spec, ctx.subscription)
+        for number, step in enumerate(steps, 1):
+            title = f"[{number}/{len(steps) + 1}] {step.title}"
+            try:
+                if step.kind == "resource_group":
+                    spec = ctx.spec = self._resource_group(step, ctx, changes, title)
+                    done.append(step.title)
+                    continue
+                started = self._run_step(step, ctx, changes, title, no_wait)
+            except ArmError as ex:
+                raise PlanFailed(step.title, ex, done) from ex
+            done.append(step.title)
+            if started:  # --no-wait: later steps need this one finished
+                pending = [s.title for s in steps[number:]] + ["Kubernetes components"]
+                return self._summary(ctx, changes, pending=pending)
+        title = f"[{len(steps) + 1}/{len(steps) + 1}] Kubernetes components"
+        if install:
+            try:
+                self._progress(f"{title}: installing etcd, operator, device plugin")
+                applied = self._install(ctx)
+                changes.append({"step": "Kubernetes components", "action": _overall(applied),
+                                "objects": applied})
+            except ArmError as ex:
+                raise PlanFailed("Kubernetes components", ex, done) from ex
+            except Exception as ex:  # noqa: BLE001  a Kubernetes failure: report with what was done
+                raise PlanFailed("Kubernetes components", ex, done) from ex
+        return self._summary(ctx, changes)
+
+    def _resource_group(self, step: Step, ctx: _Context, changes: list, title: str) -> ClusterSpec:
+        found = self.arm.get("resource_group", step.ref)
+        spec = ctx.spec
+        if found is None:
+            if not spec.location:
+                raise ArmError(404, "ResourceGroupNotFound",
+                               f"resource group {spec.resource_group!r} does not exist; pass --location to create it")
+            self._progress(f"{title} {spec.resource_group}: creating in {spec.location}")
+            found = self.arm.put("resource_group", step.ref, arm.resource_group(spec))
+            changes.append({"step": step.title, "action": "created"})
+        else:
+            changes.append({"step": step.title, "action": "unchanged"})
+        ctx.found["resource_group"] = found
+        return spec if spec.location else replace(spec, location=(found or {}).get("location", ""))
+
+    def _run_step(self, step: Step, ctx: _Context, changes: list, title: str, no_wait: bool) -> bool:
+        """Check, then apply if needed. True when a long-running request was started and not awaited."""
+        ref = _ref(step, ctx)
+        found = self.arm.get(step.kind, ref)
+        state = _provisioning_state(found)
+        if state in IN_PROGRESS:
+            if no_wait and step.kind in _NO_WAIT_KINDS:
+                self._progress(f"{title}: {state} (already in progress)")
+                changes.append({"step": step.title, "action": "in progress"})
+                return True
+            self._progress(f"{title}: waiting, it is {state}")
+            found = self._await(step.kind, ref)
+        body = step.body(ctx)
+        wrong = arm.differences(_without(body), found or {}) if found is not None else None
+        if found is not None and state != "failed" and (not wrong or not step.compare):
+            self._progress(f"{title}: already right")
+            changes.append({"step": step.title, "action": "unchanged"})
+            ctx.found[step.kind] = found
+            return False
+        action = "created" if found is None else "updated"
+        detail = "" if found is None else f" ({', '.join(wrong or ['failed before'])})"
+        # --no-wait skips the AKS waits (minutes); the storage account takes seconds and the container needs it
+        wait = not (no_wait and step.kind in _NO_WAIT_KINDS)
+        self._progress(f"{title}: {'creating' if found is None else 'updating'}{detail}"
+                       + ("" if wait else ", not waiting (--no-wait)")
+                       + (" - this takes several minutes" if step.long_running and wait else ""))
+        result = self.arm.put(step.kind, ref, body, wait=wait)
+        changes.append({"step": step.title, "action": action if wait else "started", **(
+            {"fields": wrong} if wrong else {})})
+        if not wait:
+            return True
+        ctx.found[step.kind] = result if result is not None else self.arm.get(step.kind, ref)
+        if _provisioning_state(ctx.found[step.kind]) == "failed":
+            raise ArmError(500, "ProvisioningFailed", f"{step.title} ended in provisioning state Failed")
+        return False
+
+    def _await(self, kind: str, ref: dict) -> dict | None:
+        deadline = time.monotonic() + self._poll_timeout
+        while True:
+            found = self.arm.get(kind, ref)
+            if _provisioning_state(found) not in IN_PROGRESS or time.monotonic() > deadline:
+                return found
+            time.sleep(self._poll_seconds)
+
+    def _incluster_spec(self, ctx: _Context):
+        from azext_elastictrain.core.manifests import InClusterSpec
+
+        def guid(value: str) -> str:  # dry run: Azure assigns these ids; a zero GUID stands in for them
+            return _ZERO_GUID if value.startswith("<") else value
+
+        return InClusterSpec(namespace=ctx.spec.namespace, service_account=ctx.spec.service_account,
+                             identity_client_id=guid(ctx.identity("clientId")),
+                             tenant_id=guid(ctx.identity("tenantId")) if "identity" in ctx.found
+                             else (ctx.tenant or None),
+                             checkpoint_url=ctx.spec.checkpoint_url)
+
+    def _kube(self, spec: ClusterSpec):
+        """A Kubernetes client from the user credentials, which stay in memory."""
+        kubeconfig = self.arm.user_kubeconfig(spec.resource_group, spec.name)
+        connect = self._kube_connect
+        if connect is None:
+            from azext_elastictrain.core.kube import connect
+        return connect(kubeconfig)
+
+    def _install(self, ctx: _Context) -> list[dict]:
+        from azext_elastictrain.core import incluster
+
+        return incluster.install(self._kube(ctx.spec), self._incluster_spec(ctx),
+                                 progress=lambda line: self._progress(f"  {line}"))
+
+    def _summary(self, ctx: _Context, changes: list, pending: list[str] | None = None) -> dict:
+        if not pending:  # the GPU pool came after the cluster was read: read it again, pools and all
+            ctx.found["cluster"] = self.arm.get("cluster", {"resource_group": ctx.spec.resource_group,
+                                                            "name": ctx.spec.name})
+        shown = self._describe(ctx.spec, ctx.found.get("cluster"), ctx, health=None)
+        shown["changes"] = changes
+        if pending:
+            shown["pending"] = pending
+            shown["next"] = (f"az elastictrain cluster wait -g {ctx.spec.resource_group} -n {ctx.spec.name} "
+                             f"--created, then run the same create again to finish: {', '.join(pending)}")
+            self._progress(f"Not waiting (--no-wait). Next: {shown['next']}")
+        return shown
+
+    # ------------------------------------------------------------------ show / list
+
+    def show(self, spec: ClusterSpec, *, health: bool = True) -> dict:
+        ctx = _Context(spec, self.arm.subscription, self.arm.tenant)
+        cluster = self.arm.get("cluster", {"resource_group": spec.resource_group, "name": spec.name})
+        if cluster is None:
+            raise ClusterNotFound(f"no AKS cluster named {spec.name!r} in resource group {spec.resource_group!r}")
+        spec = ctx.spec = _spec_from_tags(spec, cluster)
+        ctx.found["cluster"] = cluster
+        for kind, ref in (("storage_account", {"resource_group": spec.resource_group,
+                                               "name": spec.storage_account_name}),
+                          ("identity", {"resource_group": spec.resource_group, "name": spec.identity_name})):
+            ctx.found[kind] = self.arm.get(kind, ref)
+        return self._describe(spec, cluster, ctx, health=health)
+
+    def state(self, spec: ClusterSpec) -> dict:
+        """What ``cluster wait`` polls: the cluster's provisioning state, Succeeded only once its pools are."""
+        cluster = self.arm.get("cluster", {"resource_group": spec.resource_group, "name": spec.name})
+        if cluster is None:
+            raise ClusterNotFound(f"no AKS cluster named {spec.name!r} in resource group {spec.resource_group!r}")
+        states = [_provisioning_state(cluster)] + [
+            (p.get("provisioningState") or "").lower() for p in (cluster.get("properties") or {}).get(
+                "agentPoolProfiles") or []]
+        combined = next((s for s in states if s in IN_PROGRESS or s == "failed"), states[0])
+        return {"name": spec.name, "resourceGroup": spec.resource_group, "provisioningState": combined.title()}
+
+    def list(self, resource_group: str | None) -> list[dict]:
+        rows = []
+        for cluster in self.arm.list_clusters(resource_group):
+            if arm.TAG not in (cluster.get("tags") or {}):
+                continue  # not one of ours
+            group = _resource_group_of(cluster.get("id", "")) or resource_group or ""
+            spec = _spec_from_tags(ClusterSpec(name=cluster.get("name", ""), resource_group=group), cluster)
+            rows.append(self._describe(spec, cluster, None, health=None))
+        return rows
+
+    def _describe(self, spec: ClusterSpec, cluster: dict | None, ctx: _Context | None,
+                  health: bool | None) -> dict:
+        cluster = cluster or {}
+        props = cluster.get("properties") or {}
+        found = ctx.found if ctx else {}
+        account = found.get("storage_account")
+        identity = found.get("identity")
+        shown = {
+            "name": spec.name,
+            "type": "aks",
+            "resourceGroup": spec.resource_group,
+            "location": cluster.get("location") or spec.location,
+            "provisioningState": props.get("provisioningState"),
+            "kubernetesVersion": props.get("currentKubernetesVersion") or props.get("kubernetesVersion"),
+            "fqdn": props.get("fqdn"),
+            "oidcIssuerUrl": (props.get("oidcIssuerProfile") or {}).get("issuerURL"),
+            "workloadIdentity": ((props.get("securityProfile") or {}).get("workloadIdentity") or {}).get("enabled"),
+            "pools": [_pool(p) for p in props.get("agentPoolProfiles") or []],
+            "storage": {"account": spec.storage_account_name, "container": spec.container,
+                        "checkpointUrl": spec.checkpoint_url},
+            "identity": {"name": spec.identity_name},
+        }
+        if account:
+            aprops = account.get("properties") or {}
+            shown["storage"].update({key: aprops.get(key) for key in (
+                "provisioningState", "minimumTlsVersion", "supportsHttpsTrafficOnly", "allowBlobPublicAccess",
+                "allowSharedKeyAccess")})
+            shown["storage"]["sku"] = (account.get("sku") or {}).get("name")
+        if identity:
+            iprops = identity.get("properties") or {}
+            shown["identity"].update({"clientId": iprops.get("clientId"), "principalId": iprops.get("principalId")})
+        if health and ctx:
+            found = self._health(spec, ctx)
+            shown["health"] = _HEALTH.get(found["state"], found["state"])
+            shown["components"] = found["components"]
+        return shown
+
+    def _health(self, spec: ClusterSpec, ctx: _Context) -> dict:
+        """incluster.health, or every component 'unknown' (with why) where the cluster cannot be asked."""
+        def unknown(reason: str) -> dict:
+            return {"state": "unknown", "components": {name: {"state": "unknown", "reason": reason} for name in (
+                "elasticjob-crd", "etcd", "operator", "nvidia-device-plugin")}}
+
+        if _provisioning_state(ctx.found.get("cluster")) in IN_PROGRESS:
+            return unknown("the cluster is still being provisioned")
+        try:
+            from azext_elastictrain.core import incluster
+
+            return incluster.health(self._kube(spec), self._incluster_spec(ctx))
+        except Exception as ex:  # noqa: BLE001  show must still show the Azure side
+            from azext_elastictrain.core.kube import KubeError
+
+            reason = str(ex) if isinstance(ex, (KubeError, ArmError)) else type(ex).__name__
+            return unknown(f"the Kubernetes API did not answer: {reason}")
+
+    # ------------------------------------------------------------------ delete
+
+    def delete_plan(self, spec: ClusterSpec, *, delete_storage: bool = False) -> dict:
+        """What delete would remove and keep, looked up with GETs only."""
+        spec.validate()
+        rg = spec.resource_group
+        cluster = self.arm.get("cluster", {"resource_group": rg, "name": spec.name})
+        if cluster is not None:
+            spec = _spec_from_tags(spec, cluster)
+        container_scope = arm.container_id(self.arm.subscription, spec)
+        identity = self.arm.get("identity", {"resource_group": rg, "name": spec.identity_name})
+        items: list[tuple[str, str, dict]] = []
+        if identity is not None:
+            principal = (identity.get("properties") or {}).get("principalId", "")
+            items.append(("role assignment", "role_assignment", {
+                "scope": container_scope, "name": arm.role_assignment_name(container_scope, principal)}))
+            items.append(("federated credential", "federated_credential", {
+                "resource_group": rg, "identity": spec.identity_name,
+                "name": arm.federated_credential_name(spec)}))
+        if cluster is not None:
+            items.append(("AKS cluster", "cluster", {"resource_group": rg, "name": spec.name}))
+        if identity is not None:
+            items.append(("managed identity", "identity", {"resource_group": rg, "name": spec.identity_name}))
+        storage_ref = {"resource_group": rg, "name": spec.storage_account_name}
+        account = self.arm.get("storage_account", storage_ref)
+        kept = []
+        if account is not None:
+            if delete_storage:
+                items.append(("storage account (with every checkpoint)", "storage_account", storage_ref))
+            else:
+                kept.append({"what": "storage account and its checkpoints", "id":
+                             arm.storage_account_id(self.arm.subscription, spec)})
+        if not items and not kept:
+            raise ClusterNotFound(f"no AKS cluster named {spec.name!r} in resource group {rg!r}, "
+                                  "nor its identity or storage")
+        return {"name": spec.name, "resourceGroup": rg, "delete": [
+            {"step": title, "kind": kind, "ref": ref, "id": _resource_id(kind, ref, None, self.arm.subscription)}
+            for title, kind, ref in items], "keep": kept}
+
+    def delete(self, plan: dict, *, no_wait: bool = False) -> dict:
+        deleted = []
+        for item in plan["delete"]:
+            self._progress(f"deleting {item['step']}" + (" - this takes several minutes" if item["kind"] == "cluster"
+                                                         and not no_wait else ""))
+            try:
+                self.arm.delete(item["kind"], item["ref"], wait=not (no_wait and item["kind"] == "cluster"))
+            except ArmError as ex:
+                if ex.status != 404:
+                    raise PlanFailed(f"delete {item['step']}", ex, [d["step"] for d in deleted]) from ex
+            deleted.append({"step": item["step"], "id": item["id"]})
+        return {"name": plan["name"], "resourceGroup": plan["resourceGroup"], "deleted": deleted,
+                "kept": plan["keep"]}
+
+
+_ZERO_GUID = "00000000-0000-0000-0000-000000000000"
+_HEALTH = {"ok": "Healthy", "degraded": "Degraded", "missing": "Missing", "unknown": "Unknown"}
+
+
+def _kube_objects(incluster_spec) -> list:
+    from azext_elastictrain.core.manifests import render_cluster_objects
+
+    return render_cluster_objects(incluster_spec)
+
+
+def _overall(applied: list[dict]) -> str:
+    actions = {a.get("action") for a in applied}
+    return "unchanged" if actions <= {"unchanged"} else "applied"
+
+
+def _without(body: dict, ignored: Iterable[str] = _IGNORED) -> dict:
+    out = {}
+    for key, value in body.items():
+        if key in ignored:
+            continue
+        if isinstance(value, dict):
+            out[key] = _without(value, ignored)
+        elif isinstance(value, list):
+            out[key] = [_without(v, ignored) if isinstance(v, dict) else v for v in value]
+        else:
+            out[key] = value
+    return out
+
+
+def _provisioning_state(resource: dict | None) -> str:
+    if not resource:
+        return ""
+    props = resource.get("properties") or {}
+    return str(props.get("provisioningState") or resource.get("provisioningState") or "").lower()
+
+
+def _pool(profile: dict) -> dict:
+    spot = (profile.get("scaleSetPriority") or "Regular") == "Spot"
+    return {
+        "name": profile.get("name"), "mode": profile.get("mode"), "vmSize": profile.get("vmSize"),
+        "priority": profile.get("scaleSetPriority") or "Regular",
+        "evictionPolicy": profile.get("scaleSetEvictionPolicy") if spot else None,
+        "spotMaxPrice": profile.get("spotMaxPrice") if spot else None,
+        "count": profile.get("count"), "minCount": profile.get("minCount"), "maxCount": profile.get("maxCount"),
+        "autoscale": profile.get("enableAutoScaling"), "taints": profile.get("nodeTaints") or [],
+        "labels": profile.get("nodeLabels") or {}, "provisioningState": profile.get("provisioningState"),
+    }
+
+
+def _resource_group_of(resource_id: str) -> str:
+    parts = resource_id.split("/")
+    lowered = [p.lower() for p in parts]
+    return parts[lowered.index("resourcegroups") + 1] if "resourcegroups" in lowered else ""
+
+
+def _spec_from_tags(spec: ClusterSpec, cluster: dict) -> ClusterSpec:
+    """Names the create recorded on the cluster (storage account, identity), for show and delete."""
+    tags = cluster.get("tags") or {}
+    return replace(spec, storage_account=tags.get("elastictrain-storage") or spec.storage_account,
+                   identity=tags.get("elastictrain-identity") or spec.identity)
+
+
+def _resource_id(kind: str, ref: dict, ctx: _Context | None, subscription: str = "") -> str:
+    sub = ctx.subscription if ctx else subscription
+    group = f"/subscriptions/{sub}/resourceGroups/{ref.get('resource_group', '')}"
+    return {
+        "resource_group": lambda: group,
+        "storage_account": lambda: f"{group}/providers/Microsoft.Storage/storageAccounts/{ref.get('name')}",
+        "container": lambda: (f"{group}/providers/Microsoft.Storage/storageAccounts/{ref.get('account')}"
+                              f"/blobServices/default/containers/{ref.get('name')}"),
+        "identity": lambda: f"{group}/providers/Microsoft.ManagedIdentity/userAssignedIdentities/{ref.get('name')}",
+        "cluster": lambda: f"{group}/providers/Microsoft.ContainerService/managedClusters/{ref.get('name')}",
+        "agent_pool": lambda: (f"{group}/providers/Microsoft.ContainerService/managedClusters/{ref.get('cluster')}"
+                               f"/agentPools/{ref.get('name')}"),
+        "federated_credential": lambda: (f"{group}/providers/Microsoft.ManagedIdentity/userAssignedIdentities/"
+                                         f"{ref.get('identity')}/federatedIdentityCredentials/{ref.get('name')}"),
+        "role_assignment": lambda: f"{ref.get('scope')}/providers/Microsoft.Authorization/roleAssignments/"
+                                   f"{ref.get('name')}",
+    }[kind]()

@@ -1,0 +1,82 @@
+"""The real az against a local HTTPS ARM: one server and one 'az login --identity' for the session.
+
+Recipe (what works with azure-cli 2.91): a self-signed certificate for IP 127.0.0.1 trusted through
+``REQUESTS_CA_BUNDLE``; ``az cloud register`` pointing every endpoint at the server; ``az login --identity``
+against its App Service style managed-identity endpoint (``IDENTITY_ENDPOINT`` + ``IDENTITY_HEADER``),
+whose token is a JWT with a ``tid`` claim; the server answers ``GET /subscriptions`` with one subscription.
+Each test then works in a resource group of its own; the server's violations must stay empty.
+"""
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Iterator, Mapping
+
+import pytest
+
+from tests.support import services as svc
+from tests.support.arm_server import ArmServer
+
+CLOUD = "ElasticTrainTest"
+
+
+class AzureAz(svc.AzCli):
+    """The isolated az, logged in to the test server's cloud: every call gets the server's environment."""
+
+    def __init__(self, config_dir: Path, server: ArmServer) -> None:
+        super().__init__(config_dir)
+        self.server = server
+
+    def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        return super().env({**self.server.env, **(extra or {})})
+
+
+@pytest.fixture(scope="session")
+def arm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ArmServer]:
+    server = ArmServer(tmp_path_factory.mktemp("arm-tls"))
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="session")
+def azure_login(arm_server: ArmServer, tmp_path_factory: pytest.TempPathFactory) -> AzureAz:
+    try:
+        svc.check_dev_extension()
+    except svc.ServiceNotFound as exc:
+        pytest.fail(str(exc), pytrace=False)
+    az = AzureAz(tmp_path_factory.mktemp("azure-config"), arm_server)
+    url = arm_server.url + "/"
+    az("cloud", "register", "--name", CLOUD, "--endpoint-resource-manager", url,
+       "--endpoint-active-directory", url, "--endpoint-active-directory-resource-id", url,
+       "--endpoint-active-directory-graph-resource-id", url, "--endpoint-management", url,
+       "--suffix-storage-endpoint", "core.windows.net", "--suffix-keyvault-dns", ".vault.azure.net",
+       "--skip-endpoint-discovery")
+    az("cloud", "set", "--name", CLOUD)
+    az("login", "--identity", timeout=120)
+    return az
+
+
+@pytest.fixture
+def arm(arm_server: ArmServer) -> Iterator[ArmServer]:
+    """The session's server with this test's records only; fails the test on any request violation."""
+    arm_server.violations.clear()
+    arm_server.requests.clear()
+    saved = dict(arm_server.expect)
+    yield arm_server
+    arm_server.expect.clear()
+    arm_server.expect.update(saved)
+    arm_server._faults.clear()
+    assert arm_server.violations == [], "requests the server rejected:\n" + "\n".join(arm_server.violations)
+
+
+@pytest.fixture
+def az(azure_login: AzureAz, arm: ArmServer) -> AzureAz:  # noqa: ARG001  (arm: per-test records and checks)
+    return azure_login
+
+
+@pytest.fixture
+def group() -> str:
+    """A resource group name of this test's own."""
+    return f"rg-{uuid.uuid4().hex[:10]}"

@@ -1,0 +1,590 @@
+"""A local HTTPS Azure Resource Manager for contract tests, with a managed-identity endpoint and a Kubernetes API.
+
+The real ``az`` (and the SDK clients inside it) talk to it exactly as to Azure:
+
+* **ARM**: stateful per resource id; answers like the official x-ms-examples (reference/azure-rest-api-specs):
+  status codes, bodies with read-only fields (ids, provisioningState, principalId, issuer URL, ...);
+  long-running operations poll through ``Azure-AsyncOperation`` (AKS PUTs) or ``Location`` (storage create,
+  AKS delete) with ``Retry-After: 1``, InProgress first, then Succeeded.
+* **Checks** every request: method, path, the SDK's api-version for its provider, and body fields and values
+  (Spot settings, taints, autoscale bounds, storage security settings, role and scope). A violation is
+  recorded in ``violations`` (and answered 400 so the client fails loudly); tests assert there is none.
+* **Faults**: ``fail_once(method, path_suffix, status, code)`` answers the next matching request with an
+  ARM error body (400/409/...), to test error mapping and re-runs after a failure half-way.
+* **Login**: ``/msi/token`` is an App Service style managed-identity endpoint (``IDENTITY_ENDPOINT`` +
+  ``IDENTITY_HEADER``) whose token is a JWT with a ``tid`` claim; ``GET /subscriptions`` lists one.
+* **Kubernetes**: ``listClusterUserCredential`` returns a kubeconfig whose server is ``/kube`` on this server
+  (CA: this server's certificate; a bearer token); ``/kube`` is a REST front for ``tests.support.fake_kube``
+  (discovery, server-side apply, get, list, delete), so the real ``core.kube.connect`` talks to it.
+
+Everything listens on 127.0.0.1 and stops on ``close()``.
+"""
+from __future__ import annotations
+
+import base64
+import copy
+import datetime
+import itertools
+import json
+import re
+import ssl
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from tests.support.fake_kube import CLUSTER_SCOPED, FakeKube
+
+SUBSCRIPTION = "00000000-1111-2222-3333-444444444444"
+TENANT = "72f988bf-0000-4000-8000-000000000001"
+IDENTITY_HEADER = "test-identity-header"
+ACCESS_TOKEN_SECRET = "arm-access-token-signature-SECRET"  # base64url-encoded into the JWT's signature  # what a leak scan looks for
+KUBE_TOKEN = "kube-user-token-SECRET-do-not-print"
+STORAGE_KEY = "c3RvcmFnZS1hY2NvdW50LWtleS1TRUNSRVQ="  # never asked for: shared keys are off
+
+#: api-version each provider's SDK sends, as azure-cli 2.91 builds its clients (profile 'latest' or the SDK's
+#: default where the profile has none). tests/unit/test_api_versions.py checks these against the SDKs.
+API_VERSIONS = {
+    "Microsoft.Resources": "2024-11-01",
+    "Microsoft.Storage": "2025-08-01",
+    "Microsoft.ManagedIdentity": "2024-11-30",
+    "Microsoft.ContainerService": "2026-06-01",
+    "Microsoft.Authorization": "2022-04-01",
+    "subscriptions": "2022-12-01",
+}
+BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
+LRO_POLLS = 2  # InProgress answers before Succeeded
+
+
+def make_certificate(folder: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 (SAN IP) and localhost: (cert.pem, key.pem)."""
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                                                        x509.DNSName("localhost")]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    folder.mkdir(parents=True, exist_ok=True)
+    cert_path, key_path = folder / "cert.pem", folder / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+def _jwt(claims: dict) -> str:
+    def part(obj: dict) -> str:
+        return base64.urlsafe_b64encode(json.dumps(obj).encode()).decode().rstrip("=")
+
+    signature = base64.urlsafe_b64encode(ACCESS_TOKEN_SECRET.encode()).decode().rstrip("=")
+    return f"{part({'alg': 'RS256', 'typ': 'JWT'})}.{part(claims)}.{signature}"
+
+
+def _error(code: str, message: str) -> dict:
+    return {"error": {"code": code, "message": message}}
+
+
+class ArmServer:
+    """See the module docstring. ``expect`` holds the values the test wants on the wire."""
+
+    def __init__(self, folder: Path) -> None:
+        self.cert, self._key = make_certificate(folder)
+        self.resources: dict[str, dict] = {}  # lower-case id -> resource (wire format)
+        self.operations: dict[str, dict] = {}
+        self.requests: list[tuple[str, str]] = []  # (method, path?query)
+        self.violations: list[str] = []
+        self.timeline: list[tuple[float, str, str]] = []
+        self.expect: dict[str, Any] = {"gpu_vm_size": "Standard_NC4as_T4_v3", "min_count": 0, "max_count": 3,
+                                       "spot_max_price": -1, "eviction_policy": "Delete", "storage_sku": "Standard_LRS"}
+        self.kube = FakeKube()
+        self._faults: list[tuple[str, str, int, str, str]] = []
+        self._lock = threading.RLock()
+        self._ids = itertools.count(1)
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(self.cert, self._key)
+        self._httpd.socket = context.wrap_socket(self._httpd.socket, server_side=True)
+        self.port = self._httpd.server_address[1]
+        self.url = f"https://127.0.0.1:{self.port}"
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="arm-server", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=10)
+
+    # ------------------------------------------------------------------ test controls
+
+    def fail_once(self, method: str, path_suffix: str, status: int = 400, code: str = "BadRequest",
+                  message: str = "injected failure") -> None:
+        """Answer the next ``method`` request whose path ends with ``path_suffix`` with an ARM error."""
+        self._faults.append((method.upper(), path_suffix.lower(), status, code, message))
+
+    def find(self, suffix: str) -> dict | None:
+        return next((r for rid, r in self.resources.items() if rid.endswith(suffix.lower())), None)
+
+    def writes(self) -> list[tuple[str, str]]:
+        paths = [(m, p.split("?")[0]) for m, p in self.requests]
+        return [(m, p) for m, p in paths if m in ("PUT", "POST", "DELETE", "PATCH") and "/operations/" not in p
+                and not p.startswith("/kube") and not p.endswith("/listClusterUserCredential")]
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What az needs: trust this server, and its managed-identity endpoint for 'az login --identity'."""
+        return {"REQUESTS_CA_BUNDLE": str(self.cert), "IDENTITY_ENDPOINT": f"{self.url}/msi/token",
+                "IDENTITY_HEADER": IDENTITY_HEADER, "MSI_ENDPOINT": "", "MSI_SECRET": ""}
+
+    # ------------------------------------------------------------------ handling
+
+    def handle(self, method: str, raw_path: str, headers: dict, body: bytes) -> tuple[int, dict, Any]:
+        with self._lock:
+            self.requests.append((method, raw_path))
+            self.timeline.append((time.monotonic(), method, raw_path))
+            parts = urlsplit(raw_path)
+            path, query = parts.path, {k: v[0] for k, v in parse_qs(parts.query).items()}
+            if path.startswith("/kube/") or path == "/kube":
+                return self._kube(method, path[len("/kube"):], query, body)
+            if path == "/msi/token":
+                return self._token(headers, query)
+            if path.startswith("/metadata/"):  # az cloud register asks; the test registers every endpoint
+                return 404, {}, _error("NotFound", "no cloud metadata here")
+            for i, (m, suffix, status, code, message) in enumerate(self._faults):
+                if m == method and path.lower().endswith(suffix):
+                    del self._faults[i]
+                    return status, {}, _error(code, message)
+            if not headers.get("authorization", "").startswith("Bearer "):
+                return 401, {}, _error("AuthenticationFailed", "no bearer token")
+            if path.startswith("/operations/"):
+                return self._operation(path.split("/")[2])
+            try:
+                payload = json.loads(body) if body else None
+            except ValueError:
+                return self._violation(f"{method} {path}: body is not JSON")
+            return self._arm(method, path, query, payload)
+
+    def _violation(self, text: str) -> tuple[int, dict, Any]:
+        self.violations.append(text)
+        return 400, {}, _error("TestServerViolation", text)
+
+    def _token(self, headers: dict, query: dict) -> tuple[int, dict, Any]:
+        if headers.get("x-identity-header") != IDENTITY_HEADER:
+            return 401, {}, {"error": "missing X-IDENTITY-HEADER"}
+        resource = query.get("resource", "")
+        expires = int(datetime.datetime.now(datetime.timezone.utc).timestamp()) + 3600
+        token = _jwt({"aud": resource, "tid": TENANT, "oid": "11111111-2222-3333-4444-555555555555",
+                      "appid": "66666666-7777-8888-9999-000000000000", "exp": expires,
+                      "iss": f"https://sts.windows.net/{TENANT}/"})
+        return 200, {}, {"access_token": token, "expires_on": str(expires), "resource": resource,
+                         "token_type": "Bearer", "client_id": "66666666-7777-8888-9999-000000000000"}
+
+    def _api_version(self, provider: str, query: dict, what: str) -> bool:
+        want = API_VERSIONS[provider]
+        if query.get("api-version") != want:
+            self.violations.append(f"{what}: api-version {query.get('api-version')!r}, the SDK's is {want!r}")
+            return False
+        return True
+
+    def _arm(self, method: str, path: str, query: dict, body: Any) -> tuple[int, dict, Any]:
+        sub_prefix = f"/subscriptions/{SUBSCRIPTION}"
+        if path.rstrip("/") == "/subscriptions" and method == "GET":
+            self._api_version("subscriptions", query, "list subscriptions")
+            return 200, {}, {"value": [self._subscription()]}
+        if path.rstrip("/") == sub_prefix and method == "GET":
+            return 200, {}, self._subscription()
+        if not path.lower().startswith(sub_prefix.lower()):
+            return self._violation(f"{method} {path}: not under the test subscription")
+        kind = _kind(path)
+        if kind is None:
+            return self._violation(f"{method} {path}: no operation the extension should call")
+        provider = _PROVIDER[kind]
+        if not self._api_version(provider, query, f"{method} {path}"):
+            return 400, {}, _error("InvalidApiVersionParameter", f"api-version {query.get('api-version')}")
+        rid = path.rstrip("/")
+        key = rid.lower()
+        if kind.endswith("_list"):
+            return self._list(kind, path)
+        if kind == "credentials":
+            return self._credentials(method, rid)
+        if method == "GET":
+            pending = next((op for op, r in self.operations.items() if r["id"] == key and not r.get("done")), None)
+            if pending:  # Azure finishes on its own time, polled or not: a GET moves it along too
+                self._operation(pending)
+            found = self.resources.get(key)
+            if found is None:
+                code = "ResourceGroupNotFound" if kind == "resource_group" else "ResourceNotFound"
+                return 404, {}, _error(code, f"The Resource '{rid}' was not found.")
+            return 200, {}, found
+        if method == "PUT":
+            return self._put(kind, rid, body)
+        if method == "DELETE":
+            return self._delete(kind, rid)
+        return self._violation(f"{method} {path}: method not expected")
+
+    def _subscription(self) -> dict:
+        return {"id": f"/subscriptions/{SUBSCRIPTION}", "subscriptionId": SUBSCRIPTION, "tenantId": TENANT,
+                "displayName": "elastictrain test", "state": "Enabled",
+                "subscriptionPolicies": {"locationPlacementId": "Public_2014-09-01", "quotaId": "Test",
+                                         "spendingLimit": "Off"}, "authorizationSource": "RoleBased"}
+
+    # ------------------------------------------------------------------ PUT: check, store, answer
+
+    def _put(self, kind: str, rid: str, body: Any) -> tuple[int, dict, Any]:
+        if not isinstance(body, dict):
+            return self._violation(f"PUT {rid}: no JSON object body")
+        problems = self._check_body(kind, rid, body)
+        if problems:
+            return self._violation(f"PUT {rid}: " + "; ".join(problems))
+        key = rid.lower()
+        existing = self.resources.get(key)
+        if kind == "agent_pool":
+            cluster = self.resources.get(key.rsplit("/agentpools/", 1)[0])
+            if cluster is None:
+                return 404, {}, _error("ResourceNotFound", "the managed cluster does not exist")
+            if cluster["properties"]["provisioningState"] != "Succeeded":
+                return 409, {}, _error("OperationNotAllowed", "Operation is not allowed: another operation "
+                                                              "(Creating) is in progress on the cluster")
+        resource = self._materialize(kind, rid, body, existing)
+        long_running = kind in ("cluster", "agent_pool", "storage_account")
+        if long_running:
+            resource["properties"]["provisioningState"] = "Creating" if existing is None else "Updating"
+        self.resources[key] = resource
+        if kind == "agent_pool":
+            self._sync_pool(rid, resource)
+        if not long_running:
+            return (201 if existing is None else 200), {}, resource
+        op = f"op{next(self._ids)}"
+        self.operations[op] = {"id": key, "polls": 0, "kind": "put"}
+        op_url = f"{self.url}/operations/{op}?api-version={API_VERSIONS[_PROVIDER[kind]]}"
+        if kind == "storage_account":  # 202 + Location, like storage
+            return 202, {"Location": op_url, "Retry-After": "1"}, None
+        return (201 if existing is None else 200), {"Azure-AsyncOperation": op_url, "Retry-After": "1"}, resource
+
+    def _operation(self, op: str) -> tuple[int, dict, Any]:
+        record = self.operations.get(op)
+        if record is None:
+            return 404, {}, _error("NotFound", "no such operation")
+        record["polls"] += 1
+        resource = self.resources.get(record["id"])
+        done = record["polls"] > LRO_POLLS
+        record["done"] = done
+        if done and record["kind"] == "put" and resource is not None:
+            resource["properties"]["provisioningState"] = "Succeeded"
+            if "/agentpools/" in record["id"]:
+                self._sync_pool(resource["id"], resource)
+            if "/managedclusters/" in record["id"] and "/agentpools/" not in record["id"]:
+                for pool in resource["properties"].get("agentPoolProfiles", []):
+                    pool["provisioningState"] = "Succeeded"
+        if done and record["kind"] == "delete":
+            self._remove(record["id"])
+        if "/storageaccounts/" in record["id"] or record["kind"] == "delete":  # Location polling
+            if not done:
+                return 202, {"Location": f"{self.url}/operations/{op}", "Retry-After": "1"}, None
+            return (200, {}, resource) if record["kind"] == "put" else (204, {}, None)
+        return 200, {"Retry-After": "1"}, {"id": f"/operations/{op}", "name": op,
+                         "status": "Succeeded" if done else "InProgress",
+                         "startTime": "2026-01-01T00:00:00Z"}
+
+    def _materialize(self, kind: str, rid: str, body: dict, existing: dict | None) -> dict:
+        name = rid.rsplit("/", 1)[1]
+        resource = copy.deepcopy(body)
+        resource.update({"id": rid, "name": name, "type": _TYPE[kind]})
+        props = resource.setdefault("properties", {})
+        old = (existing or {}).get("properties", {})
+        if kind == "resource_group":
+            props["provisioningState"] = "Succeeded"
+        elif kind == "storage_account":
+            props.update({"provisioningState": "Succeeded", "creationTime": "2026-01-01T00:00:00Z",
+                          "primaryEndpoints": {"blob": f"https://{name}.blob.core.windows.net/"},
+                          "primaryLocation": resource.get("location")})
+        elif kind == "identity":
+            props.update({"clientId": old.get("clientId", str(uuid.uuid4())),
+                          "principalId": old.get("principalId", str(uuid.uuid4())),
+                          "tenantId": TENANT, "isolationScope": "None"})
+        elif kind == "cluster":
+            issuer = old.get("oidcIssuerProfile", {}).get("issuerURL") or \
+                f"https://eastus.oic.prod-aks.azure.com/{TENANT}/{uuid.uuid4()}/"
+            props["oidcIssuerProfile"] = {"enabled": True, "issuerURL": issuer}
+            props.update({"fqdn": f"{props.get('dnsPrefix')}-abcd1234.hcp.eastus.azmk8s.io",
+                          "currentKubernetesVersion": props.get("kubernetesVersion") or "1.33.2",
+                          "kubernetesVersion": props.get("kubernetesVersion") or "1.33",
+                          "nodeResourceGroup": f"MC_{rid.split('/')[4]}_{name}_{resource.get('location')}",
+                          "maxAgentPools": 100})
+            pools = {p["name"]: p for p in old.get("agentPoolProfiles", [])}
+            for pool in props.get("agentPoolProfiles", []):
+                pool.update({"provisioningState": "Creating", "currentOrchestratorVersion": "1.33.2",
+                             "orchestratorVersion": "1.33.2", "maxPods": 110})
+                pools[pool["name"]] = pool
+            props["agentPoolProfiles"] = list(pools.values())
+            resource["identity"] = {"type": "SystemAssigned", "principalId": str(uuid.uuid4()), "tenantId": TENANT}
+        elif kind == "agent_pool":
+            props.update({"currentOrchestratorVersion": "1.33.2", "orchestratorVersion": "1.33.2", "maxPods": 110})
+        elif kind == "role_assignment":
+            props["scope"] = rid.split("/providers/Microsoft.Authorization/")[0]
+            props["roleDefinitionId"] = props["roleDefinitionId"]
+        return resource
+
+    def _sync_pool(self, pool_id: str, pool: dict) -> None:
+        """A cluster GET lists its pools too, as AKS does."""
+        cluster = self.resources.get(pool_id.lower().rsplit("/agentpools/", 1)[0])
+        if cluster is None:
+            return
+        profile = {"name": pool["name"], **copy.deepcopy(pool["properties"])}
+        profiles = [p for p in cluster["properties"].get("agentPoolProfiles", []) if p["name"] != pool["name"]]
+        cluster["properties"]["agentPoolProfiles"] = profiles + [profile]
+
+    # ------------------------------------------------------------------ request checks
+
+    def _check_body(self, kind: str, rid: str, body: dict) -> list[str]:
+        e = self.expect
+        props = body.get("properties") or {}
+        wants: list[tuple[str, Any, Any]] = []  # (field, got, want)
+        if kind in ("resource_group", "storage_account", "identity", "cluster"):
+            wants.append(("location", bool(body.get("location")), True))
+        if kind == "storage_account":
+            wants += [("kind", body.get("kind"), "StorageV2"), ("sku.name", (body.get("sku") or {}).get("name"),
+                                                                  e["storage_sku"]),
+                      ("supportsHttpsTrafficOnly", props.get("supportsHttpsTrafficOnly"), True),
+                      ("minimumTlsVersion", props.get("minimumTlsVersion"), "TLS1_2"),
+                      ("allowBlobPublicAccess", props.get("allowBlobPublicAccess"), False),
+                      ("allowSharedKeyAccess", props.get("allowSharedKeyAccess"), False)]
+        elif kind == "container":
+            wants.append(("publicAccess", props.get("publicAccess"), "None"))
+        elif kind == "cluster":
+            pools = props.get("agentPoolProfiles") or []
+            system = pools[0] if len(pools) == 1 else {}
+            wants += [("oidcIssuerProfile.enabled", (props.get("oidcIssuerProfile") or {}).get("enabled"), True),
+                      ("securityProfile.workloadIdentity.enabled",
+                       ((props.get("securityProfile") or {}).get("workloadIdentity") or {}).get("enabled"), True),
+                      ("agentPoolProfiles: one system pool", len(pools), 1),
+                      ("system pool mode", system.get("mode"), "System"),
+                      ("system pool autoscale", (system.get("enableAutoScaling"), system.get("minCount"),
+                                                 system.get("maxCount")), (True, 1, 3)),
+                      ("system pool priority", system.get("scaleSetPriority", "Regular"), "Regular"),
+                      ("dnsPrefix", bool(props.get("dnsPrefix")), True),
+                      ("identity.type", (body.get("identity") or {}).get("type") in ("SystemAssigned",
+                                                                                       "UserAssigned"), True)]
+        elif kind == "agent_pool":
+            wants += [("mode", props.get("mode"), "User"), ("vmSize", props.get("vmSize"), e["gpu_vm_size"]),
+                      ("scaleSetPriority", props.get("scaleSetPriority"), "Spot"),
+                      ("scaleSetEvictionPolicy", props.get("scaleSetEvictionPolicy"), e["eviction_policy"]),
+                      ("spotMaxPrice", props.get("spotMaxPrice"), e["spot_max_price"]),
+                      ("enableAutoScaling", props.get("enableAutoScaling"), True),
+                      ("minCount", props.get("minCount"), e["min_count"]),
+                      ("maxCount", props.get("maxCount"), e["max_count"]),
+                      ("count within bounds", e["min_count"] <= (props.get("count") or 0) <= e["max_count"], True),
+                      ("nodeTaints has sku=gpu:NoSchedule", "sku=gpu:NoSchedule" in (props.get("nodeTaints") or []),
+                       True),
+                      ("nodeLabels", bool(props.get("nodeLabels")), True)]
+        elif kind == "federated_credential":
+            group = rid.lower().split("/providers/")[0]
+            cluster = next((r for k, r in self.resources.items() if r["type"] == _TYPE["cluster"]
+                            and k.startswith(group + "/")), None)
+            issuer = ((cluster or {}).get("properties", {}).get("oidcIssuerProfile") or {}).get("issuerURL")
+            wants += [("issuer", props.get("issuer"), issuer),
+                      ("subject", props.get("subject"), "system:serviceaccount:elastictrain:elastictrain-training"),
+                      ("audiences", props.get("audiences"), ["api://AzureADTokenExchange"])]
+        elif kind == "role_assignment":
+            scope, _, name = rid.partition("/providers/Microsoft.Authorization/roleAssignments/")
+            group = rid.lower().split("/providers/")[0]
+            identity = next((r for k, r in self.resources.items() if r["type"] == _TYPE["identity"]
+                             and k.startswith(group + "/")), None)
+            wants += [("scope is the checkpoint container", bool(re.fullmatch(
+                          r"/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.Storage/storageAccounts/"
+                          r"[a-z0-9]{3,24}/blobServices/default/containers/[a-z0-9-]{3,63}", scope)), True),
+                      ("name is a GUID", bool(re.fullmatch(r"[0-9a-f-]{36}", name)), True),
+                      ("roleDefinitionId", props.get("roleDefinitionId"),
+                       f"/subscriptions/{SUBSCRIPTION}/providers/Microsoft.Authorization/roleDefinitions/"
+                       f"{BLOB_DATA_CONTRIBUTOR}"),
+                      ("principalId", props.get("principalId"),
+                       ((identity or {}).get("properties") or {}).get("principalId")),
+                      ("principalType", props.get("principalType"), "ServicePrincipal")]
+        return [f"{field} is {got!r}, expected {want!r}" for field, got, want in wants if got != want]
+
+    # ------------------------------------------------------------------ the rest of ARM
+
+    def _delete(self, kind: str, rid: str) -> tuple[int, dict, Any]:
+        key = rid.lower()
+        if key not in self.resources:
+            return 204, {}, None
+        if kind in ("cluster", "agent_pool"):
+            self.resources[key]["properties"]["provisioningState"] = "Deleting"
+            op = f"op{next(self._ids)}"
+            self.operations[op] = {"id": key, "polls": 0, "kind": "delete"}
+            return 202, {"Location": f"{self.url}/operations/{op}", "Retry-After": "1"}, None
+        resource = self.resources[key]
+        self._remove(key)
+        return 200, {}, resource if kind == "role_assignment" else None
+
+    def _remove(self, key: str) -> None:
+        for rid in [r for r in self.resources if r == key or r.startswith(key + "/")]:
+            del self.resources[rid]
+
+    def _list(self, kind: str, path: str) -> tuple[int, dict, Any]:
+        prefix = path.lower().split("/providers/")[0]
+        items = [r for rid, r in self.resources.items() if r["type"] == _TYPE["cluster"] and rid.startswith(prefix)]
+        return 200, {}, {"value": items}
+
+    def _credentials(self, method: str, rid: str) -> tuple[int, dict, Any]:
+        if method != "POST":
+            return self._violation(f"{method} {rid}: listClusterUserCredential is a POST")
+        cluster = self.resources.get(rid.lower().rsplit("/", 1)[0])
+        if cluster is None:
+            return 404, {}, _error("ResourceNotFound", "no such cluster")
+        ca = base64.b64encode(self.cert.read_bytes()).decode()
+        name = cluster["name"]
+        kubeconfig = (
+            "apiVersion: v1\nkind: Config\n"
+            f"clusters:\n- name: {name}\n  cluster:\n    server: {self.url}/kube\n"
+            f"    certificate-authority-data: {ca}\n"
+            f"users:\n- name: clusterUser_{name}\n  user:\n    token: {KUBE_TOKEN}\n"
+            f"contexts:\n- name: {name}\n  context:\n    cluster: {name}\n    user: clusterUser_{name}\n"
+            f"current-context: {name}\n")
+        return 200, {}, {"kubeconfigs": [{"name": "clusterUser",
+                                          "value": base64.b64encode(kubeconfig.encode()).decode()}]}
+
+    # ------------------------------------------------------------------ Kubernetes
+
+    def _kube(self, method: str, path: str, query: dict, body: bytes) -> tuple[int, dict, Any]:
+        m = re.fullmatch(r"/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
+                         r"(?:/namespaces/(?P<ns>[^/]+))?(?:/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?)?", path)
+        if not m:
+            return 404, {}, {"kind": "Status", "reason": "NotFound", "message": path}
+        api_version = "v1" if m["core"] else f"{m['group']}/{m['version']}"
+        plural, name, namespace = m["plural"], m["name"], m["ns"]
+        if namespace and plural is None:  # /api/v1/namespaces/NAME: the Namespace itself
+            plural, name, namespace = "namespaces", namespace, None
+        if plural is None:
+            if method != "GET":
+                return 405, {}, {}
+            return 200, {}, {"kind": "APIResourceList", "groupVersion": api_version,
+                             "resources": [{"name": _plural(k), "kind": k, "namespaced": k not in CLUSTER_SCOPED}
+                                           for k in _KUBE_KINDS.get(api_version, ())]}
+        kind = next((k for k in _KUBE_KINDS.get(api_version, ()) if _plural(k) == plural), None)
+        if kind is None:
+            return 404, {}, {"kind": "Status", "reason": "NotFound"}
+        from azext_elastictrain.core.kube import KubeError
+
+        try:
+            if method == "PATCH":
+                obj = json.loads(body)
+                if query.get("fieldManager") != "elastictrain":
+                    self.violations.append(f"kube apply {kind}/{name}: fieldManager {query.get('fieldManager')}")
+                if (obj.get("kind"), (obj.get("metadata") or {}).get("name")) != (kind, name):
+                    self.violations.append(f"kube apply to {path}: the body is {obj.get('kind')} "
+                                           f"{(obj.get('metadata') or {}).get('name')}")
+                return 200, {}, self.kube.apply(obj)
+            if method == "GET" and name:
+                found = self.kube.get(api_version, kind, name, namespace)
+                return (200, {}, found) if found else (404, {}, {"kind": "Status", "reason": "NotFound"})
+            if method == "GET":
+                return 200, {}, {"items": self.kube.list(api_version, kind, namespace, query.get("labelSelector")),
+                                 "metadata": {}}
+            if method == "DELETE":
+                gone = self.kube.delete(api_version, kind, name, namespace)
+                return (200, {}, {"kind": "Status", "status": "Success"}) if gone else (404, {}, {})
+        except KubeError as ex:
+            return ex.status or 500, {}, {"kind": "Status", "reason": ex.reason, "message": str(ex)}
+        return 405, {}, {}
+
+
+_KUBE_KINDS = {
+    "v1": ("Namespace", "ServiceAccount", "ConfigMap", "Service", "Pod", "Node"),
+    "apps/v1": ("StatefulSet", "Deployment", "DaemonSet"),
+    "rbac.authorization.k8s.io/v1": ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"),
+    "networking.k8s.io/v1": ("NetworkPolicy",),
+    "apiextensions.k8s.io/v1": ("CustomResourceDefinition",),
+    "elastic.pytorch.org/v1alpha1": ("ElasticJob",),
+}
+
+
+def _plural(kind: str) -> str:
+    lower = kind.lower()
+    return lower[:-1] + "ies" if lower.endswith("y") else lower + ("es" if lower.endswith("s") else "s")
+
+
+_PATTERNS = [  # (kind, path regex after /subscriptions/{sub})
+    ("resource_group", r"/resourcegroups/[^/]+"),
+    ("storage_account", r"/resourcegroups/[^/]+/providers/microsoft\.storage/storageaccounts/[^/]+"),
+    ("container", r"/resourcegroups/[^/]+/providers/microsoft\.storage/storageaccounts/[^/]+/blobservices/default/"
+                  r"containers/[^/]+"),
+    ("identity", r"/resourcegroups/[^/]+/providers/microsoft\.managedidentity/userassignedidentities/[^/]+"),
+    ("federated_credential", r"/resourcegroups/[^/]+/providers/microsoft\.managedidentity/userassignedidentities/"
+                             r"[^/]+/federatedidentitycredentials/[^/]+"),
+    ("cluster", r"/resourcegroups/[^/]+/providers/microsoft\.containerservice/managedclusters/[^/]+"),
+    ("cluster_list", r"(/resourcegroups/[^/]+)?/providers/microsoft\.containerservice/managedclusters"),
+    ("agent_pool", r"/resourcegroups/[^/]+/providers/microsoft\.containerservice/managedclusters/[^/]+/"
+                   r"agentpools/[^/]+"),
+    ("credentials", r"/resourcegroups/[^/]+/providers/microsoft\.containerservice/managedclusters/[^/]+/"
+                    r"listclusterusercredential"),
+    ("role_assignment", r"/.+/providers/microsoft\.authorization/roleassignments/[^/]+"),
+]
+_PROVIDER = {"resource_group": "Microsoft.Resources", "storage_account": "Microsoft.Storage",
+             "container": "Microsoft.Storage", "identity": "Microsoft.ManagedIdentity",
+             "federated_credential": "Microsoft.ManagedIdentity", "cluster": "Microsoft.ContainerService",
+             "cluster_list": "Microsoft.ContainerService", "agent_pool": "Microsoft.ContainerService",
+             "credentials": "Microsoft.ContainerService", "role_assignment": "Microsoft.Authorization"}
+_TYPE = {"resource_group": "Microsoft.Resources/resourceGroups", "storage_account": "Microsoft.Storage/storageAccounts",
+         "container": "Microsoft.Storage/storageAccounts/blobServices/containers",
+         "identity": "Microsoft.ManagedIdentity/userAssignedIdentities",
+         "federated_credential": "Microsoft.ManagedIdentity/userAssignedIdentities/federatedIdentityCredentials",
+         "cluster": "Microsoft.ContainerService/ManagedClusters",
+         "agent_pool": "Microsoft.ContainerService/managedClusters/agentPools",
+         "role_assignment": "Microsoft.Authorization/roleAssignments"}
+
+
+def _kind(path: str) -> str | None:
+    rest = path.lower().rstrip("/").split("/", 3)[3] if path.count("/") >= 3 else ""
+    rest = "/" + rest
+    for kind, pattern in _PATTERNS:
+        if kind == "role_assignment":
+            if re.fullmatch(pattern, rest) and "/resourcegroups/" in rest:
+                return kind
+        elif re.fullmatch(pattern, rest):
+            return kind
+    return None
+
+
+def _handler(server: ArmServer):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _serve(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else b""
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            try:
+                status, extra, payload = server.handle(self.command, self.path, headers, body)
+            except Exception as ex:  # noqa: BLE001  a bug in the test server: make it visible
+                server.violations.append(f"test server error on {self.command} {self.path}: {ex!r}")
+                status, extra, payload = 500, {}, _error("TestServerError", repr(ex))
+            data = b"" if payload is None else json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json; charset=utf-8")
+            self.send_header("Content-Length", str(len(data)))
+            self.send_header("x-ms-request-id", str(uuid.uuid4()))
+            for key, value in extra.items():
+                self.send_header(key, value)
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_PUT = do_POST = do_DELETE = do_PATCH = do_HEAD = _serve
+
+        def log_message(self, *args) -> None:  # quiet: the test reads server.requests
+            pass
+
+    return Handler
