@@ -129,6 +129,11 @@ def managed_cluster(spec: ClusterSpec) -> dict:
         "agentPoolProfiles": [system_pool_profile(spec)],
         "oidcIssuerProfile": {"enabled": True},
         "securityProfile": {"workloadIdentity": {"enabled": True}},
+        # A network policy engine, so the NetworkPolicy that admits only training workers to etcd is
+        # enforced (without one Kubernetes stores it and enforces nothing). Azure CNI overlay with the
+        # Cilium dataplane is AKS's current default recommendation; it is fixed at creation.
+        "networkProfile": {"networkPlugin": "azure", "networkPluginMode": "overlay",
+                           "networkDataplane": "cilium", "networkPolicy": "cilium"},
     }
     if spec.kubernetes_version:
         properties["kubernetesVersion"] = spec.kubernetes_version

@@ -370,6 +370,8 @@ class ArmServer:
             wants += [("oidcIssuerProfile.enabled", (props.get("oidcIssuerProfile") or {}).get("enabled"), True),
                       ("securityProfile.workloadIdentity.enabled",
                        ((props.get("securityProfile") or {}).get("workloadIdentity") or {}).get("enabled"), True),
+                      ("networkProfile.networkPolicy (the etcd NetworkPolicy is enforced)",
+                       (props.get("networkProfile") or {}).get("networkPolicy"), "cilium"),
                       ("agentPoolProfiles: one system pool", len(pools), 1),
                       ("system pool mode", system.get("mode"), "System"),
                       ("system pool autoscale", (system.get("enableAutoScaling"), system.get("minCount"),

@@ -133,6 +133,7 @@ def test_managed_cluster_has_an_autoscaled_regular_system_pool_oidc_and_workload
     assert "scaleSetPriority" not in system, "the system pool runs etcd and the operator: never Spot"
     assert props["oidcIssuerProfile"] == {"enabled": True}
     assert props["securityProfile"] == {"workloadIdentity": {"enabled": True}}
+    assert props["networkProfile"]["networkPolicy"] == "cilium", "etcd's NetworkPolicy needs an engine to enforce it"
     assert props["kubernetesVersion"] == "1.33" and props["enableRBAC"] is True
     ex = example("ManagedClustersCreate_Update.json")["parameters"]["parameters"]
     assert (system["type"], system["osType"]) == (ex["properties"]["agentPoolProfiles"][0]["type"],
