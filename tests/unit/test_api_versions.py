@@ -51,7 +51,7 @@ def _sent_api_version(resource_type: str, call) -> str:
     version = AZURE_API_PROFILES["latest"][rt]
     kwargs = {}
     if isinstance(version, SDKProfile):
-        kwargs["profile"] = version
+        kwargs["profile"] = version.profile  # as get_mgmt_service_client passes it
     elif version:
         kwargs["api_version"] = version
     client = get_client_class(rt)(Credential(), "00000000-0000-0000-0000-000000000000", transport=Transport(),
