@@ -166,9 +166,9 @@ def test_a_cluster_without_the_gpu_pool_is_refused(az, arm, group):
 
 def test_neither_local_nor_a_cluster_is_a_usage_error(az, arm):
     result = az("elastictrain", "evict", "simulate", "--node", "x", "--yes", check=False)
-    assert result.returncode == 2 and "-g RG -c CLUSTER" in result.stderr and arm.requests == []
+    assert result.returncode == 1 and "-g RG -c CLUSTER" in result.stderr and arm.requests == []
     both = az("elastictrain", "evict", "simulate", "--local", "-g", "rg", "--job", "x", "--yes", check=False)
-    assert both.returncode == 2 and "--local and -g" in both.stderr and arm.requests == []
+    assert both.returncode == 1 and "--local and -g" in both.stderr and arm.requests == []
 
 
 def test_no_secret_in_any_output_or_log(az, arm, group):
