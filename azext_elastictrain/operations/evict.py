@@ -6,6 +6,8 @@
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
+from typing import Iterator
 
 from azext_elastictrain.operations._local import local_backend, local_errors, local_names
 
@@ -111,7 +113,7 @@ def _simulate_aks(cmd, resource_group: str | None, cluster: str | None, *, node,
     from azext_elastictrain.core.kube import connect
 
     progress = get_logger(__name__).warning
-    with _aks_evict_errors(resource_group, cluster, job):
+    with _aks_evict_errors(resource_group, cluster):
         arm = AzureArm(cmd.cli_ctx)
         pools = _spot_cluster_pools(arm, resource_group, cluster)
         kube = connect(arm.user_kubeconfig(resource_group, cluster))
@@ -170,47 +172,34 @@ def _confirm(plan, cluster: str, yes: bool) -> None:
                       + "\n".join(lines) + "\n", yes=yes)
 
 
-class _aks_evict_errors:  # noqa: N801  (a context manager, used like a function)
-    """core errors -> az errors: a target that does not exist is ResourceNotFoundError (exit 3)."""
+@contextmanager
+def _aks_evict_errors(resource_group: str, cluster: str) -> Iterator[None]:
+    """core errors -> az errors (a target that does not exist: ResourceNotFoundError, exit 3); ARM errors as
+    the cluster commands map them (operations._aks.aks_errors)."""
+    from azure.cli.core.azclierror import AzureResponseError, InvalidArgumentValueError, ResourceNotFoundError
 
-    def __init__(self, resource_group: str, cluster: str, job: str | None) -> None:
-        self.resource_group, self.cluster, self.job = resource_group, cluster, job
+    from azext_elastictrain.core.backends.aks import ArmError
+    from azext_elastictrain.core.backends.aks_evict import EvictionFailed
+    from azext_elastictrain.core.backends.local_evict import EvictionError
+    from azext_elastictrain.core.eviction import EvictionTargetNotFound
+    from azext_elastictrain.core.kube import KubeError
+    from azext_elastictrain.core.spec import SpecError
+    from azext_elastictrain.operations._aks import aks_errors
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        from azure.cli.core.azclierror import (
-            AzureResponseError,
-            InvalidArgumentValueError,
-            ResourceNotFoundError,
-        )
-
-        from azext_elastictrain.core.backends.aks_evict import EvictionFailed
-        from azext_elastictrain.core.backends.local_evict import EvictionError
-        from azext_elastictrain.core.eviction import EvictionTargetNotFound
-        from azext_elastictrain.core.kube import KubeError
-        from azext_elastictrain.core.spec import SpecError
-        from azext_elastictrain.operations._aks import _by_status, aks_errors
-
-        if exc is None:
-            return False
-        if isinstance(exc, EvictionTargetNotFound):
-            raise ResourceNotFoundError(str(exc)) from exc
-        if isinstance(exc, SpecError):
-            raise InvalidArgumentValueError(str(exc)) from exc
-        if isinstance(exc, EvictionFailed):
-            done = ", ".join(e["node"] for e in exc.done) or "none"
-            raise _by_status(getattr(exc.error, "status", None))(
-                f"{exc}. Evicted before it: {done}.",
-                recommendation="Nothing else was evicted; fix the cause and ask again for the rest.") from exc
-        if isinstance(exc, KubeError):
-            raise AzureResponseError(f"the cluster's Kubernetes API: {exc}") from exc
-        if isinstance(exc, TimeoutError):
-            raise AzureResponseError(str(exc)) from exc
-        if isinstance(exc, EvictionError):
-            raise AzureResponseError(str(exc), recommendation="See 'az elastictrain job show' and the job's "
-                                                              "logs.") from exc
-        with aks_errors(self.resource_group, self.cluster):  # ARM errors as the cluster commands map them
-            raise exc
-        return False
+    with aks_errors(resource_group, cluster):
+        try:
+            yield
+        except EvictionTargetNotFound as ex:
+            raise ResourceNotFoundError(str(ex)) from ex
+        except SpecError as ex:
+            raise InvalidArgumentValueError(str(ex)) from ex
+        except EvictionFailed as ex:
+            done = ", ".join(e["node"] for e in ex.done) or "none"
+            error = ex.error if isinstance(ex.error, ArmError) else ArmError(0, "", str(ex.error))
+            raise ArmError(error.status, error.code, f"the eviction of node {ex.node!r} failed: {error.message}. "
+                                                     f"Evicted before it: {done}; nothing after it.") from ex
+        except KubeError as ex:
+            raise AzureResponseError(f"the cluster's Kubernetes API: {ex}") from ex
+        except (TimeoutError, EvictionError) as ex:
+            raise AzureResponseError(str(ex), recommendation="'az elastictrain job show' shows the job's "
+                                                             "state.") from ex

@@ -189,3 +189,13 @@ def _token_signature() -> str:
     import base64
 
     return base64.urlsafe_b64encode(ACCESS_TOKEN_SECRET.encode()).decode().rstrip("=")
+
+
+def test_an_arm_error_half_way_says_what_was_evicted_and_stops(az, arm, group):
+    seeded = arm.seed_aks_training(group, CLUSTER, gpu_nodes=3)
+    arm.fail_once("POST", "/virtualMachines/1/simulateEviction", 409, "OperationNotAllowed",
+                  "The operation is not allowed while the VM is being updated.")
+    result = _evict(az, group, "--pool", "gpu", "--count", "3", "--yes", check=False)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "OperationNotAllowed" in result.stderr and f"Evicted before it: {seeded['gpuNodes'][0]}" in result.stderr
+    assert [SIMULATE.fullmatch(p)["id"] for _, p, _ in _evictions(arm)] == ["0", "1"], "it stops at the failure"
