@@ -287,13 +287,14 @@ helps["elastictrain evict simulate"] = """
 type: command
 short-summary: Evict nodes of a running job the way Azure evicts Spot VMs, and report the recovery.
 long-summary: |
-    On AKS (-g RG -c CLUSTER): name exactly one of --node NAME, --job JOB [--rank R] or --pool POOL
-    [--count K]. Each node is resolved to its VMSS instance through its providerID, and Azure's
-    simulateEviction is called on it in the cluster's node resource group: the VM gets the Spot
-    notice and is deleted, and the node leaves the cluster. Only Spot nodes can be evicted. The
-    result names each node, its scale set and instance id, and the pods and ranks it hit; --dry-run
-    shows that and evicts nothing. With --wait it follows each node until it left the cluster and
-    its VM is gone, then the jobs hit until they train again.
+    On AKS (-g RG -c CLUSTER): name exactly one of --node NAME, --job JOB [--rank R] or
+    --pool POOL [--count K]. Each node is resolved to its VMSS instance through its
+    providerID, and Azure's simulateEviction is called on it in the cluster's node
+    resource group: the VM gets the Spot notice and is deleted, and the node leaves the
+    cluster. Only Spot nodes can be evicted. The result names each node, its scale set
+    and instance id, and the pods and ranks it hit; --dry-run shows that and evicts
+    nothing. With --wait it follows each node until it left the cluster and its VM is
+    gone, then the jobs hit until they train again.
     On the local cluster (--local --job JOB):
     Posts an Azure Scheduled Events Preempt for the node; the training runtime checkpoints the step
     the notice arrived at on every rank and acknowledges; then the node's agent and all its workers
