@@ -11,11 +11,11 @@ import base64
 import json
 
 
-def _mgmt_client(cli_ctx, resource_type_name: str):
+def _mgmt_client(cli_ctx, resource_type_name: str, **kwargs):
     from azure.cli.core.commands.client_factory import get_mgmt_service_client
     from azure.cli.core.profiles import ResourceType
 
-    return get_mgmt_service_client(cli_ctx, getattr(ResourceType, resource_type_name))
+    return get_mgmt_service_client(cli_ctx, getattr(ResourceType, resource_type_name), **kwargs)
 
 
 def cf_resources(cli_ctx, *_):
@@ -36,6 +36,11 @@ def cf_containerservice(cli_ctx, *_):
 
 def cf_authorization(cli_ctx, *_):
     return _mgmt_client(cli_ctx, "MGMT_AUTHORIZATION")
+
+
+def cf_compute(cli_ctx, *_, subscription_id: str | None = None):
+    """The compute client (VMSS instances of AKS nodes) of ``subscription_id`` (default: the logged-in one)."""
+    return _mgmt_client(cli_ctx, "MGMT_COMPUTE", **({"subscription_id": subscription_id} if subscription_id else {}))
 
 
 def _raw(pipeline_response, _deserialized, _headers):
@@ -159,6 +164,36 @@ class AzureArm:
 
             raise ArmError(404, "NoCredentials", f"AKS returned no user credentials for cluster {cluster!r}")
         return base64.b64decode(configs[0]["value"])
+
+
+    # -- the VMSS instances behind AKS nodes (core.backends.aks_evict's Compute) -------------------------------
+
+    def _compute(self, subscription: str):
+        key = f"compute:{subscription.lower()}"
+        if key not in self._clients:
+            self._clients[key] = cf_compute(self._cli_ctx, subscription_id=subscription)
+        return self._clients[key]
+
+    def simulate_eviction(self, instance) -> None:
+        """POST .../virtualMachines/{id}/simulateEviction (204). ``instance``: a core.eviction.VmssInstance."""
+        client = self._compute(instance.subscription)
+        with _arm_errors():
+            client.virtual_machine_scale_set_vms.simulate_eviction(instance.resource_group, instance.vmss,
+                                                                   instance.instance_id)
+
+    def vmss_instance(self, instance) -> dict | None:
+        """The instance as ARM shows it, or None once it is gone (after an eviction with policy Delete)."""
+        from azext_elastictrain.core.backends.aks import ArmError
+
+        client = self._compute(instance.subscription)
+        try:
+            with _arm_errors():
+                return client.virtual_machine_scale_set_vms.get(instance.resource_group, instance.vmss,
+                                                                instance.instance_id, cls=_raw)
+        except ArmError as ex:
+            if ex.status == 404:
+                return None
+            raise
 
 
 def _wire(model) -> dict:

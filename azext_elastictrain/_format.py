@@ -132,6 +132,8 @@ def job_delete_table(result) -> list:
 
 
 def eviction_table(result) -> list:
+    if result.get("type") == "aks":
+        return aks_eviction_table(result)
     recovery = (result.get("recovery") or [{}])[-1]
     back = result.get("capacityBack") or {}
     return [
@@ -145,3 +147,23 @@ def eviction_table(result) -> list:
         ])
         for e in result.get("evictions", [])
     ] or [OrderedDict([("Node", n["node"]), ("Pid", n["pid"]), ("Action", "would evict")]) for n in result["nodes"]]
+
+
+def aks_eviction_table(result) -> list:
+    """Spot evictions on AKS (or, dry run, the plan): one row per node, the VMSS instance behind it, the ranks
+    it hit and, with --wait, when it left and how the job recovered."""
+    rows = []
+    for item in result.get("evictions") or result.get("targets") or []:
+        recovery = item.get("recovery") or {}
+        rows.append(OrderedDict([
+            ("Node", item.get("node")), ("Pool", item.get("pool")), ("Vmss", item.get("vmss")),
+            ("InstanceId", item.get("instanceId")),
+            ("State", item.get("state") or "would evict"),
+            ("Ranks", ", ".join(str(r) for r in item.get("ranks") or [])),
+            ("Pods", ", ".join(p.get("pod") or "" for p in item.get("pods") or [])),
+            ("EvictedAt", item.get("evictedAt", "")),
+            ("NodeGoneSeconds", recovery.get("nodeGoneSeconds", "")),
+            ("RecoverySeconds", recovery.get("recoverySeconds", "")),
+            ("StepsLost", recovery.get("stepsLost", "")),
+        ]))
+    return rows

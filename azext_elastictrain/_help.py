@@ -287,6 +287,15 @@ helps["elastictrain evict simulate"] = """
 type: command
 short-summary: Evict nodes of a running job the way Azure evicts Spot VMs, and report the recovery.
 long-summary: |
+    On AKS (-g RG -c CLUSTER): name exactly one of --node NAME, --job JOB [--rank R] or
+    --pool POOL [--count K]. Each node is resolved to its VMSS instance through its
+    providerID, and Azure's simulateEviction is called on it in the cluster's node
+    resource group: the VM gets the Spot notice and is deleted, and the node leaves the
+    cluster. Only Spot nodes can be evicted. The result names each node, its scale set
+    and instance id, and the pods and ranks it hit; --dry-run shows that and evicts
+    nothing. With --wait it follows each node until it left the cluster and its VM is
+    gone, then the jobs hit until they train again.
+    On the local cluster (--local --job JOB):
     Posts an Azure Scheduled Events Preempt for the node; the training runtime checkpoints the step
     the notice arrived at on every rank and acknowledges; then the node's agent and all its workers
     are killed (or when the notice runs out). With --notice-seconds 0 the node just dies.
@@ -299,4 +308,12 @@ examples:
     text: az elastictrain evict simulate --local --job cifar --wait --yes -o table
   - name: Evict node cifar-node-0 without notice; capacity returns 5 s later; follow both.
     text: az elastictrain evict simulate --local --job cifar --node cifar-node-0 --notice-seconds 0 --replace-after 5 --wait --yes
+  - name: On AKS, evict the Spot node of rank 1 of job 'cifar' and follow it out of the cluster.
+    text: az elastictrain evict simulate -g ml-rg -c spot-train --job cifar --rank 1 --wait --yes -o table
+  - name: On AKS, evict one Spot node by name.
+    text: az elastictrain evict simulate -g ml-rg -c spot-train --node aks-gpu-31415926-vmss000001 --yes
+  - name: On AKS, show which 2 nodes of pool 'gpu' would go, and evict nothing.
+    text: az elastictrain evict simulate -g ml-rg -c spot-train --pool gpu --count 2 --dry-run -o table
+  - name: On AKS, evict every node job 'cifar' runs on.
+    text: az elastictrain evict simulate -g ml-rg -c spot-train --job cifar --yes
 """

@@ -170,20 +170,37 @@ def load_arguments(self, _):
     with self.argument_context("elastictrain evict simulate") as c:
         c.argument("local", arg_type=get_three_state_flag(), options_list=["--local"],
                    help="Evict a node of a job on a local cluster.")
-        c.argument("cluster", options_list=["--cluster", "-c"], help="Name of the local cluster (default: local).")
-        c.argument("job", options_list=["--job"], help="The job whose node(s) go.")
-        c.argument("node", options_list=["--node"], help="The node to evict (see 'job show'); default: the newest.")
-        c.argument("count", type=int, options_list=["--count"], help="How many nodes to evict (newest first).")
+        c.argument("cluster", options_list=["--cluster", "-c"],
+                   help="Name of the cluster: the AKS cluster (with -g), or the local cluster (with --local; "
+                        "default: local).")
+        c.argument("job", options_list=["--job"],
+                   help="The job whose node(s) go. On AKS: every node its workers run on, or with --rank the one "
+                        "of that worker.")
+        c.argument("node", options_list=["--node"],
+                   help="The node to evict. On AKS: a Kubernetes node name ('kubectl get nodes'). Local: see "
+                        "'job show'; default: the newest.")
+        c.argument("count", type=int, options_list=["--count"],
+                   help="How many nodes to evict. On AKS: Spot nodes of --pool, by name (default 1). Local: newest "
+                        "first.")
         c.argument("notice_seconds", type=float, options_list=["--notice-seconds"],
-                   help="Seconds of Preempt notice before the node goes (Azure gives at least 30); 0: no notice. "
-                        "The node goes as soon as the runtime acknowledges (its checkpoint is durable).")
+                   help="Local cluster: seconds of Preempt notice before the node goes (Azure gives at least 30; "
+                        "default 30); 0: no notice. The node goes as soon as the runtime acknowledges (its "
+                        "checkpoint is durable).")
         c.argument("replace_after", type=float, options_list=["--replace-after"],
                    help="Spot capacity comes back: start a replacement node this many seconds after the eviction "
                         "(with --wait: after the job recovered, at the earliest).")
         c.argument("wait", arg_type=get_three_state_flag(), options_list=["--wait"],
-                   help="Follow the job until it trains again; report recovery seconds and steps lost "
+                   help="Follow the job until it trains again; report recovery seconds and steps lost. On AKS: "
+                        "first until each evicted node left the cluster and its VM is gone "
                         "(and, with --replace-after, the seconds until it trains at full size again).")
         c.argument("dry_run", arg_type=get_three_state_flag(), options_list=["--dry-run"],
                    help="Show which nodes would go; change nothing.")
         c.argument("yes", arg_type=get_three_state_flag(), options_list=["--yes", "-y"],
                    help="Do not prompt for confirmation.")
+        # not resource_group_name_type: a configured default group must not turn --local evictions into Azure ones
+        c.argument("resource_group_name", options_list=["--resource-group", "-g"],
+                   help="Resource group of the AKS cluster whose Spot nodes to evict (with -c). Without it, --local.")
+        c.argument("rank", type=int, options_list=["--rank"],
+                   help="AKS, with --job: the worker (replica index) whose node goes.")
+        c.argument("pool", options_list=["--pool"],
+                   help="AKS: evict --count Spot nodes of this node pool (e.g. gpu).")

@@ -249,6 +249,12 @@ def plan_evictions(nodes: list[dict], pods: list[dict], *, node: str | None = No
     return EvictionPlan(by, tuple(_target(n, pods) for n in chosen))
 
 
+def check_selector(*, node: str | None = None, job: str | None = None, rank: int | None = None,
+                   pool: str | None = None, count: int | None = None) -> dict:
+    """The selector alone, checked before anything is listed or asked (``by`` of the plan it makes)."""
+    return _check_selector(node=node, job=job, rank=rank, pool=pool, count=count)
+
+
 def _check_selector(**given: Any) -> dict:
     named = [k for k in ("node", "job", "pool") if given[k] is not None]
     if len(named) != 1:

@@ -13,6 +13,11 @@ The real ``az`` (and the SDK clients inside it) talk to it exactly as to Azure:
   ARM error body (400/409/...), to test error mapping and re-runs after a failure half-way.
 * **Login**: ``/msi/token`` is an App Service style managed-identity endpoint (``IDENTITY_ENDPOINT`` +
   ``IDENTITY_HEADER``) whose token is a JWT with a ``tid`` claim; ``GET /subscriptions`` lists one.
+* **Spot evictions**: the VMSS instances behind the AKS nodes live in the cluster's node resource group (list,
+  get, ``simulateEviction``, shaped like the compute examples); ``seed_aks_training`` puts a cluster there
+  with its nodes, VMs and a running ElasticJob. ``simulateEviction`` answers 204, the instance is gone at once
+  (list drops it, get is 404) and, ``expect["node_gone_after"]`` seconds later, so are its Kubernetes node
+  and the pods bound to it, as the cloud node manager and pod garbage collection do.
 * **Kubernetes**: ``listClusterUserCredential`` returns a kubeconfig whose server is ``/kube`` on this server
   (CA: this server's certificate; a bearer token); ``/kube`` is a REST front for ``tests.support.fake_kube``
   (discovery, server-side apply, get, list, delete), so the real ``core.kube.connect`` talks to it.
@@ -54,6 +59,7 @@ API_VERSIONS = {
     "Microsoft.ContainerService": "2026-06-01",
     "Microsoft.Authorization": "2022-04-01",
     "subscriptions": "2022-12-01",
+    "Microsoft.Compute": "2024-11-01",  # virtual_machine_scale_set_vms under azure-cli's compute profile
 }
 BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
 LRO_POLLS = 2  # InProgress answers before Succeeded
@@ -109,7 +115,8 @@ class ArmServer:
         self.violations: list[str] = []
         self.timeline: list[tuple[float, str, str]] = []
         self.expect: dict[str, Any] = {"gpu_vm_size": "Standard_NC4as_T4_v3", "min_count": 0, "max_count": 3,
-                                       "spot_max_price": -1, "eviction_policy": "Delete", "storage_sku": "Standard_LRS"}
+                                       "spot_max_price": -1, "eviction_policy": "Delete", "storage_sku": "Standard_LRS",
+                                       "node_gone_after": 0.5}
         self.kube = FakeKube()
         self._faults: list[tuple[str, str, int, str, str]] = []
         self._lock = threading.RLock()
@@ -216,6 +223,8 @@ class ArmServer:
             return 400, {}, _error("InvalidApiVersionParameter", f"api-version {query.get('api-version')}")
         rid = path.rstrip("/")
         key = rid.lower()
+        if kind.startswith("vmss_vm"):
+            return self._vmss_vm(kind, method, rid)
         if kind.endswith("_list"):
             return self._list(kind, path)
         if kind == "credentials":
@@ -504,6 +513,125 @@ class ArmServer:
         return 405, {}, {}
 
 
+    # ------------------------------------------------------------------ VMSS instances and Spot evictions
+
+    def seed_aks_training(self, group: str, name: str, *, gpu_nodes: int = 3, gpu_pool: bool = True,
+                          job: str = "cifar", workers: int = 2, lowercase_node_group: bool = True) -> dict:
+        """A running AKS cluster as create leaves it, with what only Azure and the cluster make: the VMSS
+        instances of its pools and their Kubernetes nodes (Spot GPU nodes, one Regular system node), and an
+        ElasticJob with ``workers`` worker pods on the first GPU nodes. Kubernetes nodes, pods and jobs of
+        earlier tests are dropped (one fake Kubernetes serves every cluster). Returns the names used.
+
+        AKS writes the node resource group in providerIDs in lower case (``mc_<rg>_<cluster>_<location>``);
+        ARM names are case-insensitive, so both must lead to the same instance.
+        """
+        from tests.support import aks_objects as k
+
+        with self._lock:
+            location = "eastus"
+            rid = (f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{group}/providers/Microsoft.ContainerService/"
+                   f"managedClusters/{name}")
+            node_group = f"MC_{group}_{name}_{location}"
+            profiles = [{"name": "system", "mode": "System", "count": 1, "vmSize": "Standard_D4s_v5",
+                         "scaleSetPriority": "Regular", "type": "VirtualMachineScaleSets",
+                         "provisioningState": "Succeeded"}]
+            if gpu_pool:
+                profiles.append({"name": "gpu", "mode": "User", "count": gpu_nodes, "vmSize": "Standard_NC4as_T4_v3",
+                                 "scaleSetPriority": "Spot", "scaleSetEvictionPolicy": "Delete", "spotMaxPrice": -1,
+                                 "type": "VirtualMachineScaleSets", "provisioningState": "Succeeded"})
+            self.resources[rid.lower()] = {
+                "id": rid, "name": name, "type": _TYPE["cluster"], "location": location,
+                "tags": {"elastictrain": "cluster"},
+                "properties": {"provisioningState": "Succeeded", "nodeResourceGroup": node_group,
+                               "agentPoolProfiles": profiles, "dnsPrefix": name}}
+            for key in [key for key in self.kube.objects if key[1] in ("Node", "Pod", "ElasticJob")]:
+                del self.kube.objects[key]
+            in_ids = node_group.lower() if lowercase_node_group else node_group
+            vmss = {"system": k.SYSTEM_VMSS, "gpu": k.GPU_VMSS}
+            nodes = [k.node(0, pool="system", spot=False,
+                            provider=_provider_id(in_ids, k.SYSTEM_VMSS, 0))]
+            nodes += [k.node(i, provider=_provider_id(in_ids, k.GPU_VMSS, i)) for i in range(gpu_nodes if gpu_pool else 0)]
+            for node in nodes:
+                self.kube.seed(node)
+                pool = node["metadata"]["labels"]["agentpool"]
+                instance = node["spec"]["providerID"].rsplit("/", 1)[1]
+                self._seed_vm(node_group, vmss[pool], instance, location,
+                              node["metadata"]["labels"]["node.kubernetes.io/instance-type"])
+            gpu = [n["metadata"]["name"] for n in nodes[1:]]
+            if job and gpu:
+                self.kube.seed(k.with_status(_elastic_job(job, workers), k.running(job), active=workers))
+                for index in range(workers):
+                    self.kube.seed(k.worker_pod(job, index, gpu[index % len(gpu)]))
+            return {"nodeResourceGroup": node_group, "gpuVmss": k.GPU_VMSS, "systemVmss": k.SYSTEM_VMSS,
+                    "gpuNodes": gpu, "systemNode": nodes[0]["metadata"]["name"], "job": job}
+
+    def _seed_vm(self, node_group: str, vmss: str, instance: str, location: str, size: str) -> None:
+        rid = (f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{node_group}/providers/Microsoft.Compute/"
+               f"virtualMachineScaleSets/{vmss}/virtualMachines/{instance}")
+        # the fields of the VirtualMachineScaleSetVM_Get/List examples that a VMSS VM always has
+        self.resources[rid.lower()] = {
+            "id": rid, "name": f"{vmss}_{instance}", "type": "Microsoft.Compute/virtualMachines",
+            "instanceId": instance, "location": location, "sku": {"name": size, "tier": "Standard"},
+            "properties": {"latestModelApplied": True, "vmId": str(uuid.uuid4()),
+                           "hardwareProfile": {"vmSize": size}, "provisioningState": "Succeeded",
+                           "osProfile": {"computerName": f"{vmss}{int(instance):06x}"}}}
+
+    def _vmss_vm(self, kind: str, method: str, rid: str) -> tuple[int, dict, Any]:
+        key = rid.lower()
+        if kind == "vmss_vm_list":
+            if method != "GET":
+                return self._violation(f"{method} {rid}: listing VMSS VMs is a GET")
+            items = [r for k, r in self.resources.items() if k.startswith(key + "/") and k.count("/") == key.count("/") + 1]
+            return 200, {}, {"value": sorted(items, key=lambda r: int(r["instanceId"]))}
+        if kind == "vmss_vm":
+            if method != "GET":
+                return self._violation(f"{method} {rid}: only GET is expected on a VMSS VM")
+            found = self.resources.get(key)
+            if found is None:
+                return 404, {}, _error("NotFound", f"The entity was not found in this Azure location.")
+            return 200, {}, found
+        # simulateEviction: POST, no body, 204 (VirtualMachineScaleSetVM_SimulateEviction.json)
+        if method != "POST":
+            return self._violation(f"{method} {rid}: simulateEviction is a POST")
+        vm_key = key.rsplit("/", 1)[0]
+        vm = self.resources.get(vm_key)
+        if vm is None:
+            return 404, {}, _error("NotFound", "The entity was not found in this Azure location.")
+        del self.resources[vm_key]  # eviction policy Delete: the instance goes
+        provider = "azure://" + vm["id"]
+        delay = float(self.expect.get("node_gone_after", 0.5))
+        timer = threading.Timer(delay, self._node_gone, args=(provider,))
+        timer.daemon = True
+        timer.start()
+        return 204, {}, None
+
+    def _node_gone(self, provider: str) -> None:
+        """The cloud node manager removes the node of a deleted VM; pod GC deletes the pods bound to it."""
+        with self._lock:
+            nodes = [key for key, obj in self.kube.objects.items() if key[1] == "Node" and
+                     str((obj.get("spec") or {}).get("providerID", "")).lower() == provider.lower()]
+            for key in nodes:
+                del self.kube.objects[key]
+                for pod in [p for p, obj in self.kube.objects.items() if p[1] == "Pod"
+                            and (obj.get("spec") or {}).get("nodeName") == key[3]]:
+                    del self.kube.objects[pod]
+
+
+def _provider_id(node_group: str, vmss: str, instance: int) -> str:
+    return (f"azure:///subscriptions/{SUBSCRIPTION}/resourceGroups/{node_group}/providers/Microsoft.Compute/"
+            f"virtualMachineScaleSets/{vmss}/virtualMachines/{instance}")
+
+
+def _elastic_job(job: str, workers: int) -> dict:
+    from azext_elastictrain.core import manifests as m
+    from azext_elastictrain.core.spec import JobSpec
+
+    cluster = m.InClusterSpec(identity_client_id="3f2a1b4c-5d6e-4f70-8192-a3b4c5d6e7f8",
+                              checkpoint_url="https://ckptstore01.blob.core.windows.net/checkpoints")
+    spec = JobSpec(name=job, script="scripts/train_cifar10.py", min_nodes=1, max_nodes=3, nodes=workers)
+    return m.render_elastic_job(spec, cluster, "myregistry.azurecr.io/elastictrain:0.1.0")
+
+
 _KUBE_KINDS = {
     "v1": ("Namespace", "ServiceAccount", "ConfigMap", "Service", "Pod", "Node"),
     "apps/v1": ("StatefulSet", "Deployment", "DaemonSet"),
@@ -534,12 +662,19 @@ _PATTERNS = [  # (kind, path regex after /subscriptions/{sub})
     ("credentials", r"/resourcegroups/[^/]+/providers/microsoft\.containerservice/managedclusters/[^/]+/"
                     r"listclusterusercredential"),
     ("role_assignment", r"/.+/providers/microsoft\.authorization/roleassignments/[^/]+"),
+    ("vmss_vm_list", r"/resourcegroups/[^/]+/providers/microsoft\.compute/virtualmachinescalesets/[^/]+/"
+                     r"virtualmachines"),
+    ("vmss_vm", r"/resourcegroups/[^/]+/providers/microsoft\.compute/virtualmachinescalesets/[^/]+/"
+                r"virtualmachines/\d+"),
+    ("vmss_vm_eviction", r"/resourcegroups/[^/]+/providers/microsoft\.compute/virtualmachinescalesets/[^/]+/"
+                         r"virtualmachines/\d+/simulateeviction"),
 ]
 _PROVIDER = {"resource_group": "Microsoft.Resources", "storage_account": "Microsoft.Storage",
              "container": "Microsoft.Storage", "identity": "Microsoft.ManagedIdentity",
              "federated_credential": "Microsoft.ManagedIdentity", "cluster": "Microsoft.ContainerService",
              "cluster_list": "Microsoft.ContainerService", "agent_pool": "Microsoft.ContainerService",
-             "credentials": "Microsoft.ContainerService", "role_assignment": "Microsoft.Authorization"}
+             "credentials": "Microsoft.ContainerService", "role_assignment": "Microsoft.Authorization",
+             "vmss_vm_list": "Microsoft.Compute", "vmss_vm": "Microsoft.Compute", "vmss_vm_eviction": "Microsoft.Compute"}
 _TYPE = {"resource_group": "Microsoft.Resources/resourceGroups", "storage_account": "Microsoft.Storage/storageAccounts",
          "container": "Microsoft.Storage/storageAccounts/blobServices/containers",
          "identity": "Microsoft.ManagedIdentity/userAssignedIdentities",

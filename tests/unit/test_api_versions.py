@@ -51,7 +51,7 @@ def _sent_api_version(resource_type: str, call) -> str:
     version = AZURE_API_PROFILES["latest"][rt]
     kwargs = {}
     if isinstance(version, SDKProfile):
-        kwargs["profile"] = version
+        kwargs["profile"] = version.profile  # as get_mgmt_service_client passes it
     elif version:
         kwargs["api_version"] = version
     client = get_client_class(rt)(Credential(), "00000000-0000-0000-0000-000000000000", transport=Transport(),
@@ -70,6 +70,9 @@ def _sent_api_version(resource_type: str, call) -> str:
     ("Microsoft.ContainerService", "MGMT_CONTAINERSERVICE", lambda c: c.managed_clusters.get(RG, NAME)),
     ("Microsoft.ContainerService", "MGMT_CONTAINERSERVICE", lambda c: c.agent_pools.get(RG, NAME, NAME)),
     ("Microsoft.Authorization", "MGMT_AUTHORIZATION", lambda c: c.role_assignments.get("subscriptions/x", NAME)),
+    ("Microsoft.Compute", "MGMT_COMPUTE", lambda c: c.virtual_machine_scale_set_vms.simulate_eviction(RG, NAME, "0")),
+    ("Microsoft.Compute", "MGMT_COMPUTE", lambda c: list(c.virtual_machine_scale_set_vms.list(RG, NAME))),
+    ("Microsoft.Compute", "MGMT_COMPUTE", lambda c: c.virtual_machine_scale_set_vms.get(RG, NAME, "0")),
 ])
 def test_the_test_server_checks_the_api_version_the_sdk_sends(provider, resource_type, call):
     assert _sent_api_version(resource_type, call) == API_VERSIONS[provider]

@@ -1,0 +1,143 @@
+"""Spot evictions on AKS, carried out: plan from what the cluster lists, evict through ARM, follow the job.
+
+Call order (each step is the caller's to take, so it can confirm between them):
+
+1. ``plan(kube, ...)`` lists the nodes and the training namespace's pods and chooses the targets
+   (``core.eviction.plan_evictions``): nothing is asked of Azure, bad input fails here.
+2. ``evict(compute, plan)`` asks ``simulateEviction`` of each target's VMSS instance, one after the other.
+   A 404 means the instance is already gone (evicted or scaled in a moment ago; its node can stay listed
+   for a while): that target counts as evicted, ``state`` AlreadyGone.
+3. ``follow(kube, compute, evictions, read_events)`` (``--wait``): waits until each node left the cluster
+   and its instance is gone from the scale set, then follows every job that was hit until it trains again
+   (recovery seconds, steps lost) from the job's event log. Where the events cannot be read, the result
+   says so in ``eventsError`` and keeps what was seen.
+
+``Compute`` is this module's one view of the compute API; the CLI gives it ``AzureArm`` (SDK clients), tests a
+fake or the same against the local ARM test server. Kubernetes is a ``core.kube.KubeClient``.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Optional, Protocol
+
+from azext_elastictrain.core.aks_jobs import follow_recovery_aks, wait_node_gone
+from azext_elastictrain.core.eviction import EvictionPlan, VmssInstance, plan_evictions
+from azext_elastictrain.core.manifests import NAMESPACE
+
+EVICTED = "Evicted"
+ALREADY_GONE = "AlreadyGone"
+NODE_GONE_TIMEOUT = 600.0  # Spot gives >= 30 s of notice, then the cloud node manager removes the node
+RECOVERY_TIMEOUT = 600.0  # a new Spot node may have to be allocated and the image pulled
+
+ReadEvents = Callable[[str], list]
+
+
+class Compute(Protocol):
+    """The VMSS instances behind AKS nodes. Errors raise ``core.backends.aks.ArmError``."""
+
+    def simulate_eviction(self, instance: VmssInstance) -> None:
+        """POST .../virtualMachines/{id}/simulateEviction; 204."""
+
+    def vmss_instance(self, instance: VmssInstance) -> Optional[dict]:
+        """The instance, or None where it does not exist (404)."""
+
+
+class EvictionFailed(Exception):
+    """ARM refused an eviction; ``done`` are the evictions that went through before it."""
+
+    def __init__(self, node: str, error: Exception, done: list[dict]) -> None:
+        super().__init__(f"the eviction of node {node!r} failed: {error}")
+        self.node, self.error, self.done = node, error, done
+
+
+def plan(kube: Any, *, node: str | None = None, job: str | None = None, rank: int | None = None,
+         pool: str | None = None, count: int | None = None, pools: list[str] | None = None,
+         namespace: str = NAMESPACE) -> EvictionPlan:
+    """The targets, from the cluster's nodes and the training namespace's pods; raises EvictionPlanError."""
+    nodes = kube.list("v1", "Node")
+    pods = kube.list("v1", "Pod", namespace)
+    return plan_evictions(nodes, pods, node=node, job=job, rank=rank, pool=pool, count=count, pools=pools)
+
+
+def evict(compute: Compute, eviction_plan: EvictionPlan, *, clock: Callable[[], float] = time.time,
+          progress: Callable[[str], None] = lambda line: None) -> list[dict]:
+    """simulateEviction for each target, in order; one dict per target (``evictedAt``: when it was asked)."""
+    from azext_elastictrain.core.backends.aks import ArmError
+
+    done: list[dict] = []
+    for target in eviction_plan.targets:
+        asked = clock()
+        try:
+            compute.simulate_eviction(target.instance)
+            state = EVICTED
+        except ArmError as ex:
+            if ex.status != 404:
+                raise EvictionFailed(target.node, ex, done) from ex
+            state = ALREADY_GONE
+        result = {**target.to_dict(), "state": state, "evictedAt": _iso(asked), "requestedAt": asked}
+        progress(f"{target.node} ({target.instance.vmss} instance {target.instance.instance_id}): "
+                 + ("eviction asked for" if state == EVICTED else "the instance was already gone"))
+        done.append(result)
+    return done
+
+
+def follow(kube: Any, compute: Compute, evictions: list[dict], read_events: ReadEvents | None, *,
+           events_error: str | None = None, node_timeout: float = NODE_GONE_TIMEOUT,
+           recovery_timeout: float = RECOVERY_TIMEOUT, poll: float = 2.0,
+           clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
+           progress: Callable[[str], None] = lambda line: None) -> list[dict]:
+    """``--wait``: each eviction gets ``recovery``: when its node left, whether its instance is gone, and for
+    the jobs it hit, the recovery their events show. ``read_events`` None: events unreadable (``events_error``
+    says why); the node is still followed until it is gone."""
+    for eviction in evictions:
+        gone_at = wait_node_gone(kube, eviction["node"], timeout=node_timeout, poll=poll, clock=clock, sleep=sleep)
+        instance = VmssInstance(eviction["subscription"], eviction["resourceGroup"], eviction["vmss"],
+                                eviction["instanceId"])
+        eviction["recovery"] = {"nodeGoneAt": _iso(gone_at),
+                                "nodeGoneSeconds": round(max(0.0, gone_at - eviction["requestedAt"]), 2),
+                                "instanceGone": compute.vmss_instance(instance) is None}
+        progress(f"{eviction['node']} left the cluster after {eviction['recovery']['nodeGoneSeconds']:g}s")
+    jobs = sorted({p["job"] for e in evictions for p in e["pods"] if p.get("job")})
+    if not evictions or not jobs:
+        return evictions
+    if read_events is None:
+        for eviction in evictions:
+            if eviction["pods"]:
+                eviction["recovery"]["eventsError"] = events_error or "the job's events cannot be read"
+        return evictions
+    gone_at = max(_epoch(e["recovery"]["nodeGoneAt"]) for e in evictions)
+    asked_at = min(e["requestedAt"] for e in evictions)
+    for job in jobs:
+        progress(f"following job {job!r} until it trains again")
+        try:
+            found = follow_recovery_aks(read_events, job, gone_at, requested_at=asked_at, timeout=recovery_timeout)
+            recovery = {k: found.get(k) for k in ("recoverySeconds", "stepsLost", "resumedFromStep", "worldSize",
+                                                  "restoreSeconds")}
+        except Exception as ex:  # noqa: BLE001  unreadable events or no recovery in time: say which
+            from azext_elastictrain.core.backends.local_evict import EvictionError
+
+            if isinstance(ex, EvictionError):
+                raise
+            recovery = {"eventsError": f"cannot read the job's events: {ex}"}
+        for eviction in evictions:
+            if any(p.get("job") == job for p in eviction["pods"]):
+                eviction["recovery"].update({"job": job, **recovery})
+    return evictions
+
+
+def report(cluster: str, resource_group: str, eviction_plan: EvictionPlan, evictions: list[dict] | None) -> dict:
+    """What the command prints: the plan (dry run) or the evictions; epoch times stay inside."""
+    result = {"type": "aks", "cluster": cluster, "resourceGroup": resource_group, "by": dict(eviction_plan.by)}
+    if evictions is None:
+        return {**result, "dryRun": True, "targets": [t.to_dict() for t in eviction_plan.targets]}
+    return {**result, "evictions": [{k: v for k, v in e.items() if k != "requestedAt"} for e in evictions]}
+
+
+def _iso(epoch: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(epoch)) + f".{int(epoch % 1 * 1000):03d}Z"
+
+
+def _epoch(iso: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()

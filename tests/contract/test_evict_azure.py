@@ -1,0 +1,201 @@
+"""az elastictrain evict simulate -g ... -c ... through the real az against the local ARM server.
+
+The server holds a running AKS cluster (``seed_aks_training``): Spot GPU nodes whose providerIDs point at VMSS
+instances in the node resource group, a Regular system node, an ElasticJob with worker pods. Each eviction must
+reach ARM as the official VirtualMachineScaleSetVM_SimulateEviction example has it (POST, the path's shape, no
+body, 204) at the api-version azure-cli's compute client sends; the ``arm`` fixture fails a test on any request
+the server rejected.
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.arm_server import ACCESS_TOKEN_SECRET, API_VERSIONS, KUBE_TOKEN, SUBSCRIPTION
+
+CLUSTER = "trainer"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SPECS = next((p / "shared/reference/azure-rest-api-specs/specification" for p in [REPO_ROOT.parent, *REPO_ROOT.parents]
+              if (p / "shared/reference/azure-rest-api-specs/specification").is_dir()), None)
+# The example's path template (SDK_OPERATION_CONTRACTS.md, VirtualMachineScaleSetVMsOperations.simulate_eviction)
+SIMULATE = re.compile(r"/subscriptions/(?P<sub>[^/]+)/resourceGroups/(?P<rg>[^/]+)/providers/Microsoft\.Compute/"
+                      r"virtualMachineScaleSets/(?P<vmss>[^/]+)/virtualMachines/(?P<id>[^/]+)/simulateEviction")
+
+
+def _evictions(arm) -> list[tuple[str, str, dict]]:
+    """(method, path, query) of every simulateEviction request the server saw."""
+    from urllib.parse import parse_qs, urlsplit
+
+    found = []
+    for method, raw in arm.requests:
+        parts = urlsplit(raw)
+        if parts.path.lower().endswith("/simulateeviction"):
+            found.append((method, parts.path, {k: v[0] for k, v in parse_qs(parts.query).items()}))
+    return found
+
+
+def _evict(az, group, *args, check=True):
+    return az("elastictrain", "evict", "simulate", "-g", group, "-c", CLUSTER, *args, check=check, timeout=120)
+
+
+def _node_gone(arm, node: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while arm.kube.get("v1", "Node", node) is not None:
+        assert time.monotonic() < deadline, f"node {node} never left the fake cluster"
+        time.sleep(0.1)
+
+
+def test_evict_a_node_sends_the_official_request_and_the_instance_is_gone(az, arm, group):
+    seeded = arm.seed_aks_training(group, CLUSTER)
+    node = seeded["gpuNodes"][0]
+    result = json.loads(_evict(az, group, "--node", node, "--yes", "-o", "json").stdout)
+
+    [(method, path, query)] = _evictions(arm)
+    assert method == "POST"
+    if SPECS is not None:  # the official example: the same parameters in the path, and 204 is the answer
+        example = json.loads(sorted(SPECS.rglob("VirtualMachineScaleSetVM_SimulateEviction.json"))[-1].read_text())
+        assert set(example["parameters"]) == {"subscriptionId", "resourceGroupName", "vmScaleSetName", "instanceId",
+                                              "api-version"}
+        assert list(example["responses"]) == ["204"]
+    match = SIMULATE.fullmatch(path)
+    assert match, path
+    # AKS writes the node resource group in lower case in providerIDs; ARM takes it either way
+    assert (match["sub"], match["rg"], match["vmss"], match["id"]) == (
+        SUBSCRIPTION, seeded["nodeResourceGroup"].lower(), seeded["gpuVmss"], "0")
+    assert query == {"api-version": API_VERSIONS["Microsoft.Compute"]}  # the SDK's, not the example's
+
+    [eviction] = result["evictions"]
+    assert (eviction["node"], eviction["pool"], eviction["vmss"], eviction["instanceId"], eviction["state"]) == (
+        node, "gpu", seeded["gpuVmss"], "0", "Evicted")
+    assert eviction["ranks"] == [0] and eviction["pods"][0]["pod"] == "cifar-worker-0"
+    assert eviction["resourceGroup"].lower() == seeded["nodeResourceGroup"].lower() and eviction["evictedAt"]
+
+    # gone from the scale set at once, as the real az sees it; the node leaves the cluster a moment later
+    listed = az.json("vmss", "list-instances", "-g", seeded["nodeResourceGroup"], "-n", seeded["gpuVmss"])
+    assert sorted(vm["instanceId"] for vm in listed) == ["1", "2"]
+    _node_gone(arm, node)
+    arm.requests.clear()
+    again = _evict(az, group, "--node", node, "--yes", check=False)
+    assert again.returncode == 3 and f"no node {node!r}" in again.stderr and "Traceback" not in again.stderr
+    assert _evictions(arm) == []
+
+
+def test_a_node_still_listed_after_its_instance_went_is_reported_gone(az, arm, group):
+    seeded = arm.seed_aks_training(group, CLUSTER)
+    arm.expect["node_gone_after"] = 30  # the cloud node manager has not caught up yet
+    node = seeded["gpuNodes"][1]
+    _evict(az, group, "--node", node, "--yes", "-o", "none")
+    second = az.json("elastictrain", "evict", "simulate", "-g", group, "-c", CLUSTER, "--node", node, "--yes")
+    assert second["evictions"][0]["state"] == "AlreadyGone"
+    assert [m for m, _, _ in _evictions(arm)] == ["POST", "POST"]
+
+
+def test_evict_by_job_rank_and_by_pool_count(az, arm, group):
+    seeded = arm.seed_aks_training(group, CLUSTER, gpu_nodes=3, workers=2)
+    by_rank = az.json("elastictrain", "evict", "simulate", "-g", group, "-c", CLUSTER, "--job", "cifar", "--rank",
+                      "1", "--yes")
+    assert [(e["node"], e["ranks"]) for e in by_rank["evictions"]] == [(seeded["gpuNodes"][1], [1])]
+    assert by_rank["by"] == {"job": "cifar", "rank": 1}
+    _node_gone(arm, seeded["gpuNodes"][1])
+
+    arm.requests.clear()
+    by_pool = az("elastictrain", "evict", "simulate", "-g", group, "-c", CLUSTER, "--pool", "gpu", "--count", "2",
+                 "--yes", "-o", "table", timeout=120).stdout
+    assert seeded["gpuNodes"][0] in by_pool and seeded["gpuNodes"][2] in by_pool and "Evicted" in by_pool
+    assert sorted(SIMULATE.fullmatch(p)["id"] for _, p, _ in _evictions(arm)) == ["0", "2"]
+
+
+def test_evict_a_whole_job_and_wait_until_its_nodes_left(az, arm, group):
+    seeded = arm.seed_aks_training(group, CLUSTER, workers=2)
+    result = az("elastictrain", "evict", "simulate", "-g", group, "-c", CLUSTER, "--job", "cifar", "--wait",
+                "--yes", "-o", "json", timeout=120)
+    evictions = json.loads(result.stdout)["evictions"]
+    assert [e["node"] for e in evictions] == seeded["gpuNodes"][:2]
+    for eviction in evictions:
+        recovery = eviction["recovery"]
+        assert recovery["instanceGone"] is True and recovery["nodeGoneSeconds"] >= 0
+        assert "cannot be read" in recovery["eventsError"]
+    assert "following the nodes until they leave the cluster only" in result.stderr
+    assert arm.kube.get("v1", "Node", seeded["gpuNodes"][0]) is None
+    assert arm.kube.list("v1", "Pod", "elastictrain") == [], "pods of a lost node are collected"
+
+
+def test_dry_run_and_no_confirmation_evict_nothing(az, arm, group):
+    seeded = arm.seed_aks_training(group, CLUSTER)
+    plan = az.json("elastictrain", "evict", "simulate", "-g", group, "-c", CLUSTER, "--job", "cifar", "--dry-run")
+    assert plan["dryRun"] is True and [t["node"] for t in plan["targets"]] == seeded["gpuNodes"][:2]
+    assert [t["ranks"] for t in plan["targets"]] == [[0], [1]]
+    unconfirmed = _evict(az, group, "--node", seeded["gpuNodes"][0], check=False)
+    assert unconfirmed.returncode != 0 and "--yes" in unconfirmed.stderr
+    assert _evictions(arm) == [] and all(m == "GET" or p.startswith("/kube") or p.endswith("Credential?api-version="
+                                         + API_VERSIONS["Microsoft.ContainerService"]) for m, p in arm.requests)
+
+
+@pytest.mark.parametrize("args, code, expected", [
+    (["--node", "aks-nosuch-12345678-vmss000009"], 3, "has no node 'aks-nosuch-12345678-vmss000009'"),
+    (["--node", "{system}"], 1, "not Spot"),
+    (["--job", "nosuch"], 3, "no job 'nosuch'"),
+    (["--job", "cifar", "--rank", "5"], 3, "has no rank 5"),
+    (["--pool", "gpu2"], 3, "no node pool 'gpu2'"),
+    (["--node", "{gpu}", "--job", "cifar"], 1, "exactly one of --node"),
+    (["--job", "cifar", "--rank", "-1"], 1, "--rank must be"),
+    (["--node", "{gpu}", "--notice-seconds", "5"], 1, "for the local cluster"),
+])
+def test_bad_input_is_an_az_error_and_evicts_nothing(az, arm, group, args, code, expected):
+    seeded = arm.seed_aks_training(group, CLUSTER)
+    args = [a.format(system=seeded["systemNode"], gpu=seeded["gpuNodes"][0]) for a in args]
+    result = _evict(az, group, *args, "--yes", check=False)
+    assert result.returncode == code and expected in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    assert _evictions(arm) == []
+
+
+def test_a_cluster_without_the_gpu_pool_is_refused(az, arm, group):
+    arm.seed_aks_training(group, CLUSTER, gpu_pool=False)
+    result = _evict(az, group, "--pool", "gpu", "--yes", check=False)
+    assert result.returncode == 1 and "has no Spot node pool (its pools: system)" in result.stderr
+    assert "Traceback" not in result.stderr and _evictions(arm) == []
+    missing = az("elastictrain", "evict", "simulate", "-g", group, "-c", "nothere", "--pool", "gpu", "--yes",
+                 check=False)
+    assert missing.returncode == 3 and "no AKS cluster named 'nothere'" in missing.stderr
+
+
+def test_neither_local_nor_a_cluster_is_a_usage_error(az, arm):
+    result = az("elastictrain", "evict", "simulate", "--node", "x", "--yes", check=False)
+    assert result.returncode == 1 and "-g RG -c CLUSTER" in result.stderr and arm.requests == []
+    both = az("elastictrain", "evict", "simulate", "--local", "-g", "rg", "--job", "x", "--yes", check=False)
+    assert both.returncode == 1 and "--local and -g" in both.stderr and arm.requests == []
+
+
+def test_no_secret_in_any_output_or_log(az, arm, group):
+    seeded = arm.seed_aks_training(group, CLUSTER)
+    outputs = []
+    for args in (["--job", "cifar", "--dry-run"], ["--node", seeded["gpuNodes"][0], "--wait", "--yes"]):
+        result = _evict(az, group, *args, "--debug")
+        outputs += [result.stdout, result.stderr]
+    logs = [p.read_text(errors="replace") for p in az.config_dir.rglob("*") if p.is_file()
+            and p.suffix in (".log", ".txt", "")]
+    signature = _token_signature()
+    for text in outputs + logs:
+        assert KUBE_TOKEN not in text and signature not in text and ACCESS_TOKEN_SECRET not in text
+        assert "kubeconfigs" not in text and "certificate-authority-data" not in text
+
+
+def _token_signature() -> str:
+    import base64
+
+    return base64.urlsafe_b64encode(ACCESS_TOKEN_SECRET.encode()).decode().rstrip("=")
+
+
+def test_an_arm_error_half_way_says_what_was_evicted_and_stops(az, arm, group):
+    seeded = arm.seed_aks_training(group, CLUSTER, gpu_nodes=3)
+    arm.fail_once("POST", "/virtualMachines/1/simulateEviction", 409, "OperationNotAllowed",
+                  "The operation is not allowed while the VM is being updated.")
+    result = _evict(az, group, "--pool", "gpu", "--count", "3", "--yes", check=False)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "OperationNotAllowed" in result.stderr and f"Evicted before it: {seeded['gpuNodes'][0]}" in result.stderr
+    assert [SIMULATE.fullmatch(p)["id"] for _, p, _ in _evictions(arm)] == ["0", "1"], "it stops at the failure"
