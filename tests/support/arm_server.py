@@ -462,6 +462,9 @@ class ArmServer:
     def _kube(self, method: str, path: str, query: dict, body: bytes) -> tuple[int, dict, Any]:
         m = re.fullmatch(r"/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
                          r"(?:/namespaces/(?P<ns>[^/]+))?(?:/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?)?", path)
+        log = re.fullmatch(r"/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/]+)/log", path)
+        if log and method == "GET":
+            return self._kube_log(log["ns"], log["name"], query)
         if not m:
             return 404, {}, {"kind": "Status", "reason": "NotFound", "message": path}
         api_version = "v1" if m["core"] else f"{m['group']}/{m['version']}"
@@ -500,6 +503,18 @@ class ArmServer:
         except KubeError as ex:
             return ex.status or 500, {}, {"kind": "Status", "reason": ex.reason, "message": str(ex)}
         return 405, {}, {}
+
+    def _kube_log(self, namespace: str, pod: str, query: dict) -> tuple[int, dict, Any]:
+        """GET .../pods/<pod>/log: the fake's stored text, as text/plain (bytes)."""
+        from azext_elastictrain.core.kube import KubeError
+
+        tail = query.get("tailLines")
+        try:
+            lines = list(self.kube.pod_logs(pod, namespace, query.get("container"), query.get("follow") == "true",
+                                            int(tail) if tail is not None else None))
+        except KubeError as ex:
+            return ex.status or 500, {}, {"kind": "Status", "reason": ex.reason, "message": str(ex)}
+        return 200, {}, "".join(line + "\n" for line in lines).encode()
 
 
 _KUBE_KINDS = {
@@ -572,9 +587,10 @@ def _handler(server: ArmServer):
             except Exception as ex:  # noqa: BLE001  a bug in the test server: make it visible
                 server.violations.append(f"test server error on {self.command} {self.path}: {ex!r}")
                 status, extra, payload = 500, {}, _error("TestServerError", repr(ex))
-            data = b"" if payload is None else json.dumps(payload).encode()
+            text = isinstance(payload, bytes)  # a pod's log
+            data = payload if text else b"" if payload is None else json.dumps(payload).encode()
             self.send_response(status)
-            self.send_header("Content-Type", "application/json; charset=utf-8")
+            self.send_header("Content-Type", f"{'text/plain' if text else 'application/json'}; charset=utf-8")
             self.send_header("Content-Length", str(len(data)))
             self.send_header("x-ms-request-id", str(uuid.uuid4()))
             for key, value in extra.items():
