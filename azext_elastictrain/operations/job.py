@@ -50,6 +50,9 @@ def run_job(cmd, name: str, script: str, min_nodes: int, max_nodes: int, local: 
         ) from ex
     if aks:
         gpus = 1 if gpus_per_node is None else gpus_per_node
+        if gpus < 1:
+            raise InvalidArgumentValueError(f"--gpus-per-node must be a whole number of at least 1, not {gpus}",
+                                            recommendation="Pass the GPUs each worker pod gets, e.g. 1.")
         spec = JobSpec(name=name, script=script, min_nodes=min_nodes, max_nodes=max_nodes, nodes=nodes,
                        nproc_per_node=gpus if nproc_per_node is None else nproc_per_node, script_args=args,
                        checkpoint_interval=checkpoint_interval, keep=keep)

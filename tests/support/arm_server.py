@@ -13,6 +13,8 @@ The real ``az`` (and the SDK clients inside it) talk to it exactly as to Azure:
   ARM error body (400/409/...), to test error mapping and re-runs after a failure half-way.
 * **Login**: ``/msi/token`` is an App Service style managed-identity endpoint (``IDENTITY_ENDPOINT`` +
   ``IDENTITY_HEADER``) whose token is a JWT with a ``tid`` claim; ``GET /subscriptions`` lists one.
+  A token for ``https://storage.azure.com`` passes Azurite's OAuth check: with ``blob_endpoint`` set to an
+  HTTPS Azurite, the storage accounts' ``primaryEndpoints.blob`` send blob reads there.
 * **Kubernetes**: ``listClusterUserCredential`` returns a kubeconfig whose server is ``/kube`` on this server
   (CA: this server's certificate; a bearer token); ``/kube`` is a REST front for ``tests.support.fake_kube``
   (discovery, server-side apply, get, list, delete), so the real ``core.kube.connect`` talks to it.
@@ -103,6 +105,7 @@ class ArmServer:
 
     def __init__(self, folder: Path) -> None:
         self.cert, self._key = make_certificate(folder)
+        self.key = self._key  # for other local services behind the same trusted certificate (Azurite)
         self.resources: dict[str, dict] = {}  # lower-case id -> resource (wire format)
         self.operations: dict[str, dict] = {}
         self.requests: list[tuple[str, str]] = []  # (method, path?query)
@@ -111,6 +114,8 @@ class ArmServer:
         self.expect: dict[str, Any] = {"gpu_vm_size": "Standard_NC4as_T4_v3", "min_count": 0, "max_count": 3,
                                        "spot_max_price": -1, "eviction_policy": "Delete", "storage_sku": "Standard_LRS"}
         self.kube = FakeKube()
+        #: primaryEndpoints.blob of the storage accounts it creates (None: Azure's); tests point it at Azurite
+        self.blob_endpoint: str | None = None
         self._faults: list[tuple[str, str, int, str, str]] = []
         self._lock = threading.RLock()
         self._ids = itertools.count(1)
@@ -186,7 +191,9 @@ class ArmServer:
             return 401, {}, {"error": "missing X-IDENTITY-HEADER"}
         resource = query.get("resource", "")
         expires = int(datetime.datetime.now(datetime.timezone.utc).timestamp()) + 3600
-        token = _jwt({"aud": resource, "tid": TENANT, "oid": "11111111-2222-3333-4444-555555555555",
+        issued = expires - 3600 - 300  # nbf and iat: Azurite's OAuth check wants both
+        token = _jwt({"aud": resource, "tid": TENANT, "nbf": issued, "iat": issued,
+                      "oid": "11111111-2222-3333-4444-555555555555",
                       "appid": "66666666-7777-8888-9999-000000000000", "exp": expires,
                       "iss": f"https://sts.windows.net/{TENANT}/"})
         return 200, {}, {"access_token": token, "expires_on": str(expires), "resource": resource,
@@ -309,7 +316,8 @@ class ArmServer:
             props["provisioningState"] = "Succeeded"
         elif kind == "storage_account":
             props.update({"provisioningState": "Succeeded", "creationTime": "2026-01-01T00:00:00Z",
-                          "primaryEndpoints": {"blob": f"https://{name}.blob.core.windows.net/"},
+                          "primaryEndpoints": {"blob": self.blob_endpoint
+                                               or f"https://{name}.blob.core.windows.net/"},
                           "primaryLocation": resource.get("location")})
         elif kind == "identity":
             props.update({"clientId": old.get("clientId", str(uuid.uuid4())),
