@@ -212,8 +212,10 @@ class _EventReader:
 
     def __call__(self, job: str) -> list[dict]:
         if self._store is None:
-            from azext_elastictrain.core.blobstore import BlobStore
+            from azext_elastictrain.core.blobstore import BlobStore, StoreError
 
+            if self._credential is None:  # never a silent DefaultAzureCredential: the caller's login or nothing
+                raise StoreError("no credential for the cluster's blob storage was given")
             self._store = BlobStore.from_url(self._url, credential=self._credential, quick_retries=True)
         return job_events.read_events(self._store, job)
 
