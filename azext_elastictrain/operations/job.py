@@ -40,7 +40,8 @@ def run_job(cmd, name: str, script: str, min_nodes: int, max_nodes: int, local: 
     if aks and not image:
         raise RequiredArgumentMissingError(
             "a job on AKS needs --image: the container image with torch and the training script",
-            recommendation="Pass a pinned image, e.g. --image myregistry.azurecr.io/train:1.0 (see scripts/Dockerfile).")
+            recommendation="Pass a pinned image, e.g. --image myregistry.azurecr.io/train:1.0 "
+                           "(see scripts/Dockerfile).")
     try:
         args = tuple(shlex.split(script_args or ""))
     except ValueError as ex:
@@ -68,7 +69,8 @@ def run_job(cmd, name: str, script: str, min_nodes: int, max_nodes: int, local: 
         return backend.run_job(spec)
 
 
-def list_jobs(cmd, local: bool = False, cluster: str | None = None, resource_group_name: str | None = None) -> list[dict]:
+def list_jobs(cmd, local: bool = False, cluster: str | None = None,
+              resource_group_name: str | None = None) -> list[dict]:
     if on_aks(local, resource_group_name, cluster):
         with aks_job_errors(resource_group_name, cluster):
             return aks_jobs(cmd).list_jobs(resource_group_name, cluster)
