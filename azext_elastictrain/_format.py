@@ -122,6 +122,8 @@ def job_list_table(result) -> list:
 
 
 def job_delete_table(result) -> list:
+    if result.get("type") == "aks":
+        return aks_job_delete_table(result)
     action = "would stop" if result.get("dryRun") else "stopped"
     rows = [OrderedDict([("Action", action), ("Node", p.get("node") or "(worker)"), ("Pid", p.get("pid"))])
             for p in result.get("stopped", [])]
@@ -129,6 +131,18 @@ def job_delete_table(result) -> list:
                              ("Node", f"job {result.get('name')} state"), ("Pid", "")]))
     rows.append(OrderedDict([("Action", "checkpoints"), ("Node", result.get("checkpoints")), ("Pid", "")]))
     return rows
+
+
+def aks_job_delete_table(result) -> list:
+    """The ElasticJob that goes, its worker pods with it, and the checkpoints that stay."""
+    dry = result.get("dryRun")
+    job = OrderedDict([("Action", "would delete" if dry else "deleted"), ("What", "ElasticJob"),
+                       ("Name", result.get("name")), ("Node", "")])
+    pods = [OrderedDict([("Action", "would stop" if dry else "stopping"), ("What", f"rank {p.get('rank')}"),
+                         ("Name", p.get("pod")), ("Node", p.get("node") or "")]) for p in result.get("stopped", [])]
+    kept = OrderedDict([("Action", "keeps"), ("What", "checkpoints"), ("Name", result.get("checkpointUrl", "")),
+                        ("Node", "")])
+    return [job] + pods + [kept]
 
 
 def eviction_table(result) -> list:

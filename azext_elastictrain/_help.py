@@ -15,7 +15,9 @@ short-summary: Inspect and verify a job's checkpoints in blob storage.
 long-summary: >
     Name the job by its checkpoint URL (--url), or, for a job on a local cluster, by
     --local [--cluster NAME] --job JOB: the URL and the local storage credentials then come from
-    the cluster. Exactly one of the two.
+    the cluster; for a job on AKS by -g RG -c CLUSTER --job JOB: the cluster's storage account,
+    read with your az login (Entra ID; you need 'Storage Blob Data Reader' on its container).
+    Exactly one of the three.
 """
 
 helps["elastictrain checkpoint list"] = """
@@ -31,6 +33,8 @@ examples:
     text: az elastictrain checkpoint list --local --job resnet -o table
   - name: List checkpoints in local Azurite by URL.
     text: az elastictrain checkpoint list --url http://127.0.0.1:10000/devstoreaccount1/checkpoints/resnet --connection-string "$AZURE_STORAGE_CONNECTION_STRING"
+  - name: List the checkpoints of job 'resnet' on AKS cluster 'trainer' (its storage, your az login).
+    text: az elastictrain checkpoint list -g ml-rg -c trainer --job resnet -o table
 """
 
 helps["elastictrain checkpoint show"] = """
@@ -41,6 +45,8 @@ examples:
     text: az elastictrain checkpoint show --url https://mystore.blob.core.windows.net/checkpoints/resnet --step 1200
   - name: Show a checkpoint of job 'resnet' on the local cluster.
     text: az elastictrain checkpoint show --local --job resnet --step 100
+  - name: Show a checkpoint of job 'resnet' on AKS cluster 'trainer'.
+    text: az elastictrain checkpoint show -g ml-rg -c trainer --job resnet --step 1200
 """
 
 helps["elastictrain checkpoint verify"] = """
@@ -53,6 +59,8 @@ examples:
     text: az elastictrain checkpoint verify --url https://mystore.blob.core.windows.net/checkpoints/resnet --step 1200
   - name: Verify the checkpoints of job 'resnet' on local cluster 'exp2'.
     text: az elastictrain checkpoint verify --local --cluster exp2 --job resnet -o table
+  - name: Verify the checkpoints of job 'resnet' on AKS cluster 'trainer'.
+    text: az elastictrain checkpoint verify -g ml-rg -c trainer --job resnet -o table
 """
 
 helps["elastictrain checkpoint prune"] = """
@@ -69,6 +77,8 @@ examples:
     text: az elastictrain checkpoint prune --url https://mystore.blob.core.windows.net/checkpoints/resnet --older-than 7d --incomplete --yes
   - name: Preview pruning a local job's checkpoints to the newest 2.
     text: az elastictrain checkpoint prune --local --job resnet --keep-last 2 --dry-run
+  - name: Preview pruning the checkpoints of job 'resnet' on AKS cluster 'trainer' to the newest 3.
+    text: az elastictrain checkpoint prune -g ml-rg -c trainer --job resnet --keep-last 3 --dry-run -o table
 """
 
 helps["elastictrain checkpoint download"] = """
@@ -86,6 +96,8 @@ examples:
     text: az elastictrain checkpoint download --url https://mystore.blob.core.windows.net/checkpoints/resnet --dest ./ckpt
   - name: Download step 1200 of job 'resnet' on the local cluster.
     text: az elastictrain checkpoint download --local --job resnet --step 1200 --dest ./ckpt -o table
+  - name: Download the newest complete checkpoint of job 'resnet' on AKS cluster 'trainer'.
+    text: az elastictrain checkpoint download -g ml-rg -c trainer --job resnet --dest ./ckpt
 """
 
 helps["elastictrain cluster"] = """
@@ -199,6 +211,8 @@ long-summary: >
     --local runs each node as a torchrun agent on this machine, on a local cluster
     ('az elastictrain cluster create --local'). State, world size, step, throughput, checkpoints,
     evictions and recoveries come from the event log the job writes next to its checkpoints.
+    -g RG -c CLUSTER runs it on an AKS cluster ('az elastictrain cluster create -g RG -n CLUSTER') as
+    an ElasticJob of the TorchElastic operator: one worker pod per node on the GPU Spot pool.
 """
 
 helps["elastictrain job run"] = """
@@ -214,6 +228,12 @@ examples:
     text: az elastictrain job run --local --name cifar --script scripts/train_cifar10.py --script-args "--steps 300 --step-delay 0.05" --min-nodes 1 --max-nodes 2 --checkpoint-interval 25
   - name: Start 2 of at most 4 nodes with 2 processes each on local cluster 'exp2'.
     text: az elastictrain job run --local --cluster exp2 --name big --script train.py --min-nodes 2 --max-nodes 4 --nodes 2 --nproc-per-node 2 -o table
+  - name: On AKS cluster 'trainer', train on 2 to 4 GPU Spot nodes with 1 GPU each; the script is inside the image.
+    text: az elastictrain job run -g ml-rg -c trainer -n cifar --image myregistry.azurecr.io/elastictrain:0.1.0 --script /app/train_cifar10.py --script-args "--steps 3000" --min-nodes 2 --max-nodes 4
+  - name: Nodes with 4 GPUs and 4 training processes each.
+    text: az elastictrain job run -g ml-rg -c trainer -n big --image myregistry.azurecr.io/elastictrain:0.1.0 --script /app/train.py --min-nodes 1 --max-nodes 2 --gpus-per-node 4 --nproc-per-node 4
+  - name: Print the ElasticJob it would create; create nothing.
+    text: az elastictrain job run -g ml-rg -c trainer -n cifar --image myregistry.azurecr.io/elastictrain:0.1.0 --script /app/train_cifar10.py --min-nodes 1 --max-nodes 2 --dry-run
 """
 
 helps["elastictrain job list"] = """
@@ -222,6 +242,8 @@ short-summary: List the jobs of a cluster with their state, step and world size.
 examples:
   - name: List the jobs on the local cluster.
     text: az elastictrain job list --local -o table
+  - name: List the jobs on AKS cluster 'trainer'.
+    text: az elastictrain job list -g ml-rg -c trainer -o table
 """
 
 helps["elastictrain job show"] = """
@@ -237,6 +259,8 @@ examples:
     text: az elastictrain job show --local --name cifar
   - name: One line of it.
     text: az elastictrain job show --local --name cifar -o table
+  - name: Show job 'cifar' on AKS cluster 'trainer' - the operator's conditions and each worker pod (node, Spot, phase, restarts).
+    text: az elastictrain job show -g ml-rg -c trainer -n cifar
 """
 
 helps["elastictrain job logs"] = """
@@ -247,6 +271,10 @@ examples:
     text: az elastictrain job logs --local --name cifar --tail 20
   - name: Follow node 0 until the job ends (Ctrl-C stops following, not the job).
     text: az elastictrain job logs --local --name cifar --node cifar-node-0 --follow
+  - name: On AKS, the last 50 lines of rank 1.
+    text: az elastictrain job logs -g ml-rg -c trainer -n cifar --rank 1 --tail 50
+  - name: On AKS, follow one worker pod.
+    text: az elastictrain job logs -g ml-rg -c trainer -n cifar --pod cifar-worker-0 --follow
 """
 
 helps["elastictrain job wait"] = """
@@ -259,6 +287,8 @@ examples:
     text: az elastictrain job wait --local --name cifar --step 100
   - name: Wait until it trains with 2 ranks again after an eviction.
     text: az elastictrain job wait --local --name cifar --world-size 2 --timeout 120
+  - name: On AKS, wait until job 'cifar' trains with 4 ranks.
+    text: az elastictrain job wait -g ml-rg -c trainer -n cifar --world-size 4 --timeout 1800
 """
 
 helps["elastictrain job delete"] = """
@@ -276,6 +306,10 @@ examples:
     text: az elastictrain job delete --local --name cifar --yes
   - name: Delete it and its checkpoints.
     text: az elastictrain job delete --local --name cifar --delete-checkpoints --yes
+  - name: On AKS, see what deleting job 'cifar' would stop.
+    text: az elastictrain job delete -g ml-rg -c trainer -n cifar --dry-run
+  - name: On AKS, delete it without prompting (the ElasticJob and its pods; the checkpoints stay).
+    text: az elastictrain job delete -g ml-rg -c trainer -n cifar --yes
 """
 
 helps["elastictrain evict"] = """

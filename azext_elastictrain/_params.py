@@ -21,10 +21,11 @@ def load_arguments(self, _):
         c.argument("local", arg_type=get_three_state_flag(), options_list=["--local"],
                    help="The checkpoints of a job on a local cluster (with --job): the URL and credentials "
                         "come from the cluster. Instead of --url.")
-        c.argument("cluster", options_list=["--cluster"],
-                   help="With --local: the local cluster the job ran on (default: local).")
+        c.argument("cluster", options_list=["--cluster", "-c"],
+                   help="With --local: the local cluster the job ran on (default: local). With -g: the AKS "
+                        "cluster.")
         c.argument("job", options_list=["--job"],
-                   help="With --local: the job whose checkpoints to use.")
+                   help="With --local or -g/-c: the job whose checkpoints to use.")
         c.argument("step", type=int, options_list=["--step"], help="Training step of the checkpoint.")
 
     with self.argument_context("elastictrain checkpoint download") as c:
@@ -113,16 +114,16 @@ def load_arguments(self, _):
     with self.argument_context("elastictrain job") as c:
         c.argument("local", arg_type=get_three_state_flag(), options_list=["--local"],
                    help="A job on a local cluster: its nodes are torchrun agents on this machine.")
-        c.argument("cluster", options_list=["--cluster"],
-                   help="The local cluster the job runs on (default: local). "
-                        "Create it with 'az elastictrain cluster create --local'.")
+        c.argument("cluster", options_list=["--cluster", "-c"],
+                   help="With --local: the local cluster the job runs on (default: local; create it with "
+                        "'az elastictrain cluster create --local'). With -g: the AKS cluster.")
         c.argument("name", options_list=["--name", "-n"],
                    help="Name of the job: 1-63 lowercase letters, digits and '-' (a DNS label). "
                         "It names the job's checkpoint folder and its rendezvous.")
     with self.argument_context("elastictrain job run") as c:
         c.argument("script", options_list=["--script"],
                    help="Path of the training script each node runs under torchrun "
-                        "(e.g. scripts/train_cifar10.py).")
+                        "(e.g. scripts/train_cifar10.py). On AKS: its path inside --image (e.g. /app/train.py).")
         c.argument("script_args", options_list=["--script-args"],
                    help='Arguments for the script, as one quoted string: --script-args "--steps 300 --lr 0.05". '
                         'A single option needs "=": --script-args="--steps".')
@@ -204,3 +205,24 @@ def load_arguments(self, _):
                    help="AKS, with --job: the worker (replica index) whose node goes.")
         c.argument("pool", options_list=["--pool"],
                    help="AKS: evict --count Spot nodes of this node pool (e.g. gpu).")
+
+    # Jobs and checkpoints on AKS: -g RG -c CLUSTER instead of --local.
+    # not resource_group_name_type: a configured default group must not turn --local commands into Azure ones
+    for group in ("elastictrain job", "elastictrain checkpoint"):
+        with self.argument_context(group) as c:
+            c.argument("resource_group_name", options_list=["--resource-group", "-g"],
+                       help="Resource group of the AKS cluster (with -c/--cluster). Instead of --local.")
+    with self.argument_context("elastictrain job run") as c:
+        c.argument("image", options_list=["--image"],
+                   help="On AKS: the container image the workers run, pinned by a version tag or digest (not "
+                        ":latest), e.g. myregistry.azurecr.io/train:1.0; --script is a path inside it.")
+        c.argument("gpus_per_node", type=int, options_list=["--gpus-per-node"],
+                   help="On AKS: GPUs each worker pod requests (nvidia.com/gpu; default 1). --nproc-per-node "
+                        "defaults to it.")
+        c.argument("dry_run", arg_type=get_three_state_flag(), options_list=["--dry-run"],
+                   help="On AKS: print the ElasticJob that would be created; create nothing.")
+    with self.argument_context("elastictrain job logs") as c:
+        c.argument("rank", type=int, options_list=["--rank"],
+                   help="On AKS: only the log of this worker (replica index, as 'job show' lists them).")
+        c.argument("pod", options_list=["--pod"],
+                   help="On AKS: only the log of this worker pod, e.g. myjob-worker-0.")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import base64
 import json
 import os
-from typing import Any, Protocol
+from typing import Any, Iterator, Protocol
 from urllib.parse import quote, urlencode, urlsplit
 
 FIELD_MANAGER = "elastictrain"
@@ -58,6 +58,12 @@ class KubeClient(Protocol):
 
     def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> bool:
         """Delete (dependents in the background); False where there was nothing to delete."""
+
+    def pod_logs(self, name: str, namespace: str, container: str | None = None, follow: bool = False,
+                 tail: int | None = None) -> Iterator[str]:
+        """The lines of a pod's (container's) log, without their line ends; the last ``tail`` only when
+        given. ``follow``: keep yielding new lines until the container exits. A missing pod raises
+        :class:`KubeError` (status 404) at the call, not at the first line."""
 
 
 def connect(kubeconfig: bytes, context: str | None = None) -> KubeClient:
@@ -241,6 +247,26 @@ class HttpKubeClient:
         self._check(f"delete {_describe(kind, name, namespace)}", status, body)
         return True
 
+    def pod_logs(self, name: str, namespace: str, container: str | None = None, follow: bool = False,
+                 tail: int | None = None) -> Iterator[str]:
+        path = self._path("v1", "Pod", namespace, name)
+        what = f"read the log of {_describe('Pod', name, namespace)}"
+        if path is None:
+            raise KubeError(f"cannot {what}: the cluster serves no pods", status=404)
+        query = {**({"container": container} if container else {}), **({"follow": "true"} if follow else {}),
+                 **({"tailLines": str(tail)} if tail is not None else {})}
+        # Followed, a log may stay quiet for long (a slow step): no read timeout, the server ends the stream.
+        response = self._open("GET", f"{path}/log", query, read_timeout=None if follow else _READ_TIMEOUT_S)
+        if response.status >= 400:
+            try:
+                body = json.loads(response.data or b"{}")
+            except ValueError:
+                body = {}
+            finally:
+                response.release_conn()
+            self._check(what, response.status, body)
+        return _lines(response)
+
     def _path(self, api_version: str, kind: str, namespace: str | None, name: str | None) -> str | None:
         """The REST path of a kind (and object), or None where the cluster does not serve the kind."""
         found = self._discover(api_version).get(kind)
@@ -267,22 +293,29 @@ class HttpKubeClient:
 
     def _request(self, method: str, path: str, query: dict | None = None, body: bytes | None = None,
                  content_type: str | None = None) -> tuple[int, Any]:
+        response = self._open(method, path, query, body, content_type)
+        try:
+            return response.status, json.loads(response.data or b"{}")
+        except ValueError:
+            return response.status, {}
+        finally:
+            response.release_conn()
+
+    def _open(self, method: str, path: str, query: dict | None = None, body: bytes | None = None,
+              content_type: str | None = None, *, read_timeout: float | None = _READ_TIMEOUT_S):
+        """Send a request; the response's body is read as it is consumed (``.data`` reads it all)."""
         import urllib3
 
         url = self._server + path + (f"?{urlencode(query)}" if query else "")
         headers = dict(self._headers, **({"Content-Type": content_type} if content_type else {}))
         try:
-            response = self._pool.request(method, url, body=body, headers=headers, retries=_retries(),
-                                          timeout=urllib3.Timeout(connect=_CONNECT_TIMEOUT_S,
-                                                                  read=_READ_TIMEOUT_S))
+            return self._pool.request(method, url, body=body, headers=headers, retries=_retries(),
+                                      preload_content=False,
+                                      timeout=urllib3.Timeout(connect=_CONNECT_TIMEOUT_S, read=read_timeout))
         except urllib3.exceptions.HTTPError as ex:
             reason = getattr(ex, "reason", None) or ex
             raise KubeError(self._redact(f"cannot reach the Kubernetes API server {self._server}: "
                                          f"{type(reason).__name__}: {reason}")) from None
-        try:
-            return response.status, json.loads(response.data or b"{}")
-        except ValueError:
-            return response.status, {}
 
     def _check(self, action: str, status: int, body: Any) -> None:
         if status < 400:
@@ -296,6 +329,25 @@ class HttpKubeClient:
         for secret in self._secrets:
             text = text.replace(secret, "<redacted>")
         return text
+
+
+def _lines(response) -> Iterator[str]:
+    """A streamed text body, line by line (a last line without its end included)."""
+    import urllib3
+
+    pending = b""
+    try:
+        for chunk in response.stream(8192, decode_content=True):
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                yield line.rstrip(b"\r").decode("utf-8", errors="replace")
+    except urllib3.exceptions.HTTPError as ex:
+        raise KubeError(f"the log stream broke off: {type(ex).__name__}") from None
+    finally:
+        response.release_conn()
+    if pending:
+        yield pending.decode("utf-8", errors="replace")
 
 
 def _group_version_path(api_version: str) -> str:

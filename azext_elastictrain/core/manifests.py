@@ -188,13 +188,15 @@ def etcd_endpoint(namespace: str) -> str:
     return f"{ETCD_NAME}.{namespace}.svc.cluster.local:{ETCD_CLIENT_PORT}"
 
 
-def render_elastic_job(job, cluster: InClusterSpec, image: str, *, run_id: str | None = None) -> dict:
+def render_elastic_job(job, cluster: InClusterSpec, image: str, *, run_id: str | None = None,
+                       gpus_per_node: int | None = None) -> dict:
     """The ElasticJob running ``job`` (a core.spec.JobSpec; its script is a path inside ``image``).
 
     The operator prepends ``--rdzv_backend=etcd --rdzv_endpoint=.. --rdzv_id=<name> --nnodes=min:max`` to the
     container's args; ours come after and torchrun keeps the last value of an option, so the job uses the
     etcd-v2 backend (``etcd`` is torch's legacy one), the tuned rendezvous and, with ``run_id``, a rendezvous
-    of its own even when an earlier job of the same name left state in etcd.
+    of its own even when an earlier job of the same name left state in etcd. Each worker asks for
+    ``gpus_per_node`` GPUs (default: one per training process).
     """
     from azext_elastictrain.core.layout import validate_job_name
 
@@ -204,6 +206,9 @@ def render_elastic_job(job, cluster: InClusterSpec, image: str, *, run_id: str |
     except ValueError as ex:
         raise SpecError(str(ex)) from ex
     _validate_image(image)
+    gpus = job.nproc_per_node if gpus_per_node is None else gpus_per_node
+    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
+        raise SpecError(f"--gpus-per-node must be a whole number of at least 1, not {gpus!r}")
     if not 1 <= job.min_nodes <= job.node_count <= job.max_nodes:
         raise SpecError(f"nodes must satisfy 1 <= --min-nodes ({job.min_nodes}) <= --nodes ({job.node_count}) "
                         f"<= --max-nodes ({job.max_nodes})")
@@ -214,7 +219,7 @@ def render_elastic_job(job, cluster: InClusterSpec, image: str, *, run_id: str |
             "rdzvEndpoint": etcd_endpoint(cluster.namespace),
             "minReplicas": job.min_nodes, "maxReplicas": job.max_nodes,
             "replicaSpecs": {"Worker": {"replicas": job.node_count, "restartPolicy": "ExitCode",
-                                        "template": _worker_template(job, cluster, image, run_id)}},
+                                        "template": _worker_template(job, cluster, image, run_id, gpus)}},
         },
     }
 
@@ -230,7 +235,7 @@ def _job_labels(job) -> dict:
     return {"app.kubernetes.io/part-of": "elastictrain", "elastictrain.azure.com/job": job.name}
 
 
-def _worker_template(job, cluster: InClusterSpec, image: str, run_id: str | None) -> dict:
+def _worker_template(job, cluster: InClusterSpec, image: str, run_id: str | None, gpus: int) -> dict:
     labels = {**_job_labels(job), **WORKER_LABELS, "azure.workload.identity/use": "true"}
     return {
         "metadata": {"labels": labels},
@@ -241,14 +246,14 @@ def _worker_template(job, cluster: InClusterSpec, image: str, run_id: str | None
             "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
                 {"matchExpressions": [{"key": "kubernetes.azure.com/scalesetpriority", "operator": "In",
                                        "values": ["spot"]}]}]}}},
-            "containers": [_worker_container(job, image, run_id)],
+            "containers": [_worker_container(job, image, run_id, gpus)],
             # torch's DataLoader workers and NCCL share tensors through /dev/shm (64 MiB by default).
             "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
         },
     }
 
 
-def _worker_container(job, image: str, run_id: str | None) -> dict:
+def _worker_container(job, image: str, run_id: str | None, gpus: int) -> dict:
     args = ["--rdzv-backend=etcd-v2", f"--rdzv-conf={TUNED_RDZV_CONF}",
             *([f"--rdzv-id={run_id}"] if run_id else []),
             f"--nproc-per-node={job.nproc_per_node}", f"--max-restarts={MAX_RESTARTS}",
@@ -258,7 +263,7 @@ def _worker_container(job, image: str, run_id: str | None) -> dict:
         "command": ["python", "-m", "torch.distributed.run"],
         "args": args,
         "env": _worker_env(job),
-        "resources": {"limits": {"nvidia.com/gpu": job.nproc_per_node}},
+        "resources": {"limits": {"nvidia.com/gpu": gpus}},
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
     }
 

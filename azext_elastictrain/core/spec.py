@@ -33,7 +33,8 @@ class JobSpec:
     """An elastic job: ``nodes`` torchrun agents (between ``min_nodes`` and ``max_nodes``) running ``script``.
 
     ``nodes`` defaults to ``max_nodes``. ``script`` must be an existing file
-    (checked by ``validate``, the one look at the file system here).
+    (checked by ``validate``, the one look at the file system here), unless it is a path inside the job's
+    container image (``validate(script_in_image=True)``, on AKS), which only the cluster can check.
     """
 
     name: str
@@ -54,7 +55,7 @@ class JobSpec:
     def node_names(self) -> list[str]:
         return [f"{self.name}-node-{i}" for i in range(self.node_count)]
 
-    def validate(self) -> "JobSpec":
+    def validate(self, *, script_in_image: bool = False) -> "JobSpec":
         import os
 
         from azext_elastictrain.core.layout import validate_job_name
@@ -63,7 +64,8 @@ class JobSpec:
             validate_job_name(self.name)
         except ValueError as ex:
             raise SpecError(str(ex)) from ex
-        LocalClusterSpec(self.cluster).validate()
+        if not script_in_image:
+            LocalClusterSpec(self.cluster).validate()
         for flag, value in (("--min-nodes", self.min_nodes), ("--max-nodes", self.max_nodes),
                             ("--nproc-per-node", self.nproc_per_node)):
             _at_least_one(flag, value)
@@ -80,7 +82,11 @@ class JobSpec:
         _at_least_one("--keep", self.keep)
         if not self.script:
             raise SpecError("no training script: pass --script PATH")
-        if not os.path.isfile(self.script):
+        if script_in_image:
+            if self.script.startswith("-") or any(c.isspace() for c in self.script):
+                raise SpecError(f"training script {self.script!r} is not a path: pass the script's path inside "
+                                "the image (e.g. /app/train_cifar10.py); its arguments go in --script-args")
+        elif not os.path.isfile(self.script):
             raise SpecError(f"training script {self.script!r} is not a file: pass the path of a Python script "
                             "that runs under torchrun (e.g. scripts/train_cifar10.py)")
         return self

@@ -2,9 +2,11 @@
 
 Thin: parse, call core.catalog, map failures to az error types. The same code
 serves Azure storage (Entra ID through the CLI's login) and Azurite (a
-connection string). A job is named either by its URL (``--url``) or, on a
-local cluster, by ``--local [--cluster NAME] --job JOB``: the URL and the
-Azurite connection string then come from the cluster (and are never printed).
+connection string). A job is named by its URL (``--url``), on a local cluster
+by ``--local [--cluster NAME] --job JOB`` (the URL and the Azurite connection
+string then come from the cluster and are never printed), or on AKS by
+``-g RG -c CLUSTER --job JOB`` (the URL from the cluster's storage account,
+read with the CLI's login).
 """
 from __future__ import annotations
 
@@ -23,8 +25,11 @@ from azure.cli.core.azclierror import (
 
 
 def _where(cmd, url: str | None, connection_string: str | None, local: bool, cluster: str | None,
-           job: str | None) -> tuple[str, str | None, str | None]:
-    """(url, connection string, hint when unreachable) from exactly one of --url or --local --job."""
+           job: str | None, resource_group: str | None = None) -> tuple[str, str | None, str | None]:
+    """(url, connection string, hint when unreachable) from exactly one of --url, --local --job or
+    -g/-c --job."""
+    if resource_group:
+        return _on_aks(cmd, url, connection_string, local, cluster, job, resource_group)
     if url and (local or job or cluster):
         raise MutuallyExclusiveArgumentError(
             "pass either --url or --local --job, not both",
@@ -35,14 +40,15 @@ def _where(cmd, url: str | None, connection_string: str | None, local: bool, clu
         return url, connection_string, None
     if not (local or job or cluster):
         raise RequiredArgumentMissingError(
-            "say whose checkpoints: --url or --local --job",
-            recommendation="Pass --url https://<account>.blob.core.windows.net/<container>/<job>, or "
-                           "--local --job JOB for a job on the local cluster.",
+            "say whose checkpoints: --url, --local --job, or -g -c --job",
+            recommendation="Pass --url https://<account>.blob.core.windows.net/<container>/<job>, "
+                           "--local --job JOB for a job on the local cluster, or -g RG -c CLUSTER --job JOB for "
+                           "a job on AKS.",
         )
     if not local:
         raise RequiredArgumentMissingError(
-            "--job and --cluster name a job on a local cluster: add --local",
-            recommendation="For checkpoints in Azure storage pass --url instead.",
+            "--job and --cluster name a job of a cluster: add --local, or -g RG for an AKS cluster",
+            recommendation="For checkpoints anywhere else in Azure storage pass --url instead.",
         )
     if not job:
         raise RequiredArgumentMissingError(
@@ -64,9 +70,34 @@ def _where(cmd, url: str | None, connection_string: str | None, local: bool, clu
                                     f"{cluster}' heals it.")
 
 
+def _on_aks(cmd, url, connection_string, local, cluster, job, resource_group) -> tuple[str, None, str]:
+    """The job's prefix in the AKS cluster's checkpoint container, read with the CLI's login (Entra ID)."""
+    if url or local or connection_string:
+        raise MutuallyExclusiveArgumentError(
+            "-g/-c --job names checkpoints in an AKS cluster's storage: drop --url, --local and --connection-string",
+            recommendation="Pass exactly one of --url, --local --job, or -g RG -c CLUSTER --job JOB.")
+    if not cluster or not job:
+        raise RequiredArgumentMissingError(
+            "-g/--resource-group needs -c/--cluster and --job: the AKS cluster and the job whose checkpoints to use",
+            recommendation=f"List the cluster's jobs with 'az elastictrain job list -g {resource_group} -c CLUSTER'.")
+    from azext_elastictrain.core.layout import validate_job_name
+    from azext_elastictrain.operations._aks_jobs import aks_job_errors, aks_jobs
+
+    try:
+        validate_job_name(job)
+    except ValueError as ex:
+        raise InvalidArgumentValueError(str(ex)) from ex
+    with aks_job_errors(resource_group, cluster):
+        url = aks_jobs(cmd, storage=False).checkpoint_url(resource_group, cluster, job)
+    return url, None, (f"Is the storage account of cluster {cluster!r} reachable from here? 'az elastictrain "
+                       f"cluster show -g {resource_group} -n {cluster}' shows it; its network rules may admit "
+                       "only the cluster.")
+
+
 @contextmanager
 def _open_store(cmd, url: str | None, connection_string: str | None, local: bool = False,
-                cluster: str | None = None, job: str | None = None) -> Iterator:
+                cluster: str | None = None, job: str | None = None,
+                resource_group: str | None = None) -> Iterator:
     from azure.core.exceptions import ClientAuthenticationError, ServiceRequestError
 
     from azext_elastictrain.core.blobstore import (
@@ -76,8 +107,9 @@ def _open_store(cmd, url: str | None, connection_string: str | None, local: bool
         parse_location,
     )
 
-    url, connection_string, hint = _where(cmd, url, connection_string, local, cluster, job)
-    connection_string = connection_string or os.environ.get("AZURE_STORAGE_CONNECTION_STRING") or None
+    url, connection_string, hint = _where(cmd, url, connection_string, local, cluster, job, resource_group)
+    if not resource_group:  # an AKS cluster's storage takes Entra ID only (shared keys are off)
+        connection_string = connection_string or os.environ.get("AZURE_STORAGE_CONNECTION_STRING") or None
     try:
         parse_location(url, connection_string)  # bad input fails before any login or request
         credential = None
@@ -113,18 +145,22 @@ def _open_store(cmd, url: str | None, connection_string: str | None, local: bool
 
 
 def list_checkpoints(cmd, url: str | None = None, connection_string: str | None = None, local: bool = False,
-                     cluster: str | None = None, job: str | None = None) -> list[dict]:
+                     cluster: str | None = None, job: str | None = None,
+                     resource_group_name: str | None = None) -> list[dict]:
     from azext_elastictrain.core import catalog
 
-    with _open_store(cmd, url, connection_string, local, cluster, job) as (store, location):
+    with _open_store(cmd, url, connection_string, local, cluster, job,
+                     resource_group_name) as (store, location):
         return [c.to_dict() for c in catalog.list_checkpoints(store, store.prefix)]
 
 
 def show_checkpoint(cmd, step: int, url: str | None = None, connection_string: str | None = None,
-                    local: bool = False, cluster: str | None = None, job: str | None = None) -> dict:
+                    local: bool = False, cluster: str | None = None, job: str | None = None,
+                    resource_group_name: str | None = None) -> dict:
     from azext_elastictrain.core import catalog
 
-    with _open_store(cmd, url, connection_string, local, cluster, job) as (store, location):
+    with _open_store(cmd, url, connection_string, local, cluster, job,
+                     resource_group_name) as (store, location):
         found = [c for c in catalog.list_checkpoints(store, store.prefix) if c.step == step]
         if not found:
             raise ResourceNotFoundError(
@@ -141,11 +177,13 @@ def show_checkpoint(cmd, step: int, url: str | None = None, connection_string: s
 
 
 def verify_checkpoints(cmd, url: str | None = None, step: int | None = None, connection_string: str | None = None,
-                       local: bool = False, cluster: str | None = None, job: str | None = None) -> list[dict]:
+                       local: bool = False, cluster: str | None = None, job: str | None = None,
+                       resource_group_name: str | None = None) -> list[dict]:
     """Read back every file of the complete checkpoints (or one step) and check its checksum."""
     from azext_elastictrain.core import catalog
 
-    with _open_store(cmd, url, connection_string, local, cluster, job) as (store, location):
+    with _open_store(cmd, url, connection_string, local, cluster, job,
+                     resource_group_name) as (store, location):
         listed = catalog.list_checkpoints(store, store.prefix)
         if step is not None:
             listed = [c for c in listed if c.step == step]
@@ -174,7 +212,7 @@ def parse_duration(text: str) -> float:
 def prune_checkpoints(cmd, url: str | None = None, keep_last: int | None = None, older_than: str | None = None,
                       incomplete: bool = False, dry_run: bool = False, yes: bool = False,
                       connection_string: str | None = None, local: bool = False, cluster: str | None = None,
-                      job: str | None = None) -> dict:
+                      job: str | None = None, resource_group_name: str | None = None) -> dict:
     """Plan which checkpoints go, show the plan, confirm, then delete (manifest first)."""
     from azure.cli.core.azclierror import RequiredArgumentMissingError
     from azure.cli.core.util import user_confirmation
@@ -192,7 +230,8 @@ def prune_checkpoints(cmd, url: str | None = None, keep_last: int | None = None,
             recommendation="Keep at least 1: the newest complete checkpoint is never deleted.",
         )
     max_age = parse_duration(older_than) if older_than else None
-    with _open_store(cmd, url, connection_string, local, cluster, job) as (store, location):
+    with _open_store(cmd, url, connection_string, local, cluster, job,
+                     resource_group_name) as (store, location):
         plan = catalog.plan_prune(catalog.list_checkpoints(store, store.prefix),
                                   keep_last=keep_last, older_than=max_age, incomplete=incomplete)
         result = {
@@ -216,7 +255,7 @@ def prune_checkpoints(cmd, url: str | None = None, keep_last: int | None = None,
 
 def download_checkpoint(cmd, dest: str, step: int | None = None, url: str | None = None,
                         connection_string: str | None = None, local: bool = False, cluster: str | None = None,
-                        job: str | None = None) -> dict:
+                        job: str | None = None, resource_group_name: str | None = None) -> dict:
     """Copy a complete checkpoint (default: the newest) to a local folder, every file verified."""
     from pathlib import Path
 
@@ -224,7 +263,8 @@ def download_checkpoint(cmd, dest: str, step: int | None = None, url: str | None
 
     from azext_elastictrain.core import catalog
 
-    with _open_store(cmd, url, connection_string, local, cluster, job) as (store, location):
+    with _open_store(cmd, url, connection_string, local, cluster, job,
+                     resource_group_name) as (store, location):
         listed = catalog.list_checkpoints(store, store.prefix)
         if step is None:
             chosen = catalog.newest_complete(listed)

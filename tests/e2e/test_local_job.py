@@ -202,11 +202,11 @@ def test_bad_input_is_a_clear_error_and_starts_nothing(local, args, expected):
     (["--url", "http://127.0.0.1:1/devstoreaccount1/checkpoints/x", "--local", "--job", "x"], "not both"),
     (["--local"], "--local needs --job"),
     (["--job", "x"], "add --local"),
-    ([], "--url or --local --job"),
+    ([], "--url, --local --job, or -g -c --job"),
     (["--local", "--job", "Bad_Name"], "invalid job name"),
     (["--local", "--job", "x", "--connection-string", "UseDevelopmentStorage=true"], "--connection-string goes with --url"),
 ])
-def test_checkpoint_commands_take_exactly_one_of_url_or_local_job(local, args, expected):
+def test_checkpoint_commands_take_exactly_one_of_url_local_job_or_aks_job(local, args, expected):
     _error(local("elastictrain", "checkpoint", "list", *args, check=False), expected)
 
 

@@ -18,6 +18,8 @@ The real ``az`` (and the SDK clients inside it) talk to it exactly as to Azure:
   with its nodes, VMs and a running ElasticJob. ``simulateEviction`` answers 204, the instance is gone at once
   (list drops it, get is 404) and, ``expect["node_gone_after"]`` seconds later, so are its Kubernetes node
   and the pods bound to it, as the cloud node manager and pod garbage collection do.
+  A token for ``https://storage.azure.com`` passes Azurite's OAuth check: with ``blob_endpoint`` set to an
+  HTTPS Azurite, the storage accounts' ``primaryEndpoints.blob`` send blob reads there.
 * **Kubernetes**: ``listClusterUserCredential`` returns a kubeconfig whose server is ``/kube`` on this server
   (CA: this server's certificate; a bearer token); ``/kube`` is a REST front for ``tests.support.fake_kube``
   (discovery, server-side apply, get, list, delete), so the real ``core.kube.connect`` talks to it.
@@ -109,6 +111,7 @@ class ArmServer:
 
     def __init__(self, folder: Path) -> None:
         self.cert, self._key = make_certificate(folder)
+        self.key = self._key  # for other local services behind the same trusted certificate (Azurite)
         self.resources: dict[str, dict] = {}  # lower-case id -> resource (wire format)
         self.operations: dict[str, dict] = {}
         self.requests: list[tuple[str, str]] = []  # (method, path?query)
@@ -118,6 +121,8 @@ class ArmServer:
                                        "spot_max_price": -1, "eviction_policy": "Delete", "storage_sku": "Standard_LRS",
                                        "node_gone_after": 0.5}
         self.kube = FakeKube()
+        #: primaryEndpoints.blob of the storage accounts it creates (None: Azure's); tests point it at Azurite
+        self.blob_endpoint: str | None = None
         self._faults: list[tuple[str, str, int, str, str]] = []
         self._lock = threading.RLock()
         self._ids = itertools.count(1)
@@ -193,7 +198,9 @@ class ArmServer:
             return 401, {}, {"error": "missing X-IDENTITY-HEADER"}
         resource = query.get("resource", "")
         expires = int(datetime.datetime.now(datetime.timezone.utc).timestamp()) + 3600
-        token = _jwt({"aud": resource, "tid": TENANT, "oid": "11111111-2222-3333-4444-555555555555",
+        issued = expires - 3600 - 300  # nbf and iat: Azurite's OAuth check wants both
+        token = _jwt({"aud": resource, "tid": TENANT, "nbf": issued, "iat": issued,
+                      "oid": "11111111-2222-3333-4444-555555555555",
                       "appid": "66666666-7777-8888-9999-000000000000", "exp": expires,
                       "iss": f"https://sts.windows.net/{TENANT}/"})
         return 200, {}, {"access_token": token, "expires_on": str(expires), "resource": resource,
@@ -318,7 +325,8 @@ class ArmServer:
             props["provisioningState"] = "Succeeded"
         elif kind == "storage_account":
             props.update({"provisioningState": "Succeeded", "creationTime": "2026-01-01T00:00:00Z",
-                          "primaryEndpoints": {"blob": f"https://{name}.blob.core.windows.net/"},
+                          "primaryEndpoints": {"blob": self.blob_endpoint
+                                               or f"https://{name}.blob.core.windows.net/"},
                           "primaryLocation": resource.get("location")})
         elif kind == "identity":
             props.update({"clientId": old.get("clientId", str(uuid.uuid4())),
@@ -473,6 +481,9 @@ class ArmServer:
     def _kube(self, method: str, path: str, query: dict, body: bytes) -> tuple[int, dict, Any]:
         m = re.fullmatch(r"/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
                          r"(?:/namespaces/(?P<ns>[^/]+))?(?:/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?)?", path)
+        log = re.fullmatch(r"/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/]+)/log", path)
+        if log and method == "GET":
+            return self._kube_log(log["ns"], log["name"], query)
         if not m:
             return 404, {}, {"kind": "Status", "reason": "NotFound", "message": path}
         api_version = "v1" if m["core"] else f"{m['group']}/{m['version']}"
@@ -511,6 +522,18 @@ class ArmServer:
         except KubeError as ex:
             return ex.status or 500, {}, {"kind": "Status", "reason": ex.reason, "message": str(ex)}
         return 405, {}, {}
+
+    def _kube_log(self, namespace: str, pod: str, query: dict) -> tuple[int, dict, Any]:
+        """GET .../pods/<pod>/log: the fake's stored text, as text/plain (bytes)."""
+        from azext_elastictrain.core.kube import KubeError
+
+        tail = query.get("tailLines")
+        try:
+            lines = list(self.kube.pod_logs(pod, namespace, query.get("container"), query.get("follow") == "true",
+                                            int(tail) if tail is not None else None))
+        except KubeError as ex:
+            return ex.status or 500, {}, {"kind": "Status", "reason": ex.reason, "message": str(ex)}
+        return 200, {}, "".join(line + "\n" for line in lines).encode()
 
 
     # ------------------------------------------------------------------ VMSS instances and Spot evictions
@@ -709,9 +732,10 @@ def _handler(server: ArmServer):
             except Exception as ex:  # noqa: BLE001  a bug in the test server: make it visible
                 server.violations.append(f"test server error on {self.command} {self.path}: {ex!r}")
                 status, extra, payload = 500, {}, _error("TestServerError", repr(ex))
-            data = b"" if payload is None else json.dumps(payload).encode()
+            text = isinstance(payload, bytes)  # a pod's log
+            data = payload if text else b"" if payload is None else json.dumps(payload).encode()
             self.send_response(status)
-            self.send_header("Content-Type", "application/json; charset=utf-8")
+            self.send_header("Content-Type", f"{'text/plain' if text else 'application/json'}; charset=utf-8")
             self.send_header("Content-Length", str(len(data)))
             self.send_header("x-ms-request-id", str(uuid.uuid4()))
             for key, value in extra.items():

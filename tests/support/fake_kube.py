@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import itertools
 import uuid
-from typing import Any
+from typing import Any, Iterator
 
 from azext_elastictrain.core.kube import KubeError
 
@@ -38,6 +38,7 @@ class FakeKube:
         self.calls: list[tuple[str, str, str | None, str | None]] = []  # (verb, kind, namespace, name)
         self._versions = itertools.count(1)
         self._failures: dict[tuple[str, str, str | None], KubeError] = {}
+        self.logs: dict[tuple[str, str], str] = {}  # (namespace, pod) -> what its worker container printed
 
     # -- KubeClient -----------------------------------------------------------
     def apply(self, obj: dict) -> dict:
@@ -79,7 +80,22 @@ class FakeKube:
         self._record("delete", key)
         return self.objects.pop(key, None) is not None
 
+    def pod_logs(self, name: str, namespace: str, container: str | None = None, follow: bool = False,
+                 tail: int | None = None) -> Iterator[str]:
+        """The stored log of a pod that exists (``set_logs``); followed, it ends as if the container exited."""
+        key = self._key("v1", "Pod", name, namespace)
+        self._record("logs", key)
+        if key not in self.objects:
+            raise KubeError(f"read the log of Pod {namespace}/{name} failed: HTTP 404 NotFound: "
+                            f'pods "{name}" not found', status=404, reason="NotFound")
+        lines = self.logs.get((namespace, name), "").splitlines()
+        return iter(lines if tail is None else lines[max(0, len(lines) - tail):])
+
     # -- what the cluster itself would do ------------------------------------------
+    def set_logs(self, pod: str, namespace: str, text: str) -> None:
+        """What the pod's container printed so far."""
+        self.logs[(namespace, pod)] = text
+
     def seed(self, obj: dict) -> dict:
         """Put an object as it is, status included (nodes, pods, workloads with a status)."""
         obj = copy.deepcopy(obj)

@@ -60,6 +60,7 @@ class KubeApi:
     requests: list = field(default_factory=list)
     failures: dict = field(default_factory=dict)  # (method, path) -> (status, Status body)
     page_size_cap: int | None = None  # answer lists in pages of at most this many items
+    logs: dict = field(default_factory=dict)  # (namespace, pod, container or None) -> log text
     _version: int = 0
 
     def fail(self, method: str, path: str, status: int, reason: str, message: str) -> None:
@@ -93,10 +94,10 @@ def _handler(api: KubeApi):
         def log_message(self, *args) -> None:  # quiet
             pass
 
-        def _answer(self, status: int, body: dict) -> None:
-            data = json.dumps(body).encode()
+        def _answer(self, status: int, body: dict | bytes) -> None:
+            data = body if isinstance(body, bytes) else json.dumps(body).encode()
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", "text/plain" if isinstance(body, bytes) else "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
@@ -137,12 +138,29 @@ def _route(api: KubeApi, request: Request) -> tuple[int, dict]:
     segments = request.path.strip("/").split("/")
     group_version = "v1" if segments[0] == "api" else "/".join(segments[1:3])
     rest = segments[2:] if segments[0] == "api" else segments[3:]
+    if request.method == "GET" and len(rest) == 5 and rest[2] == "pods" and rest[4] == "log":
+        return _log(api, request, rest[1], rest[3])
     if not rest:
         found = _discovery(group_version)
         return (200, found) if found else (404, _status(404, "NotFound", "the server could not find it"))
     if request.method == "GET" and len(rest) in (1, 3):  # <plural> or namespaces/<ns>/<plural>
         return _list(api, request, group_version, rest)
     return _one(api, request)
+
+
+def _log(api: KubeApi, request: Request, namespace: str, pod: str) -> tuple[int, dict | bytes]:
+    """GET .../pods/<pod>/log: the stored text (of ``container``), its last ``tailLines`` lines."""
+    container = (request.query.get("container") or [None])[0]
+    text = api.logs.get((namespace, pod, container))
+    if text is None:
+        text = api.logs.get((namespace, pod, None))
+    if text is None:
+        return 404, _status(404, "NotFound", f'pods "{pod}" not found')
+    lines = text.splitlines(keepends=True)
+    if request.query.get("tailLines"):
+        count = int(request.query["tailLines"][0])
+        lines = lines[max(0, len(lines) - count):]
+    return 200, "".join(lines).encode()
 
 
 def _list(api: KubeApi, request: Request, group_version: str, rest: list[str]) -> tuple[int, dict]:

@@ -348,12 +348,24 @@ def azurite_binary() -> str:
     )
 
 
-def _azurite_probe(port: int) -> Callable[[], bool]:
+def _azurite_probe(port: int, cert: str | None = None) -> Callable[[], bool]:
     url = f"http://{LOOPBACK}:{port}/{AZURITE_ACCOUNT_NAME}?comp=list"
+
+    def https_headers() -> dict[str, str]:
+        import http.client
+        import ssl
+
+        conn = http.client.HTTPSConnection(LOOPBACK, port, timeout=2,
+                                           context=ssl.create_default_context(cafile=cert))
+        try:
+            conn.request("GET", f"/{AZURITE_ACCOUNT_NAME}?comp=list")
+            return {k.lower(): v for k, v in conn.getresponse().getheaders()}
+        finally:
+            conn.close()
 
     def probe() -> bool:
         # Unauthenticated, so a 403 is expected; any answer from Azurite means it is up.
-        _, headers, _ = http_request("GET", url, timeout=2)
+        headers = https_headers() if cert else http_request("GET", url, timeout=2)[1]
         server = headers.get("server", "")
         if "azurite" not in server.lower():
             raise _PortTaken(f"port {port} answered, but not as Azurite (server {server!r})")
@@ -363,8 +375,13 @@ def _azurite_probe(port: int) -> Callable[[], bool]:
 
 
 @contextlib.contextmanager
-def start_azurite(tmpdir: os.PathLike | str, *, timeout: float = START_TIMEOUT_S) -> Iterator[AzuriteService]:
-    """Run Azurite's blob service with its data in ``tmpdir``; yield an :class:`AzuriteService`."""
+def start_azurite(tmpdir: os.PathLike | str, *, timeout: float = START_TIMEOUT_S, cert: os.PathLike | str | None = None,
+                  key: os.PathLike | str | None = None, oauth: bool = False) -> Iterator[AzuriteService]:
+    """Run Azurite's blob service with its data in ``tmpdir``; yield an :class:`AzuriteService`.
+
+    With ``cert``/``key`` (PEM files) it serves HTTPS; ``oauth`` also admits bearer tokens (Azurite's basic
+    check: issuer, audience, lifetime; Azurite needs HTTPS for it), as Azure storage does with Entra ID.
+    """
     binary = azurite_binary()
     workdir = Path(tmpdir)
     location = workdir / "azurite-data"
@@ -382,19 +399,25 @@ def start_azurite(tmpdir: os.PathLike | str, *, timeout: float = START_TIMEOUT_S
             "--silent",
             "--disableTelemetry",
         ]
+        if cert:
+            argv += ["--cert", str(cert), "--key", str(key)]
+        if oauth:
+            argv += ["--oauth", "basic"]
         proc = ManagedProcess("azurite", argv, workdir / f"azurite-{attempt}.log", cwd=location)
         try:
-            _wait_ready(proc, _azurite_probe(port), timeout, f"Azurite on {LOOPBACK}:{port}")
+            _wait_ready(proc, _azurite_probe(port, str(cert) if cert else None), timeout,
+                        f"Azurite on {LOOPBACK}:{port}")
         except BaseException:
             proc.stop()
             raise
-        endpoint = f"http://{LOOPBACK}:{port}/{AZURITE_ACCOUNT_NAME}"
+        scheme = "https" if cert else "http"
+        endpoint = f"{scheme}://{LOOPBACK}:{port}/{AZURITE_ACCOUNT_NAME}"
         service = AzuriteService(
             blob_endpoint=endpoint,
             account_name=AZURITE_ACCOUNT_NAME,
             account_key=AZURITE_ACCOUNT_KEY,
             connection_string=(
-                "DefaultEndpointsProtocol=http;"
+                f"DefaultEndpointsProtocol={scheme};"
                 f"AccountName={AZURITE_ACCOUNT_NAME};"
                 "AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;"  # == AZURITE_ACCOUNT_KEY
                 f"BlobEndpoint={endpoint};"

@@ -129,3 +129,11 @@ def test_every_job_validates_against_our_crd_and_its_pods_against_kubernetes(spe
                                   "template": _pod(rendered)}, kubernetes_validate.latest_version(), strict=True)
     assert rendered["metadata"]["namespace"] == cluster.namespace
     assert _container(rendered)["resources"]["limits"] == {"nvidia.com/gpu": spec.nproc_per_node}
+
+
+def test_gpus_per_worker_may_differ_from_processes_per_worker() -> None:
+    rendered = m.render_elastic_job(JOB, CLUSTER, IMAGE, gpus_per_node=4)
+    assert _container(rendered)["resources"]["limits"] == {"nvidia.com/gpu": 4}
+    assert "--nproc-per-node=1" in _container(rendered)["args"]
+    with pytest.raises(SpecError, match="--gpus-per-node"):
+        m.render_elastic_job(JOB, CLUSTER, IMAGE, gpus_per_node=0)

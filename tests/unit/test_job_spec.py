@@ -257,3 +257,9 @@ def test_every_argument_of_every_command_has_help() -> None:
             if not settings.get("help"):
                 missing.append(f"{name} {arg_name}")
     assert not missing, "arguments without help: " + ", ".join(missing)
+
+
+def test_a_script_inside_the_image_is_not_looked_for_here() -> None:
+    from azext_elastictrain.core.spec import JobSpec
+
+    assert JobSpec(name="cifar", script="/app/train.py").validate(script_in_image=True)

@@ -206,3 +206,24 @@ def test_a_failing_credential_plugin_is_a_kube_error(api, tmp_path: Path) -> Non
     kubeconfig["users"][0]["user"] = {"exec": {"command": str(tmp_path / "kubelogin-not-installed")}}
     with pytest.raises(KubeError, match="kubelogin"):
         connect(json.dumps(kubeconfig).encode())
+
+
+def test_pod_logs_stream_the_lines_of_a_container(api, client) -> None:
+    api.logs[("elastictrain", "job-worker-0", "worker")] = "step 1\nstep 2\r\nstep 3"
+    assert list(client.pod_logs("job-worker-0", "elastictrain", container="worker")) == [
+        "step 1", "step 2", "step 3"]
+    asked = api.requests[-1]
+    assert asked.path == "/api/v1/namespaces/elastictrain/pods/job-worker-0/log"
+    assert asked.query == {"container": ["worker"]}
+
+
+def test_pod_logs_ask_for_the_tail_and_to_follow(api, client) -> None:
+    api.logs[("elastictrain", "job-worker-1", None)] = "".join(f"line {i}\n" for i in range(10))
+    assert list(client.pod_logs("job-worker-1", "elastictrain", follow=True, tail=2)) == ["line 8", "line 9"]
+    assert api.requests[-1].query == {"follow": ["true"], "tailLines": ["2"]}
+
+
+def test_the_log_of_a_missing_pod_is_a_404_kube_error_at_the_call(api, client) -> None:
+    with pytest.raises(KubeError) as raised:
+        client.pod_logs("nothere", "elastictrain")
+    assert raised.value.status == 404 and "nothere" in str(raised.value) and TOKEN not in str(raised.value)

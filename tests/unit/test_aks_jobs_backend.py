@@ -1,0 +1,119 @@
+"""core.backends.aks_jobs_backend: jobs on an AKS cluster over a fake Arm and FakeKube (no network)."""
+from __future__ import annotations
+
+import pytest
+
+from azext_elastictrain.core.aks_jobs import JobNotFound
+from azext_elastictrain.core.backends.aks import ClusterNotFound
+from azext_elastictrain.core.backends.aks_jobs_backend import AksJobs, GpuPoolMissing, JobExists, gpu_spot_pool
+from azext_elastictrain.core.spec import JobSpec, SpecError
+from tests.support import aks_objects as k
+from tests.support.fake_kube import FakeKube
+
+IMAGE = "myregistry.azurecr.io/elastictrain:0.1.0"
+SYSTEM = {"name": "system", "mode": "System", "vmSize": "Standard_D4s_v5"}
+GPU = {"name": "gpu", "mode": "User", "vmSize": "Standard_NC4as_T4_v3", "scaleSetPriority": "Spot",
+       "nodeTaints": ["sku=gpu:NoSchedule"]}
+JOB = JobSpec(name="cifar", script="/app/train.py", min_nodes=1, max_nodes=2)
+
+
+class FakeArm:
+    subscription, tenant = "sub", "tenant"
+
+    def __init__(self, pools, blob="https://acct1.blob.core.windows.net/") -> None:
+        self.cluster = {"name": "trainer", "tags": {"elastictrain": "1", "elastictrain-storage": "acct1"},
+                        "properties": {"agentPoolProfiles": pools}}
+        self.account = {"properties": {"primaryEndpoints": {"blob": blob}}}
+
+    def get(self, kind, ref):
+        if kind == "cluster":
+            return self.cluster if ref["name"] == "trainer" else None
+        return self.account if kind == "storage_account" and ref["name"] == "acct1" else None
+
+    def user_kubeconfig(self, resource_group, cluster):
+        return b"in memory"
+
+
+@pytest.fixture
+def kube() -> FakeKube:
+    return FakeKube()
+
+
+def _jobs(kube, pools=(SYSTEM, GPU), blob="https://acct1.blob.core.windows.net/") -> AksJobs:
+    return AksJobs(FakeArm(list(pools), blob), kube_connect=lambda _: kube)
+
+
+def test_the_gpu_pool_is_a_spot_pool_with_gpus() -> None:
+    assert gpu_spot_pool({"properties": {"agentPoolProfiles": [SYSTEM, GPU]}}) == GPU
+    regular_gpu = {**GPU, "scaleSetPriority": "Regular"}
+    assert gpu_spot_pool({"properties": {"agentPoolProfiles": [SYSTEM, regular_gpu]}}) is None
+    spot_cpu = {**GPU, "vmSize": "Standard_D4s_v5", "nodeTaints": []}
+    assert gpu_spot_pool({"properties": {"agentPoolProfiles": [spot_cpu]}}) is None
+
+
+def test_blobs_are_where_the_storage_account_says(kube) -> None:
+    site = _jobs(kube, blob="https://127.0.0.1:10000/devstoreaccount1/").site("rg", "trainer")
+    assert site.job_url("cifar") == "https://127.0.0.1:10000/devstoreaccount1/checkpoints/cifar"
+    assert _jobs(kube).checkpoint_url("rg", "trainer", "cifar") == \
+        "https://acct1.blob.core.windows.net/checkpoints/cifar"
+
+
+def test_an_unknown_cluster_is_not_found(kube) -> None:
+    with pytest.raises(ClusterNotFound):
+        _jobs(kube).site("rg", "other")
+
+
+def test_run_applies_the_job_once_and_the_dry_run_nothing(kube) -> None:
+    planned = _jobs(kube).run_job("rg", "trainer", JOB, IMAGE, gpus_per_node=2, dry_run=True)
+    assert planned["object"]["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]["containers"][0][
+        "resources"]["limits"] == {"nvidia.com/gpu": 2}
+    assert kube.calls == []
+    shown = _jobs(kube).run_job("rg", "trainer", JOB, IMAGE, gpus_per_node=1)
+    assert shown["state"] == "Pending" and ("apply", "ElasticJob", "elastictrain", "cifar") in kube.calls
+    with pytest.raises(JobExists):
+        _jobs(kube).run_job("rg", "trainer", JOB, IMAGE, gpus_per_node=1)
+
+
+def test_run_refuses_a_cluster_without_the_gpu_spot_pool(kube) -> None:
+    with pytest.raises(GpuPoolMissing):
+        _jobs(kube, pools=[SYSTEM]).run_job("rg", "trainer", JOB, IMAGE, gpus_per_node=1)
+    assert kube.calls == []
+
+
+@pytest.mark.parametrize("script", ["", "--steps", "train.py --steps 3"])
+def test_a_script_in_the_image_must_be_a_path(kube, script) -> None:
+    with pytest.raises(SpecError):
+        _jobs(kube).run_job("rg", "trainer", JobSpec(name="cifar", script=script), IMAGE, gpus_per_node=1,
+                            dry_run=True)
+
+
+def _seed(kube) -> None:
+    _jobs(kube).run_job("rg", "trainer", JOB, IMAGE, gpus_per_node=1)
+    kube.seed(k.worker_pod("cifar", 0, "node-a"))
+    kube.seed(k.worker_pod("cifar", 1, None, phase="Pending"))
+    kube.set_logs("cifar-worker-0", "elastictrain", "a\nb\nc\n")
+
+
+def test_logs_come_from_scheduled_workers_by_rank_or_pod(kube) -> None:
+    _seed(kube)
+    [(label, lines)] = _jobs(kube).log_streams("rg", "trainer", "cifar", tail=2)
+    assert label == "cifar-worker-0 (rank 0)" and list(lines) == ["b", "c"]
+    [(_, lines)] = _jobs(kube).log_streams("rg", "trainer", "cifar", pod="cifar-worker-0")
+    assert list(lines) == ["a", "b", "c"]
+    with pytest.raises(JobNotFound):
+        _jobs(kube).log_streams("rg", "trainer", "cifar", pod="cifar-worker-9")
+    with pytest.raises(SpecError, match="not scheduled yet"):
+        _jobs(kube).log_streams("rg", "trainer", "cifar", rank=1)
+    with pytest.raises(JobNotFound):
+        _jobs(kube).log_streams("rg", "trainer", "nosuchjob")
+
+
+def test_delete_confirms_then_deletes_the_elastic_job_only(kube) -> None:
+    _seed(kube)
+    asked = []
+    planned = _jobs(kube).delete_job("rg", "trainer", "cifar", dry_run=True, confirm=asked.append)
+    assert planned["dryRun"] and asked == [] and kube.get("elastic.pytorch.org/v1alpha1", "ElasticJob", "cifar",
+                                                         "elastictrain")
+    done = _jobs(kube).delete_job("rg", "trainer", "cifar", confirm=asked.append)
+    assert done["deleted"] and len(asked) == 1 and done["checkpoints"] == "kept"
+    assert kube.get("elastic.pytorch.org/v1alpha1", "ElasticJob", "cifar", "elastictrain") is None
