@@ -126,19 +126,24 @@ def _simulate_aks(cmd, resource_group: str | None, cluster: str | None, *, node,
             read_events, why = job_events_reader(cmd, arm, resource_group, cluster)
             if read_events is None and any(e["pods"] for e in evictions):
                 progress(f"--wait: {why}; following the nodes until they leave the cluster only")
-            aks_evict.follow(kube, arm, evictions, read_events, events_error=why, progress=progress)
+            try:
+                aks_evict.follow(kube, arm, evictions, read_events, events_error=why, progress=progress)
+            finally:
+                if read_events is not None:
+                    read_events.close()
         return aks_evict.report(cluster, resource_group, plan, evictions)
 
 
-def job_events_reader(cmd, arm, resource_group: str, cluster: str):  # noqa: ARG001  (the seam's parameters)
-    """Where ``--wait`` reads the jobs' event logs: ``(read_events, None)`` or ``(None, why not)``.
+def job_events_reader(cmd, arm, resource_group: str, cluster: str):
+    """Where ``--wait`` reads the jobs' event logs (``<job>/events.jsonl`` in the cluster's blob storage,
+    with the CLI's login): ``(read_events, None)``, or ``(None, why not)`` when storage cannot be reached."""
+    from azext_elastictrain.core.backends.aks_jobs_backend import AksJobs
+    from azext_elastictrain.operations._aks_jobs import login_credential
 
-    The events are in the cluster's blob storage (``<job>/events.jsonl``); reading them on AKS belongs with
-    the job commands. Until that reader is here, ``--wait`` follows the evicted nodes until they are gone
-    and says that the recovery cannot be followed.
-    """
-    return None, ("the job's events in the cluster's blob storage cannot be read by this version of "
-                  "'evict simulate'; 'az elastictrain job show' shows the job's recovery")
+    try:
+        return AksJobs(arm, credential=login_credential(cmd)).event_reader(resource_group, cluster), None
+    except Exception as ex:  # noqa: BLE001 - the eviction happened; say why its recovery cannot be followed
+        return None, f"the job's events in the cluster's blob storage cannot be read: {ex}"
 
 
 def _spot_cluster_pools(arm, resource_group: str, cluster: str) -> list[str]:

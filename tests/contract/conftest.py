@@ -80,3 +80,30 @@ def az(azure_login: AzureAz, arm: ArmServer) -> AzureAz:  # noqa: ARG001  (arm: 
 def group() -> str:
     """A resource group name of this test's own."""
     return f"rg-{uuid.uuid4().hex[:10]}"
+
+
+# Blob storage of the clusters: a real Azurite over HTTPS that takes bearer tokens (``--oauth basic``), behind
+# the ARM server's certificate; the server gives the clusters' storage accounts it as ``primaryEndpoints.blob``,
+# so az reads events and checkpoints with its login, as it reads Azure storage with Entra ID.
+@pytest.fixture(scope="module")
+def azurite(arm_server, tmp_path_factory):
+    """Azurite behind the ARM server's certificate, admitting bearer tokens; the clusters' blob endpoint."""
+    with svc.start_azurite(tmp_path_factory.mktemp("azurite-oauth"), cert=arm_server.cert, key=arm_server.key,
+                           oauth=True) as service:
+        arm_server.blob_endpoint = service.blob_endpoint + "/"
+        try:
+            yield service
+        finally:
+            arm_server.blob_endpoint = None
+
+
+@pytest.fixture(scope="module")
+def container(azurite, arm_server):
+    """The clusters' checkpoint container, written to with the account key (the runtime's side)."""
+    from azure.storage.blob import ContainerClient
+
+    client = ContainerClient.from_connection_string(azurite.connection_string, "checkpoints",
+                                                    connection_verify=str(arm_server.cert))
+    client.create_container()
+    yield client
+    client.close()

@@ -18,37 +18,12 @@ import pytest
 
 from azext_elastictrain.core import manifests as m
 from tests.support import aks_objects as k
-from tests.support import services as svc
 from tests.support.arm_server import ACCESS_TOKEN_SECRET, KUBE_TOKEN
 
 IMAGE = "myregistry.azurecr.io/elastictrain:0.1.0"
 NAMESPACE = "elastictrain"
 EJ = ("elastic.pytorch.org/v1alpha1", "ElasticJob")
 T0 = k.CREATED_EPOCH
-
-
-@pytest.fixture(scope="module")
-def azurite(arm_server, tmp_path_factory):
-    """Azurite behind the ARM server's certificate, admitting bearer tokens; the clusters' blob endpoint."""
-    with svc.start_azurite(tmp_path_factory.mktemp("azurite-oauth"), cert=arm_server.cert, key=arm_server.key,
-                           oauth=True) as service:
-        arm_server.blob_endpoint = service.blob_endpoint + "/"
-        try:
-            yield service
-        finally:
-            arm_server.blob_endpoint = None
-
-
-@pytest.fixture(scope="module")
-def container(azurite, arm_server):
-    """The clusters' checkpoint container, written to with the account key (the runtime's side)."""
-    from azure.storage.blob import ContainerClient
-
-    client = ContainerClient.from_connection_string(azurite.connection_string, "checkpoints",
-                                                    connection_verify=str(arm_server.cert))
-    client.create_container()
-    yield client
-    client.close()
 
 
 @pytest.fixture(scope="module")

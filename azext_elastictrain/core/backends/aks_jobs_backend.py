@@ -125,6 +125,10 @@ class AksJobs:
 
     # ------------------------------------------------------------------ show, list
 
+    def event_reader(self, resource_group: str, cluster: str) -> "_EventReader":
+        """Job name -> its events in the cluster's blob storage, read with the caller's login; close() it."""
+        return _EventReader(self.site(resource_group, cluster).container_url, self._credential)
+
     def _show(self, kube, site: ClusterSite, name: str) -> dict:
         read = _EventReader(site.container_url, self._credential)
         try:
