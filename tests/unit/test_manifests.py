@@ -320,12 +320,12 @@ def test_a_bad_spec_value_is_refused(field, value) -> None:
 
 
 def test_a_checkpoint_url_with_a_sas_is_refused_without_echoing_it() -> None:
-    sas = "sv=2024-11-04&ss=b&srt=co&sp=rwdl&se=2030-01-01T00:00:00Z&sig=c2VjcmV0c2lnbmF0dXJl"
+    sas = "sv=2024-11-04&ss=b&srt=co&sp=rwdl&se=2030-01-01T00:00:00Z&sig=notarealsig"  # a SAS's shape, no secret
     spec = m.InClusterSpec(identity_client_id=CLIENT_ID,
                            checkpoint_url=f"https://ckptstore01.blob.core.windows.net/checkpoints?{sas}")
     with pytest.raises(SpecError) as caught:
         spec.validate()
-    assert "sig=" not in str(caught.value) and "c2VjcmV0" not in str(caught.value)
+    assert "sig=" not in str(caught.value) and "notarealsig" not in str(caught.value)
 
 
 def test_rendered_objects_carry_no_secret(objects) -> None:
