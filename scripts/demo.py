@@ -168,13 +168,19 @@ def timeline(events: list[dict], evictions: list[dict], out: Path) -> None:
     ax.set_ylabel("step")
     ax.legend(loc="upper left", fontsize=8)
     ax.set_title("Elastic training through Spot evictions (az elastictrain, local cluster)")
+    # World size over time: what the job trained at, 0 from the moment its workers stopped (a node
+    # evicted; torchrun restarting them for a node that came back) until the re-formed job restored.
+    changes = [(e["time"], e["world_size"], e["event"]) for e in events
+               if e.get("event") in ("progress", "restored") and e.get("world_size")]
+    changes += [(ev["evictedAt"], 0, "stopped") for ev in evictions]
+    changes += [(e["time"], 0, "stopped") for e in events
+                if e.get("event") == "preempted" and e.get("source") == "sigterm"]
     times, sizes = [], []
-    for seg in _segments([(e["time"] - t0, e["world_size"]) for e in progress], gap=3.0):
-        if times:  # between two segments nothing trained: the job was re-forming
-            times.append(times[-1] + 0.5)
-            sizes.append(0)
-        times += [t for t, _ in seg]
-        sizes += [w for _, w in seg]
+    for at, size, kind in sorted(changes):
+        if sizes and sizes[-1] == 0 and kind == "progress":
+            continue  # a report the old workers sent while stopping: only a restore starts training again
+        times.append(at - t0)
+        sizes.append(size)
     ax2.step(times, sizes, where="post", color="tab:purple")
     ax2.set_ylabel("world size")
     ax2.set_yticks([0, 1, 2])
