@@ -92,6 +92,7 @@ def summarize(events: list[dict]) -> dict:
             step = e.get("step", step)
         elif kind == RESTORED:
             restores += 1
+            samples_per_s = None  # a rate measured at the old world size says nothing about the new one
             if e.get("step") is not None:
                 step = e["step"]
         elif kind == CHECKPOINT:

@@ -113,6 +113,13 @@ def test_step_follows_a_restore_back_to_an_earlier_step() -> None:
     assert s["step"] == 25 and s["worldSize"] == 1 and s["recoveries"] == 1
 
 
+def test_a_restore_forgets_the_rate_of_the_old_world_size() -> None:
+    s = events.summarize(RUN[:5] + [_ev("restored", 106.0, step=25, world_size=1)])
+    assert s["samplesPerSecond"] is None
+    s = events.summarize(RUN)  # ... until the re-formed job reports its own
+    assert s["samplesPerSecond"] == 450.0
+
+
 def test_capacity_coming_back_is_a_scale_up_not_a_recovery() -> None:
     back = [_ev("started", 114.0, world_size=2, restart_count=2),
             _ev("restored", 114.5, step=40, world_size=2, saved_world_size=1),
