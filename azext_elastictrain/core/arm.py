@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import uuid
 
-from azext_elastictrain.core.spec import GPU_POOL, GPU_TAINT, SYSTEM_POOL, ClusterSpec
+from azext_elastictrain.core.spec import GPU_TAINT, SYSTEM_POOL, ClusterSpec
 
 #: Built-in role: read, write and delete blobs and containers (no keys, no account management).
 STORAGE_BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"

@@ -611,7 +611,7 @@ class ArmServer:
                 return self._violation(f"{method} {rid}: only GET is expected on a VMSS VM")
             found = self.resources.get(key)
             if found is None:
-                return 404, {}, _error("NotFound", f"The entity was not found in this Azure location.")
+                return 404, {}, _error("NotFound", "The entity was not found in this Azure location.")
             return 200, {}, found
         # simulateEviction: POST, no body, 204 (VirtualMachineScaleSetVM_SimulateEviction.json)
         if method != "POST":

@@ -19,7 +19,7 @@ class _Captured(Exception):
 
 
 def _sent_api_version(resource_type: str, call) -> str:
-    from azure.cli.core.profiles import ResourceType, get_api_version
+    from azure.cli.core.profiles import ResourceType
     from azure.cli.core.profiles._shared import AZURE_API_PROFILES, SDKProfile, get_client_class
     from azure.core.credentials import AccessToken
     from azure.core.pipeline.transport import HttpTransport

@@ -191,7 +191,7 @@ def test_a_credential_plugin_gives_the_token(api, tmp_path: Path) -> None:
     plugin = tmp_path / "plugin.py"
     plugin.write_text("import json, os\n"
                       "assert json.loads(os.environ['KUBERNETES_EXEC_INFO'])['kind'] == 'ExecCredential'\n"
-                      f"print(json.dumps({{'kind': 'ExecCredential', 'status': {{'token': os.environ['T']}}}}))\n")
+                      "print(json.dumps({'kind': 'ExecCredential', 'status': {'token': os.environ['T']}}))\n")
     kubeconfig = json.loads(api.kubeconfig(use_token=False))
     kubeconfig["users"][0]["user"] = {"exec": {"apiVersion": "client.authentication.k8s.io/v1beta1",
                                                "command": sys.executable, "args": [str(plugin)],

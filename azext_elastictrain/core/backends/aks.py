@@ -310,7 +310,7 @@ class AksBackend:
         cluster = self.arm.get("cluster", {"resource_group": spec.resource_group, "name": spec.name})
         if cluster is None:
             raise ClusterNotFound(f"no AKS cluster named {spec.name!r} in resource group {spec.resource_group!r}")
-        spec = ctx.spec = _spec_from_tags(spec, cluster)
+        spec = ctx.spec = spec_from_tags(spec, cluster)
         ctx.found["cluster"] = cluster
         for kind, ref in (("storage_account", {"resource_group": spec.resource_group,
                                                "name": spec.storage_account_name}),
@@ -335,7 +335,7 @@ class AksBackend:
             if arm.TAG not in (cluster.get("tags") or {}):
                 continue  # not one of ours
             group = _resource_group_of(cluster.get("id", "")) or resource_group or ""
-            spec = _spec_from_tags(ClusterSpec(name=cluster.get("name", ""), resource_group=group), cluster)
+            spec = spec_from_tags(ClusterSpec(name=cluster.get("name", ""), resource_group=group), cluster)
             rows.append(self._describe(spec, cluster, None, health=None))
         return rows
 
@@ -402,7 +402,7 @@ class AksBackend:
         rg = spec.resource_group
         cluster = self.arm.get("cluster", {"resource_group": rg, "name": spec.name})
         if cluster is not None:
-            spec = _spec_from_tags(spec, cluster)
+            spec = spec_from_tags(spec, cluster)
         container_scope = arm.container_id(self.arm.subscription, spec)
         identity = self.arm.get("identity", {"resource_group": rg, "name": spec.identity_name})
         items: list[tuple[str, str, dict]] = []
@@ -503,7 +503,7 @@ def _resource_group_of(resource_id: str) -> str:
     return parts[lowered.index("resourcegroups") + 1] if "resourcegroups" in lowered else ""
 
 
-def _spec_from_tags(spec: ClusterSpec, cluster: dict) -> ClusterSpec:
+def spec_from_tags(spec: ClusterSpec, cluster: dict) -> ClusterSpec:
     """Names the create recorded on the cluster (storage account, identity), for show and delete."""
     tags = cluster.get("tags") or {}
     return replace(spec, storage_account=tags.get("elastictrain-storage") or spec.storage_account,

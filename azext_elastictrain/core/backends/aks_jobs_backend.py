@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from azext_elastictrain.core import aks_jobs
 from azext_elastictrain.core import events as job_events
-from azext_elastictrain.core.backends.aks import Arm, ClusterNotFound, _spec_from_tags
+from azext_elastictrain.core.backends.aks import Arm, ClusterNotFound, spec_from_tags
 from azext_elastictrain.core.manifests import ELASTICJOB_API_VERSION, GPU_TAINT, SPOT_TAINT, WORKER_LABELS
 from azext_elastictrain.core.spec import GPU_VM_SIZES, ClusterSpec, JobSpec, SpecError
 
@@ -75,7 +75,7 @@ class AksJobs:
         found = self.arm.get("cluster", {"resource_group": resource_group, "name": cluster})
         if found is None:
             raise ClusterNotFound(f"no AKS cluster named {cluster!r} in resource group {resource_group!r}")
-        spec = _spec_from_tags(spec, found)
+        spec = spec_from_tags(spec, found)
         account = self.arm.get("storage_account", {"resource_group": resource_group,
                                                    "name": spec.storage_account_name})
         endpoint = (((account or {}).get("properties") or {}).get("primaryEndpoints") or {}).get("blob")
