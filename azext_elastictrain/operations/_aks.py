@@ -19,15 +19,15 @@ logger = get_logger(__name__)
 
 
 def aks_backend(cmd):
-    from azext_elastictrain._client_factory import AzureArm
-    from azext_elastictrain.core.backends import get_backend
+    from azext_elastictrain.clients.arm import AzureArm
+    from azext_elastictrain.backends import get_backend
 
     return get_backend("aks", AzureArm(cmd.cli_ctx), progress=logger.warning)
 
 
 @contextmanager
 def aks_errors(resource_group: str, name: str | None) -> Iterator[None]:
-    from azext_elastictrain.core.backends.aks import ArmError, ClusterNotFound, PlanFailed
+    from azext_elastictrain.backends.aks.cluster import ArmError, ClusterNotFound, PlanFailed
     from azext_elastictrain.core.spec import SpecError
 
     rerun = (f"Fix the cause, then run the same 'az elastictrain cluster create -g {resource_group} -n {name}' "

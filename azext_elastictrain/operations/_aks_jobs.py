@@ -50,8 +50,8 @@ def login_credential(cmd):
 
 
 def aks_jobs(cmd, *, storage: bool = True):
-    from azext_elastictrain._client_factory import AzureArm
-    from azext_elastictrain.core.backends.aks_jobs_backend import AksJobs
+    from azext_elastictrain.clients.arm import AzureArm
+    from azext_elastictrain.backends.aks.jobs import AksJobs
 
     return AksJobs(AzureArm(cmd.cli_ctx), credential=login_credential(cmd) if storage else None,
                    progress=logger.warning)
@@ -59,10 +59,10 @@ def aks_jobs(cmd, *, storage: bool = True):
 
 @contextmanager
 def aks_job_errors(resource_group: str, cluster: str) -> Iterator[None]:
-    from azext_elastictrain.core.aks_jobs import JobNotFound
-    from azext_elastictrain.core.backends.aks import ArmError, ClusterNotFound
-    from azext_elastictrain.core.backends.aks_jobs_backend import GpuPoolMissing, JobExists
-    from azext_elastictrain.core.kube import KubeError
+    from azext_elastictrain.backends.aks.describe import JobNotFound
+    from azext_elastictrain.backends.aks.cluster import ArmError, ClusterNotFound
+    from azext_elastictrain.backends.aks.jobs import GpuPoolMissing, JobExists
+    from azext_elastictrain.clients.kube import KubeError
     from azext_elastictrain.core.spec import SpecError
     from azext_elastictrain.operations._aks import _by_status
 

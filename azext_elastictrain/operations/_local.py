@@ -21,14 +21,14 @@ def local_backend(cmd, local: bool):
             "this command runs on a local cluster only in this version",
             recommendation="Add --local (real etcd, Azurite and torchrun processes here).",
         )
-    from azext_elastictrain.core.backends import get_backend
+    from azext_elastictrain.backends import get_backend
 
     return get_backend("local", Path(cmd.cli_ctx.config.config_dir) / "elastictrain" / "local")
 
 
 @contextmanager
 def local_errors(cluster: str, job: str | None = None) -> Iterator[None]:
-    from azext_elastictrain.core.backends.local_state import (
+    from azext_elastictrain.backends.local.state import (
         ClusterError,
         ClusterNotFound,
         ClusterUnhealthy,

@@ -94,7 +94,7 @@ def cluster_state(cmd, name: str, resource_group_name: str) -> dict:
     """The getter of 'cluster wait': the AKS provisioning state (a missing cluster is a 404, as wait expects)."""
     from azure.core.exceptions import ResourceNotFoundError as SdkNotFound
 
-    from azext_elastictrain.core.backends.aks import ClusterNotFound
+    from azext_elastictrain.backends.aks.cluster import ClusterNotFound
     from azext_elastictrain.core.spec import ClusterSpec
     from azext_elastictrain.operations._aks import aks_backend, aks_errors
 

@@ -51,7 +51,7 @@ def _simulate_local(cmd, job, local, cluster, node, count, notice_seconds, repla
     from azure.cli.core.azclierror import AzureResponseError
     from azure.cli.core.util import user_confirmation
 
-    from azext_elastictrain.core.backends.local_evict import EvictionError
+    from azext_elastictrain.backends.local.evict import EvictionError
 
     backend = local_backend(cmd, local)
     cluster = local_names(cluster, job)
@@ -108,9 +108,9 @@ def _simulate_aks(cmd, resource_group: str | None, cluster: str | None, *, node,
     except SpecError as ex:
         raise InvalidArgumentValueError(str(ex)) from ex
 
-    from azext_elastictrain._client_factory import AzureArm
-    from azext_elastictrain.core.backends import aks_evict
-    from azext_elastictrain.core.kube import connect
+    from azext_elastictrain.clients.arm import AzureArm
+    from azext_elastictrain.backends.aks import evict as aks_evict
+    from azext_elastictrain.clients.kube import connect
 
     progress = get_logger(__name__).warning
     with _aks_evict_errors(resource_group, cluster):
@@ -137,7 +137,7 @@ def _simulate_aks(cmd, resource_group: str | None, cluster: str | None, *, node,
 def job_events_reader(cmd, arm, resource_group: str, cluster: str):
     """Where ``--wait`` reads the jobs' event logs (``<job>/events.jsonl`` in the cluster's blob storage,
     with the CLI's login): ``(read_events, None)``, or ``(None, why not)`` when storage cannot be reached."""
-    from azext_elastictrain.core.backends.aks_jobs_backend import AksJobs
+    from azext_elastictrain.backends.aks.jobs import AksJobs
     from azext_elastictrain.operations._aks_jobs import login_credential
 
     try:
@@ -183,11 +183,11 @@ def _aks_evict_errors(resource_group: str, cluster: str) -> Iterator[None]:
     the cluster commands map them (operations._aks.aks_errors)."""
     from azure.cli.core.azclierror import AzureResponseError, InvalidArgumentValueError, ResourceNotFoundError
 
-    from azext_elastictrain.core.backends.aks import ArmError
-    from azext_elastictrain.core.backends.aks_evict import EvictionFailed
-    from azext_elastictrain.core.backends.local_evict import EvictionError
+    from azext_elastictrain.core.errors import ArmError
+    from azext_elastictrain.backends.aks.evict import EvictionFailed
+    from azext_elastictrain.backends.local.evict import EvictionError
     from azext_elastictrain.core.eviction import EvictionTargetNotFound
-    from azext_elastictrain.core.kube import KubeError
+    from azext_elastictrain.clients.kube import KubeError
     from azext_elastictrain.core.spec import SpecError
     from azext_elastictrain.operations._aks import aks_errors
 

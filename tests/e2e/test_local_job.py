@@ -224,7 +224,7 @@ def test_a_node_that_fails_to_start_takes_the_started_ones_down(tmp_path, monkey
     import subprocess
     import sys
 
-    from azext_elastictrain.core.backends.local import LocalBackend
+    from azext_elastictrain.backends.local.cluster import LocalBackend
     from azext_elastictrain.core.spec import JobSpec
 
     backend = LocalBackend(tmp_path)

@@ -1,11 +1,11 @@
-"""core.backends.aks_jobs_backend: jobs on an AKS cluster over a fake Arm and FakeKube (no network)."""
+"""backends.aks.jobs: jobs on an AKS cluster over a fake Arm and FakeKube (no network)."""
 from __future__ import annotations
 
 import pytest
 
-from azext_elastictrain.core.aks_jobs import JobNotFound
-from azext_elastictrain.core.backends.aks import ClusterNotFound
-from azext_elastictrain.core.backends.aks_jobs_backend import AksJobs, GpuPoolMissing, JobExists, gpu_spot_pool
+from azext_elastictrain.backends.aks.describe import JobNotFound
+from azext_elastictrain.backends.aks.cluster import ClusterNotFound
+from azext_elastictrain.backends.aks.jobs import AksJobs, GpuPoolMissing, JobExists, gpu_spot_pool
 from azext_elastictrain.core.spec import JobSpec, SpecError
 from tests.support import aks_objects as k
 from tests.support.fake_kube import FakeKube

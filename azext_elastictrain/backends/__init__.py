@@ -6,8 +6,8 @@
 import importlib
 
 _BACKENDS = {
-    "local": "azext_elastictrain.core.backends.local:LocalBackend",
-    "aks": "azext_elastictrain.core.backends.aks:AksBackend",
+    "local": "azext_elastictrain.backends.local.cluster:LocalBackend",
+    "aks": "azext_elastictrain.backends.aks.cluster:AksBackend",
 }
 
 

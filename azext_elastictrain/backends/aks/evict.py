@@ -13,14 +13,14 @@ Call order (each step is the caller's to take, so it can confirm between them):
    says so in ``eventsError`` and keeps what was seen.
 
 ``Compute`` is this module's one view of the compute API; the CLI gives it ``AzureArm`` (SDK clients), tests a
-fake or the same against the local ARM test server. Kubernetes is a ``core.kube.KubeClient``.
+fake or the same against the local ARM test server. Kubernetes is a ``clients.kube.KubeClient``.
 """
 from __future__ import annotations
 
 import time
 from typing import Any, Callable, Optional, Protocol
 
-from azext_elastictrain.core.aks_jobs import follow_recovery_aks, wait_node_gone
+from azext_elastictrain.backends.aks.describe import follow_recovery_aks, wait_node_gone
 from azext_elastictrain.core.eviction import EvictionPlan, VmssInstance, plan_evictions
 from azext_elastictrain.core.manifests import NAMESPACE
 
@@ -33,7 +33,7 @@ ReadEvents = Callable[[str], list]
 
 
 class Compute(Protocol):
-    """The VMSS instances behind AKS nodes. Errors raise ``core.backends.aks.ArmError``."""
+    """The VMSS instances behind AKS nodes. Errors raise ``backends.aks.cluster.ArmError``."""
 
     def simulate_eviction(self, instance: VmssInstance) -> None:
         """POST .../virtualMachines/{id}/simulateEviction; 204."""
@@ -62,7 +62,7 @@ def plan(kube: Any, *, node: str | None = None, job: str | None = None, rank: in
 def evict(compute: Compute, eviction_plan: EvictionPlan, *, clock: Callable[[], float] = time.time,
           progress: Callable[[str], None] = lambda line: None) -> list[dict]:
     """simulateEviction for each target, in order; one dict per target (``evictedAt``: when it was asked)."""
-    from azext_elastictrain.core.backends.aks import ArmError
+    from azext_elastictrain.core.errors import ArmError
 
     done: list[dict] = []
     for target in eviction_plan.targets:
@@ -114,7 +114,7 @@ def follow(kube: Any, compute: Compute, evictions: list[dict], read_events: Read
             recovery = {k: found.get(k) for k in ("recoverySeconds", "stepsLost", "resumedFromStep", "worldSize",
                                                   "restoreSeconds")}
         except Exception as ex:  # noqa: BLE001  unreadable events or no recovery in time: say which
-            from azext_elastictrain.core.backends.local_evict import EvictionError
+            from azext_elastictrain.backends.local.evict import EvictionError
 
             if isinstance(ex, EvictionError):
                 raise

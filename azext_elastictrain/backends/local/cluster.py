@@ -4,8 +4,8 @@ Each component is a background process on a free loopback port that outlives
 the ``az`` command which started it. What was started is recorded in
 ``<state root>/<cluster>/cluster.json`` (pid, process start time, port, log),
 so ``show`` can check health and ``delete`` can stop exactly those processes
-and no other that happens to reuse a pid. Jobs on it: local_jobs.py;
-evictions: local_evict.py.
+and no other that happens to reuse a pid. Jobs on it: jobs.py;
+evictions: evict.py.
 
 ``create`` is idempotent: healthy components are left alone, dead ones are
 started again; if anything fails to come up, what this call started is
@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from azext_elastictrain.core.backends.local_jobs import LocalJobs
-from azext_elastictrain.core.backends.local_state import (  # noqa: F401 - errors re-exported for callers
+from azext_elastictrain.backends.local.jobs import LocalJobs
+from azext_elastictrain.backends.local.state import (  # noqa: F401 - errors re-exported for callers
     AZURITE_ACCOUNT,
     CHECKPOINT_CONTAINER,
     REPO_ROOT,
@@ -152,7 +152,7 @@ class LocalBackend(LocalJobs):
     def _start_scheduled_events(self, name: str) -> Component:
         port_file = self._dir(name) / "scheduled-events.port"
         port_file.unlink(missing_ok=True)
-        argv = [sys.executable, "-m", "azext_elastictrain.core.scheduled_events", "--host", "127.0.0.1",
+        argv = [sys.executable, "-m", "azext_elastictrain.backends.local.scheduled_events", "--host", "127.0.0.1",
                 "--port", "0", "--port-file", str(port_file)]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
         component = self._spawn(name, "scheduled-events", argv, 0, env)

@@ -2,7 +2,7 @@
 (where they run, Spot or not, phase, restarts) and the job's event log in blob (core.events).
 
 ``describe_job`` is pure over the objects the caller fetched; ``show_job``, ``list_jobs`` and
-``wait_node_gone`` are thin functions over a ``core.kube.KubeClient``. The result has the keys of the local
+``wait_node_gone`` are thin functions over a ``clients.kube.KubeClient``. The result has the keys of the local
 backend's job show where they mean the same (so the table formatters and `job wait` work on both), with
 ``nodes`` one entry per worker pod and ``operator`` the controller's own conditions and replica counts.
 
@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any, Callable
 
 from azext_elastictrain.core import events as job_events
+from azext_elastictrain.core import launch
 from azext_elastictrain.core.eviction import (
     holds_node,
     is_spot,
@@ -26,6 +27,7 @@ from azext_elastictrain.core.eviction import (
     pod_node,
 )
 from azext_elastictrain.core.manifests import ELASTICJOB_API_VERSION, NAMESPACE, WORKER_LABELS
+from azext_elastictrain.core.errors import JobNotFound  # noqa: F401 - raised here
 from azext_elastictrain.core.spec import SpecError
 
 CREATED = "Created"
@@ -37,13 +39,8 @@ _CONDITION_ORDER = ("Failed", "Succeeded", "Restarting", "Running", "Created")
 NODE_LOST = "NodeLost"  # a pod whose node left the cluster (evicted VM) before the pod was cleaned up
 TERMINATING = "Terminating"
 _WORKER_REPLICA = "Worker"
-_CONTAINER_URL_ENV = "ELASTICTRAIN_CHECKPOINT_CONTAINER_URL"
 
 ReadEvents = Callable[[str], list]
-
-
-class JobNotFound(SpecError):
-    """No ElasticJob (or no rank) of that name: the CLI answers ResourceNotFoundError."""
 
 
 def describe_job(elastic_job: dict, pods: list[dict], nodes: list[dict], events: list[dict], *,
@@ -81,8 +78,8 @@ def describe_job(elastic_job: dict, pods: list[dict], nodes: list[dict], events:
         "maxNodes": spec.get("maxReplicas"),
         "nodeCount": worker.get("replicas"),
         "nprocPerNode": args["nprocPerNode"],
-        "checkpointInterval": _int(env.get("ELASTICTRAIN_CHECKPOINT_INTERVAL_STEPS")),
-        "keep": _int(env.get("ELASTICTRAIN_KEEP")),
+        "checkpointInterval": _int(env.get(launch.ENV_CHECKPOINT_INTERVAL_STEPS)),
+        "keep": _int(env.get(launch.ENV_KEEP)),
         "rdzvId": args["rdzvId"] or name,
         "worldSize": summary["worldSize"],
         "step": summary["step"],
@@ -314,7 +311,7 @@ def follow_recovery_aks(read_events: ReadEvents, job: str, evicted_at: float, *,
     """After an eviction: seconds from ``evicted_at`` (the node left, see ``wait_node_gone``) until the job
     trained again, and the steps it lost (from the Preempt notice's step, seen since ``requested_at``, the
     simulateEviction call). The same reading of the events as on the local cluster."""
-    from azext_elastictrain.core.backends.local_evict import RECOVERY_TIMEOUT, follow_recovery
+    from azext_elastictrain.backends.local.evict import RECOVERY_TIMEOUT, follow_recovery
 
     eviction = {"node": node, "evictedAt": evicted_at,
                 "startedAt": evicted_at if requested_at is None else min(requested_at, evicted_at)}

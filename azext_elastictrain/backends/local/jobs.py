@@ -7,7 +7,7 @@ appends to blob storage (core.events). Stopping a node stops the agent and
 every descendant: torchrun's workers start sessions of their own, so a
 process-group kill would leave them training.
 
-``LocalJobs`` is half of ``LocalBackend`` (local.py): it uses the cluster's
+``LocalJobs`` is half of ``LocalBackend`` (cluster.py): it uses the cluster's
 ``_dir``, ``_load``, ``show_cluster`` and ``connection``.
 """
 from __future__ import annotations
@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from azext_elastictrain.core import events as job_events
-from azext_elastictrain.core.backends.local_state import (
+from azext_elastictrain.core import launch
+from azext_elastictrain.backends.local.state import (
     CHECKPOINT_CONTAINER,
     REPO_ROOT,
     STOP_TIMEOUT,
@@ -44,15 +45,6 @@ from azext_elastictrain.core.spec import JobSpec, LocalClusterSpec
 
 # A job's workers get this long after SIGTERM (the runtime checkpoints on it) before SIGKILL.
 JOB_STOP_TIMEOUT = 15.0
-# Fast recovery without re-forming a healthy job for nothing: a dead node is noticed after
-# keep_alive_interval x keep_alive_max_attempt seconds, and a round closes last_call seconds after
-# min nodes joined (torchrun's defaults: 5 x 3 s and 30 s). Measured side by side
-# (scripts/bench/recovery.py, rdzv_soak.py): 1 s x 3 with a 2 s last call brings recovery after an
-# eviction with notice from 9.9 s (2 s x 3, last call 3 s) to 6.7 s, and a 150 s soak under two CPU
-# hogs re-formed a healthy job 0 times with either. etcd is the one source of truth for the rounds,
-# so a late heartbeat costs a restart, never a split job.
-TUNED_RDZV_CONF = "last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=3,join_timeout=300"
-MAX_RESTARTS = 100
 PROGRESS_SECONDS = 2
 # Every process of a local job carries this in its environment (inherited by the
 # workers), so orphans of a killed agent can still be found and stopped.
@@ -167,37 +159,30 @@ class LocalJobs:
 
         nodes_dir = job_dir / "nodes"
         log_path = nodes_dir / f"{node}.log"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ELASTICTRAIN_")}
+        env = {k: v for k, v in os.environ.items() if not k.startswith(launch.ENV_PREFIX)}
+        env.update(launch.runtime_env(keep=spec.keep, checkpoint_interval=spec.checkpoint_interval))
         env.update({
             JOB_MARKER_ENV: str(job_dir),
-            "ELASTICTRAIN_CHECKPOINT_URL": f"{conn['blob_endpoint']}/{CHECKPOINT_CONTAINER}/{spec.name}",
+            launch.ENV_CHECKPOINT_URL: f"{conn['blob_endpoint']}/{CHECKPOINT_CONTAINER}/{spec.name}",
             "AZURE_STORAGE_CONNECTION_STRING": conn["connection_string"],
-            "ELASTICTRAIN_SCHEDULED_EVENTS_URL": conn["scheduled_events"],
-            "ELASTICTRAIN_VM_NAME": node,
-            "ELASTICTRAIN_NODE_NAME": node,
+            launch.ENV_SCHEDULED_EVENTS_URL: conn["scheduled_events"],
+            launch.ENV_VM_NAME: node,
+            launch.ENV_NODE_NAME: node,
             # A worker restarted on the same node must not act twice on an acknowledged event.
-            "ELASTICTRAIN_PREEMPTION_STATE": str(nodes_dir / f"{node}.acked.json"),
-            "ELASTICTRAIN_KEEP": str(spec.keep),
-            "ELASTICTRAIN_PROGRESS_SECONDS": str(PROGRESS_SECONDS),
-            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # torch 2.13: scale-up hangs without it
+            launch.ENV_PREEMPTION_STATE: str(nodes_dir / f"{node}.acked.json"),
+            launch.ENV_PROGRESS_SECONDS: str(PROGRESS_SECONDS),
             "GLOO_SOCKET_IFNAME": "lo",
-            "PYTHONUNBUFFERED": "1",
             # The runtime (azext_elastictrain.runtime) importable from a script anywhere.
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
         })
         env.setdefault("OMP_NUM_THREADS", "1")
-        if spec.checkpoint_interval is not None:
-            env["ELASTICTRAIN_CHECKPOINT_INTERVAL_STEPS"] = str(spec.checkpoint_interval)
         argv = [
-            sys.executable, "-m", "torch.distributed.run",
+            sys.executable, "-m", launch.TORCHRUN_MODULE,
+            *launch.torchrun_options(rdzv_conf=launch.LOCAL_RDZV_CONF, nproc_per_node=spec.nproc_per_node,
+                                     rdzv_id=rdzv_id),
             f"--nnodes={spec.min_nodes}:{spec.max_nodes}",
-            f"--nproc-per-node={spec.nproc_per_node}",
-            "--rdzv-backend=etcd-v2",
             f"--rdzv-endpoint={conn['etcd']}",
-            f"--rdzv-id={rdzv_id}",
-            f"--rdzv-conf={TUNED_RDZV_CONF}",
             "--local-addr=127.0.0.1",
-            f"--max-restarts={MAX_RESTARTS}",
             "--monitor-interval=0.5",
             script, *spec.script_args,
         ]
@@ -348,20 +333,20 @@ class LocalJobs:
     # -- evictions ---------------------------------------------------------------------
     def evict(self, cluster: str, job: str, **options: Any) -> dict:
         """Spot-evict nodes of a running job (see local_evict); serialized with job starts."""
-        from azext_elastictrain.core.backends.local_evict import evict_nodes
+        from azext_elastictrain.backends.local.evict import evict_nodes
 
         with self._job_lock(cluster):
             return evict_nodes(self, cluster, job, **options)
 
     def replace_nodes(self, cluster: str, job: str, count: int) -> list[dict]:
         """Spot capacity is back: ``count`` new nodes join the running job."""
-        from azext_elastictrain.core.backends.local_evict import replace_nodes
+        from azext_elastictrain.backends.local.evict import replace_nodes
 
         with self._job_lock(cluster):
             return replace_nodes(self, cluster, job, count)
 
     def follow_recovery(self, cluster: str, job: str, eviction: dict) -> dict:
-        from azext_elastictrain.core.backends.local_evict import follow_recovery
+        from azext_elastictrain.backends.local.evict import follow_recovery
 
         read = self._event_reader(cluster)
         try:
@@ -370,7 +355,7 @@ class LocalJobs:
             read.close()
 
     def follow_world_size(self, cluster: str, job: str, world_size: int, since: float) -> dict:
-        from azext_elastictrain.core.backends.local_evict import follow_world_size
+        from azext_elastictrain.backends.local.evict import follow_world_size
 
         read = self._event_reader(cluster)
         try:

@@ -2,7 +2,7 @@
 
 A companion of ``aks.AksBackend`` (which owns the cluster's lifecycle), so that each module has one reason to
 change. It reads the cluster through the same ``Arm`` (GETs and the user credentials, kept in memory), talks
-to Kubernetes through ``core.kube`` and describes jobs with ``core.aks_jobs``.
+to Kubernetes through ``clients.kube`` and describes jobs with ``backends.aks.describe``.
 
 Blob storage (the job's events and checkpoints) is found the way Azure says, not by building a host name: the
 storage account's ``primaryEndpoints.blob`` from ARM, plus the cluster's checkpoint container. That is right
@@ -15,9 +15,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from azext_elastictrain.core import aks_jobs
+from azext_elastictrain.backends.aks import describe as aks_jobs
 from azext_elastictrain.core import events as job_events
-from azext_elastictrain.core.backends.aks import Arm, ClusterNotFound, spec_from_tags
+from azext_elastictrain.backends.aks.cluster import Arm, ClusterNotFound, spec_from_tags
 from azext_elastictrain.core.manifests import ELASTICJOB_API_VERSION, GPU_TAINT, SPOT_TAINT, WORKER_LABELS
 from azext_elastictrain.core.spec import GPU_VM_SIZES, ClusterSpec, JobSpec, SpecError
 
@@ -86,7 +86,7 @@ class AksJobs:
         kubeconfig = self.arm.user_kubeconfig(spec.resource_group, spec.name)
         connect = self._kube_connect
         if connect is None:
-            from azext_elastictrain.core.kube import connect
+            from azext_elastictrain.clients.kube import connect
         return connect(kubeconfig)
 
     # ------------------------------------------------------------------ run

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from azext_elastictrain.core.errors import ClusterNotFound, JobNotFound  # noqa: F401 - the backend's errors
+
 AZURITE_ACCOUNT = "devstoreaccount1"
 # Azurite's documented, public development account: not a secret, still never printed.
 _AZURITE_AUTH = "AccountName=devstoreaccount1;AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
@@ -29,16 +31,8 @@ class ClusterError(RuntimeError):
     """The local cluster could not be created or reached; the message says why."""
 
 
-class ClusterNotFound(LookupError):
-    """No local cluster of that name."""
-
-
 class ToolMissing(ClusterError):
     """A program the local cluster runs is not installed."""
-
-
-class JobNotFound(LookupError):
-    """No job of that name on the cluster."""
 
 
 class JobConflict(ClusterError):
