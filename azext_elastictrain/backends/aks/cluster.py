@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Protocol
 
 from azext_elastictrain.core import arm
-from azext_elastictrain.core.errors import ArmError, ClusterNotFound  # noqa: F401 - raised and re-read here
+from azext_elastictrain.core.errors import ArmError, ClusterNotFound
 from azext_elastictrain.core.spec import GPU_POOL, ClusterSpec
 
 IN_PROGRESS = {"creating", "updating", "upgrading", "scaling", "deleting", "accepted", "resolvingdns",
@@ -123,7 +123,7 @@ def _needs_location(spec: ClusterSpec) -> str:
     return spec.location or f"<location of resource group {spec.resource_group}>"
 
 
-class AksBackend:
+class AksClusters:
     """Create, show, list and delete elastic-training clusters on AKS."""
 
     def __init__(self, arm_client: Arm, *, kube_connect: Callable[[bytes], object] | None = None,

@@ -1,25 +1,18 @@
-"""Elastic jobs on an AKS cluster: run, list, show, logs and delete, and where the job's blobs are.
+"""Elastic jobs on an AKS cluster: plan and submit, describe, list, logs and delete.
 
-A companion of ``aks.AksBackend`` (which owns the cluster's lifecycle), so that each module has one reason to
-change. It reads the cluster through the same ``Arm`` (GETs and the user credentials, kept in memory), talks
-to Kubernetes through ``clients.kube`` and describes jobs with ``backends.aks.describe``.
-
-Blob storage (the job's events and checkpoints) is found the way Azure says, not by building a host name: the
-storage account's ``primaryEndpoints.blob`` from ARM, plus the cluster's checkpoint container. That is right
-for every cloud and DNS endpoint type, and it is also where a test points the reads at a local Azurite. The
-reads are authenticated by the ``credential`` the caller gives (the CLI's login: Entra ID, never a key).
+Everything goes through one ``AksSession`` (ARM, Kubernetes and blob storage resolved once per command), so a
+command that looks many times (`job wait`) asks ARM and fetches the cluster's credentials once. The cluster's
+lifecycle is ``cluster.AksClusters``'s; jobs are described by ``describe`` (pure over the objects fetched here).
 """
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 from typing import Any, Callable
 
-from azext_elastictrain.backends.aks import describe as aks_jobs
-from azext_elastictrain.core import events as job_events
-from azext_elastictrain.backends.aks.cluster import Arm, ClusterNotFound, spec_from_tags
+from azext_elastictrain.backends.aks import describe
+from azext_elastictrain.backends.aks.session import AksSession, ClusterSite
 from azext_elastictrain.core.manifests import ELASTICJOB_API_VERSION, GPU_TAINT, SPOT_TAINT, WORKER_LABELS
-from azext_elastictrain.core.spec import GPU_VM_SIZES, ClusterSpec, JobSpec, SpecError
+from azext_elastictrain.core.spec import JobSpec, SpecError
 
 # Any GUID: the ElasticJob does not carry the identity (its pods run as the cluster's service account),
 # but the cluster spec it is rendered with must be complete.
@@ -35,63 +28,17 @@ class JobExists(SpecError):
     """An ElasticJob of that name is already in the cluster."""
 
 
-@dataclass(frozen=True)
-class ClusterSite:
-    """What jobs need of a cluster: its names, where its blobs are, and its GPU Spot pool (None: none)."""
-
-    spec: ClusterSpec
-    container_url: str  # <primaryEndpoints.blob><container>, no trailing slash
-    gpu_pool: dict | None
-
-    def job_url(self, job: str) -> str:
-        return f"{self.container_url}/{job}"
-
-
-def gpu_spot_pool(cluster: dict) -> dict | None:
-    """The pool the workers need: Spot priority, and GPUs (a GPU size, or the GPU taint create puts on it)."""
-    for pool in (cluster.get("properties") or {}).get("agentPoolProfiles") or []:
-        spot = pool.get("scaleSetPriority") == "Spot"
-        gpu = pool.get("vmSize") in GPU_VM_SIZES or GPU_TAINT in (pool.get("nodeTaints") or [])
-        if spot and gpu:
-            return pool
-    return None
-
-
 class AksJobs:
-    """Jobs of AKS clusters made by ``az elastictrain cluster create``."""
+    """Jobs of the AKS cluster of ``session`` (made by ``az elastictrain cluster create``)."""
 
-    def __init__(self, arm_client: Arm, *, kube_connect: Callable[[bytes], Any] | None = None,
-                 credential: Any = None, progress: Callable[[str], None] | None = None) -> None:
-        self.arm = arm_client
-        self._kube_connect = kube_connect
-        self._credential = credential
+    def __init__(self, session: AksSession, *, progress: Callable[[str], None] | None = None) -> None:
+        self.session = session
         self._progress = progress or (lambda message: None)
 
-    # ------------------------------------------------------------------ the cluster
+    # ------------------------------------------------------------------ run: plan, then submit
 
-    def site(self, resource_group: str, cluster: str) -> ClusterSite:
-        """The cluster as jobs see it; ClusterNotFound where there is none."""
-        spec = ClusterSpec(name=cluster, resource_group=resource_group)
-        found = self.arm.get("cluster", {"resource_group": resource_group, "name": cluster})
-        if found is None:
-            raise ClusterNotFound(f"no AKS cluster named {cluster!r} in resource group {resource_group!r}")
-        spec = spec_from_tags(spec, found)
-        account = self.arm.get("storage_account", {"resource_group": resource_group,
-                                                   "name": spec.storage_account_name})
-        endpoint = (((account or {}).get("properties") or {}).get("primaryEndpoints") or {}).get("blob")
-        base = (endpoint or f"https://{spec.storage_account_name}.blob.core.windows.net/").rstrip("/")
-        return ClusterSite(spec, f"{base}/{spec.container}", gpu_spot_pool(found))
-
-    def _kube(self, spec: ClusterSpec):
-        kubeconfig = self.arm.user_kubeconfig(spec.resource_group, spec.name)
-        connect = self._kube_connect
-        if connect is None:
-            from azext_elastictrain.clients.kube import connect
-        return connect(kubeconfig)
-
-    # ------------------------------------------------------------------ run
-
-    def render(self, site: ClusterSite, job: JobSpec, image: str, *, gpus_per_node: int,
+    @staticmethod
+    def render(site: ClusterSite, job: JobSpec, image: str, *, gpus_per_node: int,
                run_id: str | None = None) -> dict:
         """The ElasticJob for ``job`` on ``site``; refuses a cluster without a GPU Spot pool."""
         from azext_elastictrain.core.manifests import InClusterSpec, render_elastic_job
@@ -105,64 +52,51 @@ class AksJobs:
                                 identity_client_id=_NO_IDENTITY, checkpoint_url=site.spec.checkpoint_url)
         return render_elastic_job(job, cluster, image, run_id=run_id, gpus_per_node=gpus_per_node)
 
-    def run_job(self, resource_group: str, cluster: str, job: JobSpec, image: str, *, gpus_per_node: int,
-                dry_run: bool = False) -> dict:
-        site = self.site(resource_group, cluster)
+    def plan_job(self, job: JobSpec, image: str, *, gpus_per_node: int) -> dict:
+        """What `job run` would send (the dry run): the ElasticJob, and where its checkpoints go. Sends nothing."""
+        site = self.session.site()
         # A rendezvous of its own: an earlier job of the same name may have left its state in etcd.
         obj = self.render(site, job, image, gpus_per_node=gpus_per_node,
                           run_id=f"{job.name}-{uuid.uuid4().hex[:8]}")
-        if dry_run:
-            return {"dryRun": True, "name": job.name, "cluster": cluster, "resourceGroup": resource_group,
-                    "checkpointUrl": site.job_url(job.name), "object": obj}
-        kube = self._kube(site.spec)
-        if kube.get(ELASTICJOB_API_VERSION, "ElasticJob", job.name, site.spec.namespace) is not None:
-            raise JobExists(f"job {job.name!r} already exists in cluster {cluster!r}: delete it first "
+        return {"dryRun": True, "name": job.name, "cluster": site.spec.name,
+                "resourceGroup": site.spec.resource_group, "checkpointUrl": site.job_url(job.name), "object": obj}
+
+    def submit_job(self, plan: dict) -> dict:
+        """Create the planned ElasticJob; refuses a name already taken."""
+        site, kube, obj = self.session.site(), self.session.kube(), plan["object"]
+        name, namespace = obj["metadata"]["name"], obj["metadata"]["namespace"]
+        if kube.get(ELASTICJOB_API_VERSION, "ElasticJob", name, namespace) is not None:
+            raise JobExists(f"job {name!r} already exists in cluster {site.spec.name!r}: delete it first "
                             "(its checkpoints stay, so a new job of the same name resumes from them)")
         kube.apply(obj)
-        self._progress(f"Created ElasticJob {site.spec.namespace}/{job.name}; the autoscaler adds GPU Spot nodes "
+        self._progress(f"Created ElasticJob {namespace}/{name}; the autoscaler adds GPU Spot nodes "
                        "as its workers need them (minutes)")
-        return self._show(kube, site, job.name)
+        return self.describe_job(name)
 
     # ------------------------------------------------------------------ show, list
 
-    def event_reader(self, resource_group: str, cluster: str) -> "_EventReader":
-        """Job name -> its events in the cluster's blob storage, read with the caller's login; close() it."""
-        return _EventReader(self.site(resource_group, cluster).container_url, self._credential)
+    def describe_job(self, name: str) -> dict:
+        site = self.session.site()
+        return describe.show_job(self.session.kube(), name, self.session.events(), namespace=site.spec.namespace,
+                                 cluster=site.spec.name)
 
-    def _show(self, kube, site: ClusterSite, name: str) -> dict:
-        read = _EventReader(site.container_url, self._credential)
-        try:
-            return aks_jobs.show_job(kube, name, read, namespace=site.spec.namespace, cluster=site.spec.name)
-        finally:
-            read.close()
-
-    def show_job(self, resource_group: str, cluster: str, name: str) -> dict:
-        site = self.site(resource_group, cluster)
-        return self._show(self._kube(site.spec), site, name)
-
-    def list_jobs(self, resource_group: str, cluster: str) -> list[dict]:
-        site = self.site(resource_group, cluster)
-        read = _EventReader(site.container_url, self._credential)
-        try:
-            return aks_jobs.list_jobs(self._kube(site.spec), read, namespace=site.spec.namespace,
-                                      cluster=site.spec.name)
-        finally:
-            read.close()
+    def list_jobs(self) -> list[dict]:
+        site = self.session.site()
+        return describe.list_jobs(self.session.kube(), self.session.events(), namespace=site.spec.namespace,
+                                  cluster=site.spec.name)
 
     # ------------------------------------------------------------------ logs
 
-    def log_streams(self, resource_group: str, cluster: str, name: str, *, rank: int | None = None,
-                    pod: str | None = None, follow: bool = False, tail: int | None = None) -> list[tuple[str, Any]]:
+    def log_streams(self, name: str, *, rank: int | None = None, pod: str | None = None, follow: bool = False,
+                    tail: int | None = None) -> list[tuple[str, Any]]:
         """``[(label, lines)]``: one iterator of log lines per worker pod (of ``rank``, or ``pod``)."""
-        site = self.site(resource_group, cluster)
-        kube = self._kube(site.spec)
-        namespace = site.spec.namespace
-        obj = self._elastic_job(kube, name, namespace)
-        plan = aks_jobs.plan_logs(obj, kube.list("v1", "Pod", namespace, _WORKERS), rank)
+        kube, namespace = self.session.kube(), self.session.site().spec.namespace
+        obj = self._elastic_job(name)
+        plan = describe.plan_logs(obj, kube.list("v1", "Pod", namespace, _WORKERS), rank)
         if pod is not None:
             plan = [p for p in plan if p["pod"] == pod]
             if not plan:
-                raise aks_jobs.JobNotFound(f"job {name!r} has no pod {pod!r}; 'az elastictrain job show' lists "
+                raise describe.JobNotFound(f"job {name!r} has no pod {pod!r}; 'az elastictrain job show' lists "
                                            "its pods")
         started = [p for p in plan if p["node"] is not None]
         if not started:
@@ -171,59 +105,33 @@ class AksJobs:
         return [(f"{p['pod']} (rank {p['rank']})", kube.pod_logs(p["pod"], namespace, p["container"], follow, tail))
                 for p in started]
 
-    def _elastic_job(self, kube, name: str, namespace: str) -> dict:
+    def _elastic_job(self, name: str) -> dict:
+        kube, namespace = self.session.kube(), self.session.site().spec.namespace
         obj = kube.get(ELASTICJOB_API_VERSION, "ElasticJob", name, namespace)
         if obj is None:
             known = sorted((j.get("metadata") or {}).get("name") for j in
                            kube.list(ELASTICJOB_API_VERSION, "ElasticJob", namespace))
-            raise aks_jobs.JobNotFound(f"no job {name!r} in namespace {namespace!r} (its jobs: "
+            raise describe.JobNotFound(f"no job {name!r} in namespace {namespace!r} (its jobs: "
                                        f"{', '.join(known) or 'none'})")
         return obj
 
-    # ------------------------------------------------------------------ delete
+    # ------------------------------------------------------------------ delete: plan, then delete
 
-    def delete_job(self, resource_group: str, cluster: str, name: str, *, dry_run: bool = False,
-                   confirm: Callable[[dict], None] | None = None) -> dict:
-        """Delete the ElasticJob (the operator's pods go with it); the job's blobs stay. ``confirm(plan)``
-        runs between planning and deleting (it raises to stop)."""
-        site = self.site(resource_group, cluster)
-        kube = self._kube(site.spec)
-        namespace = site.spec.namespace
-        obj = self._elastic_job(kube, name, namespace)
-        plan = aks_jobs.plan_delete(obj, kube.list("v1", "Pod", namespace, _WORKERS))
-        plan.update(type="aks", cluster=cluster, resourceGroup=resource_group, dryRun=dry_run,
+    def plan_delete(self, name: str) -> dict:
+        """What deleting the job stops (the operator's pods go with the ElasticJob); its blobs stay."""
+        site, kube = self.session.site(), self.session.kube()
+        obj = self._elastic_job(name)
+        plan = describe.plan_delete(obj, kube.list("v1", "Pod", site.spec.namespace, _WORKERS))
+        plan.update(type="aks", cluster=site.spec.name, resourceGroup=site.spec.resource_group, dryRun=True,
                     checkpointUrl=site.job_url(name))
-        if dry_run:
-            return plan
-        if confirm is not None:
-            confirm(plan)
-        kube.delete(ELASTICJOB_API_VERSION, "ElasticJob", name, namespace)
-        return {**plan, "deleted": True}
+        return plan
+
+    def delete(self, plan: dict) -> dict:
+        self.session.kube().delete(ELASTICJOB_API_VERSION, "ElasticJob", plan["name"], plan["namespace"])
+        return {**plan, "dryRun": False, "deleted": True}
 
     # ------------------------------------------------------------------ storage
 
-    def checkpoint_url(self, resource_group: str, cluster: str, job: str) -> str:
+    def checkpoint_url(self, job: str) -> str:
         """The blob URL of ``job``'s prefix in the cluster's checkpoint container."""
-        return self.site(resource_group, cluster).job_url(job)
-
-
-class _EventReader:
-    """Job name -> its events, over one client of the cluster's blob storage (opened on first use)."""
-
-    def __init__(self, container_url: str, credential: Any) -> None:
-        self._url, self._credential = container_url, credential
-        self._store = None
-
-    def __call__(self, job: str) -> list[dict]:
-        if self._store is None:
-            from azext_elastictrain.core.blobstore import BlobStore, StoreError
-
-            if self._credential is None:  # never a silent DefaultAzureCredential: the caller's login or nothing
-                raise StoreError("no credential for the cluster's blob storage was given")
-            self._store = BlobStore.from_url(self._url, credential=self._credential, quick_retries=True)
-        return job_events.read_events(self._store, job)
-
-    def close(self) -> None:
-        if self._store is not None:
-            self._store.close()
-            self._store = None
+        return self.session.site().job_url(job)

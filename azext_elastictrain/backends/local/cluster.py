@@ -23,18 +23,13 @@ from pathlib import Path
 from typing import Callable
 
 from azext_elastictrain.backends.local.jobs import LocalJobs
-from azext_elastictrain.backends.local.state import (  # noqa: F401 - errors re-exported for callers
+from azext_elastictrain.backends.local.state import (
     AZURITE_ACCOUNT,
     CHECKPOINT_CONTAINER,
     REPO_ROOT,
     STOP_TIMEOUT,
     ClusterError,
-    ClusterNotFound,
-    ClusterUnhealthy,
     Component,
-    JobConflict,
-    JobNotFound,
-    ToolMissing,
     alive,
     connection_string,
     free_port,
@@ -43,13 +38,15 @@ from azext_elastictrain.backends.local.state import (  # noqa: F401 - errors re-
     which_tool,
     write_state,
 )
+from azext_elastictrain.core.errors import ClusterNotFound
 from azext_elastictrain.core.spec import LocalClusterSpec
+from azext_elastictrain.core.view import iso_time
 
 COMPONENTS = ("etcd", "azurite", "scheduled-events")
 START_TIMEOUT = 30.0
 
 
-class LocalBackend(LocalJobs):
+class LocalClusters(LocalJobs):
     """Local clusters under ``state_root`` (the az config dir's ``elastictrain/local``)."""
 
     def __init__(self, state_root: Path):
@@ -221,7 +218,7 @@ class LocalBackend(LocalJobs):
             "name": name,
             "type": "local",
             "health": health,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(state["created"])),
+            "created": iso_time(state["created"]),
             "checkpointContainer": self._endpoint("azurite", state["components"]["azurite"]["port"]) + "/" + CHECKPOINT_CONTAINER
             if state["components"].get("azurite") else None,
             "components": components,

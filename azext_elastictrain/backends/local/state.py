@@ -10,14 +10,11 @@ import json
 import os
 import shutil
 import socket
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-from azext_elastictrain.core.errors import ClusterNotFound, JobNotFound  # noqa: F401 - the backend's errors
 
 AZURITE_ACCOUNT = "devstoreaccount1"
 # Azurite's documented, public development account: not a secret, still never printed.
@@ -140,8 +137,3 @@ class FileLock:
 
 def connection_string(port: int) -> str:
     return f"DefaultEndpointsProtocol=http;{_AZURITE_AUTH};BlobEndpoint=http://127.0.0.1:{port}/{AZURITE_ACCOUNT};"
-
-
-def iso_time(epoch: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
-
