@@ -72,6 +72,7 @@ class AzureArm:
         account = Profile(cli_ctx=cli_ctx).get_subscription(command_subscription(cli_ctx))
         self.subscription = account["id"]
         self.tenant = account.get("tenantId", "")
+        self.storage_suffix = cli_ctx.cloud.suffixes.storage_endpoint  # the cloud's, as 'az cloud show' gives it
         self._cli_ctx = cli_ctx
         self._clients: dict = {}
 

@@ -6,6 +6,7 @@ from listClusterUserCredential.
 """
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -158,6 +159,19 @@ def test_subscription_argument_places_the_plan_and_every_request_in_that_subscri
     [assignment] = [rid for rid in arm.resources if "/roleassignments/" in rid and f"/resourcegroups/{group}/" in rid]
     assert assignment.startswith(other.lower()), assignment  # the scope: the container in that subscription
     assert arm.resources[assignment]["properties"]["roleDefinitionId"].startswith(other)
+
+
+def test_a_sovereign_cloud_blob_endpoint_flows_from_arm_to_the_configmap_unchanged(az, arm, group, monkeypatch):
+    from azext_elastictrain.core.manifests import CHECKPOINT_CONFIGMAP, CHECKPOINT_URL_KEY
+    from azext_elastictrain.core.spec import CHECKPOINT_CONTAINER
+
+    monkeypatch.setattr(arm, "blob_endpoint", "https://ckptcn01.blob.core.chinacloudapi.cn/")  # ARM's answer
+    shown = json.loads(_create(az, group, "spot10", "-o", "json").stdout)
+    want = f"https://ckptcn01.blob.core.chinacloudapi.cn/{CHECKPOINT_CONTAINER}"
+    configmap = arm.kube.get("v1", "ConfigMap", CHECKPOINT_CONFIGMAP, "elastictrain")
+    assert configmap["data"][CHECKPOINT_URL_KEY] == want
+    assert shown["storage"]["checkpointUrl"] == want
+    assert "core.windows.net" not in json.dumps(shown)
 
 
 def test_delete_asks_and_keeps_storage_unless_asked(az, arm, group):
