@@ -43,6 +43,16 @@ def cf_compute(cli_ctx, *_, subscription_id: str | None = None):
     return _mgmt_client(cli_ctx, "MGMT_COMPUTE", **({"subscription_id": subscription_id} if subscription_id else {}))
 
 
+def command_subscription(cli_ctx) -> str:
+    """The subscription az resolved for this command: ``--subscription`` where given, else the default.
+
+    The SDK clients already use it (get_mgmt_service_client reads it); the ids and role scopes we build must too.
+    """
+    from azure.cli.core.commands.client_factory import get_subscription_id
+
+    return get_subscription_id(cli_ctx)
+
+
 def _raw(pipeline_response, _deserialized, _headers):
     """``cls=`` for SDK calls: the response body as ARM sent it (None when empty)."""
     text = pipeline_response.http_response.text()
@@ -54,14 +64,15 @@ def _body(body: dict) -> bytes:
 
 
 class AzureArm:
-    """The ``Arm`` of ``core.backends.aks`` on the azure-cli SDK clients of the logged-in subscription."""
+    """The ``Arm`` of ``core.backends.aks`` on the azure-cli SDK clients of the command's subscription."""
 
     def __init__(self, cli_ctx) -> None:
         from azure.cli.core._profile import Profile
 
-        account = Profile(cli_ctx=cli_ctx).get_subscription()
+        account = Profile(cli_ctx=cli_ctx).get_subscription(command_subscription(cli_ctx))
         self.subscription = account["id"]
         self.tenant = account.get("tenantId", "")
+        self.storage_suffix = cli_ctx.cloud.suffixes.storage_endpoint  # the cloud's, as 'az cloud show' gives it
         self._cli_ctx = cli_ctx
         self._clients: dict = {}
 

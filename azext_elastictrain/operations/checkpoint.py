@@ -104,6 +104,7 @@ def _open_store(cmd, url: str | None, connection_string: str | None, local: bool
         BlobStore,
         NotFound,
         StoreError,
+        foreign_account,
         parse_location,
     )
 
@@ -112,6 +113,14 @@ def _open_store(cmd, url: str | None, connection_string: str | None, local: bool
         connection_string = connection_string or os.environ.get("AZURE_STORAGE_CONNECTION_STRING") or None
     try:
         parse_location(url, connection_string)  # bad input fails before any login or request
+        accounts = foreign_account(url, connection_string) if connection_string else None
+        if accounts:
+            raise MutuallyExclusiveArgumentError(
+                f"--url names storage account {accounts[0]!r} but the connection string "
+                f"(--connection-string or AZURE_STORAGE_CONNECTION_STRING) is for account {accounts[1]!r}: "
+                "nothing was read or deleted",
+                recommendation=f"Pass the connection string of {accounts[0]!r}, or unset "
+                               "AZURE_STORAGE_CONNECTION_STRING to use your az login (Entra ID).")
         credential = None
         if not connection_string:
             from azure.cli.core._profile import Profile

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from azext_elastictrain.core import aks_jobs
 from azext_elastictrain.core import events as job_events
+from azext_elastictrain.core.arm import blob_endpoint
 from azext_elastictrain.core.backends.aks import Arm, ClusterNotFound, spec_from_tags
 from azext_elastictrain.core.manifests import ELASTICJOB_API_VERSION, GPU_TAINT, SPOT_TAINT, WORKER_LABELS
 from azext_elastictrain.core.spec import GPU_VM_SIZES, ClusterSpec, JobSpec, SpecError
@@ -78,9 +79,8 @@ class AksJobs:
         spec = spec_from_tags(spec, found)
         account = self.arm.get("storage_account", {"resource_group": resource_group,
                                                    "name": spec.storage_account_name})
-        endpoint = (((account or {}).get("properties") or {}).get("primaryEndpoints") or {}).get("blob")
-        base = (endpoint or f"https://{spec.storage_account_name}.blob.core.windows.net/").rstrip("/")
-        return ClusterSite(spec, f"{base}/{spec.container}", gpu_spot_pool(found))
+        container_url = spec.checkpoint_url(blob_endpoint(account, spec, self.arm.storage_suffix))
+        return ClusterSite(spec, container_url, gpu_spot_pool(found))
 
     def _kube(self, spec: ClusterSpec):
         kubeconfig = self.arm.user_kubeconfig(spec.resource_group, spec.name)
@@ -102,7 +102,7 @@ class AksJobs:
                 f"cluster {site.spec.name!r} has no GPU Spot pool: the workers need a node pool of Spot "
                 f"priority with GPUs (taints {SPOT_TAINT} and {GPU_TAINT})")
         cluster = InClusterSpec(namespace=site.spec.namespace, service_account=site.spec.service_account,
-                                identity_client_id=_NO_IDENTITY, checkpoint_url=site.spec.checkpoint_url)
+                                identity_client_id=_NO_IDENTITY, checkpoint_url=site.container_url)
         return render_elastic_job(job, cluster, image, run_id=run_id, gpus_per_node=gpus_per_node)
 
     def run_job(self, resource_group: str, cluster: str, job: JobSpec, image: str, *, gpus_per_node: int,
