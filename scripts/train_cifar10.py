@@ -28,7 +28,7 @@ import tarfile
 import time
 import uuid
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def open_sample_log(folder: str | None, rank: int):
+def open_sample_log(folder: str | None, rank: int) -> Callable[..., None] | None:
     """A writer of one JSON line per trained step into a file of this process's own (None without a folder).
 
     Lines carry this training attempt's id (rank 0's, shared by all ranks), so a reader can keep, for
