@@ -35,3 +35,13 @@ def cf_authorization(cli_ctx, *_):
 def cf_compute(cli_ctx, *_, subscription_id: str | None = None):
     """The compute client (VMSS instances of AKS nodes) of ``subscription_id`` (default: the logged-in one)."""
     return _mgmt_client(cli_ctx, "MGMT_COMPUTE", **({"subscription_id": subscription_id} if subscription_id else {}))
+
+
+def command_subscription(cli_ctx) -> str:
+    """The subscription az resolved for this command: ``--subscription`` where given, else the default.
+
+    The SDK clients already use it (get_mgmt_service_client reads it); the ids and role scopes we build must too.
+    """
+    from azure.cli.core.commands.client_factory import get_subscription_id
+
+    return get_subscription_id(cli_ctx)

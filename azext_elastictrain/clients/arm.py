@@ -23,14 +23,15 @@ def _body(body: dict) -> bytes:
 
 
 class AzureArm:
-    """The ``Arm`` of ``backends.aks.cluster`` on the azure-cli SDK clients of the logged-in subscription."""
+    """The ``Arm`` of ``backends.aks.cluster`` on the azure-cli SDK clients of the command's subscription."""
 
     def __init__(self, cli_ctx) -> None:
         from azure.cli.core._profile import Profile
 
-        account = Profile(cli_ctx=cli_ctx).get_subscription()
+        account = Profile(cli_ctx=cli_ctx).get_subscription(_client_factory.command_subscription(cli_ctx))
         self.subscription = account["id"]
         self.tenant = account.get("tenantId", "")
+        self.storage_suffix = cli_ctx.cloud.suffixes.storage_endpoint  # the cloud's, as 'az cloud show' gives it
         self._cli_ctx = cli_ctx
         self._clients: dict = {}
 

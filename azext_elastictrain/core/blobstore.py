@@ -98,6 +98,26 @@ def parse_location(url: str, connection_string: str | None = None) -> Location:
     return Location(account_url=base, container=container, prefix=prefix.strip("/"))
 
 
+def account_name(account_url: str) -> str:
+    """The storage account of an account URL: the host's first label, or Azurite's first path segment."""
+    parsed = urlparse(account_url)
+    if _is_ip_or_localhost(parsed.hostname or ""):
+        return parsed.path.strip("/").partition("/")[0]
+    return (parsed.hostname or "").partition(".")[0]
+
+
+def foreign_account(url: str, connection_string: str) -> tuple[str, str] | None:
+    """(the URL's account, the connection string's) where they differ, else None.
+
+    The SDK opens the connection string's account with the URL's container and prefix, so a URL of another
+    account would be read, or pruned, in the wrong place.
+    """
+    endpoint = _connection_string_endpoint(connection_string)
+    if endpoint is None or (url.rstrip("/") + "/").lower().startswith(endpoint.rstrip("/").lower() + "/"):
+        return None
+    return account_name(parse_location(url).account_url), account_name(endpoint)
+
+
 def _is_ip_or_localhost(host: str) -> bool:
     return host == "localhost" or host.replace(".", "").isdigit() or ":" in host
 
@@ -117,9 +137,11 @@ def _connection_string_endpoint(connection_string: str) -> str | None:
     )
     if "BlobEndpoint" in parts:
         return parts["BlobEndpoint"]
+    if parts.get("UseDevelopmentStorage", "").lower() == "true":  # the SDK's fixed Azurite account
+        return "http://127.0.0.1:10000/devstoreaccount1"
     if "AccountName" in parts:
         protocol = parts.get("DefaultEndpointsProtocol", "https")
-        suffix = parts.get("EndpointSuffix", "core.windows.net")
+        suffix = parts.get("EndpointSuffix", "core.windows.net")  # the format's default; other clouds name theirs
         return f"{protocol}://{parts['AccountName']}.blob.{suffix}"
     return None
 

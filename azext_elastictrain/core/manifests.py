@@ -82,15 +82,37 @@ def validate_checkpoint_url(url: str) -> str:
         parts = urlsplit(url or "")
     except ValueError as ex:
         raise SpecError(f"invalid checkpoint URL: {hint}") from ex
-    account, _, suffix = (parts.hostname or "").partition(".blob.")
-    container = parts.path[1:] if parts.path.startswith("/") else ""
+    account, container, is_blob_host = _account_and_container(parts)
     if parts.query or parts.fragment or parts.username or parts.password:
         # The URL itself is not echoed: a query string may be a SAS token.
         raise SpecError(f"the checkpoint URL must not carry a query, fragment or credentials: {hint}")
-    if (parts.scheme != "https" or not suffix or parts.port is not None
+    if (parts.scheme != "https" or not is_blob_host or (parts.port is not None and not _is_ip(parts.hostname))
             or not _STORAGE_ACCOUNT.fullmatch(account) or not _CONTAINER.fullmatch(container)):
         raise SpecError(f"invalid checkpoint URL {url!r}: {hint}")
     return url
+
+
+def _account_and_container(parts) -> tuple[str, str, bool]:
+    """(account, container, whether the host is a blob endpoint) of a container URL as ARM's
+    ``primaryEndpoints.blob`` makes it: <account>.blob.<cloud suffix> or <account>.zNN.blob.storage.azure.net
+    name the account in the host; an IP endpoint (Azurite) names it in the path."""
+    host = parts.hostname or ""
+    path = parts.path[1:] if parts.path.startswith("/") else ""
+    if _is_ip(host):
+        account, _, container = path.partition("/")
+        return account, container, True
+    account, _, rest = host.partition(".")
+    return account, path, ".blob." in f".{rest}"
+
+
+def _is_ip(host: str | None) -> bool:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(host or "")
+    except ValueError:
+        return False
+    return True
 
 
 def parse_taint(taint: str) -> dict:

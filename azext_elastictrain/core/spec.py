@@ -204,9 +204,9 @@ class ClusterSpec:
     def spot_max_price(self) -> float:
         return spot_price(self.max_price)
 
-    @property
-    def checkpoint_url(self) -> str:
-        return f"https://{self.storage_account_name}.blob.core.windows.net/{self.container}"
+    def checkpoint_url(self, blob_endpoint: str) -> str:
+        """The checkpoint container under the storage account's blob endpoint (core.arm.blob_endpoint)."""
+        return f"{blob_endpoint.rstrip('/')}/{self.container}"
 
     def gpu_labels(self) -> dict[str, str]:
         labels = {"elastictrain.azure.com/pool": GPU_POOL, "accelerator": "nvidia"}

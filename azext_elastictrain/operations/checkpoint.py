@@ -14,7 +14,11 @@ import os
 from contextlib import contextmanager
 from typing import Iterator
 
-from azure.cli.core.azclierror import InvalidArgumentValueError, ResourceNotFoundError
+from azure.cli.core.azclierror import (
+    InvalidArgumentValueError,
+    MutuallyExclusiveArgumentError,
+    ResourceNotFoundError,
+)
 
 from azext_elastictrain._errors import az_errors
 from azext_elastictrain._validators import LoginCredential, resolve_checkpoints
@@ -25,7 +29,7 @@ def _open_store(cmd, url: str | None, connection_string: str | None, local: bool
                 cluster: str | None = None, job: str | None = None,
                 resource_group: str | None = None) -> Iterator:
     """``(store, url)`` of the job's checkpoints, named by exactly one of --url, --local --job or -g -c --job."""
-    from azext_elastictrain.core.blobstore import BlobStore, parse_location
+    from azext_elastictrain.core.blobstore import BlobStore, foreign_account, parse_location
 
     target = resolve_checkpoints(url=url, connection_string=connection_string, local=local, cluster=cluster,
                                  job=job, resource_group=resource_group)
@@ -38,6 +42,14 @@ def _open_store(cmd, url: str | None, connection_string: str | None, local: bool
         connection_string = os.environ.get("AZURE_STORAGE_CONNECTION_STRING") or None
     try:
         parse_location(url, connection_string)  # bad input fails before any login or request
+        accounts = foreign_account(url, connection_string) if connection_string else None
+        if accounts:
+            raise MutuallyExclusiveArgumentError(
+                f"--url names storage account {accounts[0]!r} but the connection string "
+                f"(--connection-string or AZURE_STORAGE_CONNECTION_STRING) is for account {accounts[1]!r}: "
+                "nothing was read or deleted",
+                recommendation=f"Pass the connection string of {accounts[0]!r}, or unset "
+                               "AZURE_STORAGE_CONNECTION_STRING to use your az login (Entra ID).")
         # without a connection string, the login (Entra ID): an AKS cluster's storage has shared keys off
         credential = None if connection_string else LoginCredential(cmd.cli_ctx)
         store = BlobStore.from_url(url, connection_string=connection_string, credential=credential,

@@ -6,11 +6,12 @@ from listClusterUserCredential.
 """
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
 
-from tests.support.arm_server import ACCESS_TOKEN_SECRET, KUBE_TOKEN, SUBSCRIPTION
+from tests.support.arm_server import ACCESS_TOKEN_SECRET, KUBE_TOKEN, OTHER_SUBSCRIPTION, SUBSCRIPTION
 
 PLAN = [  # (method, what) in the order the issue asks for
     ("PUT", "resourcegroups"), ("PUT", "storageaccounts"), ("PUT", "containers"),
@@ -140,6 +141,37 @@ def test_dry_run_prints_every_request_and_calls_nothing(az, arm, group):
     assert all(r["id"].startswith(f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{group}") for r in plan["arm"])
     assert {o["kind"] for o in plan["kubernetes"]} >= {"Namespace", "ServiceAccount", "StatefulSet", "Deployment",
                                                         "DaemonSet", "ConfigMap", "CustomResourceDefinition"}
+
+
+def test_subscription_argument_places_the_plan_and_every_request_in_that_subscription(az, arm, group):
+    other = f"/subscriptions/{OTHER_SUBSCRIPTION}/"
+    plan = az.json("elastictrain", "cluster", "create", "-g", group, "-n", "spot9", "-l", "eastus", "--dry-run",
+                   "--subscription", OTHER_SUBSCRIPTION)
+    assert all(r["id"].startswith(f"{other}resourceGroups/{group}") for r in plan["arm"]), \
+        [r["id"] for r in plan["arm"]]
+    role = next(r for r in plan["arm"] if r["step"] == "role assignment")
+    assert role["body"]["properties"]["roleDefinitionId"].startswith(other)
+
+    _create(az, group, "spot9", "--subscription", OTHER_SUBSCRIPTION)
+    assert _writes(arm) == PLAN
+    sent = [path for _, path in arm.requests if path.startswith("/subscriptions/")]
+    assert sent and all(path.startswith(other) for path in sent), sent  # reads too, not only the writes
+    [assignment] = [rid for rid in arm.resources if "/roleassignments/" in rid and f"/resourcegroups/{group}/" in rid]
+    assert assignment.startswith(other.lower()), assignment  # the scope: the container in that subscription
+    assert arm.resources[assignment]["properties"]["roleDefinitionId"].startswith(other)
+
+
+def test_a_sovereign_cloud_blob_endpoint_flows_from_arm_to_the_configmap_unchanged(az, arm, group, monkeypatch):
+    from azext_elastictrain.core.manifests import CHECKPOINT_CONFIGMAP, CHECKPOINT_URL_KEY
+    from azext_elastictrain.core.spec import CHECKPOINT_CONTAINER
+
+    monkeypatch.setattr(arm, "blob_endpoint", "https://ckptcn01.blob.core.chinacloudapi.cn/")  # ARM's answer
+    shown = json.loads(_create(az, group, "spot10", "-o", "json").stdout)
+    want = f"https://ckptcn01.blob.core.chinacloudapi.cn/{CHECKPOINT_CONTAINER}"
+    configmap = arm.kube.get("v1", "ConfigMap", CHECKPOINT_CONFIGMAP, "elastictrain")
+    assert configmap["data"][CHECKPOINT_URL_KEY] == want
+    assert shown["storage"]["checkpointUrl"] == want
+    assert "core.windows.net" not in json.dumps(shown)
 
 
 def test_delete_asks_and_keeps_storage_unless_asked(az, arm, group):

@@ -113,6 +113,19 @@ def test_prune_refuses_bad_input_and_deletes_nothing(az, azurite, job_url, args,
     assert _steps(az, azurite, url) == [10, 20, 30]
 
 
+@pytest.mark.parametrize("command", [("list",), ("prune", "--keep-last", "1", "--yes")])
+def test_a_url_of_another_account_than_the_connection_string_is_refused(az, azurite, job_url, command):
+    url, _ = job_url
+    # the same container and job in another account: the SDK would open them in the connection string's account
+    container_and_job = url.split("/devstoreaccount1/", 1)[1]
+    elsewhere = f"https://prodacct.blob.core.windows.net/{container_and_job}"
+    result = az("elastictrain", "checkpoint", *command, "--url", elsewhere, check=False, env=_env(azurite))
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
+    assert "'prodacct'" in result.stderr and "'devstoreaccount1'" in result.stderr, result.stderr
+    assert result.stdout.strip() == "", "nothing listed"
+    assert _steps(az, azurite, url) == [10, 20, 30], "nothing deleted in the connection string's account"
+
+
 def _damage(store, step: int) -> None:
     manifest = layout.Manifest.from_bytes(store.read(layout.manifest_name(store.prefix, step)))
     entry = next(f for f in manifest.files if f.path.endswith(".distcp"))

@@ -12,7 +12,8 @@ The real ``az`` (and the SDK clients inside it) talk to it exactly as to Azure:
 * **Faults**: ``fail_once(method, path_suffix, status, code)`` answers the next matching request with an
   ARM error body (400/409/...), to test error mapping and re-runs after a failure half-way.
 * **Login**: ``/msi/token`` is an App Service style managed-identity endpoint (``IDENTITY_ENDPOINT`` +
-  ``IDENTITY_HEADER``) whose token is a JWT with a ``tid`` claim; ``GET /subscriptions`` lists one.
+  ``IDENTITY_HEADER``) whose token is a JWT with a ``tid`` claim; ``GET /subscriptions`` lists two (the first
+  is the login's default, the other is for ``--subscription``).
 * **Spot evictions**: the VMSS instances behind the AKS nodes live in the cluster's node resource group (list,
   get, ``simulateEviction``, shaped like the compute examples); ``seed_aks_training`` puts a cluster there
   with its nodes, VMs and a running ElasticJob. ``simulateEviction`` answers 204, the instance is gone at once
@@ -45,7 +46,9 @@ from urllib.parse import parse_qs, urlsplit
 
 from tests.support.fake_kube import CLUSTER_SCOPED, FakeKube
 
-SUBSCRIPTION = "00000000-1111-2222-3333-444444444444"
+SUBSCRIPTION = "00000000-1111-2222-3333-444444444444"  # the login's default
+OTHER_SUBSCRIPTION = "00000000-5555-6666-7777-888888888888"  # also in the login: what --subscription can pick
+SUBSCRIPTIONS = (SUBSCRIPTION, OTHER_SUBSCRIPTION)
 TENANT = "72f988bf-0000-4000-8000-000000000001"
 IDENTITY_HEADER = "test-identity-header"
 ACCESS_TOKEN_SECRET = "arm-access-token-signature-SECRET"  # base64url-encoded into the JWT's signature  # what a leak scan looks for
@@ -214,14 +217,13 @@ class ArmServer:
         return True
 
     def _arm(self, method: str, path: str, query: dict, body: Any) -> tuple[int, dict, Any]:
-        sub_prefix = f"/subscriptions/{SUBSCRIPTION}"
         if path.rstrip("/") == "/subscriptions" and method == "GET":
             self._api_version("subscriptions", query, "list subscriptions")
-            return 200, {}, {"value": [self._subscription()]}
-        if path.rstrip("/") == sub_prefix and method == "GET":
-            return 200, {}, self._subscription()
-        if not path.lower().startswith(sub_prefix.lower()):
-            return self._violation(f"{method} {path}: not under the test subscription")
+            return 200, {}, {"value": [self._subscription(sub) for sub in SUBSCRIPTIONS]}
+        if path.rstrip("/") in {f"/subscriptions/{sub}" for sub in SUBSCRIPTIONS} and method == "GET":
+            return 200, {}, self._subscription(path.rstrip("/").rsplit("/", 1)[1])
+        if not any(path.lower().startswith(f"/subscriptions/{sub}/") for sub in SUBSCRIPTIONS):
+            return self._violation(f"{method} {path}: not under a test subscription")
         kind = _kind(path)
         if kind is None:
             return self._violation(f"{method} {path}: no operation the extension should call")
@@ -251,9 +253,9 @@ class ArmServer:
             return self._delete(kind, rid)
         return self._violation(f"{method} {path}: method not expected")
 
-    def _subscription(self) -> dict:
-        return {"id": f"/subscriptions/{SUBSCRIPTION}", "subscriptionId": SUBSCRIPTION, "tenantId": TENANT,
-                "displayName": "elastictrain test", "state": "Enabled",
+    def _subscription(self, sub: str) -> dict:
+        return {"id": f"/subscriptions/{sub}", "subscriptionId": sub, "tenantId": TENANT,
+                "displayName": f"elastictrain test {SUBSCRIPTIONS.index(sub) + 1}", "state": "Enabled",
                 "subscriptionPolicies": {"locationPlacementId": "Public_2014-09-01", "quotaId": "Test",
                                          "spendingLimit": "Off"}, "authorizationSource": "RoleBased"}
 
@@ -427,7 +429,8 @@ class ArmServer:
                           r"[a-z0-9]{3,24}/blobServices/default/containers/[a-z0-9-]{3,63}", scope)), True),
                       ("name is a GUID", bool(re.fullmatch(r"[0-9a-f-]{36}", name)), True),
                       ("roleDefinitionId", props.get("roleDefinitionId"),
-                       f"/subscriptions/{SUBSCRIPTION}/providers/Microsoft.Authorization/roleDefinitions/"
+                       f"{rid[:rid.lower().index('/resourcegroups/')]}/providers/Microsoft.Authorization/"
+                       f"roleDefinitions/"
                        f"{BLOB_DATA_CONTRIBUTOR}"),
                       ("principalId", props.get("principalId"),
                        ((identity or {}).get("properties") or {}).get("principalId")),

@@ -18,7 +18,7 @@ JOB = JobSpec(name="cifar", script="/app/train.py", min_nodes=1, max_nodes=2)
 
 
 class FakeArm:
-    subscription, tenant = "sub", "tenant"
+    subscription, tenant, storage_suffix = "sub", "tenant", "core.windows.net"
 
     def __init__(self, pools, blob="https://acct1.blob.core.windows.net/") -> None:
         self.cluster = {"name": "trainer", "tags": {"elastictrain": "1", "elastictrain-storage": "acct1"},
@@ -56,6 +56,8 @@ def test_blobs_are_where_the_storage_account_says(kube) -> None:
     assert site.job_url("cifar") == "https://127.0.0.1:10000/devstoreaccount1/checkpoints/cifar"
     assert _jobs(kube).checkpoint_url("cifar") == \
         "https://acct1.blob.core.windows.net/checkpoints/cifar"
+    sovereign = _jobs(kube, blob="https://acct1.blob.core.chinacloudapi.cn/").session.site()
+    assert sovereign.job_url("cifar") == "https://acct1.blob.core.chinacloudapi.cn/checkpoints/cifar"
 
 
 def test_an_unknown_cluster_is_not_found(kube) -> None:

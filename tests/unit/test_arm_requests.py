@@ -1,6 +1,6 @@
 """Every ARM body core/arm.py builds, compared field by field with the official x-ms-examples.
 
-The examples live in ../shared/reference/azure-rest-api-specs (read as fixtures, never copied). Three checks:
+The examples are copied verbatim under tests/data/arm-examples (README there: source paths, api-versions). Three checks:
 the security and Spot values are exactly what the issue asks; every field we send is named as in the
 official examples or, where the examples do not show it, as in the installed SDK's models (so a typo in a
 field name cannot reach Azure, where it would be silently ignored); and the shapes match the examples.
@@ -18,18 +18,13 @@ import pytest
 from azext_elastictrain.core import arm
 from azext_elastictrain.core.spec import ClusterSpec
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SPECS = next((p / "shared/reference/azure-rest-api-specs/specification" for p in [REPO_ROOT.parent, *REPO_ROOT.parents]
-              if (p / "shared/reference/azure-rest-api-specs/specification").is_dir()), None)
-needs_specs = pytest.mark.skipif(SPECS is None, reason="../shared/reference (the official examples) is not here")
+EXAMPLES = Path(__file__).resolve().parents[1] / "data" / "arm-examples"
 SUB = "00000000-0000-0000-0000-000000000000"
 SPEC = ClusterSpec("spot-train", "ml-rg", "eastus", kubernetes_version="1.33", node_labels=(("team", "vision"),))
 
 
 def example(name: str) -> dict:
-    found = sorted(SPECS.rglob(name))
-    assert found, f"no official example {name}"
-    return json.loads(found[-1].read_text())
+    return json.loads((EXAMPLES / name).read_text())
 
 
 def paths(obj, prefix: str = "") -> set[str]:
@@ -88,14 +83,12 @@ def assert_named_like_azure(body: dict, examples: tuple[str, ...], sdk: str) -> 
         assert leaf in names, f"{path}: neither in the official examples {examples} nor a field of {sdk}"
 
 
-@needs_specs
 def test_resource_group_body_is_the_example_shape():
     body = arm.resource_group(SPEC)
     assert body == {"location": "eastus", "tags": {"elastictrain": "spot-train"}}
     assert paths(body) - {"tags"} <= example_paths("CreateResourceGroup.json")
 
 
-@needs_specs
 def test_storage_account_is_private_https_tls12_without_shared_keys():
     body = arm.storage_account(SPEC)
     props = body["properties"]
@@ -109,21 +102,18 @@ def test_storage_account_is_private_https_tls12_without_shared_keys():
                             "azure.mgmt.storage")
 
 
-@needs_specs
 def test_container_is_private():
     body = arm.blob_container(SPEC)
     assert body["properties"]["publicAccess"] == "None"
     assert_named_like_azure(body, ("BlobContainersPut.json", "BlobContainersGet.json"), "azure.mgmt.storage")
 
 
-@needs_specs
 def test_identity_body_is_the_example_shape():
     body = arm.user_assigned_identity(SPEC)
     ex = example("IdentityCreate.json")["parameters"]["parameters"]
     assert set(body) == set(ex) and body["location"] == "eastus"
 
 
-@needs_specs
 def test_managed_cluster_has_an_autoscaled_regular_system_pool_oidc_and_workload_identity():
     body = arm.managed_cluster(SPEC)
     props = body["properties"]
@@ -142,7 +132,6 @@ def test_managed_cluster_has_an_autoscaled_regular_system_pool_oidc_and_workload
                             "azure.mgmt.containerservice")
 
 
-@needs_specs
 def test_gpu_pool_is_spot_autoscaled_from_zero_and_tainted():
     body = arm.gpu_agent_pool(SPEC)
     props = body["properties"]
@@ -165,7 +154,6 @@ def test_gpu_pool_carries_a_chosen_price_and_policy():
         0.12345, "Deallocate", 1, 8)
 
 
-@needs_specs
 def test_federated_credential_trusts_the_training_service_account():
     body = arm.federated_credential(SPEC, "https://eastus.oic.prod-aks.azure.com/t/i/")
     ex = example("FederatedIdentityCredentialCreate.json")["parameters"]["parameters"]
@@ -174,7 +162,6 @@ def test_federated_credential_trusts_the_training_service_account():
     assert body["properties"]["subject"] == "system:serviceaccount:elastictrain:elastictrain-training"
 
 
-@needs_specs
 def test_role_assignment_is_blob_data_contributor_on_the_container_with_a_stable_name():
     body = arm.role_assignment(SUB, "ce2ce14e-85d7-4629-bdbc-454d0519d987")
     ex = example("RoleAssignments_CreateForResource.json")["parameters"]["parameters"]

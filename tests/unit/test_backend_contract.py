@@ -38,7 +38,7 @@ def test_each_backend_implements_every_method_of_the_protocol_with_its_parameter
 class CountingArm:
     """ARM as the AKS backend sees it, counting what it is asked."""
 
-    subscription, tenant = "sub", "tenant"
+    subscription, tenant, storage_suffix = "sub", "tenant", "core.windows.net"
 
     def __init__(self) -> None:
         self.asked: list[str] = []

@@ -11,8 +11,7 @@ from azext_elastictrain.core import eviction as ev
 from tests.support import aks_objects as k
 
 SUB = k.SUBSCRIPTION
-REFERENCE = Path(__file__).resolve().parents[2].parent / "shared" / "reference"
-COMPUTE_EXAMPLES = REFERENCE / "azure-rest-api-specs" / "specification" / "compute"
+COMPUTE_EXAMPLES = Path(__file__).resolve().parents[1] / "data" / "arm-examples"  # official, see its README
 
 
 # -- providerID ----------------------------------------------------------------------------------------------
@@ -51,7 +50,6 @@ def _example_vm_ids() -> list[str]:
     return sorted(ids)
 
 
-@pytest.mark.skipif(not COMPUTE_EXAMPLES.is_dir(), reason="the official REST examples are not checked out here")
 def test_the_vm_ids_of_the_official_vmss_examples_parse_as_provider_ids() -> None:
     ids = _example_vm_ids()
     assert ids, "the VMSS VM examples (List, Get) carry VM resource ids"

@@ -319,6 +319,16 @@ def test_a_bad_spec_value_is_refused(field, value) -> None:
         spec.validate()
 
 
+@pytest.mark.parametrize("url", [
+    "https://ckptstore01.blob.core.chinacloudapi.cn/checkpoints",  # a sovereign cloud
+    "https://ckptstore01.blob.core.usgovcloudapi.net/checkpoints",
+    "https://ckptstore01.z12.blob.storage.azure.net/checkpoints",  # an account in a DNS zone
+    "https://127.0.0.1:10000/devstoreaccount1/checkpoints",  # Azurite over HTTPS: the account in the path
+])
+def test_checkpoint_urls_of_other_clouds_and_dns_zones_are_valid(url) -> None:
+    assert m.validate_checkpoint_url(url) == url
+
+
 def test_a_checkpoint_url_with_a_sas_is_refused_without_echoing_it() -> None:
     sas = "sv=2024-11-04&ss=b&srt=co&sp=rwdl&se=2030-01-01T00:00:00Z&sig=notarealsig"  # a SAS's shape, no secret
     spec = m.InClusterSpec(identity_client_id=CLIENT_ID,

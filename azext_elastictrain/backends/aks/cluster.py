@@ -42,6 +42,7 @@ class Arm(Protocol):
 
     subscription: str
     tenant: str
+    storage_suffix: str  # the cloud's storage DNS suffix (core.windows.net in the public cloud)
 
     def get(self, kind: str, ref: dict) -> dict | None: ...
     def put(self, kind: str, ref: dict, body: dict, wait: bool = True) -> dict | None: ...
@@ -263,7 +264,10 @@ class AksClusters:
                              identity_client_id=guid(ctx.identity("clientId")),
                              tenant_id=guid(ctx.identity("tenantId")) if "identity" in ctx.found
                              else (ctx.tenant or None),
-                             checkpoint_url=ctx.spec.checkpoint_url)
+                             checkpoint_url=self._checkpoint_url(ctx.spec, ctx.found.get("storage_account")))
+
+    def _checkpoint_url(self, spec: ClusterSpec, account: dict | None) -> str:
+        return spec.checkpoint_url(arm.blob_endpoint(account, spec, self.arm.storage_suffix))
 
     def _kube(self, spec: ClusterSpec):
         """A Kubernetes client from the user credentials, which stay in memory."""
@@ -347,7 +351,7 @@ class AksClusters:
             "workloadIdentity": ((props.get("securityProfile") or {}).get("workloadIdentity") or {}).get("enabled"),
             "pools": [_pool(p) for p in props.get("agentPoolProfiles") or []],
             "storage": {"account": spec.storage_account_name, "container": spec.container,
-                        "checkpointUrl": spec.checkpoint_url},
+                        "checkpointUrl": self._checkpoint_url(spec, account)},
             "identity": {"name": spec.identity_name},
         }
         if account:

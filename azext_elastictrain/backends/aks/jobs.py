@@ -49,7 +49,7 @@ class AksJobs:
                 f"cluster {site.spec.name!r} has no GPU Spot pool: the workers need a node pool of Spot "
                 f"priority with GPUs (taints {SPOT_TAINT} and {GPU_TAINT})")
         cluster = InClusterSpec(namespace=site.spec.namespace, service_account=site.spec.service_account,
-                                identity_client_id=_NO_IDENTITY, checkpoint_url=site.spec.checkpoint_url)
+                                identity_client_id=_NO_IDENTITY, checkpoint_url=site.container_url)
         return render_elastic_job(job, cluster, image, run_id=run_id, gpus_per_node=gpus_per_node)
 
     def plan_job(self, job: JobSpec, image: str, *, gpus_per_node: int) -> dict:

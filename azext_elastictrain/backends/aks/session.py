@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from azext_elastictrain.backends.aks.cluster import Arm, spec_from_tags
 from azext_elastictrain.clients.blob import EventReader
+from azext_elastictrain.core.arm import blob_endpoint
 from azext_elastictrain.core.errors import ClusterNotFound
 from azext_elastictrain.core.manifests import GPU_TAINT
 from azext_elastictrain.core.spec import GPU_VM_SIZES, ClusterSpec
@@ -74,10 +75,9 @@ class AksSession:
             spec = spec_from_tags(ClusterSpec(name=self.cluster, resource_group=self.resource_group), found)
             account = self.arm.get("storage_account", {"resource_group": self.resource_group,
                                                        "name": spec.storage_account_name})
-            endpoint = (((account or {}).get("properties") or {}).get("primaryEndpoints") or {}).get("blob")
-            base = (endpoint or f"https://{spec.storage_account_name}.blob.core.windows.net/").rstrip("/")
+            container_url = spec.checkpoint_url(blob_endpoint(account, spec, self.arm.storage_suffix))
             pools = tuple((found.get("properties") or {}).get("agentPoolProfiles") or [])
-            self._site = ClusterSite(spec, f"{base}/{spec.container}", gpu_spot_pool(found), pools)
+            self._site = ClusterSite(spec, container_url, gpu_spot_pool(found), pools)
         return self._site
 
     def kube(self) -> Any:
