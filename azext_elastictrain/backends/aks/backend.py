@@ -40,7 +40,7 @@ class AksBackend:
         self._progress = progress or (lambda message: None)
         self.session = AksSession(arm, resource_group or "", cluster or "", credential=credential,
                                   kube_connect=kube_connect)
-        self.clusters = AksClusters(arm, kube_connect=kube_connect, progress=self._progress)
+        self.clusters = AksClusters(arm, kube_connect=kube_connect, progress=self._progress, session=self.session)
         self.jobs = AksJobs(self.session, progress=self._progress)
 
     def close(self) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable, Protocol
+from typing import Any, Callable, Iterable, Protocol
 
 from azext_elastictrain.core import arm
 from azext_elastictrain.core.errors import ArmError, ClusterNotFound
@@ -129,8 +129,9 @@ class AksClusters:
 
     def __init__(self, arm_client: Arm, *, kube_connect: Callable[[bytes], object] | None = None,
                  progress: Callable[[str], None] | None = None, poll_seconds: float = 10.0,
-                 poll_timeout: float = 3600.0) -> None:
+                 poll_timeout: float = 3600.0, session: Any = None) -> None:
         self.arm = arm_client
+        self.session = session  # the command's AksSession, when it has one
         self._kube_connect = kube_connect
         self._progress = progress or (lambda message: None)
         self._poll_seconds = poll_seconds
@@ -270,12 +271,14 @@ class AksClusters:
         return spec.checkpoint_url(arm.blob_endpoint(account, spec, self.arm.storage_suffix))
 
     def _kube(self, spec: ClusterSpec):
-        """A Kubernetes client from the user credentials, which stay in memory."""
-        kubeconfig = self.arm.user_kubeconfig(spec.resource_group, spec.name)
-        connect = self._kube_connect
-        if connect is None:
-            from azext_elastictrain.clients.kube import connect
-        return connect(kubeconfig)
+        """A Kubernetes client from the user credentials, which stay in memory: the command's session's where it
+        is of this cluster (credentials fetched once per command)."""
+        session = self.session
+        if session is None or (session.resource_group, session.cluster) != (spec.resource_group, spec.name):
+            from azext_elastictrain.backends.aks.session import AksSession
+
+            session = AksSession(self.arm, spec.resource_group, spec.name, kube_connect=self._kube_connect)
+        return session.kube()
 
     def _install(self, ctx: _Context) -> list[dict]:
         from azext_elastictrain.backends.aks import incluster
