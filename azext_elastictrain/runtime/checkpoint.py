@@ -43,12 +43,12 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.stateful import Stateful
 
 from azext_elastictrain.core import catalog, layout
 from azext_elastictrain.core.blobstore import BlobStore, WriteConflict
 from azext_elastictrain.runtime import progress
-from azext_elastictrain.runtime.state import Snapshotter, TrainingState, capture_rng, restore_rng
+from azext_elastictrain.runtime.planners import CheckingLoadPlanner, JsonSavePlanner, StateMismatch, names
+from azext_elastictrain.runtime.state import SEP, Snapshotter, StateError, StateTree, capture_rng, modules_in, restore_rng
 from azext_elastictrain.runtime.storage import BlobCheckpointReader, BlobCheckpointWriter
 
 log = logging.getLogger(__name__)
@@ -58,6 +58,12 @@ warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavai
 
 # Our own entry in every checkpoint: per-rank RNG states and the step.
 RESERVED = "_elastictrain"
+RNG_PREFIX = f"{RESERVED}{SEP}rng{SEP}"
+STEP_KEY = f"{RESERVED}{SEP}step"
+
+
+# What loading one checkpoint came to on a rank (all-reduced: the worst wins).
+LOADED, UNREADABLE, MISMATCH = 0, 1, 2
 
 
 class CheckpointError(RuntimeError):
@@ -78,15 +84,37 @@ def _env_float(environ: Any, name: str, default: float | None) -> float | None:
     return float(value) if value not in (None, "") else default
 
 
-def _fenced(ex: BaseException) -> "FencedError | None":
-    """The FencedError behind a DCP failure, if that is what it was (on any rank)."""
-    if isinstance(ex, FencedError):
+def _cause(ex: BaseException, kind: type[BaseException]) -> "BaseException | None":
+    """The error of ``kind`` behind a DCP failure (DCP wraps every rank's error), if that is what it was."""
+    if isinstance(ex, kind):
         return ex
     for failure in getattr(ex, "failures", {}).values():
         cause = failure[0] if isinstance(failure, tuple) else failure
-        if isinstance(cause, FencedError):
+        if isinstance(cause, kind):
             return cause
     return None
+
+
+def _fenced(ex: BaseException) -> "FencedError | None":
+    """The FencedError behind a DCP failure, if that is what it was (on any rank)."""
+    return _cause(ex, FencedError)  # type: ignore[return-value]
+
+
+def _tree(state: dict[str, Any]) -> StateTree:
+    try:
+        return StateTree(state, reserved=RESERVED)
+    except StateError as ex:
+        raise CheckpointError(str(ex)) from ex
+
+
+def _rng_items(rank: int, rng: dict[str, Any]) -> dict[str, Any]:
+    items: dict[str, Any] = {}
+    for name, value in rng.items():
+        if isinstance(value, list) and value and isinstance(value[0], torch.Tensor):
+            items.update({f"{RNG_PREFIX}{rank}{SEP}{name}{SEP}{i}": t for i, t in enumerate(value)})
+        else:
+            items[f"{RNG_PREFIX}{rank}{SEP}{name}"] = value
+    return items
 
 
 class Checkpointer:
@@ -231,10 +259,22 @@ class Checkpointer:
                 log.warning("skipping damaged checkpoints at steps %s", skipped)
         candidates = self._broadcast(candidates)
         fallbacks = 0
+        # Only with a checkpoint to load: looking at a fresh optimizer's state initialises it.
+        tree = _tree(state) if candidates else None
         for raw in candidates:
             manifest = layout.Manifest.from_bytes(raw)
-            failed_somewhere = self._all_reduce_max([0 if self._load(manifest, state) else 1])[0]
-            if not failed_somewhere:
+            try:
+                outcome, problem = self._load(manifest, tree), ""  # type: ignore[arg-type]
+            except StateMismatch as ex:
+                outcome, problem = MISMATCH, str(ex)
+            outcome = self._all_reduce_max([outcome])[0]
+            if outcome == MISMATCH:
+                raise CheckpointError(
+                    f"the checkpoint of step {manifest.step} does not fit the state passed to restore: "
+                    f"{problem or 'see the log of another rank'}. Pass the same keys the training saved "
+                    "(or a new job prefix for a different state)"
+                )
+            if outcome == LOADED:
                 seconds = time.monotonic() - started
                 if self.rank == 0:
                     log.info("restored step %d in %.2fs", manifest.step, seconds)
@@ -251,27 +291,35 @@ class Checkpointer:
             self._emit(progress.RESTORED, step=None, fallbacks=fallbacks, world_size=self.world_size)
         return None
 
-    def _load(self, manifest: layout.Manifest, state: dict[str, Any]) -> bool:
-        target = dict(state)
-        target[RESERVED] = {"rng": None, "step": None}
+    def _load(self, manifest: layout.Manifest, tree: StateTree) -> int:
+        """LOADED, or UNREADABLE (damaged, refused: try the previous one); StateMismatch if it does not fit."""
+        flat = dict(tree.flat)  # DCP copies this; the planner holds the copy it loads
+        mine = f"{RNG_PREFIX}{self.rank}{SEP}"
+        planner = CheckingLoadPlanner(tree.free, adopt=(mine, STEP_KEY), ignore=(RNG_PREFIX,))
         reader = BlobCheckpointReader(self.store, self.job_prefix, manifest, verify=self.verify)
         try:
-            dcp.load(target, storage_reader=reader, process_group=self._ctl, no_dist=not self.distributed)
+            dcp.load(flat, storage_reader=reader, planner=planner, process_group=self._ctl,
+                     no_dist=not self.distributed)
         except (Exception, CheckpointException) as ex:  # noqa: BLE001 - unreadable: try the previous one
             # (DCP wraps every rank's read error in CheckpointException, a BaseException.)
+            mismatch = _cause(ex, StateMismatch)
+            if mismatch is not None:
+                raise mismatch from ex
             log.warning("cannot load checkpoint of step %d: %s", manifest.step, ex)
-            return False
-        for key, value in target.items():
-            if key != RESERVED and not isinstance(state[key], Stateful):
-                state[key] = value
-        rng_states = target[RESERVED]["rng"] or []
-        if self.rank < len(rng_states) and rng_states[self.rank] is not None:
-            restore_rng(rng_states[self.rank])
+            return UNREADABLE
+        skipped = planner.not_loaded()
+        if skipped:  # the proof that every key of the state came from the checkpoint
+            raise StateMismatch(f"keys not loaded on rank {self.rank}: {names(skipped)}")
+        loaded = planner.state_dict  # the flat dict DCP loaded, adopted keys included
+        tree.apply({key: loaded[key] for key in tree.flat})
+        rng = {k[len(mine):]: v for k, v in loaded.items() if k.startswith(mine)}
+        if rng:
+            restore_rng(rng)
         else:
             # The world grew: a new rank has no saved stream. Derive one from
             # (step, rank) so reruns stay reproducible.
             torch.manual_seed(manifest.step * 100003 + self.rank)
-        return True
+        return LOADED
 
     # -- save ----------------------------------------------------------------------
     def save(self, step: int, state: dict[str, Any], *, blocking: bool | None = None) -> None:
@@ -286,11 +334,13 @@ class Checkpointer:
             return  # already committed (e.g. an interval save of the step a notice arrived at)
         started = time.monotonic()
         self._agree_on_buffers(state)
-        plain = {k: (v.state_dict() if isinstance(v, Stateful) else v) for k, v in state.items()}
+        flat = dict(_tree(state).flat)
         gathered = self._all_gather((uuid.uuid4().hex[:12], capture_rng()))
         writer = gathered[0][0]  # rank 0's token names this attempt's folder on every rank
-        plain[RESERVED] = {"rng": [g[1] for g in gathered], "step": step}
-        snapshot = self._snapshotter.snapshot(plain)
+        for rank, (_, rng) in enumerate(gathered):
+            flat.update(_rng_items(rank, rng))
+        flat[STEP_KEY] = step
+        snapshot = self._snapshotter.snapshot(flat)
         stall = time.monotonic() - started
         self._last_save_time = time.monotonic()
 
@@ -313,13 +363,12 @@ class Checkpointer:
         """
         if not self.distributed:
             return
-        for value in state.values():
-            if isinstance(value, TrainingState):
-                for buffer in value.model.buffers():
-                    host = buffer.detach().cpu() if buffer.is_cuda else buffer.detach()
-                    dist.broadcast(host, src=0, group=self._ctl)
-                    if host is not buffer:
-                        buffer.copy_(host)
+        for module in modules_in(state):
+            for buffer in module.buffers():
+                host = buffer.detach().cpu() if buffer.is_cuda else buffer.detach()
+                dist.broadcast(host, src=0, group=self._ctl)
+                if host is not buffer:
+                    buffer.copy_(host)
 
     def _upload(self, step: int, snapshot: dict[str, Any], writer: str, stall: float) -> None:
         started = time.monotonic()
@@ -345,6 +394,7 @@ class Checkpointer:
             dcp.save(
                 snapshot,
                 storage_writer=BlobCheckpointWriter(self.store, path, commit, self.thread_count),
+                planner=JsonSavePlanner(),
                 process_group=self._io,
                 no_dist=not self.distributed,
             )
