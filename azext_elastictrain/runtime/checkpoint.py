@@ -95,6 +95,15 @@ def _cause(ex: BaseException, kind: type[BaseException]) -> "BaseException | Non
     return None
 
 
+def _failure_text(ex: BaseException) -> str:
+    """What went wrong, per rank, rather than DCP's "CheckpointException ranks: [0]"."""
+    failures = getattr(ex, "failures", None)
+    if not failures:
+        return str(ex)
+    causes = {rank: (f[0] if isinstance(f, tuple) else f) for rank, f in failures.items()}
+    return "; ".join(f"rank {rank}: {type(c).__name__}: {c}" for rank, c in sorted(causes.items()))
+
+
 def _fenced(ex: BaseException) -> "FencedError | None":
     """The FencedError behind a DCP failure, if that is what it was (on any rank)."""
     return _cause(ex, FencedError)  # type: ignore[return-value]
@@ -305,7 +314,7 @@ class Checkpointer:
             mismatch = _cause(ex, StateMismatch)
             if mismatch is not None:
                 raise mismatch from ex
-            log.warning("cannot load checkpoint of step %d: %s", manifest.step, ex)
+            log.warning("cannot load checkpoint of step %d: %s", manifest.step, _failure_text(ex))
             return UNREADABLE
         skipped = planner.not_loaded()
         if skipped:  # the proof that every key of the state came from the checkpoint
