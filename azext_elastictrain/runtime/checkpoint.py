@@ -47,8 +47,18 @@ from torch.distributed.checkpoint.api import CheckpointException
 from azext_elastictrain.core import catalog, layout
 from azext_elastictrain.core.blobstore import BlobStore, WriteConflict
 from azext_elastictrain.runtime import progress
-from azext_elastictrain.runtime.planners import CheckingLoadPlanner, JsonSavePlanner, StateMismatch, names
-from azext_elastictrain.runtime.state import SEP, Snapshotter, StateError, StateTree, capture_rng, modules_in, restore_rng
+from azext_elastictrain.runtime.planners import CheckingLoadPlanner, StateMismatch, TensorSavePlanner, names
+from azext_elastictrain.runtime.state import (
+    SEP,
+    Snapshotter,
+    StateError,
+    StateTree,
+    capture_rng,
+    json_tensor,
+    json_value,
+    modules_in,
+    restore_rng,
+)
 from azext_elastictrain.runtime.storage import BlobCheckpointReader, BlobCheckpointWriter
 
 log = logging.getLogger(__name__)
@@ -60,6 +70,7 @@ warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavai
 RESERVED = "_elastictrain"
 RNG_PREFIX = f"{RESERVED}{SEP}rng{SEP}"
 STEP_KEY = f"{RESERVED}{SEP}step"
+RNG_JSON = ("python_extra", "numpy_extra")  # the plain parts of capture_rng's state
 
 
 # What loading one checkpoint came to on a rank (all-reduced: the worst wins).
@@ -320,6 +331,12 @@ class Checkpointer:
         if skipped:  # the proof that every key of the state came from the checkpoint
             raise StateMismatch(f"keys not loaded on rank {self.rank}: {names(skipped)}")
         loaded = planner.state_dict  # the flat dict DCP loaded, adopted keys included
+        plain = tree.json_keys | {mine + name for name in RNG_JSON} | {STEP_KEY}
+        try:
+            for key in plain & set(loaded):
+                loaded[key] = json_value(loaded[key], key)
+        except StateError as ex:
+            raise StateMismatch(str(ex)) from ex
         tree.apply({key: loaded[key] for key in tree.flat})
         rng = {k[len(mine):]: v for k, v in loaded.items() if k.startswith(mine)}
         if rng:
@@ -343,18 +360,24 @@ class Checkpointer:
             return  # already committed (e.g. an interval save of the step a notice arrived at)
         started = time.monotonic()
         self._agree_on_buffers(state)
-        flat = dict(_tree(state).flat)
+        tree = _tree(state)
+        flat = dict(tree.flat)
         gathered = self._all_gather((uuid.uuid4().hex[:12], capture_rng()))
         writer = gathered[0][0]  # rank 0's token names this attempt's folder on every rank
         for rank, (_, rng) in enumerate(gathered):
             flat.update(_rng_items(rank, rng))
         flat[STEP_KEY] = step
+        try:
+            flat = {k: v if isinstance(v, torch.Tensor) else json_tensor(v, k) for k, v in flat.items()}
+        except StateError as ex:
+            raise CheckpointError(str(ex)) from ex
+        paths = {**{k: tuple(k.split(SEP)) for k in flat}, **tree.paths}
         snapshot = self._snapshotter.snapshot(flat)
         stall = time.monotonic() - started
         self._last_save_time = time.monotonic()
 
         def upload() -> None:
-            self._upload(step, snapshot, writer, stall)
+            self._upload(step, snapshot, writer, stall, paths)
 
         if blocking or (blocking is None and not self.async_save):
             upload()
@@ -379,7 +402,8 @@ class Checkpointer:
                 if host is not buffer:
                     buffer.copy_(host)
 
-    def _upload(self, step: int, snapshot: dict[str, Any], writer: str, stall: float) -> None:
+    def _upload(self, step: int, snapshot: dict[str, Any], writer: str, stall: float,
+                paths: dict[str, tuple[str | int, ...]]) -> None:
         started = time.monotonic()
         committed: list[layout.Manifest] = []
 
@@ -403,7 +427,7 @@ class Checkpointer:
             dcp.save(
                 snapshot,
                 storage_writer=BlobCheckpointWriter(self.store, path, commit, self.thread_count),
-                planner=JsonSavePlanner(),
+                planner=TensorSavePlanner(paths),
                 process_group=self._io,
                 no_dist=not self.distributed,
             )

@@ -1,24 +1,24 @@
-"""DCP planners for flat state dicts whose items are tensors or JSON values.
+"""DCP planners for flat state dicts whose every item is a tensor.
 
 DCP's default planners ``torch.save`` every non-tensor item and read it back
 with ``torch.load(weights_only=False)``: a full unpickle of bytes from storage.
-These write and read such items as JSON instead, and the load planner checks
-that the live state and the checkpoint hold the same keys, then records every
-key it loaded so the caller can prove nothing was skipped.
+Here plain values are JSON text in uint8 tensors (``state.json_tensor``), so a
+checkpoint holds tensors only; the save planner refuses anything else and the
+load planner refuses any bytes item. The load planner also checks that the live
+state and the checkpoint hold the same keys, and records every key it loaded so
+the caller can prove nothing was skipped.
 """
 from __future__ import annotations
 
+import dataclasses
 import io
-import json
 from typing import Any, Iterable
 
 import torch
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
-from torch.distributed.checkpoint.planner import ReadItem, WriteItem, WriteItemType
+from torch.distributed.checkpoint.planner import ReadItem, SavePlan, WriteItem, WriteItemType
 from torch.distributed.tensor import DTensor
-
-from azext_elastictrain.runtime.state import json_bytes
 
 SHOWN = 20  # key names an error lists before "and N more"
 
@@ -28,7 +28,7 @@ class StateMismatch(ValueError):
 
 
 class RefusedItem(ValueError):
-    """A checkpoint item that is not what this runtime writes (e.g. a pickle where JSON belongs)."""
+    """A checkpoint item that is not what this runtime writes (e.g. a pickle where a tensor belongs)."""
 
 
 def names(keys: Iterable[str]) -> str:
@@ -37,15 +37,24 @@ def names(keys: Iterable[str]) -> str:
     return ", ".join(keys[:SHOWN]) + more
 
 
-class JsonSavePlanner(DefaultSavePlanner):
-    """Saves a flat dict: tensors as DCP does, every other item as JSON bytes."""
+class TensorSavePlanner(DefaultSavePlanner):
+    """Saves a flat dict of tensors; ``paths`` (flat key -> nesting) goes into the metadata's
+    planner_data, as DCP's own flattening does, so offline tools rebuild the nesting."""
 
-    def __init__(self) -> None:
+    def __init__(self, paths: dict[str, tuple[str | int, ...]] | None = None) -> None:
         super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
+        self.paths = paths
+
+    def create_global_plan(self, all_plans: list[SavePlan]) -> tuple[list[SavePlan], Metadata]:
+        plans, metadata = super().create_global_plan(all_plans)
+        if self.paths is not None:
+            metadata = dataclasses.replace(metadata, planner_data=dict(self.paths))
+            self.metadata = metadata
+        return plans, metadata
 
     def transform_object(self, write_item: WriteItem, object: Any) -> Any:  # noqa: A002 - DCP's name
         if write_item.type == WriteItemType.BYTE_IO:
-            return io.BytesIO(json_bytes(object, write_item.index.fqn))
+            raise RefusedItem(f"{write_item.index.fqn!r} is not a tensor; plain values are saved as JSON tensors")
         return object
 
 
@@ -94,12 +103,8 @@ class CheckingLoadPlanner(DefaultLoadPlanner):
         super().set_up_planner(state_dict, metadata, is_coordinator)
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
-        fqn = read_item.dest_index.fqn
-        try:
-            self.state_dict[fqn] = json.loads(value.getvalue().decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as ex:
-            raise RefusedItem(f"checkpoint item {fqn!r} is not JSON; refusing to deserialize it") from ex
-        self.loaded.add(fqn)
+        raise RefusedItem(f"checkpoint item {read_item.dest_index.fqn!r} is a bytes item, which this runtime "
+                          "never writes (DCP would unpickle it); refusing to deserialize it")
 
     def commit_tensor(self, read_item: ReadItem, tensor: torch.Tensor) -> None:
         super().commit_tensor(read_item, tensor)

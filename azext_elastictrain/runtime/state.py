@@ -186,18 +186,20 @@ class StateTree:
         self.free: set[str] = set()
         self._origin: dict[str, str] = {}
         self._inner: dict[str, Any] = {}  # path -> what an object's state_dict() gave at flattening
+        self.paths: dict[str, tuple[str | int, ...]] = {}  # flat key -> its nesting, for offline DCP tools
         for key, value in state.items():
             if not isinstance(key, str) or not key:
                 raise StateError(f"state dict keys must be non-empty strings, got {key!r}")
             if reserved is not None and key == reserved:
                 raise StateError(f"state[{key!r}]: this key is reserved for the checkpointer's own state")
-            self._flatten(value, key, key)
+            self._flatten(value, key, key, parts=(key,))
 
     # -- save side: value -> flat items
-    def _put(self, path: str, value: Any, origin: str, free: bool) -> None:
+    def _put(self, path: str, value: Any, origin: str, free: bool, parts: tuple[str | int, ...]) -> None:
         if path in self.flat:
             raise StateError(f"{_describe(origin)}: its key {path!r} collides with another key of the state")
         self.flat[path] = value
+        self.paths[path] = parts
         self._origin[path] = origin
         if free:
             self.free.add(path)
@@ -209,23 +211,24 @@ class StateTree:
             return _OptimizerState(self._pairs[id(value)], value)
         return value
 
-    def _flatten(self, value: Any, path: str, origin: str, in_place: bool = False) -> None:
+    def _flatten(self, value: Any, path: str, origin: str, in_place: bool = False,
+                 parts: tuple[str | int, ...] = ()) -> None:
         # in_place: a module's or optimizer's tensors are loaded into themselves (DTensor shards
         # included); any other tensor takes its size and dtype from the checkpoint.
         if isinstance(value, torch.Tensor):
-            self._put(path, value, origin, free=not in_place and type(value) is torch.Tensor)
+            self._put(path, value, origin, free=not in_place and type(value) is torch.Tensor, parts=parts)
         elif isinstance(value, torch.Generator):
-            self._put(path, value.get_state(), origin, free=True)
+            self._put(path, value.get_state(), origin, free=True, parts=parts)
         elif _is_json(value) and not isinstance(value, dict):
-            self._put(path, value, origin, free=True)
+            self._put(path, value, origin, free=True, parts=parts)
         elif isinstance(value, dict):
             if not value:
-                self._put(path, {}, origin, free=True)
+                self._put(path, {}, origin, free=True, parts=parts)
             for k, v in value.items():
-                self._flatten(v, f"{path}{SEP}{k}", origin, in_place)
+                self._flatten(v, f"{path}{SEP}{k}", origin, in_place, (*parts, str(k)))
         elif isinstance(value, (list, tuple)):
             for i, v in enumerate(value):
-                self._flatten(v, f"{path}{SEP}{i}", origin, in_place)
+                self._flatten(v, f"{path}{SEP}{i}", origin, in_place, (*parts, i))
         elif isinstance(value, (torch.nn.Module, torch.optim.Optimizer)) or _has_state_dict(value):
             try:
                 inner = self._adapter(value).state_dict()
@@ -233,13 +236,18 @@ class StateTree:
                 raise StateError(f"{_describe(path)}: its state_dict() failed: {ex}") from ex
             self._inner[path] = inner
             in_place = isinstance(value, (torch.nn.Module, torch.optim.Optimizer, TrainingState))
-            self._flatten(inner, path, path, in_place)
+            self._flatten(inner, path, path, in_place, parts)
         else:
             raise StateError(
                 f"{_describe(path)}: a {type(value).__name__} cannot be checkpointed; a state holds modules, "
                 "optimizers, schedulers, torch.Generators, tensors, numbers, strings, dicts/lists of these "
                 "and objects with state_dict()/load_state_dict()"
             )
+
+    @property
+    def json_keys(self) -> set[str]:
+        """The plain values among the items (kept as JSON text in the checkpoint)."""
+        return {k for k, v in self.flat.items() if not isinstance(v, torch.Tensor)}
 
     # -- restore side: loaded flat items -> live objects
     def apply(self, loaded: dict[str, Any]) -> None:
@@ -367,10 +375,22 @@ class Snapshotter:
         return buf
 
 
-def json_bytes(value: Any, key: str) -> bytes:
-    """A JSON item's bytes in the checkpoint (NaN and infinities included, as Python writes them)."""
+def json_tensor(value: Any, key: str) -> torch.Tensor:
+    """A plain value as it lies in a checkpoint: its JSON text (NaN and infinities as Python writes
+    them) in a uint8 tensor, so that every item of a checkpoint is a tensor."""
     try:
-        return json.dumps(value, separators=(",", ":")).encode()
+        raw = json.dumps(value, separators=(",", ":")).encode()
     except (TypeError, ValueError) as ex:
         raise StateError(f"{_describe(key)}: not JSON-serialisable: {ex}") from ex
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+
+
+def json_value(item: Any, key: str) -> Any:
+    """The plain value ``json_tensor`` stored; StateError if the item is not one."""
+    if not (isinstance(item, torch.Tensor) and item.dtype == torch.uint8 and item.dim() == 1):
+        raise StateError(f"checkpoint item {key!r} is not a plain (JSON) value")
+    try:
+        return json.loads(item.numpy().tobytes().decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as ex:
+        raise StateError(f"checkpoint item {key!r} is not valid JSON: {ex}") from ex
 

@@ -20,8 +20,8 @@ from torch import nn
 from azext_elastictrain.core import catalog, layout
 from azext_elastictrain.core.blobstore import BlobStore
 from azext_elastictrain.runtime.checkpoint import Checkpointer
-from azext_elastictrain.runtime.planners import JsonSavePlanner
-from azext_elastictrain.runtime.state import StateTree
+from azext_elastictrain.runtime.planners import TensorSavePlanner
+from azext_elastictrain.runtime.state import StateTree, json_tensor
 from azext_elastictrain.runtime.storage import BlobCheckpointWriter
 from tests.support import services as svc
 
@@ -41,8 +41,8 @@ class Plant:
         return (pathlib.Path.touch, (self.marker,))
 
 
-class PlantingPlanner(JsonSavePlanner):
-    """Our planner, but the RNG item is written as DCP's default planner would: pickled."""
+class PlantingPlanner(TensorSavePlanner):
+    """Our planner, but the RNG item is written as DCP's default planner would write an object: pickled."""
 
     def transform_object(self, write_item, object):  # noqa: A002
         if write_item.index.fqn == RNG_ITEM:
@@ -97,8 +97,8 @@ def test_a_planted_pickle_where_the_rng_state_goes_is_refused_and_never_runs(azu
     try:
         with Checkpointer(store, watcher=None, events=False) as ckpt:
             ckpt.save(1, state(1), blocking=True)
-        flat = dict(StateTree(state(2)).flat)
-        flat.update({RNG_ITEM: Plant(marker), "_elastictrain.step": 2})
+        flat = {k: v if isinstance(v, torch.Tensor) else json_tensor(v, k) for k, v in StateTree(state(2)).flat.items()}
+        flat.update({RNG_ITEM: Plant(marker), "_elastictrain.step": json_tensor(2, "step")})
         forge(store, 2, flat, Plant(marker))
         assert [c.step for c in catalog.list_checkpoints(store, JOB) if c.complete] == [1, 2]
 
@@ -108,6 +108,7 @@ def test_a_planted_pickle_where_the_rng_state_goes_is_refused_and_never_runs(azu
         assert restored["epoch"] == 1
         assert torch.equal(restored["model"].weight, state(1)["model"].weight)
         assert not marker.exists(), "restore unpickled the planted payload"
-        assert f"checkpoint item '{RNG_ITEM}' is not JSON; refusing to deserialize it" in caplog.text
+        assert f"checkpoint item '{RNG_ITEM}' is a bytes item" in caplog.text
+        assert "refusing to deserialize it" in caplog.text
     finally:
         store.close()
