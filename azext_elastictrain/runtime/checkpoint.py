@@ -59,7 +59,7 @@ from azext_elastictrain.runtime.state import (
     modules_in,
     restore_rng,
 )
-from azext_elastictrain.runtime.storage import BlobCheckpointReader, BlobCheckpointWriter
+from azext_elastictrain.runtime.storage import METADATA, METADATA_JSON, BlobCheckpointReader, BlobCheckpointWriter
 
 log = logging.getLogger(__name__)
 
@@ -313,6 +313,13 @@ class Checkpointer:
 
     def _load(self, manifest: layout.Manifest, tree: StateTree) -> int:
         """LOADED, or UNREADABLE (damaged, refused: try the previous one); StateMismatch if it does not fit."""
+        names_in_it = {f.path.rsplit("/", 1)[-1] for f in manifest.files}
+        if METADATA_JSON not in names_in_it and METADATA in names_in_it:
+            raise CheckpointError(
+                f"the checkpoint of step {manifest.step} was written by an earlier elastictrain whose metadata "
+                "is pickled, and restore never unpickles what it reads from storage; resume this job with the "
+                "version that wrote it, or start it under a new prefix"
+            )
         flat = dict(tree.flat)  # DCP copies this; the planner holds the copy it loads
         mine = f"{RNG_PREFIX}{self.rank}{SEP}"
         planner = CheckingLoadPlanner(tree.free, adopt=(mine, STEP_KEY), ignore=(RNG_PREFIX,))

@@ -19,7 +19,7 @@ from torch import nn
 
 from azext_elastictrain.core import catalog, layout
 from azext_elastictrain.core.blobstore import BlobStore
-from azext_elastictrain.runtime.checkpoint import Checkpointer
+from azext_elastictrain.runtime.checkpoint import CheckpointError, Checkpointer
 from azext_elastictrain.runtime.planners import TensorSavePlanner
 from azext_elastictrain.runtime.state import StateTree, json_tensor
 from azext_elastictrain.runtime.storage import BlobCheckpointWriter
@@ -110,5 +110,27 @@ def test_a_planted_pickle_where_the_rng_state_goes_is_refused_and_never_runs(azu
         assert not marker.exists(), "restore unpickled the planted payload"
         assert f"checkpoint item '{RNG_ITEM}' is a bytes item" in caplog.text
         assert "refusing to deserialize it" in caplog.text
+    finally:
+        store.close()
+
+
+def test_a_checkpoint_with_only_pickled_metadata_is_refused_loudly_not_skipped(azurite: svc.AzuriteService,
+                                                                                container_url: str) -> None:
+    """What an earlier version wrote: restoring must not quietly start the job over."""
+    store = BlobStore.from_url(f"{container_url}/{JOB}", connection_string=azurite.connection_string)
+    try:
+        with Checkpointer(store, watcher=None, events=False) as ckpt:
+            ckpt.save(1, state(1), blocking=True)
+        manifest = layout.Manifest.from_bytes(store.read(layout.manifest_name(JOB, 1)))
+        kept = [f for f in manifest.files if not f.path.endswith("/.metadata.json")]
+        assert len(kept) == len(manifest.files) - 1
+        store.delete([layout.checkpoint_prefix(JOB, 1) + f.path for f in manifest.files if f not in kept]
+                     + [layout.manifest_name(JOB, 1)])
+        store.create(layout.manifest_name(JOB, 1), layout.Manifest(
+            step=1, created=manifest.created, world_size=1, writer=manifest.writer, files=kept).to_bytes())
+
+        with Checkpointer(store, watcher=None, events=False) as ckpt:
+            with pytest.raises(CheckpointError, match="written by an earlier elastictrain whose metadata is pickled"):
+                ckpt.restore(state(3))
     finally:
         store.close()
