@@ -15,6 +15,7 @@ import torch
 import torch.multiprocessing as mp
 
 from tests.support import services as svc
+from tests.support.states import assert_identical
 
 JOB = "job"
 TIMEOUT_S = 300
@@ -95,22 +96,6 @@ def run(world_size: int, kind: str, action: str, url: str, azurite: svc.AzuriteS
             p.kill()
         pytest.fail(f"{kind} {action} at world size {world_size} did not finish in {TIMEOUT_S}s")
     return torch.load(out, weights_only=True)  # this test's own file, written above
-
-
-def assert_identical(a: Any, b: Any, where: str = "") -> None:
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape, where
-        assert torch.equal(a, b), where
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for k in a:
-            assert_identical(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_identical(x, y, f"{where}.{i}")
-    else:
-        assert a == b, where
 
 
 def moments(full: dict[str, Any]) -> int:

@@ -16,6 +16,7 @@ from azext_elastictrain.core.blobstore import BlobStore
 from azext_elastictrain.runtime.checkpoint import CheckpointError, Checkpointer
 from azext_elastictrain.runtime.state import TrainingState
 from tests.support import services as svc
+from tests.support.states import assert_identical
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
@@ -176,23 +177,6 @@ def observe(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return type(value)(observe(v) for v in value)
     return value
-
-
-def assert_identical(a: Any, b: Any, where: str = "state") -> None:
-    assert type(a) is type(b), (where, type(a), type(b))
-    if isinstance(a, torch.Tensor):
-        assert a.dtype == b.dtype and a.shape == b.shape, where
-        assert torch.equal(a, b), where
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for k in a:
-            assert_identical(a[k], b[k], f"{where}[{k!r}]")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_identical(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, where
 
 
 def moment_entries(optimizer: torch.optim.Optimizer) -> int:
