@@ -267,9 +267,8 @@ class StateTree:
                 live[i] = self._rebuild(v, f"{path}{SEP}{i}", loaded)
             return live
         if isinstance(live, tuple):
-            return type(live)(*(self._rebuild(v, f"{path}{SEP}{i}", loaded) for i, v in enumerate(live))) \
-                if hasattr(live, "_fields") else tuple(self._rebuild(v, f"{path}{SEP}{i}", loaded)
-                                                       for i, v in enumerate(live))
+            items = [self._rebuild(v, f"{path}{SEP}{i}", loaded) for i, v in enumerate(live)]
+            return type(live)(*items) if hasattr(live, "_fields") else tuple(items)
         if path not in self._inner:  # a value that was not in the state when it was flattened
             return live
         self._adapter(live).load_state_dict(self._rebuild(self._inner[path], path, loaded))
