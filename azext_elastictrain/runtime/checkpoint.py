@@ -334,8 +334,13 @@ class Checkpointer:
                 raise mismatch from ex
             log.warning("cannot load checkpoint of step %d: %s", manifest.step, _failure_text(ex))
             return UNREADABLE
+        self._apply(manifest, tree, planner, mine)
+        return LOADED
+
+    def _apply(self, manifest: layout.Manifest, tree: StateTree, planner: CheckingLoadPlanner, mine: str) -> None:
+        """Prove every key was loaded, decode the plain values, and put it all into the live state."""
         skipped = planner.not_loaded()
-        if skipped:  # the proof that every key of the state came from the checkpoint
+        if skipped:
             raise StateMismatch(f"keys not loaded on rank {self.rank}: {names(skipped)}")
         loaded = planner.state_dict  # the flat dict DCP loaded, adopted keys included
         plain = tree.json_keys | {mine + name for name in RNG_JSON} | {STEP_KEY}
@@ -352,7 +357,6 @@ class Checkpointer:
             # The world grew: a new rank has no saved stream. Derive one from
             # (step, rank) so reruns stay reproducible.
             torch.manual_seed(manifest.step * 100003 + self.rank)
-        return LOADED
 
     # -- save ----------------------------------------------------------------------
     def save(self, step: int, state: dict[str, Any], *, blocking: bool | None = None) -> None:
