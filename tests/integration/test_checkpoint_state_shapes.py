@@ -212,7 +212,7 @@ def test_a_fresh_adamw_gets_every_moment_back_from_the_raw_dict(checkpointer) ->
 
 
 @pytest.mark.parametrize("bad, where", [
-    (lambda tmp: {"log": open(tmp / "f.txt", "w")}, "state['log']"),  # noqa: SIM115 - closed by the GC
+    (lambda tmp: {"log": open(tmp / "f.txt", "w")}, "state['log']"),  # noqa: SIM115 - closed below
     (lambda tmp: {"meta": {"fn": lambda: 1}}, "state['meta']['fn']"),
     (lambda tmp: {"meta": {"items": [1, object()]}}, "state['meta']['items']['1']"),
     (lambda tmp: {"model": nn.Linear(2, 2), "opt": torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=1)},
@@ -220,8 +220,13 @@ def test_a_fresh_adamw_gets_every_moment_back_from_the_raw_dict(checkpointer) ->
 ])
 def test_saving_a_value_no_checkpoint_can_hold_raises_naming_its_key(bad, where, tmp_path, checkpointer,
                                                                       store) -> None:
-    with pytest.raises(CheckpointError) as raised:
-        checkpointer().save(1, bad(tmp_path), blocking=True)
+    state = bad(tmp_path)
+    try:
+        with pytest.raises(CheckpointError) as raised:
+            checkpointer().save(1, state, blocking=True)
+    finally:
+        if hasattr(state.get("log"), "close"):
+            state["log"].close()
     assert where in str(raised.value)
     assert catalog.list_checkpoints(store, JOB) == []  # nothing half-written
 
