@@ -109,6 +109,7 @@ def job_row(item: dict) -> OrderedDict:
         ("LastCheckpoint", checkpoint if checkpoint is not None else ""),
         ("Evictions", item.get("evictions", 0)),
         ("Recoveries", item.get("recoveries", 0)),
+        ("Goodput", f"{item['goodput']:.1%}" if item.get("goodput") is not None else ""),
         ("Created", item.get("created")),
     ])
 

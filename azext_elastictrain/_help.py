@@ -255,6 +255,15 @@ long-summary: >
     (or Stopped, when deleting it). Evictions count Spot preemption notices plus nodes lost while
     the job runs on. Each time the job re-formed and restored after its first start is a recovery
     (it lost a node or a worker failed) or a scale-up (scaleUps: capacity came back and it grew).
+    From the job's events, the same on both backends: each world the job formed runs from its
+    restore to the last step it completed (every rank records that step, with its time, when
+    training stops early). goodput is the share of rank-seconds (world size x seconds) spent on
+    steps that ended in the final model. timeLost gives the other rank-seconds by cause - reforming
+    (last completed step to the new world's start), restoring (start to restored checkpoint),
+    stepsLost (steps trained past the step the next world resumed from, retrained), scaleUps (both
+    gaps, when the new world is larger) and starting (first start to first restore); a gap counts
+    the ranks of the world that forms after it. stepsLost (top level) is that count of steps.
+    Step times between two recorded step boundaries are taken as evenly spaced.
 examples:
   - name: Show job 'cifar' on the local cluster.
     text: az elastictrain job show --local --name cifar
