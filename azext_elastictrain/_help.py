@@ -273,6 +273,23 @@ examples:
     text: az elastictrain job show -g ml-rg -c trainer -n cifar
 """
 
+helps["elastictrain job timeline"] = """
+type: command
+short-summary: A job's timeline - step and world size over time, checkpoints, notices, stops, scale-ups.
+long-summary: >
+    From the job's events (its current run), the same on a local cluster and on AKS. Times are
+    seconds since the run's first event. worlds - each world the job formed, with its step
+    boundaries as the ranks recorded them; worldSize - [time, size] changes, 0 while no world
+    trains; checkpoints - [time, step] commits; notices - preemption notices; stops - where a world
+    stopped, the step it had completed and how many steps the next one retrained; scaleUps - a
+    larger world forming. With --output-file it also draws the picture (needs matplotlib).
+examples:
+  - name: Draw job 'cifar' of the local cluster into timeline.png.
+    text: az elastictrain job timeline --local --name cifar --output-file timeline.png
+  - name: The series as JSON, of a job on AKS cluster 'trainer'.
+    text: az elastictrain job timeline -g ml-rg -c trainer -n cifar -o json
+"""
+
 helps["elastictrain job logs"] = """
 type: command
 short-summary: Print the logs of a job's nodes (the agents' and the training processes' output).

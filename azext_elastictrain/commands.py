@@ -43,4 +43,5 @@ def load_command_table(loader, _):
         g.custom_show_command("show", "show_job", table_transformer=job_show_table)
         g.custom_command("logs", "job_logs")
         g.custom_command("wait", "wait_job", table_transformer=job_show_table)
+        g.custom_command("timeline", "job_timeline")
         g.custom_command("delete", "delete_job", table_transformer=job_delete_table)

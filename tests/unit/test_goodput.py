@@ -112,3 +112,24 @@ def test_without_a_survivor_line_the_old_reading_remains(reports):
     events = [e for e in evicted_job() if e["event"] != "interrupted"]
     eviction = {"node": "n0", "evictedAt": 137.2, "startedAt": 137.1}
     assert recovery.follow_recovery(lambda job: events + reports, "j", eviction, timeout=5)["stepsLost"] == 5
+
+
+def test_timeline_series_marks_the_stop_the_loss_and_no_training_between_worlds():
+    from azext_elastictrain.core.timeline import series
+
+    shown = series(evicted_job() + [dict(evicted_job()[5])])
+    assert shown["start"] == 98.0
+    assert [w["worldSize"] for w in shown["worlds"]] == [2, 1]
+    assert shown["worlds"][0]["steps"][-1] == [39.0, 37]   # step 37 ended at t=137, 39 s after the start
+    assert shown["worldSize"] == [[0.0, 0], [2.0, 2], [39.0, 0], [44.0, 1], [79.0, 0]]
+    assert shown["stops"] == [{"time": 39.0, "step": 37, "resumedFromStep": 25, "stepsLost": 12}]
+    assert shown["checkpoints"] == [[28.5, 25]] and shown["scaleUps"] == []
+
+
+def test_timeline_picture_is_drawn(tmp_path):
+    from azext_elastictrain.core.timeline import series
+    from azext_elastictrain.timeline_picture import draw
+
+    out = tmp_path / "timeline.png"
+    draw(series(evicted_job()), "job j", str(out))
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
