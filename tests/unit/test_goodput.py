@@ -133,3 +133,17 @@ def test_timeline_picture_is_drawn(tmp_path):
     out = tmp_path / "timeline.png"
     draw(series(evicted_job()), "job j", str(out))
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+
+
+def test_drawing_without_matplotlib_is_an_az_error_saying_how_to_get_it(monkeypatch):
+    import importlib.util
+
+    from azure.cli.core.azclierror import ValidationError
+
+    from azext_elastictrain.operations import job
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    with pytest.raises(ValidationError, match="needs matplotlib") as raised:
+        job._require_matplotlib()
+    assert "pip install matplotlib" in raised.value.recommendations[0]
