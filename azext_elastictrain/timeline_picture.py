@@ -18,14 +18,15 @@ def draw(shown: dict, title: str, out: str) -> None:
         ax.plot([t for t, _ in checkpoints], [s for _, s in checkpoints], "|", color="tab:green", markersize=12,
                 mew=2, label="checkpoint committed")
         top = max([s for w in shown["worlds"] for _, s in w["steps"]], default=1) or 1
-        for notice in shown["notices"]:
+        # labels of neighbouring marks alternate in height so that they do not overlap
+        for i, notice in enumerate(shown["notices"]):
             ax.axvline(notice["time"], color="tab:orange", lw=1)
-            ax.annotate(f" notice ({notice['source']})\n {notice['node']}", (notice["time"], top * 0.85),
-                        color="tab:orange", fontsize=8)
-        for stop in shown["stops"]:
+            ax.annotate(f" notice ({notice['source']})\n {notice['node']}",
+                        (notice["time"], top * (0.9 - 0.12 * (i % 2))), color="tab:orange", fontsize=8)
+        for i, stop in enumerate(shown["stops"]):
             ax.axvline(stop["time"], color="tab:red", lw=2)
-            ax.annotate(f" stopped at {stop['step']}\n {stop['stepsLost']} step(s) lost", (stop["time"], top * 0.6),
-                        color="tab:red", fontsize=8)
+            ax.annotate(f" stopped at {stop['step']}\n {stop['stepsLost']} step(s) lost",
+                        (stop["time"], top * (0.6 - 0.12 * (i % 2))), color="tab:red", fontsize=8)
         for grow in shown["scaleUps"]:
             ax.axvline(grow["time"], color="tab:gray", lw=1, ls="--")
             ax.annotate(f" capacity back:\n world size {grow['worldSize']}", (grow["time"], top * 0.05),
