@@ -147,3 +147,12 @@ def test_drawing_without_matplotlib_is_an_az_error_saying_how_to_get_it(monkeypa
     with pytest.raises(ValidationError, match="needs matplotlib") as raised:
         job._require_matplotlib()
     assert "pip install matplotlib" in raised.value.recommendations[0]
+
+
+def test_timeline_table_has_a_row_per_world():
+    from azext_elastictrain._format import job_timeline_table
+    from azext_elastictrain.core.timeline import series
+
+    rows = job_timeline_table(series(evicted_job()))
+    assert [list(r.values()) for r in rows] == [[1, 2, 0, 37, 2.0, 39.0, 12], [2, 1, 25, 60, 44.0, 79.0, ""]]
+    assert job_timeline_table(series([])) == []
