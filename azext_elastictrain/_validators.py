@@ -73,7 +73,11 @@ class LoginCredential:
         if self._credential is None:
             from azure.cli.core._profile import Profile
 
-            self._credential = Profile(cli_ctx=self._cli_ctx).get_login_credentials()[0]
+            from azext_elastictrain._client_factory import command_subscription
+
+            # the tenant of the command's subscription (--subscription), as for the ARM clients
+            subscription = command_subscription(self._cli_ctx)
+            self._credential = Profile(cli_ctx=self._cli_ctx).get_login_credentials(subscription_id=subscription)[0]
         return self._credential
 
     def get_token(self, *scopes: str, **kwargs: Any) -> Any:
