@@ -11,7 +11,14 @@ import re
 
 import pytest
 
-from tests.support.arm_server import ACCESS_TOKEN_SECRET, KUBE_TOKEN, OTHER_SUBSCRIPTION, SUBSCRIPTION
+from tests.support.arm_server import (
+    ACCESS_TOKEN_SECRET,
+    KUBE_TOKEN,
+    OTHER_SUBSCRIPTION,
+    SPOT_LABEL,
+    SPOT_TAINT,
+    SUBSCRIPTION,
+)
 
 PLAN = [  # (method, what) in the order the issue asks for
     ("PUT", "resourcegroups"), ("PUT", "storageaccounts"), ("PUT", "containers"),
@@ -46,10 +53,17 @@ def test_create_runs_the_plan_in_order_and_a_rerun_changes_nothing(az, arm, grou
     sa = arm.kube.get("v1", "ServiceAccount", "elastictrain-training", "elastictrain")
     assert sa["metadata"]["annotations"]["azure.workload.identity/client-id"] == account["clientId"]
 
+    # as a real cluster answers a while later: AKS's own Spot taint and label on the pool, the autoscaler's counts
+    assert pool["nodeTaints"] == ["sku=gpu:NoSchedule", SPOT_TAINT]
+    assert pool["nodeLabels"][SPOT_LABEL[0]] == SPOT_LABEL[1]
+    assert "/resourcegroups/" in arm.find("/agentpools/gpu")["id"]
+    arm.autoscale(group, "spot1", "gpu", 3)
+    arm.autoscale(group, "spot1", "system", 2)
     arm.requests.clear()
     again = az.json("elastictrain", "cluster", "create", "-g", group, "-n", "spot1", "--max-count", "4",
                     "--max-price", "0.35", "--eviction-policy", "Deallocate", "--labels", "team=vision",
                     timeout=300)
+    assert [m for m, _ in arm.requests if m == "PUT"] == [], "a re-run of a finished create must send no PUT"
     assert _writes(arm) == [], "a re-run of a finished create must change nothing in Azure"
     assert {c["step"]: c["action"] for c in again["changes"]} == {
         "resource group": "unchanged", "storage account": "unchanged", "checkpoint container": "unchanged",
@@ -59,6 +73,22 @@ def test_create_runs_the_plan_in_order_and_a_rerun_changes_nothing(az, arm, grou
     gpu = next(p for p in again["pools"] if p["name"] == "gpu")
     assert (gpu["priority"], gpu["evictionPolicy"], gpu["spotMaxPrice"], gpu["minCount"], gpu["maxCount"]) == (
         "Spot", "Deallocate", 0.35, 0, 4)
+
+
+@pytest.mark.parametrize("drift, field", [
+    (lambda props: props.update(maxCount=10), "maxCount"),
+    (lambda props: props.update(nodeTaints=[SPOT_TAINT]), "nodeTaints"),
+])
+def test_a_real_drift_of_the_spot_pool_is_fixed_by_one_put(az, arm, group, drift, field):
+    _create(az, group, "drift1")
+    pool_suffix = f"/resourcegroups/{group}/providers/microsoft.containerservice/managedclusters/drift1/agentpools/gpu"
+    drift(arm.find(pool_suffix)["properties"])  # what a user did with 'az aks nodepool update'
+    arm.requests.clear()
+    result = _create(az, group, "drift1", "-o", "json")
+    assert _writes(arm) == [("PUT", "agentpools")]
+    assert f"GPU Spot pool: updating (properties.{field})" in result.stderr
+    props = arm.find(pool_suffix)["properties"]
+    assert (props["maxCount"], props["nodeTaints"]) == (3, ["sku=gpu:NoSchedule", SPOT_TAINT])
 
 
 def test_show_list_and_tables(az, arm, group):

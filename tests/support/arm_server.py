@@ -105,6 +105,12 @@ def _jwt(claims: dict) -> str:
     return f"{part({'alg': 'RS256', 'typ': 'JWT'})}.{part(claims)}.{signature}"
 
 
+def _same_value(a: Any, b: Any) -> bool:
+    if isinstance(a, str) and isinstance(b, str):
+        return a.lower() == b.lower()
+    return a == b
+
+
 def _error(code: str, message: str) -> dict:
     return {"error": {"code": code, "message": message}}
 
@@ -149,6 +155,18 @@ class ArmServer:
                   message: str = "injected failure") -> None:
         """Answer the next ``method`` request whose path ends with ``path_suffix`` with an ARM error."""
         self._faults.append((method.upper(), path_suffix.lower(), status, code, message))
+
+    def autoscale(self, group: str, cluster: str, pool: str, count: int) -> None:
+        """The cluster autoscaler sets a pool's node count within its bounds: in the cluster's profiles, and in
+        the pool resource where the pool was made by an agent pool PUT."""
+        with self._lock:
+            cluster_id = f"/resourcegroups/{group}/providers/microsoft.containerservice/managedclusters/{cluster}"
+            found = self.find(cluster_id)
+            profiles = [p for p in found["properties"]["agentPoolProfiles"] if p["name"] == pool]
+            resource = self.find(f"{cluster_id}/agentpools/{pool}")
+            for props in profiles + ([resource["properties"]] if resource else []):
+                assert props.get("enableAutoScaling") and props["minCount"] <= count <= props["maxCount"], props
+                props["count"] = count
 
     def find(self, suffix: str) -> dict | None:
         return next((r for rid, r in self.resources.items() if rid.endswith(suffix.lower())), None)
@@ -276,6 +294,12 @@ class ArmServer:
             if cluster["properties"]["provisioningState"] != "Succeeded":
                 return 409, {}, _error("OperationNotAllowed", "Operation is not allowed: another operation "
                                                               "(Creating) is in progress on the cluster")
+        if kind == "agent_pool" and existing is not None:
+            changed = [f for f in IMMUTABLE_POOL_FIELDS if not _same_value(
+                (body.get("properties") or {}).get(f), existing["properties"].get(f))]
+            if changed:
+                return 400, {}, _error("PropertyChangeNotAllowed", f"Changing property {', '.join(changed)} is "
+                                                                   "not allowed.")
         resource = self._materialize(kind, rid, body, existing)
         long_running = kind in ("cluster", "agent_pool", "storage_account")
         if long_running:
@@ -345,13 +369,17 @@ class ArmServer:
                           "maxAgentPools": 100})
             pools = {p["name"]: p for p in old.get("agentPoolProfiles", [])}
             for pool in props.get("agentPoolProfiles", []):
-                pool.update({"provisioningState": "Creating", "currentOrchestratorVersion": "1.33.2",
-                             "orchestratorVersion": "1.33.2", "maxPods": 110})
+                _as_aks_keeps_a_pool(pool)
+                pool["provisioningState"] = "Creating"
                 pools[pool["name"]] = pool
             props["agentPoolProfiles"] = list(pools.values())
+            props.update({"powerState": {"code": "Running"}, "azurePortalFQDN": props["fqdn"],
+                          "enablePodSecurityPolicy": False})
+            resource["id"] = _arm_casing(rid)
             resource["identity"] = {"type": "SystemAssigned", "principalId": str(uuid.uuid4()), "tenantId": TENANT}
         elif kind == "agent_pool":
-            props.update({"currentOrchestratorVersion": "1.33.2", "orchestratorVersion": "1.33.2", "maxPods": 110})
+            _as_aks_keeps_a_pool(props)
+            resource["id"] = _arm_casing(rid)
         elif kind == "role_assignment":
             props["scope"] = rid.split("/providers/Microsoft.Authorization/")[0]
             props["roleDefinitionId"] = props["roleDefinitionId"]
@@ -641,6 +669,32 @@ class ArmServer:
                 for pod in [p for p, obj in self.kube.objects.items() if p[1] == "Pod"
                             and (obj.get("spec") or {}).get("nodeName") == key[3]]:
                     del self.kube.objects[pod]
+
+
+#: What AKS puts on every Spot pool on its own (reference/README: the Spot node pool facts); a PUT without
+#: them gets them back, so a client comparing for equality sees drift that is not there.
+SPOT_TAINT = "kubernetes.azure.com/scalesetpriority=spot:NoSchedule"
+SPOT_LABEL = ("kubernetes.azure.com/scalesetpriority", "spot")
+#: Pool fields a PUT on an existing pool may not change (AKS answers 400 with this code).
+IMMUTABLE_POOL_FIELDS = ("vmSize", "scaleSetPriority", "scaleSetEvictionPolicy", "spotMaxPrice", "osType")
+
+
+def _as_aks_keeps_a_pool(pool: dict) -> None:
+    """A pool profile as AKS stores it: its Spot taint and label added, versions resolved to a patch
+    release, read-only fields (AgentPoolsGet.json: currentOrchestratorVersion, maxPods, nodeImageVersion)."""
+    if pool.get("scaleSetPriority") == "Spot":
+        taints = list(pool.get("nodeTaints") or [])
+        pool["nodeTaints"] = taints + ([SPOT_TAINT] if SPOT_TAINT not in taints else [])
+        pool["nodeLabels"] = {**(pool.get("nodeLabels") or {}), SPOT_LABEL[0]: SPOT_LABEL[1]}
+    pool.update({"currentOrchestratorVersion": "1.33.2", "orchestratorVersion": "1.33.2", "maxPods": 110,
+                 "powerState": {"code": "Running"}, "nodeImageVersion": "AKSUbuntu-2204gen2containerd-202511.07.0",
+                 "osDiskSizeGB": 128, "osDiskType": "Managed", "kubeletDiskType": "OS", "osSKU": "Ubuntu",
+                 "enableFIPS": False, "upgradeSettings": {"maxSurge": "10%"}, "eTag": uuid.uuid4().hex[:12]})
+
+
+def _arm_casing(rid: str) -> str:
+    """AKS answers ids with ``resourcegroups`` in lower case (AgentPoolsList.json), not as the request had it."""
+    return re.sub(r"/resourceGroups/", "/resourcegroups/", rid, flags=re.IGNORECASE)
 
 
 def _provider_id(node_group: str, vmss: str, instance: int) -> str:

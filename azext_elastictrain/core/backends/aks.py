@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable, Protocol
+from typing import Callable, Protocol
 
 from azext_elastictrain.core import arm
 from azext_elastictrain.core.spec import GPU_POOL, ClusterSpec
@@ -20,8 +20,6 @@ from azext_elastictrain.core.spec import GPU_POOL, ClusterSpec
 IN_PROGRESS = {"creating", "updating", "upgrading", "scaling", "deleting", "accepted", "resolvingdns",
                "starting", "stopping", "migrating", "canceling"}
 _NO_WAIT_KINDS = ("cluster", "agent_pool")
-#: fields ARM changes on its own: the autoscaler sets pool node counts
-_IGNORED = ("count",)
 
 
 class ArmError(Exception):
@@ -234,7 +232,7 @@ class AksBackend:
             self._progress(f"{title}: waiting, it is {state}")
             found = self._await(step.kind, ref)
         body = step.body(ctx)
-        wrong = arm.differences(_without(body), found or {}) if found is not None else None
+        wrong = arm.differences(body, found or {}) if found is not None else None
         if found is not None and state != "failed" and (not wrong or not step.compare):
             self._progress(f"{title}: already right")
             changes.append({"step": step.title, "action": "unchanged"})
@@ -465,20 +463,6 @@ def _kube_objects(incluster_spec) -> list:
 def _overall(applied: list[dict]) -> str:
     actions = {a.get("action") for a in applied}
     return "unchanged" if actions <= {"unchanged"} else "applied"
-
-
-def _without(body: dict, ignored: Iterable[str] = _IGNORED) -> dict:
-    out = {}
-    for key, value in body.items():
-        if key in ignored:
-            continue
-        if isinstance(value, dict):
-            out[key] = _without(value, ignored)
-        elif isinstance(value, list):
-            out[key] = [_without(v, ignored) if isinstance(v, dict) else v for v in value]
-        else:
-            out[key] = value
-    return out
 
 
 def _provisioning_state(resource: dict | None) -> str:
