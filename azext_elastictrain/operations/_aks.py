@@ -18,16 +18,19 @@ from knack.log import get_logger
 logger = get_logger(__name__)
 
 
-def aks_backend(cmd):
-    from azext_elastictrain._client_factory import AzureArm
+def aks_backend(cmd, *, signed_out: bool = False):
+    """The AKS backend on the command's subscription; ``signed_out``: on no account at all (a dry run)."""
+    from azext_elastictrain._client_factory import AzureArm, SignedOutArm
     from azext_elastictrain.core.backends import get_backend
 
-    return get_backend("aks", AzureArm(cmd.cli_ctx), progress=logger.warning)
+    arm = SignedOutArm(cmd.cli_ctx) if signed_out else AzureArm(cmd.cli_ctx)
+    return get_backend("aks", arm, progress=logger.warning)
 
 
 @contextmanager
 def aks_errors(resource_group: str, name: str | None) -> Iterator[None]:
     from azext_elastictrain.core.backends.aks import ArmError, ClusterNotFound, PlanFailed
+    from azext_elastictrain.core.preflight import PreflightError
     from azext_elastictrain.core.spec import SpecError
 
     rerun = (f"Fix the cause, then run the same 'az elastictrain cluster create -g {resource_group} -n {name}' "
@@ -36,6 +39,8 @@ def aks_errors(resource_group: str, name: str | None) -> Iterator[None]:
         yield
     except SpecError as ex:
         raise InvalidArgumentValueError(str(ex)) from ex
+    except PreflightError as ex:  # the region cannot run the GPU Spot pool: nothing was created
+        raise InvalidArgumentValueError(str(ex), recommendation=ex.recommendation) from ex
     except ClusterNotFound as ex:
         raise ResourceNotFoundError(
             str(ex), recommendation=f"List them with 'az elastictrain cluster list -g {resource_group}'.") from ex

@@ -40,7 +40,7 @@ def create_cluster(cmd, local: bool = False, name: str | None = None, resource_g
         from dataclasses import fields
 
         from azext_elastictrain.core.spec import ClusterSpec
-        from azext_elastictrain.operations._aks import aks_backend, aks_errors, node_labels
+        from azext_elastictrain.operations._aks import aks_backend, aks_errors, logger, node_labels
 
         asked = {"location": location, "storage_account": storage_account, "storage_sku": storage_sku,
                  "kubernetes_version": kubernetes_version, "system_vm_size": node_vm_size,
@@ -51,9 +51,14 @@ def create_cluster(cmd, local: bool = False, name: str | None = None, resource_g
                            **{k: v for k, v in asked.items() if v not in (None, ()) and k in known})
         with aks_errors(resource_group_name, name):
             spec.validate()  # bad input fails before any request, login included
-            backend = aks_backend(cmd)
             if dry_run:
-                return backend.plan(spec)
+                from azext_elastictrain._client_factory import logged_in
+
+                signed_in = logged_in(cmd.cli_ctx)
+                if not signed_in:
+                    logger.warning("Not logged in: the region preflight is skipped ('az login' to have it).")
+                return aks_backend(cmd, signed_out=not signed_in).plan(spec, live_checks=signed_in)
+            backend = aks_backend(cmd)
             result = backend.create(spec, no_wait=no_wait)
             if merge_kubeconfig and not result.get("pending"):
                 try:

@@ -235,7 +235,7 @@ def test_delete_asks_and_keeps_storage_unless_asked(az, arm, group):
     (["-n", "x" * 64], "invalid cluster name"),
     (["-n", "ok", "--storage-account", "Has_Upper"], "invalid storage account name"),
     (["-n", "ok", "--storage-account", "ab"], "invalid storage account name"),
-    (["-n", "ok", "--gpu-vm-size", "Standard_NC6s_v3"], "unknown GPU VM size"),
+    (["-n", "ok", "--gpu-vm-size", "NC6"], "invalid GPU VM size"),
     (["-n", "ok", "--min-count", "5", "--max-count", "2"], "--min-count 5 is more than --max-count 2"),
     (["-n", "ok", "--max-price", "0.123456"], "more than 5 decimals"),
     (["-n", "ok", "--max-price", "0"], "must be -1"),

@@ -65,6 +65,8 @@ API_VERSIONS = {
     "Microsoft.Authorization": "2022-04-01",
     "subscriptions": "2022-12-01",
     "Microsoft.Compute": "2024-11-01",  # virtual_machine_scale_set_vms under azure-cli's compute profile
+    "Microsoft.Compute/skus": "2019-04-01",  # resource_skus: the profile pins its own
+    "Microsoft.Compute/usages": "2024-11-01",  # usage: the profile's default for compute
 }
 BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
 LRO_POLLS = 2  # InProgress answers before Succeeded
@@ -130,6 +132,9 @@ class ArmServer:
                                        "spot_max_price": -1, "eviction_policy": "Delete", "storage_sku": "Standard_LRS",
                                        "node_gone_after": 0.5}
         self.kube = FakeKube()
+        self.skus: dict[str, list[dict]] = {}  # location -> Resource SKUs entries (reset_regions)
+        self.usages: dict[str, list[dict]] = {}  # location -> compute usages
+        self.reset_regions()
         #: primaryEndpoints.blob of the storage accounts it creates (None: Azure's); tests point it at Azurite
         self.blob_endpoint: str | None = None
         self._faults: list[tuple[str, str, int, str, str]] = []
@@ -167,6 +172,18 @@ class ArmServer:
             for props in profiles + ([resource["properties"]] if resource else []):
                 assert props.get("enableAutoScaling") and props["minCount"] <= count <= props["maxCount"], props
                 props["count"] = count
+
+    def reset_regions(self) -> None:
+        """Every test region offers the GPU sizes of ``GPU_SIZES`` with Spot, unrestricted, and 100 Spot vCPUs."""
+        self.skus = {location: region_skus(location) for location in REGIONS}
+        self.usages = {location: region_usages() for location in REGIONS}
+
+    def sku(self, location: str, name: str) -> dict:
+        """The Resource SKUs entry of a size in a region, for a test to restrict or change."""
+        return next(s for s in self.skus[location] if s["name"].lower() == name.lower())
+
+    def spot_quota(self, location: str) -> dict:
+        return next(u for u in self.usages[location] if u["name"]["value"] == "lowPriorityCores")
 
     def find(self, suffix: str) -> dict | None:
         return next((r for rid, r in self.resources.items() if rid.endswith(suffix.lower())), None)
@@ -250,6 +267,8 @@ class ArmServer:
             return 400, {}, _error("InvalidApiVersionParameter", f"api-version {query.get('api-version')}")
         rid = path.rstrip("/")
         key = rid.lower()
+        if kind in ("skus", "usages"):
+            return self._region(kind, method, path, query)
         if kind.startswith("vmss_vm"):
             return self._vmss_vm(kind, method, rid)
         if kind.endswith("_list"):
@@ -567,6 +586,21 @@ class ArmServer:
         return 200, {}, "".join(line + "\n" for line in lines).encode()
 
 
+    # ------------------------------------------------------------------ what a region offers (preflight)
+
+    def _region(self, kind: str, method: str, path: str, query: dict) -> tuple[int, dict, Any]:
+        """GET .../providers/Microsoft.Compute/skus?$filter=location eq 'X' (ResourceSkus_List) and
+        GET .../providers/Microsoft.Compute/locations/X/usages (Usage_List), as their official examples."""
+        if method != "GET":
+            return self._violation(f"{method} {path}: {kind} is read with GET")
+        if kind == "usages":
+            location = path.rstrip("/").split("/")[-2].lower()
+            return 200, {}, {"value": copy.deepcopy(self.usages.get(location, []))}
+        asked = re.fullmatch(r"location eq '([^']+)'", query.get("$filter", ""))
+        if not asked:  # every region's SKUs are a large answer: we always ask for one region
+            return self._violation(f"GET {path}: no $filter=location eq '...' ({query.get('$filter')!r})")
+        return 200, {}, {"value": copy.deepcopy(self.skus.get(asked[1].lower(), [])), "nextLink": None}
+
     # ------------------------------------------------------------------ VMSS instances and Spot evictions
 
     def seed_aks_training(self, group: str, name: str, *, gpu_nodes: int = 3, gpu_pool: bool = True,
@@ -697,6 +731,52 @@ def _arm_casing(rid: str) -> str:
     return re.sub(r"/resourceGroups/", "/resourcegroups/", rid, flags=re.IGNORECASE)
 
 
+EXAMPLES = Path(__file__).resolve().parents[1] / "data" / "arm-examples"
+REGIONS = ("eastus", "westus")
+#: (name, vCPUs, GPUs): current GPU sizes (and the system pool's) as Resource SKUs lists them
+GPU_SIZES = (("Standard_NC4as_T4_v3", 4, 1), ("Standard_NC24ads_A100_v4", 24, 1),
+             ("Standard_NC40ads_H100_v5", 40, 1), ("Standard_ND96isr_H100_v5", 96, 8),
+             ("Standard_ND96isr_H200_v5", 96, 8))
+SYSTEM_SIZES = (("Standard_D4s_v5", 4, 0),)
+
+
+def _example_body(name: str) -> dict:
+    return json.loads((EXAMPLES / name).read_text())["responses"]["200"]["body"]
+
+
+def region_skus(location: str) -> list[dict]:
+    """The official ListAvailableResourceSkusForARegion example moved to ``location``, with GPU sizes added in
+    the shape of its Spot-capable entry (capabilities vCPUs, GPUs, LowPriorityCapable; zones 1-3)."""
+    def moved(entry: dict) -> dict:
+        entry = copy.deepcopy(entry)
+        entry["locations"] = [location]
+        for info in entry.get("locationInfo") or []:
+            info["location"] = location
+        return entry
+
+    examples = [moved(e) for e in _example_body("ListAvailableResourceSkusForARegion.json")["value"]]
+    spot_capable = next(e for e in examples if {"name": "LowPriorityCapable", "value": "True"} in e["capabilities"])
+    added = []
+    for name, vcpus, gpus in GPU_SIZES + SYSTEM_SIZES:
+        entry = copy.deepcopy(spot_capable)
+        values = {"vCPUs": str(vcpus), "vCPUsAvailable": str(vcpus), "GPUs": str(gpus)}
+        entry["capabilities"] = [{"name": c["name"], "value": values.get(c["name"], c["value"])}
+                                 for c in entry["capabilities"]] + ([{"name": "GPUs", "value": str(gpus)}] if gpus else [])
+        entry.update({"name": name, "size": name.split("_", 1)[1], "family": f"standard{name.split('_')[1][:2]}Family",
+                      "restrictions": []})
+        added.append(entry)
+    return examples + added
+
+
+def region_usages() -> list[dict]:
+    """The official Usage_List example's entry shape, as the usages a subscription really has: the regional
+    vCPUs and the Spot vCPUs (lowPriorityCores) with 100 free."""
+    shape = _example_body("Usage_List_MinimumSet_Gen.json")["value"][0]
+    return [{**shape, "currentValue": 0, "limit": 100,
+             "name": {"value": value, "localizedValue": text}} for value, text in (
+        ("cores", "Total Regional vCPUs"), ("lowPriorityCores", "Total Regional Low-priority vCPUs"))]
+
+
 def _provider_id(node_group: str, vmss: str, instance: int) -> str:
     return (f"azure:///subscriptions/{SUBSCRIPTION}/resourceGroups/{node_group}/providers/Microsoft.Compute/"
             f"virtualMachineScaleSets/{vmss}/virtualMachines/{instance}")
@@ -728,6 +808,8 @@ def _plural(kind: str) -> str:
 
 
 _PATTERNS = [  # (kind, path regex after /subscriptions/{sub})
+    ("skus", r"/providers/microsoft\.compute/skus"),
+    ("usages", r"/providers/microsoft\.compute/locations/[^/]+/usages"),
     ("resource_group", r"/resourcegroups/[^/]+"),
     ("storage_account", r"/resourcegroups/[^/]+/providers/microsoft\.storage/storageaccounts/[^/]+"),
     ("container", r"/resourcegroups/[^/]+/providers/microsoft\.storage/storageaccounts/[^/]+/blobservices/default/"
@@ -754,6 +836,7 @@ _PROVIDER = {"resource_group": "Microsoft.Resources", "storage_account": "Micros
              "federated_credential": "Microsoft.ManagedIdentity", "cluster": "Microsoft.ContainerService",
              "cluster_list": "Microsoft.ContainerService", "agent_pool": "Microsoft.ContainerService",
              "credentials": "Microsoft.ContainerService", "role_assignment": "Microsoft.Authorization",
+             "skus": "Microsoft.Compute/skus", "usages": "Microsoft.Compute/usages",
              "vmss_vm_list": "Microsoft.Compute", "vmss_vm": "Microsoft.Compute", "vmss_vm_eviction": "Microsoft.Compute"}
 _TYPE = {"resource_group": "Microsoft.Resources/resourceGroups", "storage_account": "Microsoft.Storage/storageAccounts",
          "container": "Microsoft.Storage/storageAccounts/blobServices/containers",

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Protocol
 
-from azext_elastictrain.core import arm
+from azext_elastictrain.core import arm, preflight
 from azext_elastictrain.core.spec import GPU_POOL, ClusterSpec
 
 IN_PROGRESS = {"creating", "updating", "upgrading", "scaling", "deleting", "accepted", "resolvingdns",
@@ -58,6 +58,8 @@ class Arm(Protocol):
     def delete(self, kind: str, ref: dict, wait: bool = True) -> None: ...
     def list_clusters(self, resource_group: str | None) -> list[dict]: ...
     def user_kubeconfig(self, resource_group: str, cluster: str) -> bytes: ...
+    def resource_skus(self, location: str) -> list[dict]: ...  # Microsoft.Compute/skus of the location
+    def usages(self, location: str) -> list[dict]: ...  # Microsoft.Compute/locations/{location}/usages
 
 
 KINDS = ("resource_group", "storage_account", "container", "identity", "cluster", "agent_pool",
@@ -147,9 +149,12 @@ class AksBackend:
 
     # ------------------------------------------------------------------ create
 
-    def plan(self, spec: ClusterSpec) -> dict:
-        """The whole plan, every ARM body and Kubernetes object, without calling Azure or Kubernetes."""
-        spec = replace(spec.validate(), location=_needs_location(spec))
+    def plan(self, spec: ClusterSpec, *, live_checks: bool = True) -> dict:
+        """The whole plan, every ARM body and Kubernetes object, changing nothing: the region preflight's GETs
+        where ``live_checks`` (a login), else the checks are skipped and the plan says so."""
+        spec.validate()
+        checked = self._preflight(spec) if live_checks else None
+        spec = replace(spec, location=_needs_location(spec))
         ctx = _Context(spec, self.arm.subscription, self.arm.tenant, placeholders=True)
         requests = []
         for step in plan_steps(spec, ctx.subscription):
@@ -158,6 +163,8 @@ class AksBackend:
                              "longRunning": step.long_running, "body": step.body(ctx)})
         incluster = self._incluster_spec(ctx)
         return {"dryRun": True, "name": spec.name, "resourceGroup": spec.resource_group,
+                "preflight": checked.as_dict() if checked else {"skipped": _PREFLIGHT_SKIPPED if not live_checks
+                                                                else "the location is not known yet"},
                 "arm": requests, "kubernetes": _kube_objects(incluster),
                 "note": "Values in <...> are known once the step before creates them; in the Kubernetes "
                         f"objects the identity's client id is shown as {_ZERO_GUID}."}
@@ -172,7 +179,7 @@ class AksBackend:
 
     def create(self, spec: ClusterSpec, *, no_wait: bool = False, install: bool = True) -> dict:
         """Run the plan: every step whose resource is missing or not right; stop at the first failure."""
-        spec.validate()
+        self._preflight(spec.validate())  # before anything is created
         ctx = _Context(spec, self.arm.subscription, self.arm.tenant)
         done: list[str] = []
         changes: list[dict] = []
@@ -203,6 +210,13 @@ class AksBackend:
             except Exception as ex:  # noqa: BLE001  a Kubernetes failure: report with what was done
                 raise PlanFailed("Kubernetes components", ex, done) from ex
         return self._summary(ctx, changes)
+
+    def _preflight(self, spec: ClusterSpec):
+        """core.preflight against this region; a quota warning goes to progress, a size problem raises."""
+        checked = preflight.run(self.arm, spec.gpu_vm_size, spec.max_count, spec.location, spec.resource_group)
+        for warning in checked.warnings if checked else []:
+            self._progress(warning)
+        return checked
 
     def _resource_group(self, step: Step, ctx: _Context, changes: list, title: str) -> ClusterSpec:
         found = self.arm.get("resource_group", step.ref)
@@ -451,6 +465,8 @@ class AksBackend:
 
 
 _ZERO_GUID = "00000000-0000-0000-0000-000000000000"
+_PREFLIGHT_SKIPPED = ("not logged in: the region checks (GPU size offered, Spot-capable, not restricted; Spot vCPU "
+                      "quota) did not run; 'az login' and run the dry run again to have them")
 _HEALTH = {"ok": "Healthy", "degraded": "Degraded", "missing": "Missing", "unknown": "Unknown"}
 
 

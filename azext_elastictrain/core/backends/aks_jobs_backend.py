@@ -20,7 +20,7 @@ from azext_elastictrain.core import events as job_events
 from azext_elastictrain.core.arm import blob_endpoint
 from azext_elastictrain.core.backends.aks import Arm, ClusterNotFound, spec_from_tags
 from azext_elastictrain.core.manifests import ELASTICJOB_API_VERSION, GPU_TAINT, SPOT_TAINT, WORKER_LABELS
-from azext_elastictrain.core.spec import GPU_VM_SIZES, ClusterSpec, JobSpec, SpecError
+from azext_elastictrain.core.spec import ClusterSpec, JobSpec, SpecError, is_gpu_size_name
 
 # Any GUID: the ElasticJob does not carry the identity (its pods run as the cluster's service account),
 # but the cluster spec it is rendered with must be complete.
@@ -52,7 +52,7 @@ def gpu_spot_pool(cluster: dict) -> dict | None:
     """The pool the workers need: Spot priority, and GPUs (a GPU size, or the GPU taint create puts on it)."""
     for pool in (cluster.get("properties") or {}).get("agentPoolProfiles") or []:
         spot = pool.get("scaleSetPriority") == "Spot"
-        gpu = pool.get("vmSize") in GPU_VM_SIZES or GPU_TAINT in (pool.get("nodeTaints") or [])
+        gpu = is_gpu_size_name(pool.get("vmSize")) or GPU_TAINT in (pool.get("nodeTaints") or [])
         if spot and gpu:
             return pool
     return None
