@@ -15,11 +15,15 @@ The caller fetches both lists (wire format, camelCase, as in the official exampl
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 #: Azure's page on raising the Spot vCPU quota (Quotas > Compute > "Total Regional Spot vCPUs").
 SPOT_QUOTA_DOCS = "https://learn.microsoft.com/azure/quotas/spot-quota"
 SPOT_QUOTA = "lowPriorityCores"
 NOT_AVAILABLE = "NotAvailableForSubscription"
+#: Restriction reasons that close a size to the subscription: not offered to it, or not to its offer type
+#: (``QuotaId``: e.g. a free trial).
+RESTRICTING_REASONS = frozenset({NOT_AVAILABLE.lower(), "quotaid"})
 #: At most this many alternative sizes are named in an error.
 ALTERNATIVES_SHOWN = 8
 
@@ -81,7 +85,7 @@ def vm_sizes(resource_skus: list[dict], location: str) -> dict[str, VmSize]:
         restricted_zones: set[str] = set()
         location_restricted = False
         for restriction in sku.get("restrictions") or []:
-            if restriction.get("reasonCode") != NOT_AVAILABLE:
+            if str(restriction.get("reasonCode", "")).lower() not in RESTRICTING_REASONS:
                 continue
             if str(restriction.get("type", "")).lower() == "location":
                 location_restricted = True
@@ -119,7 +123,7 @@ def check(gpu_vm_size: str, max_count: int, location: str, resource_skus: list[d
     if not size.available:
         where = "in this region" if size.location_restricted else f"in any of its zones ({', '.join(size.zones)})"
         raise PreflightError(f"GPU VM size {size.name!r} is not available to this subscription {where} in "
-                             f"region {location!r} (Resource SKUs: restriction {NOT_AVAILABLE})",
+                             f"region {location!r} (Resource SKUs: restriction {NOT_AVAILABLE} or QuotaId)",
                              instead + " Or ask Azure support to enable the size for the subscription.")
     return _quota(size, max_count, location, usages)
 
@@ -157,7 +161,15 @@ def _whole(text: str | None) -> int:
         return 0
 
 
-def run(arm_client, gpu_vm_size: str, max_count: int, location: str, resource_group: str) -> PreflightResult | None:
+class RegionApi(Protocol):
+    """What the preflight reads through the backend's Arm (core.backends.aks.Arm has these)."""
+
+    def get(self, kind: str, ref: dict) -> dict | None: ...
+    def resource_skus(self, location: str) -> list[dict]: ...
+    def usages(self, location: str) -> list[dict]: ...
+
+
+def run(arm_client: RegionApi, gpu_vm_size: str, max_count: int, location: str, resource_group: str) -> PreflightResult | None:
     """Fetch both lists through the backend's Arm (GETs only) and ``check``. ``location`` empty: the resource
     group's; None when neither is known yet (the create then fails on the resource group, asking for -l)."""
     if not location:

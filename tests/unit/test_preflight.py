@@ -68,10 +68,18 @@ def test_restricted_for_the_subscription_in_the_region_or_every_zone_is_refused(
     found = skus()
     entry(found, "Standard_NC4as_T4_v3")["restrictions"] = [{**restriction, "reasonCode": "NotAvailableForSubscription"}]
     if refused:
-        with pytest.raises(PreflightError, match="not available to this subscription.*NotAvailableForSubscription"):
+        with pytest.raises(PreflightError, match="not available to this subscription.*NotAvailableForSubscription or QuotaId"):
             preflight.check("Standard_NC4as_T4_v3", 3, "eastus", found, region_usages())
     else:
         assert preflight.check("Standard_NC4as_T4_v3", 3, "eastus", found, region_usages()).warnings == []
+
+
+def test_a_size_closed_to_the_subscriptions_offer_type_is_refused():
+    found = skus()
+    entry(found, "Standard_NC4as_T4_v3")["restrictions"] = [{
+        "type": "Location", "values": ["eastus"], "restrictionInfo": {"locations": ["eastus"]}, "reasonCode": "QuotaId"}]
+    with pytest.raises(PreflightError, match="not available to this subscription in this region"):
+        preflight.check("Standard_NC4as_T4_v3", 3, "eastus", found, region_usages())
 
 
 def test_sizes_are_matched_without_case_as_arm_does():

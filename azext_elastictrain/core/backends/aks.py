@@ -211,7 +211,7 @@ class AksBackend:
                 raise PlanFailed("Kubernetes components", ex, done) from ex
         return self._summary(ctx, changes)
 
-    def _preflight(self, spec: ClusterSpec):
+    def _preflight(self, spec: ClusterSpec) -> "preflight.PreflightResult | None":
         """core.preflight against this region; a quota warning goes to progress, a size problem raises."""
         checked = preflight.run(self.arm, spec.gpu_vm_size, spec.max_count, spec.location, spec.resource_group)
         for warning in checked.warnings if checked else []:
