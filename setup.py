@@ -28,7 +28,7 @@ EXTRAS = {
     "test": [
         "pytest>=8",
         "pytest-timeout",
-        "hypothesis",
+        "hypothesis==6.170.15",  # property tests (retention planning, ElasticSampler schedules)
         "matplotlib",  # the demo's timeline picture
         "kubernetes-validate>=1.30.0",  # rendered objects vs the official Kubernetes schemas
         "jsonschema>=4.23",  # ElasticJobs vs our CRD's openAPIV3Schema

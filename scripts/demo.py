@@ -191,9 +191,9 @@ def timeline(events: list[dict], evictions: list[dict], out: Path) -> None:
 
 def job_events(config_dir: Path) -> list[dict]:
     """The job's event log, read from the cluster's blob storage (what `job show` summarizes)."""
-    from azext_elastictrain.core.backends import get_backend
+    from azext_elastictrain.backends.local.cluster import LocalClusters
 
-    return get_backend("local", config_dir / "elastictrain" / "local").job_events(CLUSTER, JOB)
+    return LocalClusters(config_dir / "elastictrain" / "local").job_events(CLUSTER, JOB)
 
 
 def run(az: Az, args: argparse.Namespace, out: Path) -> dict:

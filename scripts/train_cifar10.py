@@ -7,34 +7,40 @@ Data: real CIFAR-10 when ``--data`` points at it (the extracted
 blob URL of that archive); otherwise scikit-learn's bundled handwritten
 digits (8x8, 10 classes), so it learns visibly on a laptop with no network.
 
-Elastic by construction: the global batch is fixed and the samples of global
-step ``s`` depend only on (seed, s), never on the world size, so ranks can come
-and go and a resumed run sees exactly the batches it would have seen. Each
-rank takes an equal slice of the global batch; DDP averages gradients.
+Elastic by construction: a ``DataLoader`` draws from the runtime's
+``ElasticSampler``, whose global batch is fixed and whose epoch order depends
+only on (seed, epoch), never on the world size; its position (samples trained
+in the epoch) is checkpointed with the model, so ranks can come and go and a
+resumed run sees exactly the batches it would have seen, each sample once per
+epoch. Each rank takes an equal slice of the global batch; DDP averages gradients.
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
 import io
+import json
 import logging
 import os
 import pickle
 import sys
 import tarfile
 import time
+import uuid
 from pathlib import Path
+from typing import Callable, Iterator
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(REPO))
 
-from azext_elastictrain.runtime import Checkpointer, TrainingState  # noqa: E402
+from azext_elastictrain.runtime import Checkpointer, ElasticSampler, TrainingState  # noqa: E402
 
 log = logging.getLogger("train")
 
@@ -88,12 +94,24 @@ def _from_tar(archive: tarfile.TarFile, names: list[str]) -> list[dict]:
     return [pickle.load(archive.extractfile(members[n]), encoding="bytes") for n in names]  # noqa: S301
 
 
-def global_batch_indices(step: int, size: int, global_batch: int, seed: int) -> torch.Tensor:
-    """Sample indices of global step ``step`` (1-based): a fresh permutation per epoch."""
-    per_epoch = size // global_batch
-    epoch, i = divmod(step - 1, per_epoch)
-    order = torch.randperm(size, generator=torch.Generator().manual_seed(seed * 1000 + epoch))
-    return order[i * global_batch:(i + 1) * global_batch]
+def make_loader(images: torch.Tensor, labels: torch.Tensor, global_batch: int, seed: int,
+                workers: int = 0) -> tuple[DataLoader, ElasticSampler]:
+    """A DataLoader of (image, label, sample id) slices of each global batch, and its checkpointable sampler.
+
+    The final partial global batch of an epoch is dropped, so every step has the same size on every rank.
+    """
+    dataset = TensorDataset(images, labels, torch.arange(len(labels)))
+    sampler = ElasticSampler(dataset, global_batch, seed=seed, drop_last=True)
+    if sampler.batches_per_epoch == 0:
+        raise ValueError(f"--global-batch {global_batch} is larger than the dataset ({len(labels)} samples)")
+    return DataLoader(dataset, batch_sampler=sampler, num_workers=workers), sampler
+
+
+def endless(loader: DataLoader, sampler: ElasticSampler) -> Iterator[list[torch.Tensor]]:
+    """Batches epoch after epoch: the rest of the (restored) epoch first, then whole ones."""
+    while True:
+        yield from loader
+        sampler.set_epoch(sampler.epoch + 1)
 
 
 def augment(images: torch.Tensor) -> torch.Tensor:
@@ -152,6 +170,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--step-delay", type=float, default=0.0, help="extra seconds per step (demos and tests)")
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--save-final", default=None, help="rank 0 writes the final model state_dict here")
+    p.add_argument("--loader-workers", type=int, default=0, help="DataLoader worker processes per rank")
+    p.add_argument("--sample-log", default=None,
+                   help="folder: every rank appends (attempt, step, epoch, sample ids) of each trained step, as JSON lines")
     return p.parse_args(argv)
 
 
@@ -174,17 +195,19 @@ def main(argv: list[str] | None = None) -> int:
     device = setup_distributed()
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
-    if args.global_batch % world:
-        raise SystemExit(f"--global-batch {args.global_batch} is not divisible by the world size {world}")
 
     images, labels, name = load_dataset(args.data)
+    try:
+        loader, sampler = make_loader(images, labels, args.global_batch, args.seed, args.loader_workers)
+    except ValueError as ex:  # e.g. a global batch this world size does not divide
+        raise SystemExit(f"train_cifar10: {ex}") from None
     torch.manual_seed(args.seed)  # identical initial weights on every rank and every run
     model = ResNet(images.shape[1], width=args.width).to(device)
     if world > 1:
         model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4, nesterov=True)
     scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=args.steps)
-    state = {"train": TrainingState(model, optimizer, scheduler)}
+    state = {"train": TrainingState(model, optimizer, scheduler), "data": sampler}
 
     overrides = {"interval_steps": args.checkpoint_every} if args.checkpoint_every else {}
     ckpt = Checkpointer.from_env(**overrides)
@@ -198,14 +221,14 @@ def main(argv: list[str] | None = None) -> int:
         log.info("dataset %s: %d samples; world size %d; %s at step %d of %d",
                  name, len(labels), world, "resuming" if start else "starting", start, args.steps)
 
-    per_rank = args.global_batch // world
+    sample_log = open_sample_log(args.sample_log, rank)
+    batches = endless(loader, sampler)
     step = start
     loss_value = float("nan")
     window_start, window_samples = time.monotonic(), 0
     while step < args.steps:
         step += 1
-        idx = global_batch_indices(step, len(labels), args.global_batch, args.seed)[rank * per_rank:(rank + 1) * per_rank]
-        x, y = images[idx], labels[idx]
+        x, y, ids = next(batches)
         if name == "cifar10":
             x = augment(x)
         model.train()
@@ -214,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
         loss.backward()
         optimizer.step()
         scheduler.step()
+        sampler.advance()  # this global batch is trained: the checkpointed position moves past it
+        if sample_log is not None:
+            sample_log(step=step, epoch=sampler.epoch, world=world, ids=ids.tolist())
         loss_value = loss.item()
         window_samples += args.global_batch
         if args.step_delay:
@@ -236,6 +262,27 @@ def main(argv: list[str] | None = None) -> int:
     if dist.is_initialized():
         dist.destroy_process_group()
     return 0
+
+
+def open_sample_log(folder: str | None, rank: int) -> Callable[..., None] | None:
+    """A writer of one JSON line per trained step into a file of this process's own (None without a folder).
+
+    Lines carry this training attempt's id (rank 0's, shared by all ranks), so a reader can keep, for
+    each step, the attempt that trained it last: a step trained after the last checkpoint before an
+    eviction is trained again after the restore, and only that later attempt is in the final model.
+    """
+    if not folder:
+        return None
+    box = [uuid.uuid4().hex[:12]]
+    if dist.is_initialized():
+        dist.broadcast_object_list(box, src=0)
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    out = open(Path(folder) / f"{box[0]}-rank{rank}.jsonl", "a", buffering=1, encoding="utf-8")
+
+    def write(**record) -> None:
+        out.write(json.dumps({"attempt": box[0], "rank": rank, "time": time.time(), **record}) + "\n")
+
+    return write
 
 
 def weights_digest(state_dict: dict) -> str:

@@ -17,6 +17,7 @@ from typing import Iterable, Protocol, Sequence
 
 from azext_elastictrain.core import layout
 from azext_elastictrain.core.blobstore import BlobEntry, IntegrityError, NotFound, StoreError
+from azext_elastictrain.core.view import iso_time
 
 COMPLETE = "complete"
 INCOMPLETE = "incomplete"  # no manifest: being written, or abandoned
@@ -66,7 +67,7 @@ class Checkpoint:
 
 
 def _iso(ts: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts)) if ts else ""
+    return iso_time(ts) if ts else ""
 
 
 def list_checkpoints(store: Store, job_prefix: str) -> list[Checkpoint]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from azext_elastictrain.core import launch
 from azext_elastictrain.core.spec import SpecError
 
 NAMESPACE = "elastictrain"
@@ -193,16 +194,9 @@ def object_key(obj: dict[str, Any]) -> str:
 
 # -- training jobs -------------------------------------------------------------------------------------------
 
-# A dead node is noticed in keep_alive_interval x keep_alive_max_attempt seconds and a round closes
-# last_call seconds after min nodes joined (torch defaults: 5 x 3 s and 30 s). One step more margin than
-# the local backend's 1 s x 3 (measured there: no needless re-form under CPU load): on AKS heartbeats
-# cross a real network to etcd, and a needless re-form restarts every GPU worker.
-TUNED_RDZV_CONF = "last_call_timeout=3,keep_alive_interval=2,keep_alive_max_attempt=3,join_timeout=300"
-MAX_RESTARTS = 100
 # Azure gives a Spot VM >= 30 s between the Preempt notice and the eviction; a pod deleted otherwise (scale-in,
 # job delete, node drain) gets this long after SIGTERM to finish its preemption checkpoint.
 TERMINATION_GRACE_SECONDS = 120
-_CONTAINER_URL_ENV = "ELASTICTRAIN_CHECKPOINT_CONTAINER_URL"
 
 
 def etcd_endpoint(namespace: str) -> str:
@@ -276,13 +270,12 @@ def _worker_template(job, cluster: InClusterSpec, image: str, run_id: str | None
 
 
 def _worker_container(job, image: str, run_id: str | None, gpus: int) -> dict:
-    args = ["--rdzv-backend=etcd-v2", f"--rdzv-conf={TUNED_RDZV_CONF}",
-            *([f"--rdzv-id={run_id}"] if run_id else []),
-            f"--nproc-per-node={job.nproc_per_node}", f"--max-restarts={MAX_RESTARTS}",
+    args = [*launch.torchrun_options(rdzv_conf=launch.AKS_RDZV_CONF, nproc_per_node=job.nproc_per_node,
+                                     rdzv_id=run_id),
             job.script, *job.script_args]
     return {
         "name": "worker", "image": image,
-        "command": ["python", "-m", "torch.distributed.run"],
+        "command": ["python", "-m", launch.TORCHRUN_MODULE],
         "args": args,
         "env": _worker_env(job),
         "resources": {"limits": {"nvidia.com/gpu": gpus}},
@@ -291,16 +284,12 @@ def _worker_container(job, image: str, run_id: str | None, gpus: int) -> dict:
 
 
 def _worker_env(job) -> list[dict]:
+    # The container URL comes from the cluster's ConfigMap; Kubernetes expands $(VAR) of earlier entries.
     env = [
-        # The container URL comes from the cluster's ConfigMap; Kubernetes expands $(VAR) of earlier entries.
-        {"name": _CONTAINER_URL_ENV, "valueFrom": {"configMapKeyRef": {
+        {"name": launch.ENV_CHECKPOINT_CONTAINER_URL, "valueFrom": {"configMapKeyRef": {
             "name": CHECKPOINT_CONFIGMAP, "key": CHECKPOINT_URL_KEY}}},
-        {"name": "ELASTICTRAIN_CHECKPOINT_URL", "value": f"$({_CONTAINER_URL_ENV})/{job.name}"},
-        {"name": "ELASTICTRAIN_KEEP", "value": str(job.keep)},
-        {"name": "ELASTICTRAIN_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-        {"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"},  # torch 2.13: scale-up hangs without it
-        {"name": "PYTHONUNBUFFERED", "value": "1"},
+        {"name": launch.ENV_CHECKPOINT_URL, "value": f"$({launch.ENV_CHECKPOINT_CONTAINER_URL})/{job.name}"},
+        {"name": launch.ENV_NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
     ]
-    if job.checkpoint_interval is not None:
-        env.append({"name": "ELASTICTRAIN_CHECKPOINT_INTERVAL_STEPS", "value": str(job.checkpoint_interval)})
-    return env
+    shared = launch.runtime_env(keep=job.keep, checkpoint_interval=job.checkpoint_interval)
+    return env + [{"name": name, "value": value} for name, value in shared.items()]

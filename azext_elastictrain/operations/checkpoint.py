@@ -15,102 +15,31 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from azure.cli.core.azclierror import (
-    AzureConnectionError,
-    AzureResponseError,
     InvalidArgumentValueError,
     MutuallyExclusiveArgumentError,
-    RequiredArgumentMissingError,
     ResourceNotFoundError,
 )
 
-
-def _where(cmd, url: str | None, connection_string: str | None, local: bool, cluster: str | None,
-           job: str | None, resource_group: str | None = None) -> tuple[str, str | None, str | None]:
-    """(url, connection string, hint when unreachable) from exactly one of --url, --local --job or
-    -g/-c --job."""
-    if resource_group:
-        return _on_aks(cmd, url, connection_string, local, cluster, job, resource_group)
-    if url and (local or job or cluster):
-        raise MutuallyExclusiveArgumentError(
-            "pass either --url or --local --job, not both",
-            recommendation="--url names checkpoints anywhere; --local [--cluster NAME] --job JOB those of a "
-                           "job on a local cluster.",
-        )
-    if url:
-        return url, connection_string, None
-    if not (local or job or cluster):
-        raise RequiredArgumentMissingError(
-            "say whose checkpoints: --url, --local --job, or -g -c --job",
-            recommendation="Pass --url https://<account>.blob.core.windows.net/<container>/<job>, "
-                           "--local --job JOB for a job on the local cluster, or -g RG -c CLUSTER --job JOB for "
-                           "a job on AKS.",
-        )
-    if not local:
-        raise RequiredArgumentMissingError(
-            "--job and --cluster name a job of a cluster: add --local, or -g RG for an AKS cluster",
-            recommendation="For checkpoints anywhere else in Azure storage pass --url instead.",
-        )
-    if not job:
-        raise RequiredArgumentMissingError(
-            "--local needs --job: the job whose checkpoints to use",
-            recommendation="List the cluster's jobs with 'az elastictrain job list --local'.",
-        )
-    if connection_string:
-        raise MutuallyExclusiveArgumentError(
-            "--connection-string goes with --url; --local uses the local cluster's own storage",
-            recommendation="Drop --connection-string.",
-        )
-    from azext_elastictrain.operations._local import local_backend, local_errors, local_names
-
-    cluster = local_names(cluster, job)
-    with local_errors(cluster, job):
-        url, connection_string = local_backend(cmd, True).checkpoint_location(cluster, job)
-    return url, connection_string, (f"Is local cluster {cluster!r} healthy? 'az elastictrain cluster show --local "
-                                    f"--name {cluster}' tells; 'az elastictrain cluster create --local --name "
-                                    f"{cluster}' heals it.")
-
-
-def _on_aks(cmd, url, connection_string, local, cluster, job, resource_group) -> tuple[str, None, str]:
-    """The job's prefix in the AKS cluster's checkpoint container, read with the CLI's login (Entra ID)."""
-    if url or local or connection_string:
-        raise MutuallyExclusiveArgumentError(
-            "-g/-c --job names checkpoints in an AKS cluster's storage: drop --url, --local and --connection-string",
-            recommendation="Pass exactly one of --url, --local --job, or -g RG -c CLUSTER --job JOB.")
-    if not cluster or not job:
-        raise RequiredArgumentMissingError(
-            "-g/--resource-group needs -c/--cluster and --job: the AKS cluster and the job whose checkpoints to use",
-            recommendation=f"List the cluster's jobs with 'az elastictrain job list -g {resource_group} -c CLUSTER'.")
-    from azext_elastictrain.core.layout import validate_job_name
-    from azext_elastictrain.operations._aks_jobs import aks_job_errors, aks_jobs
-
-    try:
-        validate_job_name(job)
-    except ValueError as ex:
-        raise InvalidArgumentValueError(str(ex)) from ex
-    with aks_job_errors(resource_group, cluster):
-        url = aks_jobs(cmd, storage=False).checkpoint_url(resource_group, cluster, job)
-    return url, None, (f"Is the storage account of cluster {cluster!r} reachable from here? 'az elastictrain "
-                       f"cluster show -g {resource_group} -n {cluster}' shows it; its network rules may admit "
-                       "only the cluster.")
+from azext_elastictrain._errors import az_errors
+from azext_elastictrain._validators import LoginCredential, resolve_checkpoints
 
 
 @contextmanager
 def _open_store(cmd, url: str | None, connection_string: str | None, local: bool = False,
                 cluster: str | None = None, job: str | None = None,
                 resource_group: str | None = None) -> Iterator:
-    from azure.core.exceptions import ClientAuthenticationError, ServiceRequestError
+    """``(store, url)`` of the job's checkpoints, named by exactly one of --url, --local --job or -g -c --job."""
+    from azext_elastictrain.core.blobstore import BlobStore, foreign_account, parse_location
 
-    from azext_elastictrain.core.blobstore import (
-        BlobStore,
-        NotFound,
-        StoreError,
-        foreign_account,
-        parse_location,
-    )
-
-    url, connection_string, hint = _where(cmd, url, connection_string, local, cluster, job, resource_group)
-    if not resource_group:  # an AKS cluster's storage takes Entra ID only (shared keys are off)
-        connection_string = connection_string or os.environ.get("AZURE_STORAGE_CONNECTION_STRING") or None
+    target = resolve_checkpoints(url=url, connection_string=connection_string, local=local, cluster=cluster,
+                                 job=job, resource_group=resource_group)
+    hint = None
+    if target.kind != "url":
+        with az_errors(target, job=job), target.opened(cmd) as backend:
+            location = backend.checkpoint_location(job)
+        url, connection_string, hint = location.url, location.connection_string, location.unreachable
+    elif not connection_string:
+        connection_string = os.environ.get("AZURE_STORAGE_CONNECTION_STRING") or None
     try:
         parse_location(url, connection_string)  # bad input fails before any login or request
         accounts = foreign_account(url, connection_string) if connection_string else None
@@ -121,11 +50,8 @@ def _open_store(cmd, url: str | None, connection_string: str | None, local: bool
                 "nothing was read or deleted",
                 recommendation=f"Pass the connection string of {accounts[0]!r}, or unset "
                                "AZURE_STORAGE_CONNECTION_STRING to use your az login (Entra ID).")
-        credential = None
-        if not connection_string:
-            from azure.cli.core._profile import Profile
-
-            credential = Profile(cli_ctx=cmd.cli_ctx).get_login_credentials()[0]
+        # without a connection string, the login (Entra ID): an AKS cluster's storage has shared keys off
+        credential = None if connection_string else LoginCredential(cmd.cli_ctx)
         store = BlobStore.from_url(url, connection_string=connection_string, credential=credential,
                                    quick_retries=True)
     except ValueError as ex:
@@ -133,22 +59,8 @@ def _open_store(cmd, url: str | None, connection_string: str | None, local: bool
             str(ex), recommendation="Pass the job's checkpoint URL: https://<account>.blob.core.windows.net/<container>/<job>"
         ) from ex
     try:
-        yield store, url
-    except NotFound as ex:
-        raise ResourceNotFoundError(str(ex)) from ex
-    except ServiceRequestError as ex:
-        raise AzureConnectionError(
-            f"cannot reach blob storage at {url}: {ex.message}",
-            recommendation=hint or "Check the URL, and that the storage account (or local Azurite) is running "
-                                   "and reachable.",
-        ) from ex
-    except ClientAuthenticationError as ex:
-        raise AzureResponseError(
-            f"blob storage refused the credentials: {ex.message}",
-            recommendation="Run 'az login', and make sure you hold 'Storage Blob Data Reader' on the container.",
-        ) from ex
-    except StoreError as ex:
-        raise AzureResponseError(str(ex)) from ex
+        with az_errors(target, job=job, url=url, hint=hint):
+            yield store, url
     finally:
         store.close()
 
@@ -268,7 +180,7 @@ def download_checkpoint(cmd, dest: str, step: int | None = None, url: str | None
     """Copy a complete checkpoint (default: the newest) to a local folder, every file verified."""
     from pathlib import Path
 
-    from azure.cli.core.azclierror import FileOperationError
+    from azure.cli.core.azclierror import AzureResponseError, FileOperationError
 
     from azext_elastictrain.core import catalog
 

@@ -1,32 +1,12 @@
 """az elastictrain cluster: create, show, list, wait and delete clusters, local (--local) or on Azure (-g).
 
-Thin: choose the backend, build the spec, call the backend, map its errors to az error types.
+One function per command: build the spec, resolve where the cluster is (``_validators``), call that
+``Backend``; its errors leave through ``_errors``.
 """
 from __future__ import annotations
 
-from azure.cli.core.azclierror import ArgumentUsageError, MutuallyExclusiveArgumentError, RequiredArgumentMissingError
-
-from azext_elastictrain.operations._local import local_backend, local_errors
-
-
-def _on_azure(local: bool, resource_group_name: str | None, name: str | None = None, *,
-              needs_name: bool = True) -> bool:
-    """True for a cluster on Azure (-g), False for a local one (--local); else a usage error."""
-    if local and resource_group_name:
-        raise MutuallyExclusiveArgumentError(
-            "--local and --resource-group name two different places",
-            recommendation="Use --local for a cluster on this machine, or -g/--resource-group for one on Azure.")
-    if local:
-        return False
-    if not resource_group_name:
-        raise ArgumentUsageError(
-            "say where the cluster is: --local (this machine) or -g/--resource-group (Azure)",
-            recommendation="Add --local (real etcd, Azurite and torchrun processes here), "
-                           "or -g RESOURCE_GROUP -n NAME for an AKS cluster.")
-    if needs_name and not name:
-        raise RequiredArgumentMissingError("a cluster on Azure needs its name: -n/--name",
-                                           recommendation="List them with 'az elastictrain cluster list'.")
-    return True
+from azext_elastictrain._errors import az_errors
+from azext_elastictrain._validators import resolve_cluster
 
 
 def create_cluster(cmd, local: bool = False, name: str | None = None, resource_group_name: str | None = None,
@@ -36,76 +16,90 @@ def create_cluster(cmd, local: bool = False, name: str | None = None, resource_g
                    max_count: int | None = None, max_price: str | None = None, eviction_policy: str | None = None,
                    labels: list[str] | None = None, merge_kubeconfig: bool = False, dry_run: bool = False,
                    no_wait: bool = False):
-    if _on_azure(local, resource_group_name, name):
-        from dataclasses import fields
+    target = resolve_cluster(local=local, resource_group=resource_group_name, name=name)
+    if target.kind == "local":
+        from azext_elastictrain.core.spec import LocalClusterSpec
 
-        from azext_elastictrain.core.spec import ClusterSpec
-        from azext_elastictrain.operations._aks import aks_backend, aks_errors, logger, node_labels
-
-        asked = {"location": location, "storage_account": storage_account, "storage_sku": storage_sku,
-                 "kubernetes_version": kubernetes_version, "system_vm_size": node_vm_size,
-                 "gpu_vm_size": gpu_vm_size, "min_count": min_count, "max_count": max_count,
-                 "max_price": max_price, "eviction_policy": eviction_policy, "node_labels": node_labels(labels)}
-        known = {f.name for f in fields(ClusterSpec)}
-        spec = ClusterSpec(name=name, resource_group=resource_group_name,
-                           **{k: v for k, v in asked.items() if v not in (None, ()) and k in known})
-        with aks_errors(resource_group_name, name):
-            spec.validate()  # bad input fails before any request, login included
+        spec = LocalClusterSpec(target.cluster)
+    else:
+        spec = _cluster_spec(target, location=location, storage_account=storage_account, storage_sku=storage_sku,
+                             kubernetes_version=kubernetes_version, system_vm_size=node_vm_size,
+                             gpu_vm_size=gpu_vm_size, min_count=min_count, max_count=max_count, max_price=max_price,
+                             eviction_policy=eviction_policy, node_labels=_node_labels(labels))
+    with az_errors(target):
+        spec.validate()  # bad input fails before any request, login included
+        with target.opened(cmd, signed_out=_dry_run_signed_out(cmd, target, dry_run)) as backend:
             if dry_run:
-                from azext_elastictrain._client_factory import logged_in
-
-                signed_in = logged_in(cmd.cli_ctx)
-                if not signed_in:
-                    logger.warning("Not logged in: the region preflight is skipped ('az login' to have it).")
-                return aks_backend(cmd, signed_out=not signed_in).plan(spec, live_checks=signed_in)
-            backend = aks_backend(cmd)
-            result = backend.create(spec, no_wait=no_wait)
-            if merge_kubeconfig and not result.get("pending"):
-                try:
-                    result["kubeconfig"] = backend.merge_kubeconfig(spec)
-                except (ValueError, OSError) as ex:
-                    from azure.cli.core.azclierror import FileOperationError
-
-                    raise FileOperationError(f"the cluster is ready, but its credentials were not merged: {ex}",
-                                             recommendation="Fix the kubeconfig file, then run the same create "
-                                                            "with --merge-kubeconfig again.") from ex
+                return backend.plan_cluster(spec).shown
+            result = backend.create_cluster(spec, no_wait=no_wait)
+            if merge_kubeconfig and target.kind == "aks" and not result.get("pending"):
+                result["kubeconfig"] = _merge_kubeconfig(backend, spec)
             return result
 
-    from azext_elastictrain.core.spec import LOCAL_CLUSTER_DEFAULT, LocalClusterSpec
 
-    backend = local_backend(cmd, local)
-    name = name or LOCAL_CLUSTER_DEFAULT
-    with local_errors(name):
-        return backend.create_cluster(LocalClusterSpec(name))
+def _dry_run_signed_out(cmd, target, dry_run: bool) -> bool:
+    """A dry run on AKS needs no login: without one it plans on no account, and the region preflight is skipped."""
+    if not dry_run or target.kind != "aks":
+        return False
+    from azext_elastictrain.clients.arm import logged_in
+
+    if logged_in(cmd.cli_ctx):
+        return False
+    from knack.log import get_logger
+
+    get_logger(__name__).warning("Not logged in: the region preflight is skipped ('az login' to have it).")
+    return True
+
+
+def _cluster_spec(target, **asked):
+    from dataclasses import fields
+
+    from azext_elastictrain.core.spec import ClusterSpec
+
+    known = {f.name for f in fields(ClusterSpec)}
+    return ClusterSpec(name=target.cluster, resource_group=target.resource_group,
+                       **{k: v for k, v in asked.items() if v not in (None, ()) and k in known})
+
+
+def _node_labels(labels: list[str] | None) -> tuple[tuple[str, str], ...]:
+    from azure.cli.core.azclierror import InvalidArgumentValueError
+
+    pairs = []
+    for item in labels or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InvalidArgumentValueError(f"invalid label {item!r}: use KEY=VALUE, e.g. team=vision")
+        pairs.append((key, value))
+    return tuple(pairs)
+
+
+def _merge_kubeconfig(backend, spec) -> dict:
+    try:
+        return backend.merge_kubeconfig(spec)
+    except (ValueError, OSError) as ex:
+        from azure.cli.core.azclierror import FileOperationError
+
+        raise FileOperationError(f"the cluster is ready, but its credentials were not merged: {ex}",
+                                 recommendation="Fix the kubeconfig file, then run the same create with "
+                                                "--merge-kubeconfig again.") from ex
 
 
 def show_cluster(cmd, local: bool = False, name: str | None = None, resource_group_name: str | None = None) -> dict:
-    if _on_azure(local, resource_group_name, name):
-        from azext_elastictrain.core.spec import ClusterSpec
-        from azext_elastictrain.operations._aks import aks_backend, aks_errors
-
-        with aks_errors(resource_group_name, name):
-            return aks_backend(cmd).show(ClusterSpec(name=name, resource_group=resource_group_name))
-
-    from azext_elastictrain.core.spec import LOCAL_CLUSTER_DEFAULT
-
-    backend = local_backend(cmd, local)
-    name = name or LOCAL_CLUSTER_DEFAULT
-    with local_errors(name):
-        return backend.show_cluster(name)
+    target = resolve_cluster(local=local, resource_group=resource_group_name, name=name)
+    with az_errors(target), target.opened(cmd) as backend:
+        return backend.show_cluster()
 
 
 def cluster_state(cmd, name: str, resource_group_name: str) -> dict:
     """The getter of 'cluster wait': the AKS provisioning state (a missing cluster is a 404, as wait expects)."""
     from azure.core.exceptions import ResourceNotFoundError as SdkNotFound
 
-    from azext_elastictrain.core.backends.aks import ClusterNotFound
-    from azext_elastictrain.core.spec import ClusterSpec
-    from azext_elastictrain.operations._aks import aks_backend, aks_errors
+    from azext_elastictrain.core.errors import ClusterNotFound
 
+    target = resolve_cluster(resource_group=resource_group_name, name=name)
     try:
-        with aks_errors(resource_group_name, name):
-            return aks_backend(cmd).state(ClusterSpec(name=name, resource_group=resource_group_name))
+        with az_errors(target), target.opened(cmd) as backend:
+            return backend.cluster_state()
     except Exception as ex:  # noqa: BLE001
         if isinstance(ex.__cause__, ClusterNotFound):
             error = SdkNotFound(str(ex.__cause__))
@@ -115,15 +109,8 @@ def cluster_state(cmd, name: str, resource_group_name: str) -> dict:
 
 
 def list_clusters(cmd, local: bool = False, resource_group_name: str | None = None) -> list[dict]:
-    if not local:
-        from azext_elastictrain.operations._aks import aks_backend, aks_errors
-
-        with aks_errors(resource_group_name or "", None):
-            return aks_backend(cmd).list(resource_group_name)
-    if resource_group_name:
-        _on_azure(local, resource_group_name)
-    backend = local_backend(cmd, local)
-    with local_errors("*"):
+    target = resolve_cluster(local=local, resource_group=resource_group_name, needs_name=False)
+    with az_errors(target), target.opened(cmd) as backend:
         return backend.list_clusters()
 
 
@@ -135,34 +122,10 @@ def delete_cluster(cmd, local: bool = False, name: str | None = None, resource_g
     (and every checkpoint) unless --delete-storage."""
     from azure.cli.core.util import user_confirmation
 
-    if _on_azure(local, resource_group_name, name):
-        from azext_elastictrain.core.spec import ClusterSpec
-        from azext_elastictrain.operations._aks import aks_backend, aks_errors
-
-        with aks_errors(resource_group_name, name):
-            backend = aks_backend(cmd)
-            plan = backend.delete_plan(ClusterSpec(name=name, resource_group=resource_group_name,
-                                                   storage_account=storage_account or ""),
-                                       delete_storage=delete_storage)
-            if dry_run:
-                return {"dryRun": True, **{k: v for k, v in plan.items() if k != "delete"},
-                        "delete": [{"step": d["step"], "id": d["id"]} for d in plan["delete"]]}
-            what = ", ".join(d["step"] for d in plan["delete"]) or "nothing"
-            keep = " Kept: the storage account and its checkpoints." if plan["keep"] else ""
-            warn = " THIS DELETES EVERY CHECKPOINT." if delete_storage else ""
-            user_confirmation(f"Delete {what} of cluster {name!r} in resource group {resource_group_name!r}?"
-                              f"{keep}{warn}", yes=yes)
-            return backend.delete(plan, no_wait=no_wait)
-
-    from azext_elastictrain.core.spec import LOCAL_CLUSTER_DEFAULT
-
-    backend = local_backend(cmd, local)
-    name = name or LOCAL_CLUSTER_DEFAULT
-    with local_errors(name):
-        plan = backend.delete_cluster(name, dry_run=True)
+    target = resolve_cluster(local=local, resource_group=resource_group_name, name=name)
+    with az_errors(target), target.opened(cmd) as backend:
+        plan = backend.plan_cluster_delete(delete_storage=delete_storage, storage_account=storage_account)
         if dry_run:
-            return plan
-        pids = ", ".join(f"{p['component']} (pid {p['pid']})" for p in plan["stopped"]) or "no running processes"
-        user_confirmation(f"Delete local cluster {name!r}: stop {pids} and remove {plan['removed']} "
-                          "with its checkpoints?", yes=yes)
-        return backend.delete_cluster(name)
+            return plan.shown
+        user_confirmation(plan.prompt, yes=yes)
+        return backend.delete_cluster(plan, no_wait=no_wait)

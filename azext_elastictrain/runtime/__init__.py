@@ -1,6 +1,6 @@
 """The training runtime: what training scripts import inside the job.
 
-    from azext_elastictrain.runtime import Checkpointer, TrainingState
+    from azext_elastictrain.runtime import Checkpointer, ElasticSampler, TrainingState
 
 torch is imported on first use of these names, not when this package loads.
 """
@@ -12,6 +12,7 @@ _EXPORTS = {
     "FencedError": "azext_elastictrain.runtime.checkpoint",
     "TrainingState": "azext_elastictrain.runtime.state",
     "PreemptionWatcher": "azext_elastictrain.runtime.preemption",
+    "ElasticSampler": "azext_elastictrain.runtime.data",
 }
 
 __all__ = sorted(_EXPORTS)

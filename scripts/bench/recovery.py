@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from azext_elastictrain.core.blobstore import BlobStore  # noqa: E402
-from azext_elastictrain.core.scheduled_events import ScheduledEventsServer  # noqa: E402
+from azext_elastictrain.backends.local.scheduled_events import ScheduledEventsServer  # noqa: E402
 from tests.support.elastic import TUNED_RDZV_CONF, JobConfig, Node, events_of, read_events, wait_for  # noqa: E402
 from tests.support.services import start_azurite, start_etcd  # noqa: E402
 

@@ -218,6 +218,22 @@ def test_wait_returns_once_reached_and_fails_on_a_job_that_cannot_get_there(az, 
     assert f"job logs -g {cluster} -c trainer" in result.stderr
 
 
+def test_wait_on_aks_fetches_the_credentials_and_the_cluster_once_however_often_it_looks(az, arm, cluster,
+                                                                                         container):
+    name = _job_name()
+    _seed(arm, container, name, events=PROGRESS[:3])  # at step 100: a wait for step 150 times out
+    result = az("elastictrain", "job", "wait", "-n", name, *_where(cluster), "--step", "150", "--timeout", "21",
+                check=False)
+    assert result.returncode == 1 and "timed out after 21s" in result.stderr, result.stderr
+    looks = [c for c in arm.kube.calls if c[:2] == ("get", "ElasticJob") and c[-1] == name]
+    assert len(looks) >= 3, looks  # it looked at 0, 10 and 20 s
+    paths = [p.split("?")[0].lower() for method, p in arm.requests if method == "POST"]
+    assert sum(p.endswith("/listclusterusercredential") for p in paths) == 1, paths
+    cluster_gets = [p for method, p in arm.requests if method == "GET" and
+                    p.split("?")[0].lower().endswith("/managedclusters/trainer")]
+    assert len(cluster_gets) == 1, cluster_gets
+
+
 # ---------------------------------------------------------------------------------------------- delete
 
 

@@ -224,10 +224,10 @@ def test_a_node_that_fails_to_start_takes_the_started_ones_down(tmp_path, monkey
     import subprocess
     import sys
 
-    from azext_elastictrain.core.backends.local import LocalBackend
+    from azext_elastictrain.backends.local.cluster import LocalClusters
     from azext_elastictrain.core.spec import JobSpec
 
-    backend = LocalBackend(tmp_path)
+    backend = LocalClusters(tmp_path)
     monkeypatch.setattr(backend, "show_cluster", lambda name: {"health": "Healthy", "components": {}})
     monkeypatch.setattr(backend, "connection", lambda name: {
         "etcd": "127.0.0.1:1", "blob_endpoint": "http://127.0.0.1:1/devstoreaccount1",

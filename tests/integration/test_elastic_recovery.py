@@ -91,7 +91,7 @@ def test_survivor_resumes_from_last_committed_step_after_losing_a_node_without_n
 @pytest.mark.parametrize("notice", ["sigterm", "scheduled-events"])
 def test_no_step_is_lost_when_the_node_gets_a_preemption_notice(job, notice):
     config, store, start = job
-    from azext_elastictrain.core.scheduled_events import ScheduledEventsServer
+    from azext_elastictrain.backends.local.scheduled_events import ScheduledEventsServer
 
     with ScheduledEventsServer() as imds:
         if notice == "scheduled-events":

@@ -80,16 +80,19 @@ def test_offline_digits_are_the_fallback(train):
     assert name == "digits" and images.shape == (1797, 1, 8, 8) and set(labels.tolist()) == set(range(10))
 
 
-def test_the_samples_of_a_step_do_not_depend_on_the_world_size(train):
-    size, global_batch = 1000, 64
-    for step in (1, 7, 15, 16, 40):
-        full = train.global_batch_indices(step, size, global_batch, seed=3)
-        for world in (1, 2, 4):
-            per_rank = global_batch // world
-            shards = [full[r * per_rank:(r + 1) * per_rank] for r in range(world)]
-            assert torch.equal(torch.cat(shards), full)
-    per_epoch = size // global_batch
-    epoch = torch.cat([train.global_batch_indices(s, size, global_batch, seed=3) for s in range(1, per_epoch + 1)])
-    assert len(set(epoch.tolist())) == per_epoch * global_batch  # no sample twice within an epoch
-    next_epoch = train.global_batch_indices(per_epoch + 1, size, global_batch, seed=3)
-    assert not torch.equal(next_epoch, train.global_batch_indices(1, size, global_batch, seed=3))
+def test_the_script_reads_each_sample_once_per_epoch_through_a_dataloader(train):
+    images, labels = torch.randn(100, 1, 8, 8), torch.arange(100) % 10
+    loader, sampler = train.make_loader(images, labels, global_batch=16, seed=3)
+    batches = train.endless(loader, sampler)
+    per_epoch = 100 // 16  # the final partial global batch is dropped
+    seen = {0: [], 1: []}
+    for _ in range(2 * per_epoch):
+        x, y, ids = next(batches)
+        epoch = sampler.epoch  # of the batch just drawn (the next epoch starts when the loop asks for it)
+        assert torch.equal(x, images[ids]) and torch.equal(y, labels[ids])  # the ids are what was trained
+        seen[epoch].extend(ids.tolist())
+        sampler.advance()
+    assert [len(set(s)) for s in seen.values()] == [per_epoch * 16] * 2  # no sample twice within an epoch
+    assert seen[0][:16] == sampler.order(0)[:16] and seen[0] != seen[1]  # (seed, epoch) order, fresh each epoch
+    with pytest.raises(ValueError, match="larger than the dataset"):
+        train.make_loader(images, labels, global_batch=128, seed=0)

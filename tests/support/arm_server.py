@@ -23,7 +23,7 @@ The real ``az`` (and the SDK clients inside it) talk to it exactly as to Azure:
   HTTPS Azurite, the storage accounts' ``primaryEndpoints.blob`` send blob reads there.
 * **Kubernetes**: ``listClusterUserCredential`` returns a kubeconfig whose server is ``/kube`` on this server
   (CA: this server's certificate; a bearer token); ``/kube`` is a REST front for ``tests.support.fake_kube``
-  (discovery, server-side apply, get, list, delete), so the real ``core.kube.connect`` talks to it.
+  (discovery, server-side apply, get, list, delete), so the real ``clients.kube.connect`` talks to it.
 
 Everything listens on 127.0.0.1 and stops on ``close()``.
 """
@@ -549,7 +549,7 @@ class ArmServer:
         kind = next((k for k in _KUBE_KINDS.get(api_version, ()) if _plural(k) == plural), None)
         if kind is None:
             return 404, {}, {"kind": "Status", "reason": "NotFound"}
-        from azext_elastictrain.core.kube import KubeError
+        from azext_elastictrain.clients.kube import KubeError
 
         try:
             if method == "PATCH":
@@ -575,7 +575,7 @@ class ArmServer:
 
     def _kube_log(self, namespace: str, pod: str, query: dict) -> tuple[int, dict, Any]:
         """GET .../pods/<pod>/log: the fake's stored text, as text/plain (bytes)."""
-        from azext_elastictrain.core.kube import KubeError
+        from azext_elastictrain.clients.kube import KubeError
 
         tail = query.get("tailLines")
         try:

@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 import psutil
 
 # The rendezvous settings local jobs run with: one place decides them.
-from azext_elastictrain.core.backends.local_jobs import TUNED_RDZV_CONF
+from azext_elastictrain.core.launch import LOCAL_RDZV_CONF as TUNED_RDZV_CONF
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TRAIN_SCRIPT = REPO_ROOT / "scripts" / "train_cifar10.py"

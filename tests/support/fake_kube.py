@@ -1,4 +1,4 @@
-"""An in-memory Kubernetes for tests: :class:`FakeKube` implements ``core.kube.KubeClient``.
+"""An in-memory Kubernetes for tests: :class:`FakeKube` implements ``clients.kube.KubeClient``.
 
 It keeps objects by (apiVersion, kind, namespace, name) and answers like an API server would for what the
 extension does: server-side apply creates or merges (resourceVersion bumps only on a change, generation
@@ -19,7 +19,7 @@ import itertools
 import uuid
 from typing import Any, Iterator
 
-from azext_elastictrain.core.kube import KubeError
+from azext_elastictrain.clients.kube import KubeError
 
 # Kinds without a namespace; everything else must be given one.
 CLUSTER_SCOPED = frozenset({

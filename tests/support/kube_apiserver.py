@@ -1,4 +1,4 @@
-"""A tiny Kubernetes API server on loopback, for testing ``core.kube``'s real client.
+"""A tiny Kubernetes API server on loopback, for testing ``clients.kube``'s real client.
 
 It speaks the REST shapes the client uses — discovery (``/api/v1``, ``/apis/<group>/<version>``), server-side
 apply (PATCH ``application/apply-patch+yaml``), get, list (label selector, ``limit``/``continue`` paging),

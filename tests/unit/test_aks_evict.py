@@ -1,11 +1,11 @@
-"""core.backends.aks_evict: plan from the cluster, evict through the compute layer, follow with --wait."""
+"""backends.aks.evict: plan from the cluster, evict through the compute layer, follow with --wait."""
 from __future__ import annotations
 
 import pytest
 
 from azext_elastictrain._format import aks_eviction_table, eviction_table
-from azext_elastictrain.core.backends import aks_evict as ae
-from azext_elastictrain.core.backends.aks import ArmError
+from azext_elastictrain.backends.aks import evict as ae
+from azext_elastictrain.core.errors import ArmError
 from azext_elastictrain.core.eviction import EvictionPlanError, EvictionTargetNotFound
 from tests.support import aks_objects as k
 from tests.support.fake_kube import FakeKube

@@ -1,10 +1,10 @@
-"""core.aks_jobs: `job show|list` from the operator's status, the worker pods and the job's events."""
+"""backends.aks.describe: `job show|list` from the operator's status, the worker pods and the job's events."""
 from __future__ import annotations
 
 import pytest
 
 from azext_elastictrain._format import job_show_table
-from azext_elastictrain.core import aks_jobs as aj
+from azext_elastictrain.backends.aks import describe as aj
 from azext_elastictrain.core import manifests as m
 from azext_elastictrain.core.spec import JobSpec, SpecError
 from tests.support import aks_objects as k

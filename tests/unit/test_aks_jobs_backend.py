@@ -1,11 +1,11 @@
-"""core.backends.aks_jobs_backend: jobs on an AKS cluster over a fake Arm and FakeKube (no network)."""
+"""backends.aks.jobs: jobs on an AKS cluster over a fake Arm and FakeKube (no network)."""
 from __future__ import annotations
 
 import pytest
 
-from azext_elastictrain.core.aks_jobs import JobNotFound
-from azext_elastictrain.core.backends.aks import ClusterNotFound
-from azext_elastictrain.core.backends.aks_jobs_backend import AksJobs, GpuPoolMissing, JobExists, gpu_spot_pool
+from azext_elastictrain.backends.aks.jobs import AksJobs, GpuPoolMissing, JobExists
+from azext_elastictrain.backends.aks.session import AksSession, gpu_spot_pool
+from azext_elastictrain.core.errors import ClusterNotFound, JobNotFound
 from azext_elastictrain.core.spec import JobSpec, SpecError
 from tests.support import aks_objects as k
 from tests.support.fake_kube import FakeKube
@@ -39,8 +39,8 @@ def kube() -> FakeKube:
     return FakeKube()
 
 
-def _jobs(kube, pools=(SYSTEM, GPU), blob="https://acct1.blob.core.windows.net/") -> AksJobs:
-    return AksJobs(FakeArm(list(pools), blob), kube_connect=lambda _: kube)
+def _jobs(kube, pools=(SYSTEM, GPU), blob="https://acct1.blob.core.windows.net/", cluster="trainer") -> AksJobs:
+    return AksJobs(AksSession(FakeArm(list(pools), blob), "rg", cluster, kube_connect=lambda _: kube))
 
 
 def test_the_gpu_pool_is_a_spot_pool_with_gpus() -> None:
@@ -52,45 +52,48 @@ def test_the_gpu_pool_is_a_spot_pool_with_gpus() -> None:
 
 
 def test_blobs_are_where_the_storage_account_says(kube) -> None:
-    site = _jobs(kube, blob="https://127.0.0.1:10000/devstoreaccount1/").site("rg", "trainer")
+    site = _jobs(kube, blob="https://127.0.0.1:10000/devstoreaccount1/").session.site()
     assert site.job_url("cifar") == "https://127.0.0.1:10000/devstoreaccount1/checkpoints/cifar"
-    assert _jobs(kube).checkpoint_url("rg", "trainer", "cifar") == \
+    assert _jobs(kube).checkpoint_url("cifar") == \
         "https://acct1.blob.core.windows.net/checkpoints/cifar"
-    sovereign = _jobs(kube, blob="https://acct1.blob.core.chinacloudapi.cn/").site("rg", "trainer")
+    sovereign = _jobs(kube, blob="https://acct1.blob.core.chinacloudapi.cn/").session.site()
     assert sovereign.job_url("cifar") == "https://acct1.blob.core.chinacloudapi.cn/checkpoints/cifar"
 
 
 def test_an_unknown_cluster_is_not_found(kube) -> None:
     with pytest.raises(ClusterNotFound):
-        _jobs(kube).site("rg", "other")
+        _jobs(kube, cluster="other").session.site()
 
 
 def test_run_applies_the_job_once_and_the_dry_run_nothing(kube) -> None:
-    planned = _jobs(kube).run_job("rg", "trainer", JOB, IMAGE, gpus_per_node=2, dry_run=True)
+    planned = _jobs(kube).plan_job(JOB, IMAGE, gpus_per_node=2)
     assert planned["object"]["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]["containers"][0][
         "resources"]["limits"] == {"nvidia.com/gpu": 2}
     assert kube.calls == []
-    shown = _jobs(kube).run_job("rg", "trainer", JOB, IMAGE, gpus_per_node=1)
+    shown = _run(_jobs(kube))
     assert shown["state"] == "Pending" and ("apply", "ElasticJob", "elastictrain", "cifar") in kube.calls
     with pytest.raises(JobExists):
-        _jobs(kube).run_job("rg", "trainer", JOB, IMAGE, gpus_per_node=1)
+        _run(_jobs(kube))
 
 
 def test_run_refuses_a_cluster_without_the_gpu_spot_pool(kube) -> None:
     with pytest.raises(GpuPoolMissing):
-        _jobs(kube, pools=[SYSTEM]).run_job("rg", "trainer", JOB, IMAGE, gpus_per_node=1)
+        _run(_jobs(kube, pools=[SYSTEM]))
     assert kube.calls == []
 
 
 @pytest.mark.parametrize("script", ["", "--steps", "train.py --steps 3"])
 def test_a_script_in_the_image_must_be_a_path(kube, script) -> None:
     with pytest.raises(SpecError):
-        _jobs(kube).run_job("rg", "trainer", JobSpec(name="cifar", script=script), IMAGE, gpus_per_node=1,
-                            dry_run=True)
+        _jobs(kube).plan_job(JobSpec(name="cifar", script=script), IMAGE, gpus_per_node=1)
+
+
+def _run(jobs: AksJobs) -> dict:
+    return jobs.submit_job(jobs.plan_job(JOB, IMAGE, gpus_per_node=1))
 
 
 def _seed(kube) -> None:
-    _jobs(kube).run_job("rg", "trainer", JOB, IMAGE, gpus_per_node=1)
+    _run(_jobs(kube))
     kube.seed(k.worker_pod("cifar", 0, "node-a"))
     kube.seed(k.worker_pod("cifar", 1, None, phase="Pending"))
     kube.set_logs("cifar-worker-0", "elastictrain", "a\nb\nc\n")
@@ -98,24 +101,23 @@ def _seed(kube) -> None:
 
 def test_logs_come_from_scheduled_workers_by_rank_or_pod(kube) -> None:
     _seed(kube)
-    [(label, lines)] = _jobs(kube).log_streams("rg", "trainer", "cifar", tail=2)
+    [(label, lines)] = _jobs(kube).log_streams("cifar", tail=2)
     assert label == "cifar-worker-0 (rank 0)" and list(lines) == ["b", "c"]
-    [(_, lines)] = _jobs(kube).log_streams("rg", "trainer", "cifar", pod="cifar-worker-0")
+    [(_, lines)] = _jobs(kube).log_streams("cifar", pod="cifar-worker-0")
     assert list(lines) == ["a", "b", "c"]
     with pytest.raises(JobNotFound):
-        _jobs(kube).log_streams("rg", "trainer", "cifar", pod="cifar-worker-9")
+        _jobs(kube).log_streams("cifar", pod="cifar-worker-9")
     with pytest.raises(SpecError, match="not scheduled yet"):
-        _jobs(kube).log_streams("rg", "trainer", "cifar", rank=1)
+        _jobs(kube).log_streams("cifar", rank=1)
     with pytest.raises(JobNotFound):
-        _jobs(kube).log_streams("rg", "trainer", "nosuchjob")
+        _jobs(kube).log_streams("nosuchjob")
 
 
 def test_delete_confirms_then_deletes_the_elastic_job_only(kube) -> None:
     _seed(kube)
-    asked = []
-    planned = _jobs(kube).delete_job("rg", "trainer", "cifar", dry_run=True, confirm=asked.append)
-    assert planned["dryRun"] and asked == [] and kube.get("elastic.pytorch.org/v1alpha1", "ElasticJob", "cifar",
+    planned = _jobs(kube).plan_delete("cifar")
+    assert planned["dryRun"] and kube.get("elastic.pytorch.org/v1alpha1", "ElasticJob", "cifar",
                                                          "elastictrain")
-    done = _jobs(kube).delete_job("rg", "trainer", "cifar", confirm=asked.append)
-    assert done["deleted"] and len(asked) == 1 and done["checkpoints"] == "kept"
+    done = _jobs(kube).delete(planned)
+    assert done["deleted"] and not done["dryRun"] and done["checkpoints"] == "kept"
     assert kube.get("elastic.pytorch.org/v1alpha1", "ElasticJob", "cifar", "elastictrain") is None

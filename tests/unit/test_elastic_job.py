@@ -6,6 +6,7 @@ import kubernetes_validate
 import pytest
 
 from azext_elastictrain.core import manifests as m
+from azext_elastictrain.core import launch
 from azext_elastictrain.core.spec import JobSpec, SpecError
 
 CLUSTER = m.InClusterSpec(identity_client_id="3f2a1b4c-5d6e-4f70-8192-a3b4c5d6e7f8",
@@ -51,7 +52,7 @@ def test_our_torchrun_options_come_after_the_operators_so_they_win(job) -> None:
     container = _container(job)
     assert container["command"] == ["python", "-m", "torch.distributed.run"]
     args = container["args"]
-    assert args[:3] == ["--rdzv-backend=etcd-v2", f"--rdzv-conf={m.TUNED_RDZV_CONF}", "--rdzv-id=cifar-1a2b3c4d"]
+    assert args[:3] == ["--rdzv-backend=etcd-v2", f"--rdzv-conf={launch.AKS_RDZV_CONF}", "--rdzv-id=cifar-1a2b3c4d"]
     assert args[-3:] == ["scripts/train_cifar10.py", "--steps", "1000"]  # the script and its own arguments last
 
 

@@ -1,4 +1,4 @@
-"""core.kube's real client against a tiny Kubernetes API server on loopback (tests/support/kube_apiserver.py)."""
+"""clients.kube's real client against a tiny Kubernetes API server on loopback (tests/support/kube_apiserver.py)."""
 from __future__ import annotations
 
 import base64
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from azext_elastictrain.core.kube import FIELD_MANAGER, KubeError, connect
+from azext_elastictrain.clients.kube import FIELD_MANAGER, KubeError, connect
 from tests.support.kube_apiserver import serve_kube_api
 
 TOKEN = "eyJhbGciOiJSUzI1NiJ9.c2VjcmV0LXRva2VuLWZvci10ZXN0cw.c2lnbmF0dXJl"

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from azext_elastictrain.core.scheduled_events import ScheduledEventsServer
+from azext_elastictrain.backends.local.scheduled_events import ScheduledEventsServer
 from azext_elastictrain.runtime.preemption import (
     IMDS_EVENTS_URL,
     PreemptionNotice,
@@ -265,7 +265,7 @@ def test_server_module_runs_as_a_process_and_exits_0_on_sigterm(tmp_path: Path) 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "azext_elastictrain.core.scheduled_events",
+        [sys.executable, "-m", "azext_elastictrain.backends.local.scheduled_events",
          "--port", "0", "--port-file", str(port_file)],
         cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:

@@ -5,29 +5,22 @@ The plan is a list of steps, each able to ``check`` (GET: is it there and right?
 and changes nothing that is already right; ``plan`` (dry run) builds every body without calling anything.
 
 The ARM layer (``Arm``) is this module's one view of Azure: the CLI gives it one built on the SDK
-clients (``azext_elastictrain._client_factory``); tests give it the same against a local ARM server.
-Kubernetes is reached through ``core.kube`` and installed by ``core.incluster``.
+clients (``azext_elastictrain.clients.arm``); tests give it the same against a local ARM server.
+Kubernetes is reached through ``clients.kube`` and installed by ``backends.aks.incluster``.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 from azext_elastictrain.core import arm, preflight
+from azext_elastictrain.core.errors import ArmError, ClusterNotFound
 from azext_elastictrain.core.spec import GPU_POOL, ClusterSpec
 
 IN_PROGRESS = {"creating", "updating", "upgrading", "scaling", "deleting", "accepted", "resolvingdns",
                "starting", "stopping", "migrating", "canceling"}
 _NO_WAIT_KINDS = ("cluster", "agent_pool")
-
-
-class ArmError(Exception):
-    """ARM answered with an error: ``status`` (HTTP), ``code`` and ``message`` from its error body."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(f"{code}: {message}" if code else message)
-        self.status, self.code, self.message = status, code, message
 
 
 class PlanFailed(Exception):
@@ -36,10 +29,6 @@ class PlanFailed(Exception):
     def __init__(self, step: str, error: ArmError | Exception, done: list[str]) -> None:
         super().__init__(f"{step}: {error}")
         self.step, self.error, self.done = step, error, done
-
-
-class ClusterNotFound(LookupError):
-    pass
 
 
 class Arm(Protocol):
@@ -135,13 +124,14 @@ def _needs_location(spec: ClusterSpec) -> str:
     return spec.location or f"<location of resource group {spec.resource_group}>"
 
 
-class AksBackend:
+class AksClusters:
     """Create, show, list and delete elastic-training clusters on AKS."""
 
     def __init__(self, arm_client: Arm, *, kube_connect: Callable[[bytes], object] | None = None,
                  progress: Callable[[str], None] | None = None, poll_seconds: float = 10.0,
-                 poll_timeout: float = 3600.0) -> None:
+                 poll_timeout: float = 3600.0, session: Any = None) -> None:
         self.arm = arm_client
+        self.session = session  # the command's AksSession, when it has one
         self._kube_connect = kube_connect
         self._progress = progress or (lambda message: None)
         self._poll_seconds = poll_seconds
@@ -149,9 +139,11 @@ class AksBackend:
 
     # ------------------------------------------------------------------ create
 
-    def plan(self, spec: ClusterSpec, *, live_checks: bool = True) -> dict:
+    def plan(self, spec: ClusterSpec) -> dict:
         """The whole plan, every ARM body and Kubernetes object, changing nothing: the region preflight's GETs
-        where ``live_checks`` (a login), else the checks are skipped and the plan says so."""
+        where there is a login (an Arm without ``signed_in = False``), else the checks are skipped and the plan
+        says so."""
+        live_checks = getattr(self.arm, "signed_in", True)
         spec.validate()
         checked = self._preflight(spec) if live_checks else None
         spec = replace(spec, location=_needs_location(spec))
@@ -293,15 +285,17 @@ class AksBackend:
         return spec.checkpoint_url(arm.blob_endpoint(account, spec, self.arm.storage_suffix))
 
     def _kube(self, spec: ClusterSpec):
-        """A Kubernetes client from the user credentials, which stay in memory."""
-        kubeconfig = self.arm.user_kubeconfig(spec.resource_group, spec.name)
-        connect = self._kube_connect
-        if connect is None:
-            from azext_elastictrain.core.kube import connect
-        return connect(kubeconfig)
+        """A Kubernetes client from the user credentials, which stay in memory: the command's session's where it
+        is of this cluster (credentials fetched once per command)."""
+        session = self.session
+        if session is None or (session.resource_group, session.cluster) != (spec.resource_group, spec.name):
+            from azext_elastictrain.backends.aks.session import AksSession
+
+            session = AksSession(self.arm, spec.resource_group, spec.name, kube_connect=self._kube_connect)
+        return session.kube()
 
     def _install(self, ctx: _Context) -> list[dict]:
-        from azext_elastictrain.core import incluster
+        from azext_elastictrain.backends.aks import incluster
 
         return incluster.install(self._kube(ctx.spec), self._incluster_spec(ctx),
                                  progress=lambda line: self._progress(f"  {line}"))
@@ -401,11 +395,11 @@ class AksBackend:
         if _provisioning_state(ctx.found.get("cluster")) in IN_PROGRESS:
             return unknown("the cluster is still being provisioned")
         try:
-            from azext_elastictrain.core import incluster
+            from azext_elastictrain.backends.aks import incluster
 
             return incluster.health(self._kube(spec), self._incluster_spec(ctx))
         except Exception as ex:  # noqa: BLE001  show must still show the Azure side
-            from azext_elastictrain.core.kube import KubeError
+            from azext_elastictrain.clients.kube import KubeError
 
             reason = str(ex) if isinstance(ex, (KubeError, ArmError)) else type(ex).__name__
             return unknown(f"the Kubernetes API did not answer: {reason}")

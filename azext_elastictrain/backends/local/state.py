@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import socket
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -29,16 +28,8 @@ class ClusterError(RuntimeError):
     """The local cluster could not be created or reached; the message says why."""
 
 
-class ClusterNotFound(LookupError):
-    """No local cluster of that name."""
-
-
 class ToolMissing(ClusterError):
     """A program the local cluster runs is not installed."""
-
-
-class JobNotFound(LookupError):
-    """No job of that name on the cluster."""
 
 
 class JobConflict(ClusterError):
@@ -146,8 +137,3 @@ class FileLock:
 
 def connection_string(port: int) -> str:
     return f"DefaultEndpointsProtocol=http;{_AZURITE_AUTH};BlobEndpoint=http://127.0.0.1:{port}/{AZURITE_ACCOUNT};"
-
-
-def iso_time(epoch: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
-

@@ -4,8 +4,8 @@ Each component is a background process on a free loopback port that outlives
 the ``az`` command which started it. What was started is recorded in
 ``<state root>/<cluster>/cluster.json`` (pid, process start time, port, log),
 so ``show`` can check health and ``delete`` can stop exactly those processes
-and no other that happens to reuse a pid. Jobs on it: local_jobs.py;
-evictions: local_evict.py.
+and no other that happens to reuse a pid. Jobs on it: jobs.py;
+evictions: evict.py.
 
 ``create`` is idempotent: healthy components are left alone, dead ones are
 started again; if anything fails to come up, what this call started is
@@ -22,19 +22,14 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from azext_elastictrain.core.backends.local_jobs import LocalJobs
-from azext_elastictrain.core.backends.local_state import (  # noqa: F401 - errors re-exported for callers
+from azext_elastictrain.backends.local.jobs import LocalJobs
+from azext_elastictrain.backends.local.state import (
     AZURITE_ACCOUNT,
     CHECKPOINT_CONTAINER,
     REPO_ROOT,
     STOP_TIMEOUT,
     ClusterError,
-    ClusterNotFound,
-    ClusterUnhealthy,
     Component,
-    JobConflict,
-    JobNotFound,
-    ToolMissing,
     alive,
     connection_string,
     free_port,
@@ -43,13 +38,15 @@ from azext_elastictrain.core.backends.local_state import (  # noqa: F401 - error
     which_tool,
     write_state,
 )
+from azext_elastictrain.core.errors import ClusterNotFound
 from azext_elastictrain.core.spec import LocalClusterSpec
+from azext_elastictrain.core.view import iso_time
 
 COMPONENTS = ("etcd", "azurite", "scheduled-events")
 START_TIMEOUT = 30.0
 
 
-class LocalBackend(LocalJobs):
+class LocalClusters(LocalJobs):
     """Local clusters under ``state_root`` (the az config dir's ``elastictrain/local``)."""
 
     def __init__(self, state_root: Path):
@@ -152,7 +149,7 @@ class LocalBackend(LocalJobs):
     def _start_scheduled_events(self, name: str) -> Component:
         port_file = self._dir(name) / "scheduled-events.port"
         port_file.unlink(missing_ok=True)
-        argv = [sys.executable, "-m", "azext_elastictrain.core.scheduled_events", "--host", "127.0.0.1",
+        argv = [sys.executable, "-m", "azext_elastictrain.backends.local.scheduled_events", "--host", "127.0.0.1",
                 "--port", "0", "--port-file", str(port_file)]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
         component = self._spawn(name, "scheduled-events", argv, 0, env)
@@ -221,7 +218,7 @@ class LocalBackend(LocalJobs):
             "name": name,
             "type": "local",
             "health": health,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(state["created"])),
+            "created": iso_time(state["created"]),
             "checkpointContainer": self._endpoint("azurite", state["components"]["azurite"]["port"]) + "/" + CHECKPOINT_CONTAINER
             if state["components"].get("azurite") else None,
             "components": components,

@@ -13,16 +13,17 @@ Call order (each step is the caller's to take, so it can confirm between them):
    says so in ``eventsError`` and keeps what was seen.
 
 ``Compute`` is this module's one view of the compute API; the CLI gives it ``AzureArm`` (SDK clients), tests a
-fake or the same against the local ARM test server. Kubernetes is a ``core.kube.KubeClient``.
+fake or the same against the local ARM test server. Kubernetes is a ``clients.kube.KubeClient``.
 """
 from __future__ import annotations
 
 import time
 from typing import Any, Callable, Optional, Protocol
 
-from azext_elastictrain.core.aks_jobs import follow_recovery_aks, wait_node_gone
+from azext_elastictrain.backends.aks.describe import follow_recovery_aks, wait_node_gone
 from azext_elastictrain.core.eviction import EvictionPlan, VmssInstance, plan_evictions
 from azext_elastictrain.core.manifests import NAMESPACE
+from azext_elastictrain.core.view import iso_time, parse_iso
 
 EVICTED = "Evicted"
 ALREADY_GONE = "AlreadyGone"
@@ -33,7 +34,7 @@ ReadEvents = Callable[[str], list]
 
 
 class Compute(Protocol):
-    """The VMSS instances behind AKS nodes. Errors raise ``core.backends.aks.ArmError``."""
+    """The VMSS instances behind AKS nodes. Errors raise ``backends.aks.cluster.ArmError``."""
 
     def simulate_eviction(self, instance: VmssInstance) -> None:
         """POST .../virtualMachines/{id}/simulateEviction; 204."""
@@ -62,7 +63,7 @@ def plan(kube: Any, *, node: str | None = None, job: str | None = None, rank: in
 def evict(compute: Compute, eviction_plan: EvictionPlan, *, clock: Callable[[], float] = time.time,
           progress: Callable[[str], None] = lambda line: None) -> list[dict]:
     """simulateEviction for each target, in order; one dict per target (``evictedAt``: when it was asked)."""
-    from azext_elastictrain.core.backends.aks import ArmError
+    from azext_elastictrain.core.errors import ArmError
 
     done: list[dict] = []
     for target in eviction_plan.targets:
@@ -74,7 +75,7 @@ def evict(compute: Compute, eviction_plan: EvictionPlan, *, clock: Callable[[], 
             if ex.status != 404:
                 raise EvictionFailed(target.node, ex, done) from ex
             state = ALREADY_GONE
-        result = {**target.to_dict(), "state": state, "evictedAt": _iso(asked), "requestedAt": asked}
+        result = {**target.to_dict(), "state": state, "evictedAt": iso_time(asked, millis=True), "requestedAt": asked}
         progress(f"{target.node} ({target.instance.vmss} instance {target.instance.instance_id}): "
                  + ("eviction asked for" if state == EVICTED else "the instance was already gone"))
         done.append(result)
@@ -93,7 +94,7 @@ def follow(kube: Any, compute: Compute, evictions: list[dict], read_events: Read
         gone_at = wait_node_gone(kube, eviction["node"], timeout=node_timeout, poll=poll, clock=clock, sleep=sleep)
         instance = VmssInstance(eviction["subscription"], eviction["resourceGroup"], eviction["vmss"],
                                 eviction["instanceId"])
-        eviction["recovery"] = {"nodeGoneAt": _iso(gone_at),
+        eviction["recovery"] = {"nodeGoneAt": iso_time(gone_at, millis=True),
                                 "nodeGoneSeconds": round(max(0.0, gone_at - eviction["requestedAt"]), 2),
                                 "instanceGone": compute.vmss_instance(instance) is None}
         progress(f"{eviction['node']} left the cluster after {eviction['recovery']['nodeGoneSeconds']:g}s")
@@ -105,7 +106,7 @@ def follow(kube: Any, compute: Compute, evictions: list[dict], read_events: Read
             if eviction["pods"]:
                 eviction["recovery"]["eventsError"] = events_error or "the job's events cannot be read"
         return evictions
-    gone_at = max(_epoch(e["recovery"]["nodeGoneAt"]) for e in evictions)
+    gone_at = max(parse_iso(e["recovery"]["nodeGoneAt"]) for e in evictions)
     asked_at = min(e["requestedAt"] for e in evictions)
     for job in jobs:
         progress(f"following job {job!r} until it trains again")
@@ -114,7 +115,7 @@ def follow(kube: Any, compute: Compute, evictions: list[dict], read_events: Read
             recovery = {k: found.get(k) for k in ("recoverySeconds", "stepsLost", "resumedFromStep", "worldSize",
                                                   "restoreSeconds")}
         except Exception as ex:  # noqa: BLE001  unreadable events or no recovery in time: say which
-            from azext_elastictrain.core.backends.local_evict import EvictionError
+            from azext_elastictrain.core.errors import EvictionError
 
             if isinstance(ex, EvictionError):
                 raise
@@ -131,13 +132,3 @@ def report(cluster: str, resource_group: str, eviction_plan: EvictionPlan, evict
     if evictions is None:
         return {**result, "dryRun": True, "targets": [t.to_dict() for t in eviction_plan.targets]}
     return {**result, "evictions": [{k: v for k, v in e.items() if k != "requestedAt"} for e in evictions]}
-
-
-def _iso(epoch: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(epoch)) + f".{int(epoch % 1 * 1000):03d}Z"
-
-
-def _epoch(iso: str) -> float:
-    from datetime import datetime
-
-    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()

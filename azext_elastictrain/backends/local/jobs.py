@@ -7,7 +7,7 @@ appends to blob storage (core.events). Stopping a node stops the agent and
 every descendant: torchrun's workers start sessions of their own, so a
 process-group kill would leave them training.
 
-``LocalJobs`` is half of ``LocalBackend`` (local.py): it uses the cluster's
+``LocalJobs`` is half of ``LocalClusters`` (cluster.py): it uses the cluster's
 ``_dir``, ``_load``, ``show_cluster`` and ``connection``.
 """
 from __future__ import annotations
@@ -24,19 +24,20 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from azext_elastictrain.core import events as job_events
-from azext_elastictrain.core.backends.local_state import (
+from azext_elastictrain.core import launch
+from azext_elastictrain.clients.blob import EventReader
+from azext_elastictrain.core.errors import ClusterNotFound, JobNotFound
+from azext_elastictrain.core.view import build_job_view, iso_time, read_job_events
+from azext_elastictrain.backends.local.state import (
     CHECKPOINT_CONTAINER,
     REPO_ROOT,
     STOP_TIMEOUT,
     ClusterError,
-    ClusterNotFound,
     ClusterUnhealthy,
     FileLock,
     JobConflict,
-    JobNotFound,
     ToolMissing,
     alive,
-    iso_time,
     read_state,
     write_state,
 )
@@ -44,15 +45,6 @@ from azext_elastictrain.core.spec import JobSpec, LocalClusterSpec
 
 # A job's workers get this long after SIGTERM (the runtime checkpoints on it) before SIGKILL.
 JOB_STOP_TIMEOUT = 15.0
-# Fast recovery without re-forming a healthy job for nothing: a dead node is noticed after
-# keep_alive_interval x keep_alive_max_attempt seconds, and a round closes last_call seconds after
-# min nodes joined (torchrun's defaults: 5 x 3 s and 30 s). Measured side by side
-# (scripts/bench/recovery.py, rdzv_soak.py): 1 s x 3 with a 2 s last call brings recovery after an
-# eviction with notice from 9.9 s (2 s x 3, last call 3 s) to 6.7 s, and a 150 s soak under two CPU
-# hogs re-formed a healthy job 0 times with either. etcd is the one source of truth for the rounds,
-# so a late heartbeat costs a restart, never a split job.
-TUNED_RDZV_CONF = "last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=3,join_timeout=300"
-MAX_RESTARTS = 100
 PROGRESS_SECONDS = 2
 # Every process of a local job carries this in its environment (inherited by the
 # workers), so orphans of a killed agent can still be found and stopped.
@@ -167,37 +159,30 @@ class LocalJobs:
 
         nodes_dir = job_dir / "nodes"
         log_path = nodes_dir / f"{node}.log"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ELASTICTRAIN_")}
+        env = {k: v for k, v in os.environ.items() if not k.startswith(launch.ENV_PREFIX)}
+        env.update(launch.runtime_env(keep=spec.keep, checkpoint_interval=spec.checkpoint_interval))
         env.update({
             JOB_MARKER_ENV: str(job_dir),
-            "ELASTICTRAIN_CHECKPOINT_URL": f"{conn['blob_endpoint']}/{CHECKPOINT_CONTAINER}/{spec.name}",
+            launch.ENV_CHECKPOINT_URL: f"{conn['blob_endpoint']}/{CHECKPOINT_CONTAINER}/{spec.name}",
             "AZURE_STORAGE_CONNECTION_STRING": conn["connection_string"],
-            "ELASTICTRAIN_SCHEDULED_EVENTS_URL": conn["scheduled_events"],
-            "ELASTICTRAIN_VM_NAME": node,
-            "ELASTICTRAIN_NODE_NAME": node,
+            launch.ENV_SCHEDULED_EVENTS_URL: conn["scheduled_events"],
+            launch.ENV_VM_NAME: node,
+            launch.ENV_NODE_NAME: node,
             # A worker restarted on the same node must not act twice on an acknowledged event.
-            "ELASTICTRAIN_PREEMPTION_STATE": str(nodes_dir / f"{node}.acked.json"),
-            "ELASTICTRAIN_KEEP": str(spec.keep),
-            "ELASTICTRAIN_PROGRESS_SECONDS": str(PROGRESS_SECONDS),
-            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # torch 2.13: scale-up hangs without it
+            launch.ENV_PREEMPTION_STATE: str(nodes_dir / f"{node}.acked.json"),
+            launch.ENV_PROGRESS_SECONDS: str(PROGRESS_SECONDS),
             "GLOO_SOCKET_IFNAME": "lo",
-            "PYTHONUNBUFFERED": "1",
             # The runtime (azext_elastictrain.runtime) importable from a script anywhere.
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
         })
         env.setdefault("OMP_NUM_THREADS", "1")
-        if spec.checkpoint_interval is not None:
-            env["ELASTICTRAIN_CHECKPOINT_INTERVAL_STEPS"] = str(spec.checkpoint_interval)
         argv = [
-            sys.executable, "-m", "torch.distributed.run",
+            sys.executable, "-m", launch.TORCHRUN_MODULE,
+            *launch.torchrun_options(rdzv_conf=launch.LOCAL_RDZV_CONF, nproc_per_node=spec.nproc_per_node,
+                                     rdzv_id=rdzv_id),
             f"--nnodes={spec.min_nodes}:{spec.max_nodes}",
-            f"--nproc-per-node={spec.nproc_per_node}",
-            "--rdzv-backend=etcd-v2",
             f"--rdzv-endpoint={conn['etcd']}",
-            f"--rdzv-id={rdzv_id}",
-            f"--rdzv-conf={TUNED_RDZV_CONF}",
             "--local-addr=127.0.0.1",
-            f"--max-restarts={MAX_RESTARTS}",
             "--monitor-interval=0.5",
             script, *spec.script_args,
         ]
@@ -259,11 +244,12 @@ class LocalJobs:
             raise ClusterError(f"job {job['name']!r}: processes {sorted(p.pid for p in left)} did not stop")
 
     # -- show, list ---------------------------------------------------------------------
-    def _event_reader(self, cluster: str) -> "_EventReader":
+    def _event_reader(self, cluster: str) -> EventReader:
         conn = self.connection(cluster)
-        return _EventReader(f"{conn['blob_endpoint']}/{CHECKPOINT_CONTAINER}", conn["connection_string"])
+        return EventReader(f"{conn['blob_endpoint']}/{CHECKPOINT_CONTAINER}",
+                           connection_string=conn["connection_string"])
 
-    def _describe(self, cluster: str, job: dict, read: "_EventReader") -> dict:
+    def _describe(self, cluster: str, job: dict, read: EventReader) -> dict:
         nodes = []
         for node in job["nodes"]:
             alive = self._alive(node)
@@ -273,28 +259,24 @@ class LocalJobs:
                 "log": node["log"],
             })
         any_alive = any(n["alive"] for n in nodes)
-        events_error = None
-        try:
-            evs = job_events.since(read(job["name"]), job["created"])
-        except Exception as ex:  # noqa: BLE001 - show what the processes say; tell why events are missing
-            evs, events_error = [], f"cannot read the job's events from the cluster's blob storage: {ex}"
-        summary = job_events.summarize(evs)
-        state = job_events.job_state(summary["finished"], any_alive, job.get("stopRequested", False))
-        if events_error and state == job_events.FAILED:
-            state = "Unknown"  # the agents are gone; whether training finished is in the unread events
-        # An eviction is a Scheduled Events notice, or a node lost while the job runs on (once every
-        # node is gone, an exit is no longer told from a crash or the end), or a node an eviction
-        # marked; each counted once. A SIGTERM notice alone is not one: torchrun sends it to restart
-        # the workers when capacity comes back.
-        notices = [p for p in summary["preempted"] if p["source"] != "sigterm"]
-        preempted_nodes = {p["node"] for p in notices}
-        died = [n for n in nodes if not n["alive"] and n["name"] not in preempted_nodes
-                and (n["status"] == "Evicted" or state == job_events.RUNNING)]
-        result = {
-            "name": job["name"],
-            "cluster": cluster,
-            "type": "local",
-            "state": state,
+        events, events_error = read_job_events(read, job["name"])
+
+        def state_of(summary: dict) -> str:
+            state = job_events.job_state(summary["finished"], any_alive, job.get("stopRequested", False))
+            if events_error and state == job_events.FAILED:
+                return "Unknown"  # the agents are gone; whether training finished is in the unread events
+            return state
+
+        def lost_nodes(state: str) -> list[str]:
+            # A node lost while the job runs on (once every node is gone, an exit is no longer told from a
+            # crash or the end), or a node an eviction marked.
+            return [n["name"] for n in nodes if not n["alive"]
+                    and (n["status"] == "Evicted" or state == job_events.RUNNING)]
+
+        view = build_job_view(events, created=job["created"], nodes=nodes, state_of=state_of,
+                              lost_nodes=lost_nodes, events_error=events_error)
+        identity = {"name": job["name"], "cluster": cluster, "type": "local"}
+        launched = {
             "created": iso_time(job["created"]),
             "script": job["script"],
             "scriptArgs": job["scriptArgs"],
@@ -306,22 +288,8 @@ class LocalJobs:
             "keep": job["keep"],
             "checkpointUrl": f"{self.connection(cluster)['blob_endpoint']}/{CHECKPOINT_CONTAINER}/{job['name']}",
             "rdzvId": job.get("rdzvId"),
-            "worldSize": summary["worldSize"],
-            "step": summary["step"],
-            "samplesPerSecond": summary["samplesPerSecond"],
-            "loss": summary["loss"],
-            "lastCheckpointStep": summary["lastCheckpointStep"],
-            "lastCheckpointTime": iso_time(summary["lastCheckpointTime"]) if summary["lastCheckpointTime"] else None,
-            "failedCheckpoints": summary["failedCheckpoints"],
-            "evictions": len(notices) + len(died),
-            "recoveries": summary["recoveries"],
-            "scaleUps": summary["scaleUps"],
-            "nodes": nodes,
-            "stateDir": str(self._job_dir(cluster, job["name"])),
         }
-        if events_error:
-            result["eventsError"] = events_error
-        return result
+        return view.describe(identity, launched, {"stateDir": str(self._job_dir(cluster, job["name"]))})
 
     def show_job(self, cluster: str, job: str) -> dict:
         state = self._require_job(cluster, job)
@@ -348,20 +316,20 @@ class LocalJobs:
     # -- evictions ---------------------------------------------------------------------
     def evict(self, cluster: str, job: str, **options: Any) -> dict:
         """Spot-evict nodes of a running job (see local_evict); serialized with job starts."""
-        from azext_elastictrain.core.backends.local_evict import evict_nodes
+        from azext_elastictrain.backends.local.evict import evict_nodes
 
         with self._job_lock(cluster):
             return evict_nodes(self, cluster, job, **options)
 
     def replace_nodes(self, cluster: str, job: str, count: int) -> list[dict]:
         """Spot capacity is back: ``count`` new nodes join the running job."""
-        from azext_elastictrain.core.backends.local_evict import replace_nodes
+        from azext_elastictrain.backends.local.evict import replace_nodes
 
         with self._job_lock(cluster):
             return replace_nodes(self, cluster, job, count)
 
     def follow_recovery(self, cluster: str, job: str, eviction: dict) -> dict:
-        from azext_elastictrain.core.backends.local_evict import follow_recovery
+        from azext_elastictrain.core.recovery import follow_recovery
 
         read = self._event_reader(cluster)
         try:
@@ -370,7 +338,7 @@ class LocalJobs:
             read.close()
 
     def follow_world_size(self, cluster: str, job: str, world_size: int, since: float) -> dict:
-        from azext_elastictrain.core.backends.local_evict import follow_world_size
+        from azext_elastictrain.core.recovery import follow_world_size
 
         read = self._event_reader(cluster)
         try:
@@ -524,24 +492,3 @@ class LocalJobs:
             raise SpecError(str(ex)) from ex
         conn = self.connection(cluster)
         return f"{conn['blob_endpoint']}/{CHECKPOINT_CONTAINER}/{job}", conn["connection_string"]
-
-
-class _EventReader:
-    """Job name -> its events, over one client of the cluster's blob storage (opened on first use)."""
-
-    def __init__(self, container_url: str, connection_string: str):
-        self._url, self._connection_string = container_url, connection_string
-        self._store = None
-
-    def __call__(self, job: str) -> list[dict]:
-        if self._store is None:
-            from azext_elastictrain.core.blobstore import BlobStore
-
-            self._store = BlobStore.from_url(self._url, connection_string=self._connection_string,
-                                             quick_retries=True)
-        return job_events.read_events(self._store, job)
-
-    def close(self) -> None:
-        if self._store is not None:
-            self._store.close()
-            self._store = None

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Callable
 
 from azext_elastictrain.core import manifests as m
-from azext_elastictrain.core.kube import KubeClient
+from azext_elastictrain.clients.kube import KubeClient
 
 OK, DEGRADED, MISSING = "ok", "degraded", "missing"
 

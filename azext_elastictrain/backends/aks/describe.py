@@ -2,7 +2,7 @@
 (where they run, Spot or not, phase, restarts) and the job's event log in blob (core.events).
 
 ``describe_job`` is pure over the objects the caller fetched; ``show_job``, ``list_jobs`` and
-``wait_node_gone`` are thin functions over a ``core.kube.KubeClient``. The result has the keys of the local
+``wait_node_gone`` are thin functions over a ``clients.kube.KubeClient``. The result has the keys of the local
 backend's job show where they mean the same (so the table formatters and `job wait` work on both), with
 ``nodes`` one entry per worker pod and ``operator`` the controller's own conditions and replica counts.
 
@@ -13,10 +13,10 @@ Failed; for a job of Worker replicas only it never writes Succeeded (only a Mast
 from __future__ import annotations
 
 import time
-from datetime import datetime
 from typing import Any, Callable
 
 from azext_elastictrain.core import events as job_events
+from azext_elastictrain.core import launch
 from azext_elastictrain.core.eviction import (
     holds_node,
     is_spot,
@@ -26,7 +26,9 @@ from azext_elastictrain.core.eviction import (
     pod_node,
 )
 from azext_elastictrain.core.manifests import ELASTICJOB_API_VERSION, NAMESPACE, WORKER_LABELS
+from azext_elastictrain.core.errors import JobNotFound
 from azext_elastictrain.core.spec import SpecError
+from azext_elastictrain.core.view import build_job_view, parse_iso, read_job_events
 
 CREATED = "Created"
 PENDING = "Pending"
@@ -37,13 +39,8 @@ _CONDITION_ORDER = ("Failed", "Succeeded", "Restarting", "Running", "Created")
 NODE_LOST = "NodeLost"  # a pod whose node left the cluster (evicted VM) before the pod was cleaned up
 TERMINATING = "Terminating"
 _WORKER_REPLICA = "Worker"
-_CONTAINER_URL_ENV = "ELASTICTRAIN_CHECKPOINT_CONTAINER_URL"
 
 ReadEvents = Callable[[str], list]
-
-
-class JobNotFound(SpecError):
-    """No ElasticJob (or no rank) of that name: the CLI answers ResourceNotFoundError."""
 
 
 def describe_job(elastic_job: dict, pods: list[dict], nodes: list[dict], events: list[dict], *,
@@ -54,25 +51,19 @@ def describe_job(elastic_job: dict, pods: list[dict], nodes: list[dict], events:
     name = meta.get("name")
     spec = elastic_job.get("spec") or {}
     worker = (spec.get("replicaSpecs") or {}).get(_WORKER_REPLICA) or {}
-    created = _epoch(meta.get("creationTimestamp"))
-    evs = job_events.since(events, created) if created is not None else list(events)
-    summary = job_events.summarize(evs)
     node_by_name = {(n.get("metadata") or {}).get("name"): n for n in nodes}
     workers = [_worker(rank, pod, node_by_name) for rank, pod in job_workers(pods, name)]
     status = elastic_job.get("status") or {}
-    state = job_state(status.get("conditions") or [], summary["finished"], workers, events_error is not None)
-    notices = [p for p in summary["preempted"] if p["source"] != "sigterm"]
-    noticed = {p["node"] for p in notices}
-    lost = {w["node"] for w in workers if w["status"] == NODE_LOST and w["node"] not in noticed}
+    conditions = status.get("conditions") or []
+    view = build_job_view(
+        events, created=parse_iso(meta.get("creationTimestamp")), nodes=workers, events_error=events_error,
+        state_of=lambda summary: job_state(conditions, summary["finished"], workers, events_error is not None),
+        lost_nodes=lambda _state: [w["node"] for w in workers if w["status"] == NODE_LOST])
     container = _container(worker.get("template") or {})
     args = _script_args(container.get("args") or [])
     env = {e.get("name"): e.get("value") for e in container.get("env") or []}
-    result = {
-        "name": name,
-        "cluster": cluster,
-        "type": "aks",
-        "namespace": meta.get("namespace"),
-        "state": state,
+    identity = {"name": name, "cluster": cluster, "type": "aks", "namespace": meta.get("namespace")}
+    launched = {
         "created": meta.get("creationTimestamp"),
         "image": container.get("image"),
         "script": args["script"],
@@ -81,32 +72,17 @@ def describe_job(elastic_job: dict, pods: list[dict], nodes: list[dict], events:
         "maxNodes": spec.get("maxReplicas"),
         "nodeCount": worker.get("replicas"),
         "nprocPerNode": args["nprocPerNode"],
-        "checkpointInterval": _int(env.get("ELASTICTRAIN_CHECKPOINT_INTERVAL_STEPS")),
-        "keep": _int(env.get("ELASTICTRAIN_KEEP")),
+        "checkpointInterval": _int(env.get(launch.ENV_CHECKPOINT_INTERVAL_STEPS)),
+        "keep": _int(env.get(launch.ENV_KEEP)),
         "rdzvId": args["rdzvId"] or name,
-        "worldSize": summary["worldSize"],
-        "step": summary["step"],
-        "samplesPerSecond": summary["samplesPerSecond"],
-        "loss": summary["loss"],
-        "lastCheckpointStep": summary["lastCheckpointStep"],
-        "lastCheckpointTime": _iso(summary["lastCheckpointTime"]),
-        "failedCheckpoints": summary["failedCheckpoints"],
-        # A Scheduled Events notice, or a node lost without one; each node counted once.
-        "evictions": len(notices) + len(lost),
-        "recoveries": summary["recoveries"],
-        "scaleUps": summary["scaleUps"],
-        "workerRestarts": summary["workerRestarts"],
-        "nodes": workers,
-        "operator": {
-            "conditions": [_condition(c) for c in status.get("conditions") or []],
-            "replicaStatuses": status.get("replicaStatuses") or {},
-            "startTime": status.get("startTime"),
-            "completionTime": status.get("completionTime"),
-        },
     }
-    if events_error:
-        result["eventsError"] = events_error
-    return result
+    operator = {
+        "conditions": [_condition(c) for c in conditions],
+        "replicaStatuses": status.get("replicaStatuses") or {},
+        "startTime": status.get("startTime"),
+        "completionTime": status.get("completionTime"),
+    }
+    return view.describe(identity, launched, {"operator": operator}, worker_restarts=True)
 
 
 def job_state(conditions: list[dict], finished: bool, workers: list[dict], events_unread: bool = False) -> str:
@@ -198,19 +174,6 @@ def _int(value: Any) -> int | None:
         return None
 
 
-def _epoch(timestamp: str | None) -> float | None:
-    if not timestamp:
-        return None
-    try:
-        return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
-def _iso(epoch: float | None) -> str | None:
-    return None if epoch is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
-
-
 # -- logs and delete, planned ---------------------------------------------------------------------------------
 
 def plan_logs(elastic_job: dict, pods: list[dict], rank: int | None = None) -> list[dict]:
@@ -254,13 +217,6 @@ def _worker_selector() -> str:
     return ",".join(f"{k}={v}" for k, v in WORKER_LABELS.items())
 
 
-def _read(read_events: ReadEvents, name: str) -> tuple[list[dict], str | None]:
-    try:
-        return list(read_events(name)), None
-    except Exception as ex:  # noqa: BLE001 - show what the cluster says; tell why events are missing
-        return [], f"cannot read the job's events from the cluster's blob storage: {ex}"
-
-
 def show_job(kube: Any, name: str, read_events: ReadEvents, *, namespace: str = NAMESPACE,
              cluster: str | None = None) -> dict:
     """`job show` for ElasticJob ``name``; raises JobNotFound (naming the jobs there are)."""
@@ -272,7 +228,7 @@ def show_job(kube: Any, name: str, read_events: ReadEvents, *, namespace: str = 
                           "'az elastictrain job list' shows them")
     pods = kube.list("v1", "Pod", namespace, _worker_selector())
     nodes = kube.list("v1", "Node")
-    events, error = _read(read_events, name)
+    events, error = read_job_events(read_events, name)
     return describe_job(job, pods, nodes, events, cluster=cluster, events_error=error)
 
 
@@ -287,7 +243,7 @@ def list_jobs(kube: Any, read_events: ReadEvents, *, namespace: str = NAMESPACE,
     described = []
     for job in sorted(jobs, key=lambda j: (j.get("metadata") or {}).get("name") or ""):
         name = (job.get("metadata") or {}).get("name")
-        events, error = _read(read_events, name)
+        events, error = read_job_events(read_events, name)
         mine = [p for p in pods if pod_job(p) == name]
         described.append(describe_job(job, mine, nodes, events, cluster=cluster, events_error=error))
     return described
@@ -314,7 +270,7 @@ def follow_recovery_aks(read_events: ReadEvents, job: str, evicted_at: float, *,
     """After an eviction: seconds from ``evicted_at`` (the node left, see ``wait_node_gone``) until the job
     trained again, and the steps it lost (from the Preempt notice's step, seen since ``requested_at``, the
     simulateEviction call). The same reading of the events as on the local cluster."""
-    from azext_elastictrain.core.backends.local_evict import RECOVERY_TIMEOUT, follow_recovery
+    from azext_elastictrain.core.recovery import RECOVERY_TIMEOUT, follow_recovery
 
     eviction = {"node": node, "evictedAt": evicted_at,
                 "startedAt": evicted_at if requested_at is None else min(requested_at, evicted_at)}

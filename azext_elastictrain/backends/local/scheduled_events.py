@@ -19,7 +19,7 @@ NotBefore time has passed (status ``Started``, NotBefore empty); the admin
 listing tells the two cases apart through ``AcknowledgedAt``.
 
 Stdlib only on purpose: the local cluster starts it as a background process
-(``python -m azext_elastictrain.core.scheduled_events --port 0 --port-file F``)
+(``python -m azext_elastictrain.backends.local.scheduled_events --port 0 --port-file F``)
 and it must never pull in torch or the Azure SDKs.
 """
 from __future__ import annotations
@@ -467,7 +467,7 @@ def _write_port_file(path: str, port: int) -> None:
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m azext_elastictrain.core.scheduled_events",
+        prog="python -m azext_elastictrain.backends.local.scheduled_events",
         description="Serve a local Azure IMDS Scheduled Events endpoint until SIGTERM/SIGINT.")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     parser.add_argument("--port", type=int, default=0, help="port to bind; 0 picks a free one")

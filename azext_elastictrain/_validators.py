@@ -1,0 +1,200 @@
+"""Where a command runs, decided once: ``--local [--cluster]``, ``-g RG -c CLUSTER`` (AKS) or ``--url`` (storage).
+
+Every command calls ``resolve_target`` first; what it returns names the place (for messages) and builds the
+place's ``Backend`` with its clients (``Target.backend``). Bad combinations are az usage errors that say how to
+name a place, raised before any login or request.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from azure.cli.core.azclierror import (
+    ArgumentUsageError,
+    InvalidArgumentValueError,
+    MutuallyExclusiveArgumentError,
+    RequiredArgumentMissingError,
+)
+
+LOCAL, AKS, URL = "local", "aks", "url"
+_LOCAL_HELP = "Add --local (real etcd, Azurite and torchrun processes here)"
+
+
+@dataclass(frozen=True)
+class Target:
+    """The place a command runs: ``kind`` (local, aks, url), the cluster and resource group (AKS) or URL."""
+
+    kind: str
+    cluster: str | None = None
+    resource_group: str | None = None
+    url: str | None = None
+
+    @property
+    def where(self) -> str:
+        """The arguments that name this place, for recommendations: '--local --cluster X' or '-g RG -c X'."""
+        if self.kind == LOCAL:
+            return f"--local --cluster {self.cluster}"
+        return f"-g {self.resource_group} -c {self.cluster}"
+
+    def backend(self, cmd: Any, *, signed_out: bool = False) -> Any:
+        """The place's ``backends.base.Backend``, its clients resolved for this command; ``signed_out``: an AKS
+        backend on no account at all, for a dry run without a login."""
+        from azext_elastictrain.backends import get_backend
+
+        if self.kind == LOCAL:
+            return get_backend(LOCAL, Path(cmd.cli_ctx.config.config_dir) / "elastictrain" / "local", self.cluster)
+        from knack.log import get_logger
+
+        from azext_elastictrain.clients.arm import AzureArm, SignedOutArm
+
+        arm = SignedOutArm(cmd.cli_ctx) if signed_out else AzureArm(cmd.cli_ctx)
+        return get_backend(AKS, arm, self.resource_group, self.cluster,
+                           credential=LoginCredential(cmd.cli_ctx), progress=get_logger(__name__).warning)
+
+
+    @contextmanager
+    def opened(self, cmd: Any, *, signed_out: bool = False) -> Iterator[Any]:
+        """``backend()`` for the length of a ``with``: what it opened is closed after."""
+        backend = self.backend(cmd, signed_out=signed_out)
+        try:
+            yield backend
+        finally:
+            backend.close()
+
+
+class LoginCredential:
+    """The CLI's login as a token credential (Entra ID), asked for only when storage is first read: a dry run,
+    logs or a delete never need it."""
+
+    def __init__(self, cli_ctx: Any) -> None:
+        self._cli_ctx, self._credential = cli_ctx, None
+
+    def _login(self) -> Any:
+        if self._credential is None:
+            from azure.cli.core._profile import Profile
+
+            self._credential = Profile(cli_ctx=self._cli_ctx).get_login_credentials()[0]
+        return self._credential
+
+    def get_token(self, *scopes: str, **kwargs: Any) -> Any:
+        return self._login().get_token(*scopes, **kwargs)
+
+
+def resolve_target(*, local: bool = False, resource_group: str | None = None, cluster: str | None = None,
+                   job: str | None = None, what: str = "job") -> Target:
+    """A job, eviction or checkpoint command's place: ``--local [--cluster NAME]`` or ``-g RG -c CLUSTER``."""
+    if local and resource_group:
+        raise MutuallyExclusiveArgumentError(
+            "--local and -g/--resource-group name different clusters: pass one",
+            recommendation=f"--local [--cluster NAME] for a {what} on this machine; -g RG -c CLUSTER for one on AKS.")
+    if resource_group:
+        if not cluster:
+            raise RequiredArgumentMissingError(
+                "-g/--resource-group needs -c/--cluster: the AKS cluster in that group",
+                recommendation="List the clusters with 'az elastictrain cluster list -g RG'.")
+        return Target(AKS, cluster, resource_group)
+    if local:
+        return Target(LOCAL, _check_names(cluster, job))
+    raise ArgumentUsageError(
+        f"say where the {what} runs: --local, or -g RG -c CLUSTER for an AKS cluster",
+        recommendation=f"{_LOCAL_HELP}, or -g and -c of a cluster made with 'az elastictrain cluster create -g RG "
+                       "-n CLUSTER'.")
+
+
+def resolve_cluster(*, local: bool = False, resource_group: str | None = None, name: str | None = None,
+                    needs_name: bool = True) -> Target:
+    """A cluster command's place: ``--local [--name]`` or ``-g RG [-n NAME]`` (cluster list: ``-g`` optional)."""
+    if local and resource_group:
+        raise MutuallyExclusiveArgumentError(
+            "--local and --resource-group name two different places",
+            recommendation="Use --local for a cluster on this machine, or -g/--resource-group for one on Azure.")
+    if local:
+        return Target(LOCAL, _check_names(name, None))
+    if not resource_group and needs_name:
+        raise ArgumentUsageError(
+            "say where the cluster is: --local (this machine) or -g/--resource-group (Azure)",
+            recommendation=f"{_LOCAL_HELP}, or -g RESOURCE_GROUP -n NAME for an AKS cluster.")
+    if needs_name and not name:
+        raise RequiredArgumentMissingError("a cluster on Azure needs its name: -n/--name",
+                                           recommendation="List them with 'az elastictrain cluster list'.")
+    return Target(AKS, name, resource_group)
+
+
+def resolve_eviction(*, local: bool = False, resource_group: str | None = None, cluster: str | None = None,
+                     job: str | None = None) -> Target:
+    """`evict simulate`'s place: ``-c`` alone means an AKS cluster there (it needs ``-g``)."""
+    if local and resource_group:
+        raise ArgumentUsageError("--local and -g/--resource-group name two different clusters: give one",
+                                 recommendation="-g RG -c CLUSTER for AKS; --local [-c NAME] for the local cluster.")
+    if resource_group or (cluster and not local):
+        if not resource_group or not cluster:
+            raise RequiredArgumentMissingError(
+                "an AKS cluster is named by both -g/--resource-group and -c/--cluster",
+                recommendation="e.g. az elastictrain evict simulate -g ml-rg -c spot-train --job cifar --rank 1")
+        return Target(AKS, cluster, resource_group)
+    if not local:
+        raise ArgumentUsageError(
+            "say which cluster's nodes to evict",
+            recommendation="Use -g RG -c CLUSTER for an AKS cluster, or --local --job JOB for the local cluster.")
+    return Target(LOCAL, _check_names(cluster, job))
+
+
+def resolve_checkpoints(*, url: str | None, connection_string: str | None, local: bool, cluster: str | None,
+                        job: str | None, resource_group: str | None) -> Target:
+    """Whose checkpoints: exactly one of ``--url``, ``--local [--cluster] --job`` or ``-g -c --job``."""
+    if resource_group:
+        if url or local or connection_string:
+            raise MutuallyExclusiveArgumentError(
+                "-g/-c --job names checkpoints in an AKS cluster's storage: drop --url, --local and "
+                "--connection-string",
+                recommendation="Pass exactly one of --url, --local --job, or -g RG -c CLUSTER --job JOB.")
+        if not cluster or not job:
+            raise RequiredArgumentMissingError(
+                "-g/--resource-group needs -c/--cluster and --job: the AKS cluster and the job whose checkpoints "
+                "to use",
+                recommendation=f"List the cluster's jobs with 'az elastictrain job list -g {resource_group} -c "
+                               "CLUSTER'.")
+        _check_names(None, job)
+        return Target(AKS, cluster, resource_group)
+    if url and (local or job or cluster):
+        raise MutuallyExclusiveArgumentError(
+            "pass either --url or --local --job, not both",
+            recommendation="--url names checkpoints anywhere; --local [--cluster NAME] --job JOB those of a job on a "
+                           "local cluster.")
+    if url:
+        return Target(URL, url=url)
+    if not (local or job or cluster):
+        raise RequiredArgumentMissingError(
+            "say whose checkpoints: --url, --local --job, or -g -c --job",
+            recommendation="Pass --url https://<account>.blob.core.windows.net/<container>/<job>, --local --job JOB "
+                           "for a job on the local cluster, or -g RG -c CLUSTER --job JOB for a job on AKS.")
+    if not local:
+        raise RequiredArgumentMissingError(
+            "--job and --cluster name a job of a cluster: add --local, or -g RG for an AKS cluster",
+            recommendation="For checkpoints anywhere else in Azure storage pass --url instead.")
+    if not job:
+        raise RequiredArgumentMissingError("--local needs --job: the job whose checkpoints to use",
+                                           recommendation="List the cluster's jobs with 'az elastictrain job list "
+                                                          "--local'.")
+    if connection_string:
+        raise MutuallyExclusiveArgumentError(
+            "--connection-string goes with --url; --local uses the local cluster's own storage",
+            recommendation="Drop --connection-string.")
+    return Target(LOCAL, _check_names(cluster, job))
+
+
+def _check_names(cluster: str | None, job: str | None) -> str:
+    """The local cluster's name (default 'local'), after checking it and the job's: they become paths."""
+    from azext_elastictrain.core.layout import validate_job_name
+    from azext_elastictrain.core.spec import LOCAL_CLUSTER_DEFAULT, LocalClusterSpec, SpecError
+
+    cluster = cluster or LOCAL_CLUSTER_DEFAULT
+    try:
+        LocalClusterSpec(cluster).validate()
+        if job is not None:
+            validate_job_name(job)
+    except (SpecError, ValueError) as ex:
+        raise InvalidArgumentValueError(str(ex)) from ex
+    return cluster

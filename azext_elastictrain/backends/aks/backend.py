@@ -1,0 +1,187 @@
+"""An AKS cluster behind ``backends.base.Backend``: ARM for the cluster, Kubernetes for jobs, blob for events.
+
+Bound to one resource group and cluster; every command reaches them through one ``AksSession`` (clients
+resolved once and reused in loops). ``clusters`` owns the cluster's lifecycle, ``jobs`` its ElasticJobs,
+``evict`` its Spot evictions.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from azext_elastictrain.backends.aks import evict as aks_evict
+from azext_elastictrain.backends.aks.cluster import Arm, AksClusters
+from azext_elastictrain.backends.aks.jobs import AksJobs
+from azext_elastictrain.backends.aks.session import AksSession
+from azext_elastictrain.backends.base import (
+    CheckpointLocation,
+    EvictionRequest,
+    JobLogs,
+    JobRequest,
+    LogRequest,
+    Plan,
+    WaitFor,
+)
+from azext_elastictrain.backends.logs import merged_streams
+from azext_elastictrain.core.errors import NotSupported, OptionNotHere
+from azext_elastictrain.core.eviction import check_selector
+from azext_elastictrain.core.spec import ClusterSpec
+from azext_elastictrain.core.view import wait_for_job
+
+WAIT_INTERVAL = 10.0  # a look asks Kubernetes and blob storage (ARM and the credentials only once)
+
+
+class AksBackend:
+    kind = "aks"
+
+    def __init__(self, arm: Arm, resource_group: str | None, cluster: str | None, *, credential: Any = None,
+                 kube_connect: Callable[[bytes], Any] | None = None,
+                 progress: Callable[[str], None] | None = None) -> None:
+        self.resource_group, self.cluster = resource_group, cluster
+        self._progress = progress or (lambda message: None)
+        self.session = AksSession(arm, resource_group or "", cluster or "", credential=credential,
+                                  kube_connect=kube_connect)
+        self.clusters = AksClusters(arm, kube_connect=kube_connect, progress=self._progress, session=self.session)
+        self.jobs = AksJobs(self.session, progress=self._progress)
+
+    def close(self) -> None:
+        self.session.close()
+
+    def _spec(self, **fields: Any) -> ClusterSpec:
+        return ClusterSpec(name=self.cluster or "", resource_group=self.resource_group or "", **fields)
+
+    # -- the cluster -------------------------------------------------------------------------------------------
+    def plan_cluster(self, spec: ClusterSpec) -> Plan:
+        return Plan(self.clusters.plan(spec))
+
+    def create_cluster(self, spec: ClusterSpec, *, no_wait: bool = False) -> dict:
+        return self.clusters.create(spec, no_wait=no_wait)
+
+    def merge_kubeconfig(self, spec: ClusterSpec) -> dict:
+        return self.clusters.merge_kubeconfig(spec)
+
+    def show_cluster(self) -> dict:
+        return self.clusters.show(self._spec())
+
+    def cluster_state(self) -> dict:
+        return self.clusters.state(self._spec())
+
+    def list_clusters(self) -> list[dict]:
+        return self.clusters.list(self.resource_group)
+
+    def plan_cluster_delete(self, *, delete_storage: bool = False, storage_account: str | None = None) -> Plan:
+        plan = self.clusters.delete_plan(self._spec(storage_account=storage_account or ""),
+                                         delete_storage=delete_storage)
+        shown = {"dryRun": True, **{k: v for k, v in plan.items() if k != "delete"},
+                 "delete": [{"step": d["step"], "id": d["id"]} for d in plan["delete"]]}
+        what = ", ".join(d["step"] for d in plan["delete"]) or "nothing"
+        keep = " Kept: the storage account and its checkpoints." if plan["keep"] else ""
+        warn = " THIS DELETES EVERY CHECKPOINT." if delete_storage else ""
+        return Plan(shown, f"Delete {what} of cluster {self.cluster!r} in resource group {self.resource_group!r}?"
+                           f"{keep}{warn}", request=plan)
+
+    def delete_cluster(self, plan: Plan, *, no_wait: bool = False) -> dict:
+        return self.clusters.delete(plan.request, no_wait=no_wait)
+
+    # -- jobs --------------------------------------------------------------------------------------------------
+    def plan_job(self, request: JobRequest) -> Plan:
+        if not request.image:
+            raise OptionNotHere("a job on AKS needs --image: the container image with torch and the training script",
+                                "Pass a pinned image, e.g. --image myregistry.azurecr.io/train:1.0 "
+                                "(see scripts/Dockerfile).")
+        gpus = 1 if request.gpus_per_node is None else request.gpus_per_node
+        return Plan(self.jobs.plan_job(request.spec, request.image, gpus_per_node=gpus))
+
+    def submit_job(self, plan: Plan) -> dict:
+        return self.jobs.submit_job(plan.shown)
+
+    def describe_job(self, name: str) -> dict:
+        return self.jobs.describe_job(name)
+
+    def list_jobs(self) -> list[dict]:
+        return self.jobs.list_jobs()
+
+    def job_logs(self, name: str, request: LogRequest) -> JobLogs:
+        if request.node is not None:
+            raise OptionNotHere("--node names a node of a local job; on AKS pick a worker with --rank or --pod",
+                                "'az elastictrain job show' lists the job's pods and ranks.")
+        if request.rank is not None and request.pod is not None:
+            raise OptionNotHere("pass --rank or --pod, not both")
+        streams = self.jobs.log_streams(name, rank=request.rank, pod=request.pod, follow=request.follow,
+                                        tail=request.tail)
+        return JobLogs(merged_streams(streams, request.follow, request.timeout), len(streams) > 1)
+
+    def wait_job(self, name: str, until: WaitFor) -> dict:
+        return wait_for_job(lambda: self.describe_job(name), name, state=until.state, step=until.step,
+                            world_size=until.world_size, timeout=until.timeout, interval=WAIT_INTERVAL,
+                            logs_hint=f"az elastictrain job logs -g {self.resource_group} -c {self.cluster} "
+                                      f"--name {name} --tail 50")
+
+    def plan_job_delete(self, name: str, *, delete_checkpoints: bool = False) -> Plan:
+        if delete_checkpoints:
+            raise OptionNotHere(
+                "--delete-checkpoints is for local jobs: on AKS the checkpoints stay in the cluster's storage",
+                f"Prune them with 'az elastictrain checkpoint prune -g {self.resource_group} -c {self.cluster} "
+                f"--job {name}'.")
+        shown = self.jobs.plan_delete(name)
+        pods = ", ".join(p["pod"] for p in shown["stopped"]) or "no pods"
+        return Plan(shown, f"Delete job {name!r} of AKS cluster {self.cluster!r}: the ElasticJob and its pods "
+                           f"({pods}); its checkpoints stay?")
+
+    def delete_job(self, plan: Plan) -> dict:
+        return self.jobs.delete(plan.shown)
+
+    # -- evictions ---------------------------------------------------------------------------------------------
+    def plan_eviction(self, request: EvictionRequest) -> Plan:
+        if request.notice_seconds is not None or request.replace_after is not None:
+            raise OptionNotHere("--notice-seconds and --replace-after are for the local cluster: on AKS, Azure "
+                                "gives the Spot notice (>= 30 s) and the autoscaler brings capacity back")
+        self._spec().validate()
+        selector = dict(node=request.node, job=request.job, rank=request.rank, pool=request.pool,
+                        count=request.count)
+        check_selector(**selector)
+        pools = self._spot_pools()  # a missing cluster, or one without Spot, is refused before Kubernetes
+        plan = aks_evict.plan(self.session.kube(), **selector, pools=pools)
+        return Plan(aks_evict.report(self.cluster, self.resource_group, plan, None), _evict_prompt(plan, self.cluster),
+                    request=plan)
+
+    def _spot_pools(self) -> list[str]:
+        """The cluster's agent pool names; refuses a cluster that has no Spot pool to evict from."""
+        profiles = (self.session.managed_cluster().get("properties") or {}).get("agentPoolProfiles") or []
+        names = [p.get("name") for p in profiles if p.get("name")]
+        if not any((p.get("scaleSetPriority") or "Regular") == "Spot" for p in profiles):
+            raise NotSupported(f"cluster {self.cluster!r} has no Spot node pool (its pools: "
+                               f"{', '.join(names) or 'none'}): only Spot VMs can be evicted",
+                               f"Add the GPU Spot pool: run 'az elastictrain cluster create -g {self.resource_group} "
+                               f"-n {self.cluster}' again.")
+        return names
+
+    def evict(self, plan: Plan, *, wait: bool = False) -> dict:
+        arm = self.session.arm
+        evictions = aks_evict.evict(arm, plan.request, progress=self._progress)
+        if wait:
+            try:
+                read_events, why = self.session.events(), None
+            except Exception as ex:  # noqa: BLE001 - the eviction happened; say why its recovery cannot be followed
+                read_events, why = None, f"the job's events in the cluster's blob storage cannot be read: {ex}"
+            if read_events is None and any(e["pods"] for e in evictions):
+                self._progress(f"--wait: {why}; following the nodes until they leave the cluster only")
+            aks_evict.follow(self.session.kube(), arm, evictions, read_events, events_error=why,
+                             progress=self._progress)
+        return aks_evict.report(self.cluster, self.resource_group, plan.request, evictions)
+
+    # -- checkpoints -------------------------------------------------------------------------------------------
+    def checkpoint_location(self, job: str) -> CheckpointLocation:
+        return CheckpointLocation(self.jobs.checkpoint_url(job), None,
+                                  f"Is the storage account of cluster {self.cluster!r} reachable from here? 'az "
+                                  f"elastictrain cluster show -g {self.resource_group} -n {self.cluster}' shows it; "
+                                  "its network rules may admit only the cluster.")
+
+
+def _evict_prompt(plan: Any, cluster: str | None) -> str:
+    lines = []
+    for target in plan.targets:
+        hit = ", ".join(f"{p['pod']} (rank {p['rank']})" if p["rank"] is not None else p["pod"] for p in target.pods)
+        lines.append(f"  {target.node}: {target.instance.vmss} instance {target.instance.instance_id}"
+                     f" - {hit or 'no training pods'}")
+    return (f"Evict these Spot nodes of cluster {cluster!r} for real (the VMs are deleted)?\n"
+            + "\n".join(lines) + "\n")

@@ -1,0 +1,137 @@
+"""Elastic jobs on an AKS cluster: plan and submit, describe, list, logs and delete.
+
+Everything goes through one ``AksSession`` (ARM, Kubernetes and blob storage resolved once per command), so a
+command that looks many times (`job wait`) asks ARM and fetches the cluster's credentials once. The cluster's
+lifecycle is ``cluster.AksClusters``'s; jobs are described by ``describe`` (pure over the objects fetched here).
+"""
+from __future__ import annotations
+
+import uuid
+from typing import Any, Callable
+
+from azext_elastictrain.backends.aks import describe
+from azext_elastictrain.backends.aks.session import AksSession, ClusterSite
+from azext_elastictrain.core.manifests import ELASTICJOB_API_VERSION, GPU_TAINT, SPOT_TAINT, WORKER_LABELS
+from azext_elastictrain.core.spec import JobSpec, SpecError
+
+# Any GUID: the ElasticJob does not carry the identity (its pods run as the cluster's service account),
+# but the cluster spec it is rendered with must be complete.
+_NO_IDENTITY = "00000000-0000-0000-0000-000000000000"
+_WORKERS = ",".join(f"{key}={value}" for key, value in WORKER_LABELS.items())
+
+
+class GpuPoolMissing(SpecError):
+    """The cluster has no GPU Spot pool for the workers to run on."""
+
+
+class JobExists(SpecError):
+    """An ElasticJob of that name is already in the cluster."""
+
+
+class AksJobs:
+    """Jobs of the AKS cluster of ``session`` (made by ``az elastictrain cluster create``)."""
+
+    def __init__(self, session: AksSession, *, progress: Callable[[str], None] | None = None) -> None:
+        self.session = session
+        self._progress = progress or (lambda message: None)
+
+    # ------------------------------------------------------------------ run: plan, then submit
+
+    @staticmethod
+    def render(site: ClusterSite, job: JobSpec, image: str, *, gpus_per_node: int,
+               run_id: str | None = None) -> dict:
+        """The ElasticJob for ``job`` on ``site``; refuses a cluster without a GPU Spot pool."""
+        from azext_elastictrain.core.manifests import InClusterSpec, render_elastic_job
+
+        job.validate(script_in_image=True)
+        if site.gpu_pool is None:
+            raise GpuPoolMissing(
+                f"cluster {site.spec.name!r} has no GPU Spot pool: the workers need a node pool of Spot "
+                f"priority with GPUs (taints {SPOT_TAINT} and {GPU_TAINT})")
+        cluster = InClusterSpec(namespace=site.spec.namespace, service_account=site.spec.service_account,
+                                identity_client_id=_NO_IDENTITY, checkpoint_url=site.container_url)
+        return render_elastic_job(job, cluster, image, run_id=run_id, gpus_per_node=gpus_per_node)
+
+    def plan_job(self, job: JobSpec, image: str, *, gpus_per_node: int) -> dict:
+        """What `job run` would send (the dry run): the ElasticJob, and where its checkpoints go. Sends nothing."""
+        site = self.session.site()
+        # A rendezvous of its own: an earlier job of the same name may have left its state in etcd.
+        obj = self.render(site, job, image, gpus_per_node=gpus_per_node,
+                          run_id=f"{job.name}-{uuid.uuid4().hex[:8]}")
+        return {"dryRun": True, "name": job.name, "cluster": site.spec.name,
+                "resourceGroup": site.spec.resource_group, "checkpointUrl": site.job_url(job.name), "object": obj}
+
+    def submit_job(self, plan: dict) -> dict:
+        """Create the planned ElasticJob; refuses a name already taken."""
+        site, kube, obj = self.session.site(), self.session.kube(), plan["object"]
+        name, namespace = obj["metadata"]["name"], obj["metadata"]["namespace"]
+        if kube.get(ELASTICJOB_API_VERSION, "ElasticJob", name, namespace) is not None:
+            raise JobExists(f"job {name!r} already exists in cluster {site.spec.name!r}: delete it first "
+                            "(its checkpoints stay, so a new job of the same name resumes from them)")
+        kube.apply(obj)
+        self._progress(f"Created ElasticJob {namespace}/{name}; the autoscaler adds GPU Spot nodes "
+                       "as its workers need them (minutes)")
+        return self.describe_job(name)
+
+    # ------------------------------------------------------------------ show, list
+
+    def describe_job(self, name: str) -> dict:
+        site = self.session.site()
+        return describe.show_job(self.session.kube(), name, self.session.events(), namespace=site.spec.namespace,
+                                 cluster=site.spec.name)
+
+    def list_jobs(self) -> list[dict]:
+        site = self.session.site()
+        return describe.list_jobs(self.session.kube(), self.session.events(), namespace=site.spec.namespace,
+                                  cluster=site.spec.name)
+
+    # ------------------------------------------------------------------ logs
+
+    def log_streams(self, name: str, *, rank: int | None = None, pod: str | None = None, follow: bool = False,
+                    tail: int | None = None) -> list[tuple[str, Any]]:
+        """``[(label, lines)]``: one iterator of log lines per worker pod (of ``rank``, or ``pod``)."""
+        kube, namespace = self.session.kube(), self.session.site().spec.namespace
+        obj = self._elastic_job(name)
+        plan = describe.plan_logs(obj, kube.list("v1", "Pod", namespace, _WORKERS), rank)
+        if pod is not None:
+            plan = [p for p in plan if p["pod"] == pod]
+            if not plan:
+                raise describe.JobNotFound(f"job {name!r} has no pod {pod!r}; 'az elastictrain job show' lists "
+                                           "its pods")
+        started = [p for p in plan if p["node"] is not None]
+        if not started:
+            raise SpecError(f"no worker of job {name!r} is scheduled yet: there are no logs; "
+                            "'az elastictrain job show' says why")
+        return [(f"{p['pod']} (rank {p['rank']})", kube.pod_logs(p["pod"], namespace, p["container"], follow, tail))
+                for p in started]
+
+    def _elastic_job(self, name: str) -> dict:
+        kube, namespace = self.session.kube(), self.session.site().spec.namespace
+        obj = kube.get(ELASTICJOB_API_VERSION, "ElasticJob", name, namespace)
+        if obj is None:
+            known = sorted((j.get("metadata") or {}).get("name") for j in
+                           kube.list(ELASTICJOB_API_VERSION, "ElasticJob", namespace))
+            raise describe.JobNotFound(f"no job {name!r} in namespace {namespace!r} (its jobs: "
+                                       f"{', '.join(known) or 'none'})")
+        return obj
+
+    # ------------------------------------------------------------------ delete: plan, then delete
+
+    def plan_delete(self, name: str) -> dict:
+        """What deleting the job stops (the operator's pods go with the ElasticJob); its blobs stay."""
+        site, kube = self.session.site(), self.session.kube()
+        obj = self._elastic_job(name)
+        plan = describe.plan_delete(obj, kube.list("v1", "Pod", site.spec.namespace, _WORKERS))
+        plan.update(type="aks", cluster=site.spec.name, resourceGroup=site.spec.resource_group, dryRun=True,
+                    checkpointUrl=site.job_url(name))
+        return plan
+
+    def delete(self, plan: dict) -> dict:
+        self.session.kube().delete(ELASTICJOB_API_VERSION, "ElasticJob", plan["name"], plan["namespace"])
+        return {**plan, "dryRun": False, "deleted": True}
+
+    # ------------------------------------------------------------------ storage
+
+    def checkpoint_url(self, job: str) -> str:
+        """The blob URL of ``job``'s prefix in the cluster's checkpoint container."""
+        return self.session.site().job_url(job)

@@ -1,0 +1,108 @@
+"""One AKS cluster as one command reaches it: ARM, Kubernetes and blob storage, each resolved once.
+
+A command builds one ``AksSession`` and every step reuses it: `job wait` polls the job every few seconds, but
+asks ARM for the cluster, its storage account and the user credentials (``listClusterUserCredential``, an
+audited action) once, opens one Kubernetes client and one blob client. The clients are injected, so tests give
+it a fake ARM and a fake Kubernetes; the CLI gives it ``clients.arm.AzureArm`` and the command's login.
+
+Blob storage (the job's events and checkpoints) is found the way Azure says, not by building a host name: the
+storage account's ``primaryEndpoints.blob`` from ARM, plus the cluster's checkpoint container. That is right
+for every cloud and DNS endpoint type, and it is also where a test points the reads at a local Azurite. The
+reads are authenticated by the ``credential`` the caller gives (the CLI's login: Entra ID, never a key).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from azext_elastictrain.backends.aks.cluster import Arm, spec_from_tags
+from azext_elastictrain.clients.blob import EventReader
+from azext_elastictrain.core.arm import blob_endpoint
+from azext_elastictrain.core.errors import ClusterNotFound
+from azext_elastictrain.core.manifests import GPU_TAINT
+from azext_elastictrain.core.spec import ClusterSpec, is_gpu_size_name
+
+
+@dataclass(frozen=True)
+class ClusterSite:
+    """What jobs need of a cluster: its names, where its blobs are, and its GPU Spot pool (None: none)."""
+
+    spec: ClusterSpec
+    container_url: str  # <primaryEndpoints.blob><container>, no trailing slash
+    gpu_pool: dict | None
+    pools: tuple[dict, ...] = ()
+
+    def job_url(self, job: str) -> str:
+        return f"{self.container_url}/{job}"
+
+
+def gpu_spot_pool(cluster: dict) -> dict | None:
+    """The pool the workers need: Spot priority, and GPUs (a GPU size, or the GPU taint create puts on it)."""
+    for pool in (cluster.get("properties") or {}).get("agentPoolProfiles") or []:
+        spot = pool.get("scaleSetPriority") == "Spot"
+        gpu = is_gpu_size_name(pool.get("vmSize")) or GPU_TAINT in (pool.get("nodeTaints") or [])
+        if spot and gpu:
+            return pool
+    return None
+
+
+class AksSession:
+    """The cluster ``resource_group``/``cluster`` for one command; ``close()`` it (or use it in ``with``)."""
+
+    def __init__(self, arm: Arm, resource_group: str, cluster: str, *, credential: Any = None,
+                 kube_connect: Callable[[bytes], Any] | None = None) -> None:
+        self.arm, self.resource_group, self.cluster = arm, resource_group, cluster
+        self._credential, self._kube_connect = credential, kube_connect
+        self._found: dict | None = None
+        self._site: ClusterSite | None = None
+        self._kube: Any = None
+        self._events: EventReader | None = None
+
+    def managed_cluster(self) -> dict:
+        """The AKS cluster as ARM shows it (asked once); ClusterNotFound where there is none."""
+        if self._found is None:
+            found = self.arm.get("cluster", {"resource_group": self.resource_group, "name": self.cluster})
+            if found is None:
+                raise ClusterNotFound(f"no AKS cluster named {self.cluster!r} in resource group "
+                                      f"{self.resource_group!r}")
+            self._found = found
+        return self._found
+
+    def site(self) -> ClusterSite:
+        """The cluster as jobs see it: its names, its blob container's URL and its pools (asked once)."""
+        if self._site is None:
+            found = self.managed_cluster()
+            spec = spec_from_tags(ClusterSpec(name=self.cluster, resource_group=self.resource_group), found)
+            account = self.arm.get("storage_account", {"resource_group": self.resource_group,
+                                                       "name": spec.storage_account_name})
+            container_url = spec.checkpoint_url(blob_endpoint(account, spec, self.arm.storage_suffix))
+            pools = tuple((found.get("properties") or {}).get("agentPoolProfiles") or [])
+            self._site = ClusterSite(spec, container_url, gpu_spot_pool(found), pools)
+        return self._site
+
+    def kube(self) -> Any:
+        """The cluster's Kubernetes API with the user's credentials (fetched once, kept in memory)."""
+        if self._kube is None:
+            kubeconfig = self.arm.user_kubeconfig(self.resource_group, self.cluster)
+            connect = self._kube_connect
+            if connect is None:
+                from azext_elastictrain.clients.kube import connect
+            self._kube = connect(kubeconfig)
+        return self._kube
+
+    def events(self) -> EventReader:
+        """Job name -> its events in the cluster's blob storage, over one client, read with the login."""
+        if self._events is None:
+            self._events = EventReader(self.site().container_url, credential=self._credential)
+        return self._events
+
+    def close(self) -> None:
+        if self._events is not None:
+            self._events.close()
+            self._events = None
+
+    def __enter__(self) -> "AksSession":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,1 @@
+"""Outside systems, one module each: ARM (``arm``), Kubernetes (``kube``), blob storage (``blob``)."""

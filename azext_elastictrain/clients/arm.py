@@ -1,0 +1,230 @@
+"""ARM, the one place the CLI talks to it: ``AzureArm`` sends the bodies ``core.arm`` built, verbatim, through
+the azure-cli SDK clients (``_client_factory.cf_*``), and hands back what ARM answered in wire format (the SDKs'
+own models differ between SDK generations; the JSON does not). SDK errors become ``core.errors.ArmError``.
+
+SDK imports stay inside functions: loading the extension must not import azure.mgmt.
+"""
+from __future__ import annotations
+
+import base64
+import json
+
+from azext_elastictrain import _client_factory
+
+
+def _raw(pipeline_response, _deserialized, _headers):
+    """``cls=`` for SDK calls: the response body as ARM sent it (None when empty)."""
+    text = pipeline_response.http_response.text()
+    return json.loads(text) if text else None
+
+
+def _body(body: dict) -> bytes:
+    return json.dumps(body).encode()
+
+
+class AzureArm:
+    """The ``Arm`` of ``backends.aks.cluster`` on the azure-cli SDK clients of the command's subscription."""
+
+    def __init__(self, cli_ctx) -> None:
+        from azure.cli.core._profile import Profile
+
+        account = Profile(cli_ctx=cli_ctx).get_subscription(_client_factory.command_subscription(cli_ctx))
+        self.subscription = account["id"]
+        self.tenant = account.get("tenantId", "")
+        self.storage_suffix = cli_ctx.cloud.suffixes.storage_endpoint  # the cloud's, as 'az cloud show' gives it
+        self._cli_ctx = cli_ctx
+        self._clients: dict = {}
+
+    def _client(self, name: str):
+        if name not in self._clients:
+            self._clients[name] = getattr(_client_factory, f"cf_{name}")(self._cli_ctx)
+        return self._clients[name]
+
+    # one entry per kind: (client, get, put, delete), each a function of (client, ref[, body])
+    def _ops(self, kind: str):
+        return {
+            "resource_group": ("resources",
+                               lambda c, r, **k: c.resource_groups.get(r["resource_group"], **k),
+                               lambda c, r, b, **k: c.resource_groups.create_or_update(r["resource_group"], b, **k),
+                               lambda c, r, **k: c.resource_groups.begin_delete(r["resource_group"], **k)),
+            "storage_account": ("storage",
+                                lambda c, r, **k: c.storage_accounts.get_properties(r["resource_group"], r["name"], **k),
+                                lambda c, r, b, **k: c.storage_accounts.begin_create(r["resource_group"], r["name"], b,
+                                                                                     **k),
+                                lambda c, r, **k: c.storage_accounts.delete(r["resource_group"], r["name"], **k)),
+            "container": ("storage",
+                          lambda c, r, **k: c.blob_containers.get(r["resource_group"], r["account"], r["name"], **k),
+                          lambda c, r, b, **k: c.blob_containers.create(r["resource_group"], r["account"], r["name"],
+                                                                        b, **k),
+                          lambda c, r, **k: c.blob_containers.delete(r["resource_group"], r["account"], r["name"],
+                                                                     **k)),
+            "identity": ("msi",
+                         lambda c, r, **k: c.user_assigned_identities.get(r["resource_group"], r["name"], **k),
+                         lambda c, r, b, **k: c.user_assigned_identities.create_or_update(
+                             r["resource_group"], r["name"], b, **k),
+                         lambda c, r, **k: c.user_assigned_identities.delete(r["resource_group"], r["name"], **k)),
+            "federated_credential": ("msi",
+                                     lambda c, r, **k: c.federated_identity_credentials.get(
+                                         r["resource_group"], r["identity"], r["name"], **k),
+                                     lambda c, r, b, **k: c.federated_identity_credentials.create_or_update(
+                                         r["resource_group"], r["identity"], r["name"], b, **k),
+                                     lambda c, r, **k: c.federated_identity_credentials.delete(
+                                         r["resource_group"], r["identity"], r["name"], **k)),
+            "cluster": ("containerservice",
+                        lambda c, r, **k: c.managed_clusters.get(r["resource_group"], r["name"], **k),
+                        lambda c, r, b, **k: c.managed_clusters.begin_create_or_update(
+                            r["resource_group"], r["name"], b, **k),
+                        lambda c, r, **k: c.managed_clusters.begin_delete(r["resource_group"], r["name"], **k)),
+            "agent_pool": ("containerservice",
+                           lambda c, r, **k: c.agent_pools.get(r["resource_group"], r["cluster"], r["name"], **k),
+                           lambda c, r, b, **k: c.agent_pools.begin_create_or_update(
+                               r["resource_group"], r["cluster"], r["name"], b, **k),
+                           lambda c, r, **k: c.agent_pools.begin_delete(r["resource_group"], r["cluster"], r["name"],
+                                                                        **k)),
+            "role_assignment": ("authorization",
+                                lambda c, r, **k: c.role_assignments.get(r["scope"], r["name"], **k),
+                                lambda c, r, b, **k: c.role_assignments.create(r["scope"], r["name"], b, **k),
+                                lambda c, r, **k: c.role_assignments.delete(r["scope"], r["name"], **k)),
+        }[kind]
+
+    def get(self, kind: str, ref: dict) -> dict | None:
+        from azext_elastictrain.core.errors import ArmError
+
+        client, get, _, _ = self._ops(kind)
+        try:
+            with _arm_errors():
+                return get(self._client(client), ref, cls=_raw)
+        except ArmError as ex:
+            if ex.status == 404:
+                return None
+            raise
+
+    def put(self, kind: str, ref: dict, body: dict, wait: bool = True) -> dict | None:
+        client, _, put, _ = self._ops(kind)
+        with _arm_errors():
+            result = put(self._client(client), ref, _body(body), cls=_raw)
+            if hasattr(result, "result"):  # a poller: long-running
+                return result.result() if wait else None
+            return result
+
+    def delete(self, kind: str, ref: dict, wait: bool = True) -> None:
+        client, _, _, delete = self._ops(kind)
+        with _arm_errors():
+            result = delete(self._client(client), ref)
+            if wait and hasattr(result, "result"):
+                result.result()
+
+    def list_clusters(self, resource_group: str | None) -> list[dict]:
+        client = self._client("containerservice")
+        with _arm_errors():
+            pages = (client.managed_clusters.list_by_resource_group(resource_group) if resource_group
+                     else client.managed_clusters.list())
+            return [_wire(cluster) for cluster in pages]
+
+    def user_kubeconfig(self, resource_group: str, cluster: str) -> bytes:
+        """The cluster user's kubeconfig: kept in memory, never logged."""
+        client = self._client("containerservice")
+        with _arm_errors():
+            # logging_enable=False: az --debug would otherwise log the response, credentials and all
+            result = client.managed_clusters.list_cluster_user_credentials(resource_group, cluster, cls=_raw,
+                                                                            logging_enable=False)
+        configs = (result or {}).get("kubeconfigs") or []
+        if not configs:
+            from azext_elastictrain.core.errors import ArmError
+
+            raise ArmError(404, "NoCredentials", f"AKS returned no user credentials for cluster {cluster!r}")
+        return base64.b64decode(configs[0]["value"])
+
+
+    # -- the VMSS instances behind AKS nodes (backends.aks.evict's Compute) -------------------------------
+
+    # -- the region preflight (core.preflight): GETs on the compute provider -------------------------------------
+
+    def resource_skus(self, location: str) -> list[dict]:
+        """The Resource SKUs of ``location`` (what 'az vm list-skus -l' shows), in wire format."""
+        client = self._compute(self.subscription)
+        with _arm_errors():
+            return [_wire(sku) for sku in client.resource_skus.list(filter=f"location eq '{location}'")]
+
+    def usages(self, location: str) -> list[dict]:
+        """The compute quotas and their use in ``location`` ('az vm list-usage -l'), in wire format."""
+        client = self._compute(self.subscription)
+        with _arm_errors():
+            return [_wire(usage) for usage in client.usage.list(location)]
+
+    def _compute(self, subscription: str):
+        key = f"compute:{subscription.lower()}"
+        if key not in self._clients:
+            self._clients[key] = _client_factory.cf_compute(self._cli_ctx, subscription_id=subscription)
+        return self._clients[key]
+
+    def simulate_eviction(self, instance) -> None:
+        """POST .../virtualMachines/{id}/simulateEviction (204). ``instance``: a core.eviction.VmssInstance."""
+        client = self._compute(instance.subscription)
+        with _arm_errors():
+            client.virtual_machine_scale_set_vms.simulate_eviction(instance.resource_group, instance.vmss,
+                                                                   instance.instance_id)
+
+    def vmss_instance(self, instance) -> dict | None:
+        """The instance as ARM shows it, or None once it is gone (after an eviction with policy Delete)."""
+        from azext_elastictrain.core.errors import ArmError
+
+        client = self._compute(instance.subscription)
+        try:
+            with _arm_errors():
+                return client.virtual_machine_scale_set_vms.get(instance.resource_group, instance.vmss,
+                                                                instance.instance_id, cls=_raw)
+        except ArmError as ex:
+            if ex.status == 404:
+                return None
+            raise
+
+
+class SignedOutArm:
+    """The ``Arm`` of a dry run without a login: names for the plan, no calls. ``signed_in`` False makes the
+    plan skip the region preflight (and say so); any call is a bug, so it fails loudly."""
+
+    subscription = "<subscription id: az login>"
+    tenant = ""
+    signed_in = False
+
+    def __init__(self, cli_ctx) -> None:
+        self.storage_suffix = cli_ctx.cloud.suffixes.storage_endpoint
+
+    def __getattr__(self, name: str):
+        raise RuntimeError(f"a dry run without a login cannot call ARM ({name})")
+
+
+def logged_in(cli_ctx) -> bool:
+    """Whether az has an account to use (read from az's profile on disk: no request, no token)."""
+    from azure.cli.core._profile import Profile
+
+    return bool(Profile(cli_ctx=cli_ctx).load_cached_subscriptions())
+
+
+def _wire(model) -> dict:
+    """An SDK model (either SDK generation) as wire-format JSON."""
+    if isinstance(model, dict):
+        return model
+    if hasattr(model, "_attribute_map"):  # msrest-style models
+        return model.serialize(keep_readonly=True)
+    return model.as_dict()
+
+
+class _arm_errors:  # noqa: N801  (a context manager, used like a function)
+    """SDK errors -> ``ArmError`` with ARM's status, code and message (never the request or its token)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        from azure.core.exceptions import HttpResponseError
+
+        from azext_elastictrain.core.errors import ArmError
+
+        if isinstance(exc, HttpResponseError):
+            error = getattr(exc, "error", None)
+            code = getattr(error, "code", None) or ""
+            message = getattr(error, "message", None) or exc.message or str(exc)
+            raise ArmError(exc.status_code or 0, code, message.splitlines()[0] if message else "") from exc
+        return False

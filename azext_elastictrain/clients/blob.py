@@ -1,0 +1,33 @@
+"""Blob storage as the CLI reaches it: a job's event log, read over one client per command.
+
+Azurite (the local cluster) is reached with its connection string; Azure storage with the caller's login
+(Entra ID), never a key and never a silent ``DefaultAzureCredential``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from azext_elastictrain.core import events as job_events
+
+
+class EventReader:
+    """Job name -> its events under one container, over one client (opened on first use); close() it."""
+
+    def __init__(self, container_url: str, *, connection_string: str | None = None, credential: Any = None) -> None:
+        self._url, self._connection_string, self._credential = container_url, connection_string, credential
+        self._store = None
+
+    def __call__(self, job: str) -> list[dict]:
+        if self._store is None:
+            from azext_elastictrain.core.blobstore import BlobStore, StoreError
+
+            if self._connection_string is None and self._credential is None:
+                raise StoreError("no credential for the cluster's blob storage was given")
+            self._store = BlobStore.from_url(self._url, connection_string=self._connection_string,
+                                             credential=self._credential, quick_retries=True)
+        return job_events.read_events(self._store, job)
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None

@@ -1,0 +1,58 @@
+"""How a job's nodes are launched: torchrun's options, the rendezvous settings, and the environment the
+training runtime reads. The local backend (torchrun agents here) and the AKS backend (the ElasticJob's worker
+container) both build their launch from these names, so the two cannot drift apart.
+
+Pure and stdlib only: no knack, no azure.cli, no torch (the runtime may import it).
+"""
+from __future__ import annotations
+
+# -- the runtime's environment (azext_elastictrain.runtime reads these) ---------------------------------------
+ENV_CHECKPOINT_URL = "ELASTICTRAIN_CHECKPOINT_URL"  # blob URL of the job's prefix
+ENV_CHECKPOINT_CONTAINER_URL = "ELASTICTRAIN_CHECKPOINT_CONTAINER_URL"  # AKS: from the cluster's ConfigMap
+ENV_KEEP = "ELASTICTRAIN_KEEP"
+ENV_CHECKPOINT_INTERVAL_STEPS = "ELASTICTRAIN_CHECKPOINT_INTERVAL_STEPS"
+ENV_PROGRESS_SECONDS = "ELASTICTRAIN_PROGRESS_SECONDS"
+ENV_SCHEDULED_EVENTS_URL = "ELASTICTRAIN_SCHEDULED_EVENTS_URL"
+ENV_VM_NAME = "ELASTICTRAIN_VM_NAME"
+ENV_NODE_NAME = "ELASTICTRAIN_NODE_NAME"
+ENV_PREEMPTION_STATE = "ELASTICTRAIN_PREEMPTION_STATE"
+ENV_PREFIX = "ELASTICTRAIN_"  # a local node starts without the caller's ELASTICTRAIN_* settings
+
+# torch 2.13: an elastic scale-up hangs when the rendezvous shares its TCP store with the workers.
+TCP_STORE_WORKAROUND = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+# -- torchrun ------------------------------------------------------------------------------------------------
+TORCHRUN_MODULE = "torch.distributed.run"
+# etcd-v2 is torch's maintained etcd backend (``etcd`` is the legacy one the ElasticJob operator prepends;
+# torchrun keeps the last value of an option, so ours wins).
+RDZV_BACKEND = "etcd-v2"
+# A worker that fails is restarted in place this many times before the node gives up: evictions make workers
+# fail often in a long run, and each restart resumes from the newest checkpoint.
+MAX_RESTARTS = 100
+
+# A dead node is noticed after keep_alive_interval x keep_alive_max_attempt seconds, and a round closes
+# last_call seconds after min nodes joined (torchrun's defaults: 5 x 3 s and 30 s).
+#
+# Local: measured side by side (scripts/bench/recovery.py, rdzv_soak.py), 1 s x 3 with a 2 s last call brings
+# recovery after an eviction with notice from 9.9 s (2 s x 3, last call 3 s) to 6.7 s, and a 150 s soak under
+# two CPU hogs re-formed a healthy job 0 times with either. etcd is the one source of truth for the rounds, so a
+# late heartbeat costs a restart, never a split job.
+LOCAL_RDZV_CONF = "last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=3,join_timeout=300"
+# AKS: one step more margin than local: heartbeats cross a real network to etcd, and a needless re-form
+# restarts every GPU worker of the job.
+AKS_RDZV_CONF = "last_call_timeout=3,keep_alive_interval=2,keep_alive_max_attempt=3,join_timeout=300"
+
+
+def torchrun_options(*, rdzv_conf: str, nproc_per_node: int, rdzv_id: str | None = None) -> list[str]:
+    """The torchrun options both backends pass (each adds where the rendezvous is and the node count)."""
+    return [f"--rdzv-backend={RDZV_BACKEND}", f"--rdzv-conf={rdzv_conf}",
+            *([f"--rdzv-id={rdzv_id}"] if rdzv_id else []),
+            f"--nproc-per-node={nproc_per_node}", f"--max-restarts={MAX_RESTARTS}"]
+
+
+def runtime_env(*, keep: int, checkpoint_interval: int | None) -> dict[str, str]:
+    """The job-wide runtime settings every node gets (each backend adds where the checkpoints are)."""
+    env = {ENV_KEEP: str(keep), **TCP_STORE_WORKAROUND, "PYTHONUNBUFFERED": "1"}
+    if checkpoint_interval is not None:
+        env[ENV_CHECKPOINT_INTERVAL_STEPS] = str(checkpoint_interval)
+    return env

@@ -1,0 +1,55 @@
+"""How a job recovered from an eviction, read from its events: the same reading on every backend.
+
+``read_events(job)`` is the backend's event reader (``clients.blob.EventReader``). Pure but for the clock.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from azext_elastictrain.core.errors import EvictionError
+
+# A local node comes back in seconds; the AKS backend passes its own, longer timeout (a new Spot VM).
+RECOVERY_TIMEOUT = 240.0
+
+
+def follow_recovery(read_events: Any, job: str, eviction: dict, timeout: float = RECOVERY_TIMEOUT) -> dict:
+    """After an eviction: seconds until the job restored and trained again, and the steps it lost."""
+    deadline = time.time() + timeout
+    evicted_at, started_at = eviction["evictedAt"], eviction["startedAt"]
+    while time.time() < deadline:
+        events = read_events(job)
+        restored = [e for e in events if e.get("event") == "restored" and e.get("step") is not None
+                    and e["time"] > evicted_at]
+        if restored:
+            resumed = [e for e in events if e.get("event") == "progress" and e["time"] > restored[0]["time"]]
+            if resumed:
+                before = [e["step"] for e in events if e.get("event") == "progress" and e["time"] <= evicted_at]
+                notices = [e["step"] for e in events if e.get("event") == "preempted"
+                           and started_at <= e["time"] <= evicted_at]
+                reached = notices[0] if notices else max(before, default=restored[0]["step"])
+                return {
+                    "node": eviction["node"],
+                    "resumedFromStep": restored[0]["step"],
+                    "worldSize": resumed[0].get("world_size"),
+                    "restoreSeconds": round(restored[0]["time"] - evicted_at, 2),
+                    "recoverySeconds": round(resumed[0]["time"] - evicted_at, 2),
+                    "stepsLost": max(0, reached - restored[0]["step"]),
+                }
+        time.sleep(0.5)
+    raise EvictionError(f"job {job!r} did not train again within {timeout:.0f}s of the eviction")
+
+
+def follow_world_size(read_events: Any, job: str, world_size: int, since: float,
+                      timeout: float = RECOVERY_TIMEOUT) -> dict:
+    """After capacity came back: seconds until the job trains at ``world_size`` again."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        grown = [e for e in read_events(job) if e.get("event") == "progress" and e["time"] > since
+                 and e.get("world_size") == world_size]
+        if grown:
+            return {"worldSize": world_size, "step": grown[0]["step"],
+                    "seconds": round(grown[0]["time"] - since, 2)}
+        time.sleep(0.5)
+    raise EvictionError(f"job {job!r} did not train at world size {world_size} within {timeout:.0f}s "
+                        "of the replacement joining")

@@ -1,0 +1,139 @@
+"""`job show` in one place: ``JobView`` from a job's events and what its backend knows (processes, pods).
+
+Both backends build it here, so a job reads the same on a laptop and on AKS: state, world size, step,
+throughput, checkpoints, evictions, recoveries, nodes. Goodput is not here: nothing measures it yet, and a
+made-up number would be worse than none. Also the one time formatter of `job` and `evict` output.
+
+Pure: no knack, no azure.cli, no SDK.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Callable, Iterable
+
+from azext_elastictrain.core import events as job_events
+
+
+def iso_time(epoch: float | None, *, millis: bool = False) -> str | None:
+    """UTC ISO 8601 (``Z``), to the second, or the millisecond where recovery times are measured."""
+    if epoch is None:
+        return None
+    text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(epoch))
+    return f"{text}.{int(epoch % 1 * 1000):03d}Z" if millis else text + "Z"
+
+
+def parse_iso(timestamp: str | None) -> float | None:
+    """Seconds since the epoch of an ISO 8601 time (Kubernetes' and ours); None where there is none."""
+    if not timestamp:
+        return None
+    try:
+        return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class JobView:
+    """What a job is doing, as `job show|list|wait` report it."""
+
+    state: str
+    world_size: int | None
+    step: int | None
+    samples_per_second: float | None
+    loss: float | None
+    last_checkpoint_step: int | None
+    last_checkpoint_time: float | None
+    failed_checkpoints: int
+    evictions: int
+    recoveries: int
+    scale_ups: int
+    worker_restarts: int
+    nodes: list = field(default_factory=list)
+    events_error: str | None = None
+
+    def describe(self, identity: dict, launch: dict, extra: dict | None = None,
+                 worker_restarts: bool = False) -> dict:
+        """The `job show` object: who the job is, its state, how it was launched, its progress, its nodes,
+        then whatever else its backend shows (``extra``)."""
+        shown = {**identity, "state": self.state, **launch,
+                 "worldSize": self.world_size, "step": self.step, "samplesPerSecond": self.samples_per_second,
+                 "loss": self.loss, "lastCheckpointStep": self.last_checkpoint_step,
+                 "lastCheckpointTime": iso_time(self.last_checkpoint_time),
+                 "failedCheckpoints": self.failed_checkpoints, "evictions": self.evictions,
+                 "recoveries": self.recoveries, "scaleUps": self.scale_ups}
+        if worker_restarts:
+            shown["workerRestarts"] = self.worker_restarts
+        shown["nodes"] = self.nodes
+        shown.update(extra or {})
+        if self.events_error:
+            shown["eventsError"] = self.events_error
+        return shown
+
+
+def build_job_view(events: Iterable[dict], *, created: float | None, nodes: list,
+                   state_of: Callable[[dict], str], lost_nodes: Callable[[str], Iterable[Any]],
+                   events_error: str | None = None) -> JobView:
+    """The view of the run that began at ``created`` (an earlier run of the same name kept its log).
+
+    ``state_of(summary)``: the backend's state from the events' summary and what it sees running.
+    ``lost_nodes(state)``: nodes that went without a Scheduled Events notice; an eviction is a notice, or such
+    a node, each node counted once. A SIGTERM notice alone is not one: torchrun sends it to restart the
+    workers when capacity comes back.
+    """
+    runs = job_events.since(events, created) if created is not None else list(events)
+    summary = job_events.summarize(runs)
+    state = state_of(summary)
+    notices = [p for p in summary["preempted"] if p["source"] != "sigterm"]
+    noticed = {p["node"] for p in notices}
+    lost = {node for node in lost_nodes(state) if node not in noticed}
+    return JobView(state=state, world_size=summary["worldSize"], step=summary["step"],
+                   samples_per_second=summary["samplesPerSecond"], loss=summary["loss"],
+                   last_checkpoint_step=summary["lastCheckpointStep"],
+                   last_checkpoint_time=summary["lastCheckpointTime"],
+                   failed_checkpoints=summary["failedCheckpoints"], evictions=len(notices) + len(lost),
+                   recoveries=summary["recoveries"], scale_ups=summary["scaleUps"],
+                   worker_restarts=summary["workerRestarts"], nodes=nodes, events_error=events_error)
+
+
+def read_job_events(read: Callable[[str], Iterable[dict]], job: str) -> tuple[list[dict], str | None]:
+    """``(events, None)``, or ``([], why not)``: a job is still shown when its events cannot be read."""
+    try:
+        return list(read(job)), None
+    except Exception as ex:  # noqa: BLE001 - show what the backend sees; tell why the events are missing
+        return [], f"cannot read the job's events from the cluster's blob storage: {ex}"
+
+
+def wait_for_job(describe: Callable[[], dict], name: str, *, state: str | None, step: int | None,
+                 world_size: int | None, timeout: float, interval: float, logs_hint: str,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> dict:
+    """Describe the job every ``interval`` seconds until it is in ``state`` (default Succeeded), reached
+    ``step`` and/or trains at ``world_size``; ``NotReached`` when it ends without getting there or time runs out.
+    ``logs_hint`` is the command that shows its logs."""
+    from azext_elastictrain.core.errors import NotReached
+
+    if state is None and step is None and world_size is None:
+        state = job_events.SUCCEEDED
+    want = " and ".join(filter(None, [state and f"state {state}", step is not None and f"step {step}",
+                                      world_size is not None and f"world size {world_size}"]))
+    deadline = clock() + timeout
+    while True:
+        shown = describe()
+        now, at = shown["state"], shown.get("step")
+        reached = (step is None or (at is not None and at >= step)) and \
+            (world_size is None or (now == job_events.RUNNING and shown.get("worldSize") == world_size))
+        if (state is None or now == state) and reached:
+            return shown
+        where = f"at step {at}" if at is not None else "before its first step"
+        terminal = now in (job_events.SUCCEEDED, job_events.FAILED, job_events.STOPPED)
+        if terminal and (state is None or now != state or not reached):
+            raise NotReached(f"job {name!r} is {now} {where}: it will not reach {want}",
+                             f"See what happened with '{logs_hint}'." if now != job_events.SUCCEEDED else
+                             "Wait for a state or step it can still reach.")
+        if clock() >= deadline:
+            size = f", world size {shown['worldSize']}" if shown.get("worldSize") else ""
+            raise NotReached(f"timed out after {timeout:g}s waiting for job {name!r} to reach {want}: "
+                             f"it is {now} {where}{size}",
+                             f"Wait longer with --timeout, or look at its progress with '{logs_hint}'.")
+        sleep(interval)

@@ -1,0 +1,197 @@
+"""ElasticSampler: every sample of every epoch trained exactly once, across evictions and world sizes.
+
+A training script does::
+
+    sampler = ElasticSampler(dataset, global_batch_size=256, seed=0)   # after init_process_group
+    loader = DataLoader(dataset, batch_sampler=sampler, num_workers=4)
+    state = {"train": TrainingState(model, optimizer), "data": sampler}
+    step = ckpt.restore(state) or 0                  # the sampler comes back mid-epoch
+    for epoch in range(sampler.epoch, epochs):
+        sampler.set_epoch(epoch)                     # the restored epoch keeps its position
+        for batch in loader:                         # this rank's slice of each remaining global batch
+            ...one training step...
+            sampler.advance()                        # this global batch is trained
+            step += 1
+            if ckpt.step(step, state):
+                break
+
+The epoch's order is a function of (seed, epoch) only: ``randperm(len(dataset))`` from a generator
+seeded ``seed + epoch``, the order torch's ``DistributedSampler`` draws. Global batch ``i`` of the epoch
+is ``order[i*B:(i+1)*B]``; rank ``r`` of ``W`` takes the contiguous slice ``r*B/W:(r+1)*B/W`` of it, so
+the ranks' slices joined in rank order are the global batch at every world size. The position is
+the number of samples the whole job has trained in the epoch, which is the same on every rank and
+means the same at any world size: a resume at another world size continues with the next global batch.
+
+Why ``advance()``: with ``num_workers > 0`` the DataLoader draws index lists from the sampler several
+batches ahead of training, so what the sampler has yielded says nothing about what was trained. Only
+the loop knows when a step is done (it may also skip a step, or accumulate gradients over several
+batches), so it says so, once per trained batch. Misuse is loud: ``advance()`` for a batch that was
+never drawn raises, and so do ``state_dict()`` and moving to another epoch after a pass that drew
+batches but never advanced (the tell-tale of a loop that forgot it; its checkpoint would replay the epoch).
+"""
+from __future__ import annotations
+
+from typing import Iterator, Sized
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.stateful import Stateful
+from torch.utils.data import Sampler
+
+
+class ElasticSampler(Sampler[list[int]], Stateful):
+    """A batch sampler over a map-style dataset with a fixed global batch size and a checkpointed position.
+
+    ``global_batch_size`` must be divisible by the world size: each rank takes an equal slice (a
+    ValueError names both numbers otherwise). ``drop_last=True`` drops the epoch's final partial
+    global batch (``len(dataset) % global_batch_size`` samples, not trained that epoch);
+    ``drop_last=False`` (the default, as in torch) trains it, split among the ranks as evenly as
+    possible (slice sizes differ by at most one; weight the loss by slice size if that matters), and
+    refuses a world size larger than that final batch, since a rank would get no sample at all.
+    """
+
+    def __init__(self, dataset: Sized, global_batch_size: int, num_replicas: int | None = None,
+                 rank: int | None = None, *, shuffle: bool = True, seed: int = 0, drop_last: bool = False):
+        distributed = dist.is_available() and dist.is_initialized()
+        if num_replicas is None:
+            num_replicas = dist.get_world_size() if distributed else 1
+        if rank is None:
+            rank = dist.get_rank() if distributed else 0
+        if num_replicas < 1 or not 0 <= rank < num_replicas:
+            raise ValueError(f"rank {rank} is not in [0, {num_replicas}) (num_replicas {num_replicas})")
+        if global_batch_size < 1:
+            raise ValueError(f"global_batch_size must be at least 1, not {global_batch_size}")
+        if global_batch_size % num_replicas:
+            raise ValueError(
+                f"global batch size {global_batch_size} is not divisible by the world size {num_replicas}: "
+                "every rank takes an equal slice of each global batch; choose a global batch size that "
+                "every world size the job may run at divides (e.g. 12 or 24 for 1 to 4 ranks)"
+            )
+        self.dataset_size = len(dataset)
+        tail = self.dataset_size % global_batch_size
+        if not drop_last and 0 < tail < num_replicas:
+            raise ValueError(
+                f"the final global batch of each epoch has {tail} samples ({self.dataset_size} % "
+                f"{global_batch_size}), fewer than the world size {num_replicas}: a rank would get none; "
+                "use drop_last=True, or a global batch size that leaves a larger or no remainder"
+            )
+        self.global_batch_size = global_batch_size
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.epoch = 0
+        self.consumed = 0  # samples of this epoch the whole job has trained
+        self._pass = 0  # which __iter__ is current; an older one stops with an error
+        self._drawn = 0  # global batches the current pass has yielded
+        self._advanced = 0  # ...and of those, how many were trained
+
+    # -- the epoch's layout -------------------------------------------------------------
+    @property
+    def samples_per_epoch(self) -> int:
+        """Samples the epoch trains: all of them, or all but the final partial global batch."""
+        if self.drop_last:
+            return self.dataset_size - self.dataset_size % self.global_batch_size
+        return self.dataset_size
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return -(-self.samples_per_epoch // self.global_batch_size)
+
+    def order(self, epoch: int | None = None) -> list[int]:
+        """The global sample order of ``epoch`` (default: the current one); independent of the world size."""
+        epoch = self.epoch if epoch is None else epoch
+        if not self.shuffle:
+            return list(range(self.dataset_size))
+        generator = torch.Generator().manual_seed(self.seed + epoch)
+        return torch.randperm(self.dataset_size, generator=generator).tolist()
+
+    def _slice(self, start: int, size: int) -> tuple[int, int]:
+        """This rank's [begin, end) within the global batch of ``size`` samples starting at ``start``."""
+        base, extra = divmod(size, self.num_replicas)
+        begin = start + self.rank * base + min(self.rank, extra)
+        return begin, begin + base + (1 if self.rank < extra else 0)
+
+    # -- iteration ------------------------------------------------------------------------
+    def __len__(self) -> int:
+        """Global batches left in this epoch (each yields this rank's slice)."""
+        return -(-(self.samples_per_epoch - self.consumed) // self.global_batch_size)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        # A new pass starts at the trained position: batches an earlier pass drew ahead (prefetched by
+        # DataLoader workers) but that were never trained are drawn again.
+        self._pass += 1
+        self._drawn = self._advanced = 0
+        return self._batches(self._pass, self.epoch, self.consumed)
+
+    def _batches(self, this_pass: int, epoch: int, start: int) -> Iterator[list[int]]:
+        order = self.order(epoch)
+        end = self.samples_per_epoch
+        for position in range(start, end, self.global_batch_size):
+            if this_pass != self._pass:
+                raise RuntimeError(
+                    "ElasticSampler: this iterator is stale (set_epoch, load_state_dict or a newer iteration "
+                    "moved the sampler); create the DataLoader iterator again"
+                )
+            begin, stop = self._slice(position, min(self.global_batch_size, end - position))
+            self._drawn += 1
+            yield order[begin:stop]
+
+    def advance(self) -> None:
+        """The next drawn global batch is trained: call once per trained batch, on every rank."""
+        if self._advanced >= self._drawn:
+            raise RuntimeError(
+                f"ElasticSampler.advance() called {self._advanced + 1} times in this pass, but only "
+                f"{self._drawn} batches were drawn: call it once per trained batch, after iterating the loader"
+            )
+        self._advanced += 1
+        self.consumed = min(self.consumed + self.global_batch_size, self.samples_per_epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Move to the start of ``epoch``; setting the epoch the sampler is in keeps its (restored) position."""
+        if epoch == self.epoch:
+            return
+        self._check_advanced("set_epoch")
+        self.epoch, self.consumed = epoch, 0
+        self._pass += 1
+        self._drawn = self._advanced = 0
+
+    def _check_advanced(self, what: str) -> None:
+        if self._drawn and not self._advanced:
+            raise RuntimeError(
+                f"ElasticSampler.{what}(): {self._drawn} batches were drawn in this pass but advance() was "
+                "never called; call sampler.advance() after each trained step, or a resume repeats the epoch"
+            )
+
+    # -- checkpointed state -------------------------------------------------------------------
+    def state_dict(self) -> dict[str, int]:
+        """Plain ints: the position, and what identifies the epoch's order (checked on load)."""
+        self._check_advanced("state_dict")
+        return {
+            "epoch": self.epoch,
+            "consumed": self.consumed,
+            "dataset_size": self.dataset_size,
+            "seed": self.seed,
+            "shuffle": int(self.shuffle),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        """Continue where the saved job stopped; refuses a state whose sample order differs from this one's."""
+        saved = {k: int(state_dict[k]) for k in ("epoch", "consumed", "dataset_size", "seed", "shuffle")}
+        mine = {"dataset_size": self.dataset_size, "seed": self.seed, "shuffle": int(self.shuffle)}
+        changed = {k: (saved[k], v) for k, v in mine.items() if saved[k] != v}
+        if changed:
+            listed = ", ".join(f"{k} saved {old}, now {new}" for k, (old, new) in changed.items())
+            raise ValueError(f"ElasticSampler: the checkpoint's sample order differs from this sampler's ({listed}); "
+                             "its position would mean other samples")
+        if not 0 <= saved["consumed"] <= self.dataset_size or saved["epoch"] < 0:
+            raise ValueError(f"ElasticSampler: invalid position epoch {saved['epoch']}, consumed {saved['consumed']}")
+        self.epoch = saved["epoch"]
+        # A drop_last change cannot move past the samples this epoch trains.
+        self.consumed = min(saved["consumed"], self.samples_per_epoch)
+        self._pass += 1
+        self._drawn = self._advanced = 0
+
+
+__all__ = ["ElasticSampler"]

@@ -1,0 +1,184 @@
+"""The backend contract: both backends implement backends.base.Backend, one session per AKS command, one view
+of a job, one table of az errors, one place that decides where a command runs."""
+from __future__ import annotations
+
+import inspect
+
+import pytest
+from azure.cli.core import azclierror as az
+
+from azext_elastictrain import _errors
+from azext_elastictrain._validators import Target, resolve_checkpoints, resolve_cluster, resolve_target
+from azext_elastictrain.backends.aks.backend import AksBackend
+from azext_elastictrain.backends.base import Backend, WaitFor
+from azext_elastictrain.backends.local.backend import LocalBackend
+from azext_elastictrain.clients.kube import KubeError
+from azext_elastictrain.core.errors import ArmError, ClusterNotFound, JobNotFound, NotReached, OptionNotHere
+from azext_elastictrain.core.view import build_job_view, wait_for_job
+from tests.support.fake_kube import FakeKube
+
+IMAGE = "myregistry.azurecr.io/elastictrain:0.1.0"
+GPU = {"name": "gpu", "mode": "User", "vmSize": "Standard_NC4as_T4_v3", "scaleSetPriority": "Spot",
+       "nodeTaints": ["sku=gpu:NoSchedule"]}
+
+
+def _protocol_methods() -> dict[str, inspect.Signature]:
+    return {name: inspect.signature(member) for name, member in vars(Backend).items()
+            if inspect.isfunction(member) and not name.startswith("_")}
+
+
+@pytest.mark.parametrize("backend", [LocalBackend, AksBackend])
+def test_each_backend_implements_every_method_of_the_protocol_with_its_parameters(backend) -> None:
+    for name, wanted in _protocol_methods().items():
+        method = getattr(backend, name, None)
+        assert callable(method), f"{backend.__name__} lacks {name}"
+        assert list(inspect.signature(method).parameters) == list(wanted.parameters), name
+
+
+class CountingArm:
+    """ARM as the AKS backend sees it, counting what it is asked."""
+
+    subscription, tenant, storage_suffix = "sub", "tenant", "core.windows.net"
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def get(self, kind, ref):
+        self.asked.append(f"GET {kind}")
+        if kind == "cluster":
+            return {"name": ref["name"], "tags": {"elastictrain": "1", "elastictrain-storage": "acct1"},
+                    "properties": {"agentPoolProfiles": [GPU]}}
+        return {"properties": {"primaryEndpoints": {"blob": "https://acct1.blob.core.windows.net/"}}}
+
+    def user_kubeconfig(self, resource_group, cluster):
+        self.asked.append("listClusterUserCredential")
+        return b"in memory"
+
+
+def test_an_aks_command_asks_arm_and_fetches_credentials_once_however_often_it_looks() -> None:
+    arm, kube = CountingArm(), FakeKube()
+    backend = AksBackend(arm, "rg", "trainer", kube_connect=lambda _: kube)
+    plan = backend.plan_job(_request())
+    backend.submit_job(plan)
+    for _ in range(5):
+        backend.describe_job("cifar")
+    backend.list_jobs()
+    assert sorted(arm.asked) == ["GET cluster", "GET storage_account", "listClusterUserCredential"]
+    assert sum(c[:2] == ("get", "ElasticJob") for c in kube.calls) >= 6
+
+
+def test_a_dry_run_plans_without_kubernetes_or_credentials() -> None:
+    arm, kube = CountingArm(), FakeKube()
+    shown = AksBackend(arm, "rg", "trainer", kube_connect=lambda _: kube).plan_job(_request()).shown
+    assert shown["dryRun"] and shown["object"]["kind"] == "ElasticJob"
+    assert "listClusterUserCredential" not in arm.asked and kube.calls == []
+
+
+def _request():
+    from azext_elastictrain.backends.base import JobRequest
+    from azext_elastictrain.core.spec import JobSpec
+
+    return JobRequest(JobSpec(name="cifar", script="/app/train.py", min_nodes=1, max_nodes=2), IMAGE, 1)
+
+
+def test_options_of_the_other_backend_are_usage_errors_that_say_which() -> None:
+    from azext_elastictrain.backends.base import LogRequest
+
+    aks = AksBackend(CountingArm(), "rg", "trainer", kube_connect=lambda _: FakeKube())
+    with pytest.raises(OptionNotHere, match="--node names a node of a local job"):
+        aks.job_logs("cifar", LogRequest(node="node-0"))
+    with pytest.raises(OptionNotHere, match="--delete-checkpoints is for local jobs"):
+        aks.plan_job_delete("cifar", delete_checkpoints=True)
+
+
+# -- the job view ---------------------------------------------------------------------------------------------
+
+def _events() -> list[dict]:
+    return [{"time": 5, "event": "started", "world_size": 2},
+            {"time": 10, "event": "progress", "step": 40, "world_size": 2, "samples_per_s": 100.0},
+            {"time": 11, "event": "preempted", "node": "a", "step": 41, "source": "scheduled_events"},
+            {"time": 12, "event": "preempted", "node": "b", "step": 41, "source": "sigterm"},
+            {"time": 20, "event": "restored", "step": 41, "world_size": 1},
+            {"time": 30, "event": "checkpoint", "step": 50}]
+
+
+def test_an_eviction_is_a_notice_or_a_node_lost_without_one_each_node_once() -> None:
+    view = build_job_view(_events(), created=1.0, nodes=[], state_of=lambda s: "Running",
+                          lost_nodes=lambda state: ["a", "c", "c"])
+    assert view.evictions == 2  # a's notice, c lost without one; b's SIGTERM alone is torchrun restarting
+    assert (view.step, view.world_size, view.last_checkpoint_step) == (41, 1, 50)
+    shown = view.describe({"name": "cifar"}, {"keep": 3})
+    assert shown["lastCheckpointTime"] == "1970-01-01T00:00:30Z" and "goodput" not in shown
+    assert "workerRestarts" not in shown and "eventsError" not in shown
+
+
+def test_events_of_an_earlier_run_of_the_same_name_are_not_counted() -> None:
+    view = build_job_view(_events(), created=25.0, nodes=[], state_of=lambda s: "Running",
+                          lost_nodes=lambda state: [])
+    assert (view.evictions, view.step, view.last_checkpoint_step) == (0, None, 50)
+
+
+def test_wait_fails_once_a_job_ended_or_time_ran_out_and_returns_once_reached() -> None:
+    now = [0.0]
+    shown = [{"state": "Running", "step": 10}, {"state": "Running", "step": 20}, {"state": "Failed", "step": 20}]
+
+    def sleep(seconds):
+        now[0] += seconds
+
+    def wait(describe, **until):
+        return wait_for_job(describe, "cifar", timeout=30, interval=10, logs_hint="logs", clock=lambda: now[0],
+                            sleep=sleep, **{"state": None, "step": None, "world_size": None, **until})
+
+    assert wait(iter(shown).__next__, step=20)["step"] == 20
+    with pytest.raises(NotReached, match="is Failed at step 20: it will not reach step 30"):
+        wait(iter(shown).__next__, step=30)
+    with pytest.raises(NotReached, match="timed out after 30s"):
+        wait(lambda: {"state": "Running", "step": 1}, step=30)
+    assert WaitFor().timeout == 600
+
+
+# -- where a command runs, and its errors ---------------------------------------------------------------------
+
+def test_the_place_of_a_command_is_resolved_once_with_usage_errors_before_any_request() -> None:
+    assert resolve_target(local=True, job="cifar") == Target("local", "local")
+    assert resolve_target(resource_group="rg", cluster="c1") == Target("aks", "c1", "rg")
+    assert resolve_cluster(needs_name=False) == Target("aks", None, None)
+    assert resolve_checkpoints(url="https://a.blob.core.windows.net/c/j", connection_string=None, local=False,
+                               cluster=None, job=None, resource_group=None).kind == "url"
+    with pytest.raises(az.MutuallyExclusiveArgumentError):
+        resolve_target(local=True, resource_group="rg", cluster="c1")
+    with pytest.raises(az.RequiredArgumentMissingError):
+        resolve_target(resource_group="rg")
+    with pytest.raises(az.ArgumentUsageError, match="say where the job runs"):
+        resolve_target()
+    with pytest.raises(az.InvalidArgumentValueError):
+        resolve_target(local=True, job="Not_A_Name")
+
+
+def test_every_row_of_the_error_table_names_a_type_that_exists() -> None:
+    for path, _ in _errors.TABLE:
+        assert isinstance(_errors._loaded(path), type), path
+
+
+@pytest.mark.parametrize("error, target, expected, words", [
+    (ClusterNotFound("no local cluster named 'x'"), Target("local", "x"), az.ResourceNotFoundError,
+     "cluster create --local --name x"),
+    (ClusterNotFound("no AKS cluster"), Target("aks", "c1", "rg"), az.ResourceNotFoundError, "cluster list -g rg"),
+    (JobNotFound("no job 'j'"), Target("aks", "c1", "rg"), az.ResourceNotFoundError, "job list -g rg -c c1"),
+    (OptionNotHere("--rank is for AKS", "use --node"), Target("local", "x"), az.ArgumentUsageError, "use --node"),
+    (NotReached("timed out", "wait longer"), Target("local", "x"), az.UnclassifiedUserFault, "wait longer"),
+    (ArmError(403, "AuthorizationFailed", "no"), Target("aks", "c1", "rg"), az.ForbiddenError, ""),
+    (ArmError(409, "Conflict", "busy"), Target("aks", "c1", "rg"), az.AzureResponseError, ""),
+    (KubeError("no answer"), Target("aks", "c1", "rg"), az.AzureConnectionError, "cluster show -g rg -n c1"),
+])
+def test_errors_leave_as_the_az_error_of_their_row(error, target, expected, words) -> None:
+    with pytest.raises(expected) as raised:
+        with _errors.az_errors(target):
+            raise error
+    assert raised.value.__cause__ is error and words in (raised.value.recommendations or [""])[0] + str(raised.value)
+
+
+def test_an_error_of_no_row_passes_unchanged() -> None:
+    with pytest.raises(KeyError):
+        with _errors.az_errors(Target("local", "x")):
+            raise KeyError("a bug stays a bug")
