@@ -78,7 +78,7 @@ def test_create_runs_the_plan_in_order_and_a_rerun_changes_nothing(az, arm, grou
 @pytest.mark.parametrize("drift, field", [
     (lambda props: props.update(maxCount=10), "maxCount"),
     (lambda props: props.update(nodeTaints=[SPOT_TAINT]), "nodeTaints"),
-])
+], ids=["max-count-changed", "our-taint-removed"])
 def test_a_real_drift_of_the_spot_pool_is_fixed_by_one_put(az, arm, group, drift, field):
     _create(az, group, "drift1")
     pool_suffix = f"/resourcegroups/{group}/providers/microsoft.containerservice/managedclusters/drift1/agentpools/gpu"
