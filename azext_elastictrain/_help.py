@@ -89,6 +89,7 @@ long-summary: |
     folder (.metadata, __*.distcp) plus its manifest.json: load it with
     torch.distributed.checkpoint (FileSystemReader), or turn it into one torch.save file with
     'python -m torch.distributed.checkpoint.format_utils dcp_to_torch <folder> model.pt'.
+    Plain values (numbers, strings, lists) are there as their JSON text in uint8 tensors.
     Files are written to a hidden folder and moved into place once all are verified, so an
     interrupted or damaged download leaves nothing that looks complete.
 examples:

@@ -43,13 +43,23 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.stateful import Stateful
 
 from azext_elastictrain.core import catalog, layout
 from azext_elastictrain.core.blobstore import BlobStore, WriteConflict
 from azext_elastictrain.runtime import progress
-from azext_elastictrain.runtime.state import Snapshotter, TrainingState, capture_rng, restore_rng
-from azext_elastictrain.runtime.storage import BlobCheckpointReader, BlobCheckpointWriter
+from azext_elastictrain.runtime.planners import CheckingLoadPlanner, StateMismatch, TensorSavePlanner, names
+from azext_elastictrain.runtime.state import (
+    SEP,
+    Snapshotter,
+    StateError,
+    StateTree,
+    capture_rng,
+    json_tensor,
+    json_value,
+    modules_in,
+    restore_rng,
+)
+from azext_elastictrain.runtime.storage import METADATA, METADATA_JSON, BlobCheckpointReader, BlobCheckpointWriter
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +68,13 @@ warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavai
 
 # Our own entry in every checkpoint: per-rank RNG states and the step.
 RESERVED = "_elastictrain"
+RNG_PREFIX = f"{RESERVED}{SEP}rng{SEP}"
+STEP_KEY = f"{RESERVED}{SEP}step"
+RNG_JSON = ("python_extra", "numpy_extra")  # the plain parts of capture_rng's state
+
+
+# What loading one checkpoint came to on a rank (all-reduced: the worst wins).
+LOADED, UNREADABLE, MISMATCH = 0, 1, 2
 
 
 class CheckpointError(RuntimeError):
@@ -78,15 +95,46 @@ def _env_float(environ: Any, name: str, default: float | None) -> float | None:
     return float(value) if value not in (None, "") else default
 
 
-def _fenced(ex: BaseException) -> "FencedError | None":
-    """The FencedError behind a DCP failure, if that is what it was (on any rank)."""
-    if isinstance(ex, FencedError):
+def _cause(ex: BaseException, kind: type[BaseException]) -> "BaseException | None":
+    """The error of ``kind`` behind a DCP failure (DCP wraps every rank's error), if that is what it was."""
+    if isinstance(ex, kind):
         return ex
     for failure in getattr(ex, "failures", {}).values():
         cause = failure[0] if isinstance(failure, tuple) else failure
-        if isinstance(cause, FencedError):
+        if isinstance(cause, kind):
             return cause
     return None
+
+
+def _failure_text(ex: BaseException) -> str:
+    """What went wrong, per rank, rather than DCP's "CheckpointException ranks: [0]"."""
+    failures = getattr(ex, "failures", None)
+    if not failures:
+        return str(ex)
+    causes = {rank: (f[0] if isinstance(f, tuple) else f) for rank, f in failures.items()}
+    return "; ".join(f"rank {rank}: {type(c).__name__}: {c}" for rank, c in sorted(causes.items()))
+
+
+def _fenced(ex: BaseException) -> "FencedError | None":
+    """The FencedError behind a DCP failure, if that is what it was (on any rank)."""
+    return _cause(ex, FencedError)  # type: ignore[return-value]
+
+
+def _tree(state: dict[str, Any]) -> StateTree:
+    try:
+        return StateTree(state, reserved=RESERVED)
+    except StateError as ex:
+        raise CheckpointError(str(ex)) from ex
+
+
+def _rng_items(rank: int, rng: dict[str, Any]) -> dict[str, Any]:
+    items: dict[str, Any] = {}
+    for name, value in rng.items():
+        if isinstance(value, list) and value and isinstance(value[0], torch.Tensor):
+            items.update({f"{RNG_PREFIX}{rank}{SEP}{name}{SEP}{i}": t for i, t in enumerate(value)})
+        else:
+            items[f"{RNG_PREFIX}{rank}{SEP}{name}"] = value
+    return items
 
 
 class Checkpointer:
@@ -231,10 +279,22 @@ class Checkpointer:
                 log.warning("skipping damaged checkpoints at steps %s", skipped)
         candidates = self._broadcast(candidates)
         fallbacks = 0
+        # Only with a checkpoint to load: looking at a fresh optimizer's state initialises it.
+        tree = _tree(state) if candidates else None
         for raw in candidates:
             manifest = layout.Manifest.from_bytes(raw)
-            failed_somewhere = self._all_reduce_max([0 if self._load(manifest, state) else 1])[0]
-            if not failed_somewhere:
+            try:
+                outcome, problem = self._load(manifest, tree), ""  # type: ignore[arg-type]
+            except StateMismatch as ex:
+                outcome, problem = MISMATCH, str(ex)
+            outcome = self._all_reduce_max([outcome])[0]
+            if outcome == MISMATCH:
+                raise CheckpointError(
+                    f"the checkpoint of step {manifest.step} does not fit the state passed to restore: "
+                    f"{problem or 'see the log of another rank'}. Pass the same keys the training saved "
+                    "(or a new job prefix for a different state)"
+                )
+            if outcome == LOADED:
                 seconds = time.monotonic() - started
                 if self.rank == 0:
                     log.info("restored step %d in %.2fs", manifest.step, seconds)
@@ -251,27 +311,52 @@ class Checkpointer:
             self._emit(progress.RESTORED, step=None, fallbacks=fallbacks, world_size=self.world_size)
         return None
 
-    def _load(self, manifest: layout.Manifest, state: dict[str, Any]) -> bool:
-        target = dict(state)
-        target[RESERVED] = {"rng": None, "step": None}
+    def _load(self, manifest: layout.Manifest, tree: StateTree) -> int:
+        """LOADED, or UNREADABLE (damaged, refused: try the previous one); StateMismatch if it does not fit."""
+        names_in_it = {f.path.rsplit("/", 1)[-1] for f in manifest.files}
+        if METADATA_JSON not in names_in_it and METADATA in names_in_it:
+            raise CheckpointError(
+                f"the checkpoint of step {manifest.step} was written by an earlier elastictrain whose metadata "
+                "is pickled, and restore never unpickles what it reads from storage; resume this job with the "
+                "version that wrote it, or start it under a new prefix"
+            )
+        flat = dict(tree.flat)  # DCP copies this; the planner holds the copy it loads
+        mine = f"{RNG_PREFIX}{self.rank}{SEP}"
+        planner = CheckingLoadPlanner(tree.free, adopt=(mine, STEP_KEY), ignore=(RNG_PREFIX,))
         reader = BlobCheckpointReader(self.store, self.job_prefix, manifest, verify=self.verify)
         try:
-            dcp.load(target, storage_reader=reader, process_group=self._ctl, no_dist=not self.distributed)
+            dcp.load(flat, storage_reader=reader, planner=planner, process_group=self._ctl,
+                     no_dist=not self.distributed)
         except (Exception, CheckpointException) as ex:  # noqa: BLE001 - unreadable: try the previous one
             # (DCP wraps every rank's read error in CheckpointException, a BaseException.)
-            log.warning("cannot load checkpoint of step %d: %s", manifest.step, ex)
-            return False
-        for key, value in target.items():
-            if key != RESERVED and not isinstance(state[key], Stateful):
-                state[key] = value
-        rng_states = target[RESERVED]["rng"] or []
-        if self.rank < len(rng_states) and rng_states[self.rank] is not None:
-            restore_rng(rng_states[self.rank])
+            mismatch = _cause(ex, StateMismatch)
+            if mismatch is not None:
+                raise mismatch from ex
+            log.warning("cannot load checkpoint of step %d: %s", manifest.step, _failure_text(ex))
+            return UNREADABLE
+        self._apply(manifest, tree, planner, mine)
+        return LOADED
+
+    def _apply(self, manifest: layout.Manifest, tree: StateTree, planner: CheckingLoadPlanner, mine: str) -> None:
+        """Prove every key was loaded, decode the plain values, and put it all into the live state."""
+        skipped = planner.not_loaded()
+        if skipped:
+            raise StateMismatch(f"keys not loaded on rank {self.rank}: {names(skipped)}")
+        loaded = planner.state_dict  # the flat dict DCP loaded, adopted keys included
+        plain = tree.json_keys | {mine + name for name in RNG_JSON} | {STEP_KEY}
+        try:
+            for key in plain & set(loaded):
+                loaded[key] = json_value(loaded[key], key)
+        except StateError as ex:
+            raise StateMismatch(str(ex)) from ex
+        tree.apply({key: loaded[key] for key in tree.flat})
+        rng = {k[len(mine):]: v for k, v in loaded.items() if k.startswith(mine)}
+        if rng:
+            restore_rng(rng)
         else:
             # The world grew: a new rank has no saved stream. Derive one from
             # (step, rank) so reruns stay reproducible.
             torch.manual_seed(manifest.step * 100003 + self.rank)
-        return True
 
     # -- save ----------------------------------------------------------------------
     def save(self, step: int, state: dict[str, Any], *, blocking: bool | None = None) -> None:
@@ -286,16 +371,24 @@ class Checkpointer:
             return  # already committed (e.g. an interval save of the step a notice arrived at)
         started = time.monotonic()
         self._agree_on_buffers(state)
-        plain = {k: (v.state_dict() if isinstance(v, Stateful) else v) for k, v in state.items()}
+        tree = _tree(state)
+        flat = dict(tree.flat)
         gathered = self._all_gather((uuid.uuid4().hex[:12], capture_rng()))
         writer = gathered[0][0]  # rank 0's token names this attempt's folder on every rank
-        plain[RESERVED] = {"rng": [g[1] for g in gathered], "step": step}
-        snapshot = self._snapshotter.snapshot(plain)
+        for rank, (_, rng) in enumerate(gathered):
+            flat.update(_rng_items(rank, rng))
+        flat[STEP_KEY] = step
+        try:
+            flat = {k: v if isinstance(v, torch.Tensor) else json_tensor(v, k) for k, v in flat.items()}
+        except StateError as ex:
+            raise CheckpointError(str(ex)) from ex
+        paths = {**{k: tuple(k.split(SEP)) for k in flat}, **tree.paths}
+        snapshot = self._snapshotter.snapshot(flat)
         stall = time.monotonic() - started
         self._last_save_time = time.monotonic()
 
         def upload() -> None:
-            self._upload(step, snapshot, writer, stall)
+            self._upload(step, snapshot, writer, stall, paths)
 
         if blocking or (blocking is None and not self.async_save):
             upload()
@@ -313,15 +406,15 @@ class Checkpointer:
         """
         if not self.distributed:
             return
-        for value in state.values():
-            if isinstance(value, TrainingState):
-                for buffer in value.model.buffers():
-                    host = buffer.detach().cpu() if buffer.is_cuda else buffer.detach()
-                    dist.broadcast(host, src=0, group=self._ctl)
-                    if host is not buffer:
-                        buffer.copy_(host)
+        for module in modules_in(state):
+            for buffer in module.buffers():
+                host = buffer.detach().cpu() if buffer.is_cuda else buffer.detach()
+                dist.broadcast(host, src=0, group=self._ctl)
+                if host is not buffer:
+                    buffer.copy_(host)
 
-    def _upload(self, step: int, snapshot: dict[str, Any], writer: str, stall: float) -> None:
+    def _upload(self, step: int, snapshot: dict[str, Any], writer: str, stall: float,
+                paths: dict[str, tuple[str | int, ...]]) -> None:
         started = time.monotonic()
         committed: list[layout.Manifest] = []
 
@@ -345,6 +438,7 @@ class Checkpointer:
             dcp.save(
                 snapshot,
                 storage_writer=BlobCheckpointWriter(self.store, path, commit, self.thread_count),
+                planner=TensorSavePlanner(paths),
                 process_group=self._io,
                 no_dist=not self.distributed,
             )

@@ -1,11 +1,17 @@
 """torch.distributed.checkpoint (DCP) storage straight onto blob storage.
 
-DCP's own file-system writer and reader do the planning and serialization;
-this module gives them a blob-backed ``FileSystemBase`` and replaces the one
-step that does not fit blob storage: DCP commits ``.metadata`` by renaming a
-temporary file, which on blob would be a copy. Here ``finish`` (which DCP
-calls on the coordinator only after every rank has written its files) writes
-``.metadata`` once and then the checkpoint's ``manifest.json`` — our commit.
+Built on DCP's public ``FileSystemWriter``/``FileSystemReader`` and their
+``fs`` hook (a ``FileSystemBase``): DCP plans and writes the files, this module
+gives it a blob-backed file system and replaces the two steps that do not fit:
+
+- DCP commits ``.metadata`` by renaming a temporary file, which on blob would
+  be a copy. Here ``finish`` (which DCP calls on the coordinator only after
+  every rank has written its files) writes the metadata once and then the
+  checkpoint's ``manifest.json`` — our commit.
+- DCP reads ``.metadata`` with ``pickle.load``: whoever can write the
+  container could run code in every trainer. We write the metadata also as
+  JSON (``.metadata.json``, see ``metadata_codec``) and read only that; the
+  pickled ``.metadata`` stays for offline tools (``checkpoint download``).
 
 Call order, per save (all ranks):  prepare_local_plan -> [coordinator]
 prepare_global_plan -> write_data (every rank, in parallel, to its own files)
@@ -19,18 +25,21 @@ from contextlib import contextmanager
 from typing import Any, Callable, Generator
 
 from torch.distributed.checkpoint.filesystem import (
+    CURRENT_DCP_VERSION,
     FileSystemBase,
     FileSystemReader,
-    _FileSystemWriter,
+    FileSystemWriter,
 )
-from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import SavePlan
 from torch.distributed.checkpoint.storage import WriteResult
 
 from azext_elastictrain.core import layout
 from azext_elastictrain.core.blobstore import BlobStore, NotFound
+from azext_elastictrain.runtime import metadata_codec
 
 METADATA = ".metadata"
+METADATA_JSON = ".metadata.json"
 
 
 class MemoryReader(io.RawIOBase):
@@ -118,7 +127,7 @@ class BlobFileSystem(FileSystemBase):
         self.store.delete([str(path)])
 
 
-class BlobCheckpointWriter(_FileSystemWriter):
+class BlobCheckpointWriter(FileSystemWriter):
     """DCP writer for one save attempt of one step, committed by its manifest.
 
     ``path`` is the attempt's own folder (``<job>/checkpoints/<step>/<writer>``);
@@ -144,11 +153,12 @@ class BlobCheckpointWriter(_FileSystemWriter):
         return plan
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
-        from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION
-
         metadata.version = CURRENT_DCP_VERSION
         metadata.storage_data = {wr.index: wr.storage_data for wrs in results for wr in wrs}
         metadata.storage_meta = self.storage_meta()
+        # JSON is what restore reads; the pickle is for offline DCP tools only.
+        self._store.create(layout.join(self.path, METADATA_JSON), metadata_codec.dumps(metadata),
+                           content_type="application/json")
         self._store.create(layout.join(self.path, METADATA), pickle.dumps(metadata))
         # Manifest paths are relative to the step folder: "<writer>/<file>".
         step_folder = self.path.rsplit("/", 1)[0] + "/"
@@ -178,3 +188,11 @@ class BlobCheckpointReader(FileSystemReader):
         }
         self.fs = BlobFileSystem(store, expected)
         self.path = self.fs.init_path(self.path)
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        """The checkpoint's JSON metadata; DCP's own reader would unpickle ``.metadata``."""
+        with self.fs.create_stream(layout.join(self.path, METADATA_JSON), "rb") as stream:
+            metadata = metadata_codec.loads(stream.read())
+        metadata.storage_meta = metadata.storage_meta or StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata

@@ -9,8 +9,10 @@
 
 Starts its own Azurite (data on disk in a temporary folder, always stopped)
 and, for each state size S MiB, builds a float32 state of S MiB (a model-like
-set of a few large and many small tensors plus an optimizer-like copy of each,
-or with ``--state module`` a real ``nn.Module`` + Adam in a ``TrainingState``).
+set of a few large and many small tensors plus an optimizer-like copy of each;
+with ``--state module`` the raw ``{"model": nn.Module, "optimizer": AdamW}``
+dict a script passes, with ``--state fsdp2`` the same model sharded by FSDP2's
+``fully_shard`` in one gloo process).
 Every repetition runs all variants interleaved (the order rotates from one
 repetition to the next), under fresh blob names that are deleted afterwards:
 
@@ -66,7 +68,6 @@ import torch.distributed.checkpoint as dcp  # noqa: E402
 from azext_elastictrain.core import layout  # noqa: E402
 from azext_elastictrain.core.blobstore import BLOCK_SIZE, BlobStore  # noqa: E402
 from azext_elastictrain.runtime.checkpoint import Checkpointer  # noqa: E402
-from azext_elastictrain.runtime.state import TrainingState  # noqa: E402
 from tests.support.services import start_azurite  # noqa: E402
 
 MiB = 1 << 20
@@ -117,8 +118,8 @@ def build_dict_state(size_mib: int) -> dict[str, Any]:
     return {"train": {"model": model, "optim": {"state": optim}}}
 
 
-def build_module_state(size_mib: int) -> dict[str, Any]:
-    """A real ``nn.Module`` + Adam (params, exp_avg, exp_avg_sq: ~3x params) in a TrainingState."""
+def _module_and_adamw(size_mib: int, shard: Callable[[torch.nn.Module], None] | None = None) -> dict[str, Any]:
+    """A real ``nn.Module`` + AdamW (params, exp_avg, exp_avg_sq: ~3x params), as a script passes them."""
     params = size_mib * MiB // 4 // 3
     blocks = 8
     d = int((params / blocks) ** 0.5)
@@ -127,11 +128,45 @@ def build_module_state(size_mib: int) -> dict[str, Any]:
     for _ in range(blocks):
         layers += [torch.nn.Linear(d, d), torch.nn.LayerNorm(d)]
     model = torch.nn.Sequential(*layers)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    if shard is not None:
+        shard(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model(torch.randn(2, d)).sum().backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return {"train": TrainingState(model, optimizer)}
+    return {"model": model, "optimizer": optimizer}
+
+
+def build_module_state(size_mib: int) -> dict[str, Any]:
+    """The raw ``{"model": model, "optimizer": AdamW}`` dict (no TrainingState)."""
+    return _module_and_adamw(size_mib)
+
+
+def build_fsdp2_state(size_mib: int) -> dict[str, Any]:
+    """The same, the model sharded with FSDP2 ``fully_shard`` (one process, gloo: DTensor paths, CPU)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    if not dist.is_initialized():
+        from tests.support.services import free_port
+
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    mesh = init_device_mesh("cpu", (1,))
+
+    def shard(model: torch.nn.Module) -> None:
+        for layer in model:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+
+    return _module_and_adamw(size_mib, shard)
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (shares its storage), or the tensor itself."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def live_tensors(state: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -140,7 +175,7 @@ def live_tensors(state: dict[str, Any]) -> dict[str, torch.Tensor]:
 
     def walk(value: Any, path: str) -> None:
         if isinstance(value, torch.Tensor):
-            out[path] = value
+            out[path] = _local(value)
         elif isinstance(value, dict):
             for k, v in value.items():
                 walk(v, f"{path}/{k}")
@@ -149,12 +184,17 @@ def live_tensors(state: dict[str, Any]) -> dict[str, torch.Tensor]:
                 walk(v, f"{path}/{i}")
 
     for key, value in state.items():
-        if isinstance(value, TrainingState):
-            walk(value.model.state_dict(), f"{key}/model")
-            walk({str(k): v for k, v in value.optimizer.state.items()}, f"{key}/optim")
+        if isinstance(value, torch.nn.Module):
+            walk(value.state_dict(), key)
+        elif isinstance(value, torch.optim.Optimizer):
+            walk({str(i): value.state[p] for i, p in enumerate(value.state)}, key)
         else:
             walk(value, key)
     return out
+
+
+BUILDERS: dict[str, Callable[[int], dict[str, Any]]] = {
+    "dict": build_dict_state, "module": build_module_state, "fsdp2": build_fsdp2_state}
 
 
 # --------------------------------------------------------------------------- helpers
@@ -496,8 +536,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", type=_sizes, default=[64, 512], help="state sizes in MiB (default 64,512)")
     parser.add_argument("--repeats", type=_repeats, default=5, help=f"repetitions (>= {MIN_REPEATS}; default 5)")
     parser.add_argument("--json", metavar="PATH", help="write the results with every raw sample here")
-    parser.add_argument("--state", choices=("dict", "module"), default="dict",
-                        help="dict: plain nested dict of tensors (default); module: nn.Module + Adam in a TrainingState")
+    parser.add_argument("--state", choices=sorted(BUILDERS), default="dict",
+                        help="dict: plain nested dict of tensors (default); module: the raw {'model': nn.Module, "
+                             "'optimizer': AdamW} dict; fsdp2: the same with the model sharded by fully_shard")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--fsspec", dest="fsspec", action="store_true", default=None,
                        help="require the DCP FsspecWriter/adlfs comparison (default: run it if adlfs imports)")
@@ -505,7 +546,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true",
                         help="after measuring, cProfile one save and one restore of the largest size")
     args = parser.parse_args(argv)
-    build = build_dict_state if args.state == "dict" else build_module_state
+    build = BUILDERS[args.state]
+    if args.state != "dict" and args.fsspec:
+        raise SystemExit("--fsspec compares plain dict states only (--state dict)")
+    if args.state != "dict":
+        args.fsspec = False  # DCP's own save of a raw optimizer is not what a script would do
 
     started = time.perf_counter()
     result: dict[str, Any] = {

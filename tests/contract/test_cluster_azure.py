@@ -46,17 +46,18 @@ def test_create_runs_the_plan_in_order_and_a_rerun_changes_nothing(az, arm, grou
                      "Deallocate", "--labels", "team=vision", "-o", "json")
     assert _writes(arm) == PLAN
     assert "[5/9] AKS cluster: creating" in result.stderr  # progress on the long steps
-    pool = arm.find("/agentpools/gpu")["properties"]
-    assert pool["nodeLabels"]["team"] == "vision" and pool["count"] == 0
+    in_group = f"/resourcegroups/{group}/providers"  # the session's server also holds other tests' clusters
+    pool = arm.find(f"{in_group}/microsoft.containerservice/managedclusters/spot1/agentpools/gpu")
+    assert pool["properties"]["nodeLabels"]["team"] == "vision" and pool["properties"]["count"] == 0
     assert arm.kube.get("v1", "Namespace", "elastictrain") is not None
-    account = arm.find("/userassignedidentities/spot1-training")["properties"]
+    account = arm.find(f"{in_group}/microsoft.managedidentity/userassignedidentities/spot1-training")["properties"]
     sa = arm.kube.get("v1", "ServiceAccount", "elastictrain-training", "elastictrain")
     assert sa["metadata"]["annotations"]["azure.workload.identity/client-id"] == account["clientId"]
 
     # as a real cluster answers a while later: AKS's own Spot taint and label on the pool, the autoscaler's counts
-    assert pool["nodeTaints"] == ["sku=gpu:NoSchedule", SPOT_TAINT]
-    assert pool["nodeLabels"][SPOT_LABEL[0]] == SPOT_LABEL[1]
-    assert "/resourcegroups/" in arm.find("/agentpools/gpu")["id"]
+    assert pool["properties"]["nodeTaints"] == ["sku=gpu:NoSchedule", SPOT_TAINT]
+    assert pool["properties"]["nodeLabels"][SPOT_LABEL[0]] == SPOT_LABEL[1]
+    assert "/resourcegroups/" in pool["id"], "ids in ARM's casing, not the request's"
     arm.autoscale(group, "spot1", "gpu", 3)
     arm.autoscale(group, "spot1", "system", 2)
     arm.requests.clear()

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:Us
 
 JOB = "job"
 DATA = "__0_0.distcp"
-METADATA = ".metadata"
+METADATA = ".metadata.json"  # what restore reads (the pickled .metadata is for offline tools)
 
 
 def make_state(step: int) -> dict:
