@@ -97,6 +97,9 @@ TABLE: list[_Row] = [
     (f"{_AKS}.jobs:JobExists", lambda t, ex: az.ValidationError(
         str(ex), recommendation=f"'az elastictrain job delete {t.where} -n NAME', or pick another name.")),
     (f"{_CORE}.spec:SpecError", lambda t, ex: az.InvalidArgumentValueError(str(ex))),
+    # the region cannot run the GPU Spot pool (raised before anything is created)
+    (f"{_CORE}.preflight:PreflightError", lambda t, ex: az.InvalidArgumentValueError(
+        str(ex), recommendation=ex.recommendation)),
     (f"{_AKS}.cluster:PlanFailed", _plan_failed),
     (f"{_AKS}.evict:EvictionFailed", _eviction_failed),
     (f"{_CORE}.errors:ArmError", lambda t, ex: _by_status(ex.status)(str(ex))),

@@ -72,8 +72,9 @@ def load_arguments(self, _):
                    help="VM size of the CPU system pool (regular priority, autoscaled 1-3), which runs etcd "
                         "and the operator. Default: Standard_D4s_v5.")
         c.argument("gpu_vm_size", options_list=["--gpu-vm-size"],
-                   help="VM size of the GPU Spot pool, one of the supported GPU sizes "
-                        "(default: Standard_NC4as_T4_v3).")
+                   help="VM size of the GPU Spot pool: a GPU size the region offers with Spot, checked "
+                        "against the region's Resource SKUs before anything is created "
+                        "(default: Standard_NC4as_T4_v3; e.g. Standard_ND96isr_H200_v5).")
         c.argument("min_count", type=int, options_list=["--min-count"],
                    help="Fewest GPU Spot nodes the autoscaler keeps (default 0: no cost while idle).")
         c.argument("max_count", type=int, options_list=["--max-count"],

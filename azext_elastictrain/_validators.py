@@ -38,24 +38,26 @@ class Target:
             return f"--local --cluster {self.cluster}"
         return f"-g {self.resource_group} -c {self.cluster}"
 
-    def backend(self, cmd: Any) -> Any:
-        """The place's ``backends.base.Backend``, its clients resolved for this command."""
+    def backend(self, cmd: Any, *, signed_out: bool = False) -> Any:
+        """The place's ``backends.base.Backend``, its clients resolved for this command; ``signed_out``: an AKS
+        backend on no account at all, for a dry run without a login."""
         from azext_elastictrain.backends import get_backend
 
         if self.kind == LOCAL:
             return get_backend(LOCAL, Path(cmd.cli_ctx.config.config_dir) / "elastictrain" / "local", self.cluster)
         from knack.log import get_logger
 
-        from azext_elastictrain.clients.arm import AzureArm
+        from azext_elastictrain.clients.arm import AzureArm, SignedOutArm
 
-        return get_backend(AKS, AzureArm(cmd.cli_ctx), self.resource_group, self.cluster,
+        arm = SignedOutArm(cmd.cli_ctx) if signed_out else AzureArm(cmd.cli_ctx)
+        return get_backend(AKS, arm, self.resource_group, self.cluster,
                            credential=LoginCredential(cmd.cli_ctx), progress=get_logger(__name__).warning)
 
 
     @contextmanager
-    def opened(self, cmd: Any) -> Iterator[Any]:
+    def opened(self, cmd: Any, *, signed_out: bool = False) -> Iterator[Any]:
         """``backend()`` for the length of a ``with``: what it opened is closed after."""
-        backend = self.backend(cmd)
+        backend = self.backend(cmd, signed_out=signed_out)
         try:
             yield backend
         finally:
@@ -73,7 +75,11 @@ class LoginCredential:
         if self._credential is None:
             from azure.cli.core._profile import Profile
 
-            self._credential = Profile(cli_ctx=self._cli_ctx).get_login_credentials()[0]
+            from azext_elastictrain._client_factory import command_subscription
+
+            # the tenant of the command's subscription (--subscription), as for the ARM clients
+            subscription = command_subscription(self._cli_ctx)
+            self._credential = Profile(cli_ctx=self._cli_ctx).get_login_credentials(subscription_id=subscription)[0]
         return self._credential
 
     def get_token(self, *scopes: str, **kwargs: Any) -> Any:

@@ -138,6 +138,20 @@ class AzureArm:
 
     # -- the VMSS instances behind AKS nodes (backends.aks.evict's Compute) -------------------------------
 
+    # -- the region preflight (core.preflight): GETs on the compute provider -------------------------------------
+
+    def resource_skus(self, location: str) -> list[dict]:
+        """The Resource SKUs of ``location`` (what 'az vm list-skus -l' shows), in wire format."""
+        client = self._compute(self.subscription)
+        with _arm_errors():
+            return [_wire(sku) for sku in client.resource_skus.list(filter=f"location eq '{location}'")]
+
+    def usages(self, location: str) -> list[dict]:
+        """The compute quotas and their use in ``location`` ('az vm list-usage -l'), in wire format."""
+        client = self._compute(self.subscription)
+        with _arm_errors():
+            return [_wire(usage) for usage in client.usage.list(location)]
+
     def _compute(self, subscription: str):
         key = f"compute:{subscription.lower()}"
         if key not in self._clients:
@@ -164,6 +178,28 @@ class AzureArm:
             if ex.status == 404:
                 return None
             raise
+
+
+class SignedOutArm:
+    """The ``Arm`` of a dry run without a login: names for the plan, no calls. ``signed_in`` False makes the
+    plan skip the region preflight (and say so); any call is a bug, so it fails loudly."""
+
+    subscription = "<subscription id: az login>"
+    tenant = ""
+    signed_in = False
+
+    def __init__(self, cli_ctx) -> None:
+        self.storage_suffix = cli_ctx.cloud.suffixes.storage_endpoint
+
+    def __getattr__(self, name: str):
+        raise RuntimeError(f"a dry run without a login cannot call ARM ({name})")
+
+
+def logged_in(cli_ctx) -> bool:
+    """Whether az has an account to use (read from az's profile on disk: no request, no token)."""
+    from azure.cli.core._profile import Profile
+
+    return bool(Profile(cli_ctx=cli_ctx).load_cached_subscriptions())
 
 
 def _wire(model) -> dict:

@@ -195,29 +195,73 @@ def role_assignment(subscription: str, principal_id: str) -> dict:
 # --------------------------------------------------------------------------- is what is there right?
 
 
-def differences(wanted: dict, actual: dict, path: str = "") -> list[str]:
-    """Fields of ``wanted`` that ``actual`` lacks or has otherwise (``actual`` may have more fields).
+#: Lists where the service adds entries of its own: ours must be among Azure's, extra ones are not drift.
+#: AKS adds ``kubernetes.azure.com/scalesetpriority=spot:NoSchedule`` to the taints of every Spot pool.
+SERVICE_EXTENDED_LISTS = frozenset({"nodeTaints"})
+#: Values that are data, not ARM names: compared exactly (a label value or taint differing in case is another
+#: one to Kubernetes; tags, the token subject and issuer are matched byte for byte by their consumers).
+CASE_SENSITIVE = frozenset({"nodeTaints", "nodeLabels", "tags", "metadata", "subject", "issuer", "audiences"})
 
-    Lists of dicts are matched by their ``name``; other lists must be equal. Strings compare
-    case-insensitively where ARM normalises case (locations, enum values).
+
+def differences(wanted: dict, actual: dict, path: str = "") -> list[str]:
+    """Fields of ``wanted`` (what we PUT) that ``actual`` (what ARM answers) lacks or has otherwise.
+
+    What each kind of field means, and so how it compares:
+
+    * **Objects** (e.g. ``nodeLabels``, ``tags``, ``properties``): ours must be in Azure's; Azure adds read-only
+      fields (provisioningState, powerState, nodeImageVersion, ...) and labels of its own (AKS's
+      ``kubernetes.azure.com/scalesetpriority: spot``), which are not drift.
+    * **Lists of objects with a name** (``agentPoolProfiles``): matched by name; a pool Azure has and we do
+      not ask for (the GPU pool in a cluster GET) is not drift.
+    * **Taints** (``SERVICE_EXTENDED_LISTS``): ours must be among Azure's: AKS adds the Spot taint. Our taint
+      removed by someone is drift. Other lists (``audiences``) must be equal as sets: order carries no meaning.
+    * **``count`` under autoscale**: the cluster autoscaler owns it between minCount and maxCount, so it is
+      no drift where ``enableAutoScaling`` is on; min and max are ours and are compared.
+    * **Strings**: ARM names, ids, locations and enum values are case-insensitive and come back in ARM's
+      casing (``/resourcegroups/``, ``East US`` vs ``eastus``, ``spot``), so they compare without case and
+      spaces; values in ``CASE_SENSITIVE`` fields are data and compare exactly.
+    * **Numbers** compare by value (``-1`` and ``-1.0`` are one price); booleans only with booleans.
     """
+    return _differences(wanted, actual, path, exact=False)
+
+
+def _differences(wanted: dict, actual: dict, path: str, exact: bool) -> list[str]:
     found = []
+    autoscaled = wanted.get("enableAutoScaling") is True
     for key, value in wanted.items():
+        if key == "count" and autoscaled:
+            continue  # the autoscaler's, not ours
         where = f"{path}.{key}" if path else key
         have = actual.get(key) if isinstance(actual, dict) else None
+        key_exact = exact or key in CASE_SENSITIVE
         if isinstance(value, dict):
-            found += differences(value, have if isinstance(have, dict) else {}, where)
+            found += _differences(value, have if isinstance(have, dict) else {}, where, key_exact)
         elif isinstance(value, list) and value and all(isinstance(v, dict) and "name" in v for v in value):
-            named = {v.get("name"): v for v in have or [] if isinstance(v, dict)}
+            named = {str(v.get("name")).lower(): v for v in have or [] if isinstance(v, dict)}
             for item in value:
-                found += differences(item, named.get(item["name"], {}), f"{where}[{item['name']}]")
-        elif not _same(value, have):
+                found += _differences(item, named.get(str(item["name"]).lower(), {}),
+                                      f"{where}[{item['name']}]", key_exact)
+        elif isinstance(value, list):
+            if not _same_list(value, have, subset=key in SERVICE_EXTENDED_LISTS, exact=key_exact):
+                found.append(where)
+        elif not _same(value, have, exact=key_exact):
             found.append(where)
     return found
 
 
-def _same(wanted, actual) -> bool:
+def _same_list(wanted: list, actual, *, subset: bool, exact: bool) -> bool:
+    if not isinstance(actual, list):
+        return not wanted and actual is None  # an empty list we want and ARM leaves out
+    ours = [next((a for a in actual if _same(w, a, exact=exact)), None) for w in wanted]
+    if any(match is None for match in ours):
+        return False
+    return subset or len(actual) == len(wanted)
+
+
+def _same(wanted, actual, *, exact: bool = False) -> bool:
     if isinstance(wanted, str) and isinstance(actual, str):
+        if exact:
+            return wanted == actual
         return wanted.replace(" ", "").lower() == actual.replace(" ", "").lower()
     if isinstance(wanted, bool) or isinstance(actual, bool):
         return wanted is actual

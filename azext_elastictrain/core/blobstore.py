@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 from urllib.parse import urlparse
 
+from azext_elastictrain.core.launch import ENV_CHECKPOINT_URL
+
 BLOCK_SIZE = 8 * 1024 * 1024
 CONCURRENCY = 8
 # Bytes of blocks staged but not yet uploaded, across all writers of a store:
@@ -245,7 +247,7 @@ class BlobStore:
     @classmethod
     def from_env(cls, url: str | None = None, environ: dict | None = None) -> "BlobStore":
         env = os.environ if environ is None else environ
-        url = url or env.get("ELASTICTRAIN_CHECKPOINT_URL")
+        url = url or env.get(ENV_CHECKPOINT_URL)
         if not url:
             raise ValueError("set ELASTICTRAIN_CHECKPOINT_URL to the blob URL of the job")
         return cls.from_url(url, connection_string=env.get("AZURE_STORAGE_CONNECTION_STRING") or None)

@@ -99,15 +99,8 @@ def _at_least_one(flag: str, value: object) -> None:
 
 # --------------------------------------------------------------------------- clusters on Azure (AKS)
 
-#: GPU sizes a Spot pool may use: current NVIDIA sizes with Spot support. NCv3 (V100) is retired.
-GPU_VM_SIZES = (
-    "Standard_NC4as_T4_v3", "Standard_NC8as_T4_v3", "Standard_NC16as_T4_v3", "Standard_NC64as_T4_v3",
-    "Standard_NC24ads_A100_v4", "Standard_NC48ads_A100_v4", "Standard_NC96ads_A100_v4",
-    "Standard_NC40ads_H100_v5", "Standard_NC80adis_H100_v5",
-    "Standard_ND96asr_v4", "Standard_ND96amsr_A100_v4", "Standard_ND96isr_H100_v5",
-    "Standard_NV6ads_A10_v5", "Standard_NV12ads_A10_v5", "Standard_NV18ads_A10_v5",
-    "Standard_NV36ads_A10_v5", "Standard_NV72ads_A10_v5",
-)
+#: Which GPU sizes exist, take Spot and are open to the subscription differs by region and changes as Azure adds
+#: and retires sizes: core.preflight asks the region's Resource SKUs before create; the spec checks the form only.
 DEFAULT_GPU_VM_SIZE = "Standard_NC4as_T4_v3"
 DEFAULT_SYSTEM_VM_SIZE = "Standard_D4s_v5"
 EVICTION_POLICIES = ("Delete", "Deallocate")
@@ -125,6 +118,13 @@ _AKS_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_-]{0,61}[A-Za-z0-9])?")
 _RESOURCE_GROUP = re.compile(r"[-\w._()]{0,89}[-\w_()]", re.UNICODE)
 _STORAGE_ACCOUNT = re.compile(r"[a-z0-9]{3,24}")
 _VM_SIZE = re.compile(r"Standard_[A-Za-z0-9_]+")
+#: Azure's GPU sizes are the N family (NC, ND, NG, NV): Standard_N<letter>...
+_GPU_FAMILY = re.compile(r"Standard_N[A-Z]", re.IGNORECASE)
+
+
+def is_gpu_size_name(vm_size: str | None) -> bool:
+    """Whether a size's name is of Azure's GPU family (for pools read back from ARM; no region lookup)."""
+    return bool(vm_size and _GPU_FAMILY.match(vm_size))
 _K8S_VERSION = re.compile(r"\d+\.\d+(\.\d+)?")
 _LOCATION = re.compile(r"[a-z0-9]{2,40}")
 
@@ -240,8 +240,10 @@ class ClusterSpec:
         if not _VM_SIZE.fullmatch(self.system_vm_size or ""):
             raise SpecError(f"invalid system pool VM size {self.system_vm_size!r}: use a size such as "
                             f"{DEFAULT_SYSTEM_VM_SIZE}")
-        if self.gpu_vm_size not in GPU_VM_SIZES:
-            raise SpecError(f"unknown GPU VM size {self.gpu_vm_size!r}: use one of {', '.join(GPU_VM_SIZES)}")
+        if not _VM_SIZE.fullmatch(self.gpu_vm_size or ""):
+            raise SpecError(f"invalid GPU VM size {self.gpu_vm_size!r}: use a size name such as "
+                            f"{DEFAULT_GPU_VM_SIZE} or Standard_ND96isr_H200_v5 ('az vm list-skus -l LOCATION "
+                            "--resource-type virtualMachines -o table' lists a region's)")
         if self.eviction_policy not in EVICTION_POLICIES:
             raise SpecError(f"unknown eviction policy {self.eviction_policy!r}: use Delete or Deallocate")
         for flag, value, least in (("--min-count", self.min_count, 0), ("--max-count", self.max_count, 1)):

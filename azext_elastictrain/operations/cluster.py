@@ -28,13 +28,27 @@ def create_cluster(cmd, local: bool = False, name: str | None = None, resource_g
                              eviction_policy=eviction_policy, node_labels=_node_labels(labels))
     with az_errors(target):
         spec.validate()  # bad input fails before any request, login included
-        with target.opened(cmd) as backend:
+        with target.opened(cmd, signed_out=_dry_run_signed_out(cmd, target, dry_run)) as backend:
             if dry_run:
                 return backend.plan_cluster(spec).shown
             result = backend.create_cluster(spec, no_wait=no_wait)
             if merge_kubeconfig and target.kind == "aks" and not result.get("pending"):
                 result["kubeconfig"] = _merge_kubeconfig(backend, spec)
             return result
+
+
+def _dry_run_signed_out(cmd, target, dry_run: bool) -> bool:
+    """A dry run on AKS needs no login: without one it plans on no account, and the region preflight is skipped."""
+    if not dry_run or target.kind != "aks":
+        return False
+    from azext_elastictrain.clients.arm import logged_in
+
+    if logged_in(cmd.cli_ctx):
+        return False
+    from knack.log import get_logger
+
+    get_logger(__name__).warning("Not logged in: the region preflight is skipped ('az login' to have it).")
+    return True
 
 
 def _cluster_spec(target, **asked):

@@ -45,7 +45,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from azext_elastictrain.core import catalog, layout
+from azext_elastictrain.core import catalog, launch, layout
 from azext_elastictrain.core.blobstore import BlobStore, WriteConflict
 from azext_elastictrain.runtime import progress
 from azext_elastictrain.runtime.planners import CheckingLoadPlanner, StateMismatch, TensorSavePlanner, names
@@ -172,7 +172,7 @@ class Checkpointer:
         self.rank = dist.get_rank() if self.distributed else 0
         self.world_size = dist.get_world_size() if self.distributed else 1
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        self.node = os.environ.get("ELASTICTRAIN_NODE_NAME") or os.environ.get("ELASTICTRAIN_VM_NAME") or socket.gethostname()
+        self.node = os.environ.get(launch.ENV_NODE_NAME) or os.environ.get(launch.ENV_VM_NAME) or socket.gethostname()
         # Two CPU groups of our own: the step-by-step agreement runs on the
         # training thread, DCP's collectives in the upload thread; one group
         # each keeps their collectives from interleaving across ranks.
@@ -228,17 +228,17 @@ class Checkpointer:
 
         env = os.environ if environ is None else environ
         options: dict[str, Any] = {
-            "keep": _env_int(env, "ELASTICTRAIN_KEEP", 3),
-            "interval_steps": _env_int(env, "ELASTICTRAIN_CHECKPOINT_INTERVAL_STEPS", None),
-            "interval_seconds": _env_float(env, "ELASTICTRAIN_CHECKPOINT_INTERVAL_SECONDS", None),
-            "progress_seconds": _env_float(env, "ELASTICTRAIN_PROGRESS_SECONDS", 10.0),
+            "keep": _env_int(env, launch.ENV_KEEP, 3),
+            "interval_steps": _env_int(env, launch.ENV_CHECKPOINT_INTERVAL_STEPS, None),
+            "interval_seconds": _env_float(env, launch.ENV_CHECKPOINT_INTERVAL_SECONDS, None),
+            "progress_seconds": _env_float(env, launch.ENV_PROGRESS_SECONDS, 10.0),
         }
         options.update(overrides)
         if "watcher" not in options:
             watcher_env = dict(env)
             if int(env.get("LOCAL_RANK", "0")) != 0:
                 # One Scheduled Events poller per node; the per-step all-reduce tells the rest.
-                watcher_env["ELASTICTRAIN_SCHEDULED_EVENTS_URL"] = "off"
+                watcher_env[launch.ENV_SCHEDULED_EVENTS_URL] = "off"
             options["watcher"] = PreemptionWatcher.from_env(watcher_env)
         return cls(BlobStore.from_env(environ=env), **options)
 

@@ -29,6 +29,8 @@ from email.utils import parsedate_to_datetime
 from types import FrameType, TracebackType
 from typing import Any, Mapping
 
+from azext_elastictrain.core import launch
+
 logger = logging.getLogger(__name__)
 
 IMDS_EVENTS_URL = "http://169.254.169.254/metadata/scheduledevents?api-version=2020-07-01"
@@ -38,10 +40,11 @@ PREEMPTING_EVENT_TYPES = frozenset({"Preempt", "Terminate"})
 MAX_BACKOFF_SECONDS = 10.0
 VM_NAME_ATTEMPTS = 3
 
-ENV_EVENTS_URL = "ELASTICTRAIN_SCHEDULED_EVENTS_URL"
-ENV_VM_NAME = "ELASTICTRAIN_VM_NAME"
-ENV_POLL_SECONDS = "ELASTICTRAIN_PREEMPTION_POLL_SECONDS"
-ENV_STATE = "ELASTICTRAIN_PREEMPTION_STATE"
+# The launcher sets these (core/launch.py names every variable the runtime reads, for both backends).
+ENV_EVENTS_URL = launch.ENV_SCHEDULED_EVENTS_URL
+ENV_VM_NAME = launch.ENV_VM_NAME
+ENV_POLL_SECONDS = launch.ENV_PREEMPTION_POLL_SECONDS
+ENV_STATE = launch.ENV_PREEMPTION_STATE
 
 SOURCE_SIGTERM = "sigterm"
 SOURCE_SCHEDULED_EVENTS = "scheduled-events"

@@ -68,6 +68,7 @@ def arm(arm_server: ArmServer) -> Iterator[ArmServer]:
     arm_server.expect.clear()
     arm_server.expect.update(saved)
     arm_server._faults.clear()
+    arm_server.reset_regions()
     assert arm_server.violations == [], "requests the server rejected:\n" + "\n".join(arm_server.violations)
 
 

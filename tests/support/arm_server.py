@@ -65,6 +65,8 @@ API_VERSIONS = {
     "Microsoft.Authorization": "2022-04-01",
     "subscriptions": "2022-12-01",
     "Microsoft.Compute": "2024-11-01",  # virtual_machine_scale_set_vms under azure-cli's compute profile
+    "Microsoft.Compute/skus": "2019-04-01",  # resource_skus: the profile pins its own
+    "Microsoft.Compute/usages": "2024-11-01",  # usage: the profile's default for compute
 }
 BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
 LRO_POLLS = 2  # InProgress answers before Succeeded
@@ -105,6 +107,12 @@ def _jwt(claims: dict) -> str:
     return f"{part({'alg': 'RS256', 'typ': 'JWT'})}.{part(claims)}.{signature}"
 
 
+def _same_value(a: Any, b: Any) -> bool:
+    if isinstance(a, str) and isinstance(b, str):
+        return a.lower() == b.lower()
+    return a == b
+
+
 def _error(code: str, message: str) -> dict:
     return {"error": {"code": code, "message": message}}
 
@@ -124,6 +132,9 @@ class ArmServer:
                                        "spot_max_price": -1, "eviction_policy": "Delete", "storage_sku": "Standard_LRS",
                                        "node_gone_after": 0.5}
         self.kube = FakeKube()
+        self.skus: dict[str, list[dict]] = {}  # location -> Resource SKUs entries (reset_regions)
+        self.usages: dict[str, list[dict]] = {}  # location -> compute usages
+        self.reset_regions()
         #: primaryEndpoints.blob of the storage accounts it creates (None: Azure's); tests point it at Azurite
         self.blob_endpoint: str | None = None
         self._faults: list[tuple[str, str, int, str, str]] = []
@@ -149,6 +160,30 @@ class ArmServer:
                   message: str = "injected failure") -> None:
         """Answer the next ``method`` request whose path ends with ``path_suffix`` with an ARM error."""
         self._faults.append((method.upper(), path_suffix.lower(), status, code, message))
+
+    def autoscale(self, group: str, cluster: str, pool: str, count: int) -> None:
+        """The cluster autoscaler sets a pool's node count within its bounds: in the cluster's profiles, and in
+        the pool resource where the pool was made by an agent pool PUT."""
+        with self._lock:
+            cluster_id = f"/resourcegroups/{group}/providers/microsoft.containerservice/managedclusters/{cluster}"
+            found = self.find(cluster_id)
+            profiles = [p for p in found["properties"]["agentPoolProfiles"] if p["name"] == pool]
+            resource = self.find(f"{cluster_id}/agentpools/{pool}")
+            for props in profiles + ([resource["properties"]] if resource else []):
+                assert props.get("enableAutoScaling") and props["minCount"] <= count <= props["maxCount"], props
+                props["count"] = count
+
+    def reset_regions(self) -> None:
+        """Every test region offers the GPU sizes of ``GPU_SIZES`` with Spot, unrestricted, and 100 Spot vCPUs."""
+        self.skus = {location: region_skus(location) for location in REGIONS}
+        self.usages = {location: region_usages() for location in REGIONS}
+
+    def sku(self, location: str, name: str) -> dict:
+        """The Resource SKUs entry of a size in a region, for a test to restrict or change."""
+        return next(s for s in self.skus[location] if s["name"].lower() == name.lower())
+
+    def spot_quota(self, location: str) -> dict:
+        return next(u for u in self.usages[location] if u["name"]["value"] == "lowPriorityCores")
 
     def find(self, suffix: str) -> dict | None:
         return next((r for rid, r in self.resources.items() if rid.endswith(suffix.lower())), None)
@@ -232,6 +267,8 @@ class ArmServer:
             return 400, {}, _error("InvalidApiVersionParameter", f"api-version {query.get('api-version')}")
         rid = path.rstrip("/")
         key = rid.lower()
+        if kind in ("skus", "usages"):
+            return self._region(kind, method, path, query)
         if kind.startswith("vmss_vm"):
             return self._vmss_vm(kind, method, rid)
         if kind.endswith("_list"):
@@ -276,6 +313,12 @@ class ArmServer:
             if cluster["properties"]["provisioningState"] != "Succeeded":
                 return 409, {}, _error("OperationNotAllowed", "Operation is not allowed: another operation "
                                                               "(Creating) is in progress on the cluster")
+        if kind == "agent_pool" and existing is not None:
+            changed = [f for f in IMMUTABLE_POOL_FIELDS if not _same_value(
+                (body.get("properties") or {}).get(f), existing["properties"].get(f))]
+            if changed:
+                return 400, {}, _error("PropertyChangeNotAllowed", f"Changing property {', '.join(changed)} is "
+                                                                   "not allowed.")
         resource = self._materialize(kind, rid, body, existing)
         long_running = kind in ("cluster", "agent_pool", "storage_account")
         if long_running:
@@ -345,13 +388,17 @@ class ArmServer:
                           "maxAgentPools": 100})
             pools = {p["name"]: p for p in old.get("agentPoolProfiles", [])}
             for pool in props.get("agentPoolProfiles", []):
-                pool.update({"provisioningState": "Creating", "currentOrchestratorVersion": "1.33.2",
-                             "orchestratorVersion": "1.33.2", "maxPods": 110})
+                _as_aks_keeps_a_pool(pool)
+                pool["provisioningState"] = "Creating"
                 pools[pool["name"]] = pool
             props["agentPoolProfiles"] = list(pools.values())
+            props.update({"powerState": {"code": "Running"}, "azurePortalFQDN": props["fqdn"],
+                          "enablePodSecurityPolicy": False})
+            resource["id"] = _arm_casing(rid)
             resource["identity"] = {"type": "SystemAssigned", "principalId": str(uuid.uuid4()), "tenantId": TENANT}
         elif kind == "agent_pool":
-            props.update({"currentOrchestratorVersion": "1.33.2", "orchestratorVersion": "1.33.2", "maxPods": 110})
+            _as_aks_keeps_a_pool(props)
+            resource["id"] = _arm_casing(rid)
         elif kind == "role_assignment":
             props["scope"] = rid.split("/providers/Microsoft.Authorization/")[0]
             props["roleDefinitionId"] = props["roleDefinitionId"]
@@ -539,6 +586,21 @@ class ArmServer:
         return 200, {}, "".join(line + "\n" for line in lines).encode()
 
 
+    # ------------------------------------------------------------------ what a region offers (preflight)
+
+    def _region(self, kind: str, method: str, path: str, query: dict) -> tuple[int, dict, Any]:
+        """GET .../providers/Microsoft.Compute/skus?$filter=location eq 'X' (ResourceSkus_List) and
+        GET .../providers/Microsoft.Compute/locations/X/usages (Usage_List), as their official examples."""
+        if method != "GET":
+            return self._violation(f"{method} {path}: {kind} is read with GET")
+        if kind == "usages":
+            location = path.rstrip("/").split("/")[-2].lower()
+            return 200, {}, {"value": copy.deepcopy(self.usages.get(location, []))}
+        asked = re.fullmatch(r"location eq '([^']+)'", query.get("$filter", ""))
+        if not asked:  # every region's SKUs are a large answer: we always ask for one region
+            return self._violation(f"GET {path}: no $filter=location eq '...' ({query.get('$filter')!r})")
+        return 200, {}, {"value": copy.deepcopy(self.skus.get(asked[1].lower(), [])), "nextLink": None}
+
     # ------------------------------------------------------------------ VMSS instances and Spot evictions
 
     def seed_aks_training(self, group: str, name: str, *, gpu_nodes: int = 3, gpu_pool: bool = True,
@@ -643,6 +705,78 @@ class ArmServer:
                     del self.kube.objects[pod]
 
 
+#: What AKS puts on every Spot pool on its own (reference/README: the Spot node pool facts); a PUT without
+#: them gets them back, so a client comparing for equality sees drift that is not there.
+SPOT_TAINT = "kubernetes.azure.com/scalesetpriority=spot:NoSchedule"
+SPOT_LABEL = ("kubernetes.azure.com/scalesetpriority", "spot")
+#: Pool fields a PUT on an existing pool may not change (AKS answers 400 with this code).
+IMMUTABLE_POOL_FIELDS = ("vmSize", "scaleSetPriority", "scaleSetEvictionPolicy", "spotMaxPrice", "osType")
+
+
+def _as_aks_keeps_a_pool(pool: dict) -> None:
+    """A pool profile as AKS stores it: its Spot taint and label added, versions resolved to a patch
+    release, read-only fields (AgentPoolsGet.json: currentOrchestratorVersion, maxPods, nodeImageVersion)."""
+    if pool.get("scaleSetPriority") == "Spot":
+        taints = list(pool.get("nodeTaints") or [])
+        pool["nodeTaints"] = taints + ([SPOT_TAINT] if SPOT_TAINT not in taints else [])
+        pool["nodeLabels"] = {**(pool.get("nodeLabels") or {}), SPOT_LABEL[0]: SPOT_LABEL[1]}
+    pool.update({"currentOrchestratorVersion": "1.33.2", "orchestratorVersion": "1.33.2", "maxPods": 110,
+                 "powerState": {"code": "Running"}, "nodeImageVersion": "AKSUbuntu-2204gen2containerd-202511.07.0",
+                 "osDiskSizeGB": 128, "osDiskType": "Managed", "kubeletDiskType": "OS", "osSKU": "Ubuntu",
+                 "enableFIPS": False, "upgradeSettings": {"maxSurge": "10%"}, "eTag": uuid.uuid4().hex[:12]})
+
+
+def _arm_casing(rid: str) -> str:
+    """AKS answers ids with ``resourcegroups`` in lower case (AgentPoolsList.json), not as the request had it."""
+    return re.sub(r"/resourceGroups/", "/resourcegroups/", rid, flags=re.IGNORECASE)
+
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "data" / "arm-examples"
+REGIONS = ("eastus", "westus")
+#: (name, vCPUs, GPUs): current GPU sizes (and the system pool's) as Resource SKUs lists them
+GPU_SIZES = (("Standard_NC4as_T4_v3", 4, 1), ("Standard_NC24ads_A100_v4", 24, 1),
+             ("Standard_NC40ads_H100_v5", 40, 1), ("Standard_ND96isr_H100_v5", 96, 8),
+             ("Standard_ND96isr_H200_v5", 96, 8))
+SYSTEM_SIZES = (("Standard_D4s_v5", 4, 0),)
+
+
+def _example_body(name: str) -> dict:
+    return json.loads((EXAMPLES / name).read_text())["responses"]["200"]["body"]
+
+
+def region_skus(location: str) -> list[dict]:
+    """The official ListAvailableResourceSkusForARegion example moved to ``location``, with GPU sizes added in
+    the shape of its Spot-capable entry (capabilities vCPUs, GPUs, LowPriorityCapable; zones 1-3)."""
+    def moved(entry: dict) -> dict:
+        entry = copy.deepcopy(entry)
+        entry["locations"] = [location]
+        for info in entry.get("locationInfo") or []:
+            info["location"] = location
+        return entry
+
+    examples = [moved(e) for e in _example_body("ListAvailableResourceSkusForARegion.json")["value"]]
+    spot_capable = next(e for e in examples if {"name": "LowPriorityCapable", "value": "True"} in e["capabilities"])
+    added = []
+    for name, vcpus, gpus in GPU_SIZES + SYSTEM_SIZES:
+        entry = copy.deepcopy(spot_capable)
+        values = {"vCPUs": str(vcpus), "vCPUsAvailable": str(vcpus), "GPUs": str(gpus)}
+        entry["capabilities"] = [{"name": c["name"], "value": values.get(c["name"], c["value"])}
+                                 for c in entry["capabilities"]] + ([{"name": "GPUs", "value": str(gpus)}] if gpus else [])
+        entry.update({"name": name, "size": name.split("_", 1)[1], "family": f"standard{name.split('_')[1][:2]}Family",
+                      "restrictions": []})
+        added.append(entry)
+    return examples + added
+
+
+def region_usages() -> list[dict]:
+    """The official Usage_List example's entry shape, as the usages a subscription really has: the regional
+    vCPUs and the Spot vCPUs (lowPriorityCores) with 100 free."""
+    shape = _example_body("Usage_List_MinimumSet_Gen.json")["value"][0]
+    return [{**shape, "currentValue": 0, "limit": 100,
+             "name": {"value": value, "localizedValue": text}} for value, text in (
+        ("cores", "Total Regional vCPUs"), ("lowPriorityCores", "Total Regional Low-priority vCPUs"))]
+
+
 def _provider_id(node_group: str, vmss: str, instance: int) -> str:
     return (f"azure:///subscriptions/{SUBSCRIPTION}/resourceGroups/{node_group}/providers/Microsoft.Compute/"
             f"virtualMachineScaleSets/{vmss}/virtualMachines/{instance}")
@@ -674,6 +808,8 @@ def _plural(kind: str) -> str:
 
 
 _PATTERNS = [  # (kind, path regex after /subscriptions/{sub})
+    ("skus", r"/providers/microsoft\.compute/skus"),
+    ("usages", r"/providers/microsoft\.compute/locations/[^/]+/usages"),
     ("resource_group", r"/resourcegroups/[^/]+"),
     ("storage_account", r"/resourcegroups/[^/]+/providers/microsoft\.storage/storageaccounts/[^/]+"),
     ("container", r"/resourcegroups/[^/]+/providers/microsoft\.storage/storageaccounts/[^/]+/blobservices/default/"
@@ -700,6 +836,7 @@ _PROVIDER = {"resource_group": "Microsoft.Resources", "storage_account": "Micros
              "federated_credential": "Microsoft.ManagedIdentity", "cluster": "Microsoft.ContainerService",
              "cluster_list": "Microsoft.ContainerService", "agent_pool": "Microsoft.ContainerService",
              "credentials": "Microsoft.ContainerService", "role_assignment": "Microsoft.Authorization",
+             "skus": "Microsoft.Compute/skus", "usages": "Microsoft.Compute/usages",
              "vmss_vm_list": "Microsoft.Compute", "vmss_vm": "Microsoft.Compute", "vmss_vm_eviction": "Microsoft.Compute"}
 _TYPE = {"resource_group": "Microsoft.Resources/resourceGroups", "storage_account": "Microsoft.Storage/storageAccounts",
          "container": "Microsoft.Storage/storageAccounts/blobServices/containers",

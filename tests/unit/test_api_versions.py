@@ -73,6 +73,8 @@ def _sent_api_version(resource_type: str, call) -> str:
     ("Microsoft.Compute", "MGMT_COMPUTE", lambda c: c.virtual_machine_scale_set_vms.simulate_eviction(RG, NAME, "0")),
     ("Microsoft.Compute", "MGMT_COMPUTE", lambda c: list(c.virtual_machine_scale_set_vms.list(RG, NAME))),
     ("Microsoft.Compute", "MGMT_COMPUTE", lambda c: c.virtual_machine_scale_set_vms.get(RG, NAME, "0")),
+    ("Microsoft.Compute/skus", "MGMT_COMPUTE", lambda c: list(c.resource_skus.list(filter="location eq 'eastus'"))),
+    ("Microsoft.Compute/usages", "MGMT_COMPUTE", lambda c: list(c.usage.list("eastus"))),
 ])
 def test_the_test_server_checks_the_api_version_the_sdk_sends(provider, resource_type, call):
     assert _sent_api_version(resource_type, call) == API_VERSIONS[provider]

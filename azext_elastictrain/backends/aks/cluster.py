@@ -12,17 +12,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Callable, Protocol
 
-from azext_elastictrain.core import arm
+from azext_elastictrain.core import arm, preflight
 from azext_elastictrain.core.errors import ArmError, ClusterNotFound
 from azext_elastictrain.core.spec import GPU_POOL, ClusterSpec
 
 IN_PROGRESS = {"creating", "updating", "upgrading", "scaling", "deleting", "accepted", "resolvingdns",
                "starting", "stopping", "migrating", "canceling"}
 _NO_WAIT_KINDS = ("cluster", "agent_pool")
-#: fields ARM changes on its own: the autoscaler sets pool node counts
-_IGNORED = ("count",)
 
 
 class PlanFailed(Exception):
@@ -49,6 +47,8 @@ class Arm(Protocol):
     def delete(self, kind: str, ref: dict, wait: bool = True) -> None: ...
     def list_clusters(self, resource_group: str | None) -> list[dict]: ...
     def user_kubeconfig(self, resource_group: str, cluster: str) -> bytes: ...
+    def resource_skus(self, location: str) -> list[dict]: ...  # Microsoft.Compute/skus of the location
+    def usages(self, location: str) -> list[dict]: ...  # Microsoft.Compute/locations/{location}/usages
 
 
 KINDS = ("resource_group", "storage_account", "container", "identity", "cluster", "agent_pool",
@@ -140,8 +140,13 @@ class AksClusters:
     # ------------------------------------------------------------------ create
 
     def plan(self, spec: ClusterSpec) -> dict:
-        """The whole plan, every ARM body and Kubernetes object, without calling Azure or Kubernetes."""
-        spec = replace(spec.validate(), location=_needs_location(spec))
+        """The whole plan, every ARM body and Kubernetes object, changing nothing: the region preflight's GETs
+        where there is a login (an Arm without ``signed_in = False``), else the checks are skipped and the plan
+        says so."""
+        live_checks = getattr(self.arm, "signed_in", True)
+        spec.validate()
+        checked = self._preflight(spec) if live_checks else None
+        spec = replace(spec, location=_needs_location(spec))
         ctx = _Context(spec, self.arm.subscription, self.arm.tenant, placeholders=True)
         requests = []
         for step in plan_steps(spec, ctx.subscription):
@@ -150,6 +155,8 @@ class AksClusters:
                              "longRunning": step.long_running, "body": step.body(ctx)})
         incluster = self._incluster_spec(ctx)
         return {"dryRun": True, "name": spec.name, "resourceGroup": spec.resource_group,
+                "preflight": checked.as_dict() if checked else {"skipped": _PREFLIGHT_SKIPPED if not live_checks
+                                                                else "the location is not known yet"},
                 "arm": requests, "kubernetes": _kube_objects(incluster),
                 "note": "Values in <...> are known once the step before creates them; in the Kubernetes "
                         f"objects the identity's client id is shown as {_ZERO_GUID}."}
@@ -164,7 +171,7 @@ class AksClusters:
 
     def create(self, spec: ClusterSpec, *, no_wait: bool = False, install: bool = True) -> dict:
         """Run the plan: every step whose resource is missing or not right; stop at the first failure."""
-        spec.validate()
+        self._preflight(spec.validate())  # before anything is created
         ctx = _Context(spec, self.arm.subscription, self.arm.tenant)
         done: list[str] = []
         changes: list[dict] = []
@@ -196,6 +203,13 @@ class AksClusters:
                 raise PlanFailed("Kubernetes components", ex, done) from ex
         return self._summary(ctx, changes)
 
+    def _preflight(self, spec: ClusterSpec) -> "preflight.PreflightResult | None":
+        """core.preflight against this region; a quota warning goes to progress, a size problem raises."""
+        checked = preflight.run(self.arm, spec.gpu_vm_size, spec.max_count, spec.location, spec.resource_group)
+        for warning in checked.warnings if checked else []:
+            self._progress(warning)
+        return checked
+
     def _resource_group(self, step: Step, ctx: _Context, changes: list, title: str) -> ClusterSpec:
         found = self.arm.get("resource_group", step.ref)
         spec = ctx.spec
@@ -224,7 +238,7 @@ class AksClusters:
             self._progress(f"{title}: waiting, it is {state}")
             found = self._await(step.kind, ref)
         body = step.body(ctx)
-        wrong = arm.differences(_without(body), found or {}) if found is not None else None
+        wrong = arm.differences(body, found or {}) if found is not None else None
         if found is not None and state != "failed" and (not wrong or not step.compare):
             self._progress(f"{title}: already right")
             changes.append({"step": step.title, "action": "unchanged"})
@@ -445,6 +459,8 @@ class AksClusters:
 
 
 _ZERO_GUID = "00000000-0000-0000-0000-000000000000"
+_PREFLIGHT_SKIPPED = ("not logged in: the region checks (GPU size offered, Spot-capable, not restricted; Spot vCPU "
+                      "quota) did not run; 'az login' and run the dry run again to have them")
 _HEALTH = {"ok": "Healthy", "degraded": "Degraded", "missing": "Missing", "unknown": "Unknown"}
 
 
@@ -457,20 +473,6 @@ def _kube_objects(incluster_spec) -> list:
 def _overall(applied: list[dict]) -> str:
     actions = {a.get("action") for a in applied}
     return "unchanged" if actions <= {"unchanged"} else "applied"
-
-
-def _without(body: dict, ignored: Iterable[str] = _IGNORED) -> dict:
-    out = {}
-    for key, value in body.items():
-        if key in ignored:
-            continue
-        if isinstance(value, dict):
-            out[key] = _without(value, ignored)
-        elif isinstance(value, list):
-            out[key] = [_without(v, ignored) if isinstance(v, dict) else v for v in value]
-        else:
-            out[key] = value
-    return out
 
 
 def _provisioning_state(resource: dict | None) -> str:

@@ -20,7 +20,7 @@ from azext_elastictrain.clients.blob import EventReader
 from azext_elastictrain.core.arm import blob_endpoint
 from azext_elastictrain.core.errors import ClusterNotFound
 from azext_elastictrain.core.manifests import GPU_TAINT
-from azext_elastictrain.core.spec import GPU_VM_SIZES, ClusterSpec
+from azext_elastictrain.core.spec import ClusterSpec, is_gpu_size_name
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ def gpu_spot_pool(cluster: dict) -> dict | None:
     """The pool the workers need: Spot priority, and GPUs (a GPU size, or the GPU taint create puts on it)."""
     for pool in (cluster.get("properties") or {}).get("agentPoolProfiles") or []:
         spot = pool.get("scaleSetPriority") == "Spot"
-        gpu = pool.get("vmSize") in GPU_VM_SIZES or GPU_TAINT in (pool.get("nodeTaints") or [])
+        gpu = is_gpu_size_name(pool.get("vmSize")) or GPU_TAINT in (pool.get("nodeTaints") or [])
         if spot and gpu:
             return pool
     return None

@@ -1,0 +1,180 @@
+"""Preflight for an AKS cluster: can this region run the GPU Spot pool asked for? Pure: no network, no SDK.
+
+Before anything is created, the answers of two read-only APIs decide:
+
+* **Resource SKUs** (``Microsoft.Compute/skus``, what ``az vm list-skus`` shows): the GPU size exists in the
+  region, supports Spot (capability ``LowPriorityCapable``) and is not restricted for the subscription
+  (``restrictions`` with reason ``NotAvailableForSubscription``, for the location or for every zone it has).
+  A size that fails is an error: AKS would accept the cluster and fail on the pool minutes later.
+* **Usage** (``Microsoft.Compute/locations/{location}/usages``): the regional Spot vCPU quota
+  (``lowPriorityCores``) left covers ``--max-count`` x the size's ``vCPUs``. Short is a warning, not an error:
+  the pool is created and grows as far as the quota allows (the autoscaler's scale-ups beyond fail).
+
+The caller fetches both lists (wire format, camelCase, as in the official examples) and passes them here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+#: Azure's page on raising the Spot vCPU quota (Quotas > Compute > "Total Regional Spot vCPUs").
+SPOT_QUOTA_DOCS = "https://learn.microsoft.com/azure/quotas/spot-quota"
+SPOT_QUOTA = "lowPriorityCores"
+NOT_AVAILABLE = "NotAvailableForSubscription"
+#: Restriction reasons that close a size to the subscription: not offered to it, or not to its offer type
+#: (``QuotaId``: e.g. a free trial).
+RESTRICTING_REASONS = frozenset({NOT_AVAILABLE.lower(), "quotaid"})
+#: At most this many alternative sizes are named in an error.
+ALTERNATIVES_SHOWN = 8
+
+
+class PreflightError(ValueError):
+    """The region cannot run the pool: ``str()`` says what and why, ``recommendation`` how to fix it."""
+
+    def __init__(self, message: str, recommendation: str) -> None:
+        super().__init__(message)
+        self.recommendation = recommendation
+
+
+@dataclass(frozen=True)
+class VmSize:
+    """A VM size as the Resource SKUs API describes it in one region."""
+
+    name: str
+    vcpus: int
+    gpus: int
+    spot_capable: bool
+    zones: tuple[str, ...] = ()
+    restricted_zones: tuple[str, ...] = ()
+    location_restricted: bool = False
+
+    @property
+    def available(self) -> bool:
+        """Not restricted for the subscription: in the region, and in at least one zone where it has zones."""
+        if self.location_restricted:
+            return False
+        return not self.zones or bool(set(self.zones) - set(self.restricted_zones))
+
+
+@dataclass
+class PreflightResult:
+    location: str
+    gpu_vm_size: str
+    vcpus: int
+    spot_vcpus_needed: int
+    spot_vcpus_free: int | None  # None: the Usage API does not list lowPriorityCores here
+    warnings: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {"location": self.location, "gpuVmSize": self.gpu_vm_size, "vCPUs": self.vcpus,
+                "spotVcpusNeeded": self.spot_vcpus_needed, "spotVcpusFree": self.spot_vcpus_free,
+                "warnings": list(self.warnings)}
+
+
+def vm_sizes(resource_skus: list[dict], location: str) -> dict[str, VmSize]:
+    """The virtual machine sizes of ``location``, by lower-case name, from Resource SKUs entries."""
+    sizes = {}
+    for sku in resource_skus:
+        if str(sku.get("resourceType", "")).lower() != "virtualmachines":
+            continue
+        if location.lower() not in [str(loc).lower() for loc in sku.get("locations") or []]:
+            continue
+        capabilities = {str(c.get("name", "")).lower(): str(c.get("value", "")) for c in sku.get("capabilities") or []}
+        info = next((i for i in sku.get("locationInfo") or [] if str(i.get("location", "")).lower()
+                     == location.lower()), {})
+        restricted_zones: set[str] = set()
+        location_restricted = False
+        for restriction in sku.get("restrictions") or []:
+            if str(restriction.get("reasonCode", "")).lower() not in RESTRICTING_REASONS:
+                continue
+            if str(restriction.get("type", "")).lower() == "location":
+                location_restricted = True
+            elif str(restriction.get("type", "")).lower() == "zone":
+                restricted_zones |= set((restriction.get("restrictionInfo") or {}).get("zones") or [])
+        sizes[str(sku.get("name", "")).lower()] = VmSize(
+            name=str(sku.get("name", "")), vcpus=_whole(capabilities.get("vcpus")),
+            gpus=_whole(capabilities.get("gpus")),
+            spot_capable=capabilities.get("lowprioritycapable", "").lower() == "true",
+            zones=tuple(info.get("zones") or ()), restricted_zones=tuple(sorted(restricted_zones)),
+            location_restricted=location_restricted)
+    return sizes
+
+
+def spot_gpu_sizes(sizes: dict[str, VmSize]) -> list[str]:
+    """Sizes in the region with a GPU, Spot support and no restriction: what the user can pick instead."""
+    return sorted(s.name for s in sizes.values() if s.gpus > 0 and s.spot_capable and s.available)
+
+
+def check(gpu_vm_size: str, max_count: int, location: str, resource_skus: list[dict],
+          usages: list[dict]) -> PreflightResult:
+    """Raise PreflightError where the size cannot run a Spot pool in the region; warn where quota is short."""
+    sizes = vm_sizes(resource_skus, location)
+    size = sizes.get(gpu_vm_size.lower())
+    instead = _instead(sizes, location)
+    if size is None:
+        raise PreflightError(f"GPU VM size {gpu_vm_size!r} is not offered in region {location!r} "
+                             "(the Resource SKUs API does not list it there)", instead)
+    if size.gpus <= 0:
+        raise PreflightError(f"VM size {size.name!r} has no GPU (Resource SKUs: capability GPUs is "
+                             f"{size.gpus}): the training pool needs NVIDIA GPUs", instead)
+    if not size.spot_capable:
+        raise PreflightError(f"GPU VM size {size.name!r} cannot run as Spot in region {location!r} "
+                             "(Resource SKUs: LowPriorityCapable is not True)", instead)
+    if not size.available:
+        where = "in this region" if size.location_restricted else f"in any of its zones ({', '.join(size.zones)})"
+        raise PreflightError(f"GPU VM size {size.name!r} is not available to this subscription {where} in "
+                             f"region {location!r} (Resource SKUs: restriction {NOT_AVAILABLE} or QuotaId)",
+                             instead + " Or ask Azure support to enable the size for the subscription.")
+    return _quota(size, max_count, location, usages)
+
+
+def _quota(size: VmSize, max_count: int, location: str, usages: list[dict]) -> PreflightResult:
+    needed = max_count * size.vcpus
+    usage = next((u for u in usages if str((u.get("name") or {}).get("value", "")).lower()
+                  == SPOT_QUOTA.lower()), None)
+    free = None if usage is None else int(usage.get("limit", 0)) - int(usage.get("currentValue", 0))
+    result = PreflightResult(location, size.name, size.vcpus, needed, free)
+    if free is not None and free < needed:
+        nodes = max(free, 0) // size.vcpus if size.vcpus else 0
+        result.warnings.append(
+            f"Spot vCPU quota in {location} is short: {max(free, 0)} of {usage.get('limit')} free, --max-count "
+            f"{max_count} x {size.vcpus} vCPUs of {size.name} needs {needed}; the GPU pool can grow to {nodes} "
+            f"node(s) only. Request more 'Total Regional Spot vCPUs' ({SPOT_QUOTA}) for {location}: "
+            f"Azure portal > Quotas > Compute, or {SPOT_QUOTA_DOCS}; or lower --max-count.")
+    return result
+
+
+def _instead(sizes: dict[str, VmSize], location: str) -> str:
+    names = spot_gpu_sizes(sizes)
+    if not names:
+        return (f"Region {location!r} offers no Spot-capable GPU size to this subscription: pick another region "
+                "with -l ('az vm list-skus -l REGION --resource-type virtualMachines -o table').")
+    shown = ", ".join(names[:ALTERNATIVES_SHOWN]) + (", ..." if len(names) > ALTERNATIVES_SHOWN else "")
+    return (f"Pass --gpu-vm-size with a Spot-capable GPU size of {location}: {shown} "
+            f"(all: 'az vm list-skus -l {location} --resource-type virtualMachines -o table').")
+
+
+def _whole(text: str | None) -> int:
+    try:
+        return int(float(text or 0))
+    except ValueError:
+        return 0
+
+
+class RegionApi(Protocol):
+    """What the preflight reads through the backend's Arm (core.backends.aks.Arm has these)."""
+
+    def get(self, kind: str, ref: dict) -> dict | None: ...
+    def resource_skus(self, location: str) -> list[dict]: ...
+    def usages(self, location: str) -> list[dict]: ...
+
+
+def run(arm_client: RegionApi, gpu_vm_size: str, max_count: int, location: str, resource_group: str) -> PreflightResult | None:
+    """Fetch both lists through the backend's Arm (GETs only) and ``check``. ``location`` empty: the resource
+    group's; None when neither is known yet (the create then fails on the resource group, asking for -l)."""
+    if not location:
+        group = arm_client.get("resource_group", {"resource_group": resource_group})
+        location = (group or {}).get("location", "")
+        if not location:
+            return None
+    return check(gpu_vm_size, max_count, location, arm_client.resource_skus(location), arm_client.usages(location))
