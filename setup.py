@@ -25,11 +25,12 @@ EXTRAS = {
         "numpy",
         "scikit-learn",
     ],
+    "plot": ["matplotlib"],  # az elastictrain job timeline --output-file
     "test": [
         "pytest>=8",
         "pytest-timeout",
         "hypothesis==6.170.15",  # property tests (retention planning, ElasticSampler schedules)
-        "matplotlib",  # the demo's timeline picture
+        "matplotlib",  # job timeline --output-file (the demo draws with it)
         "kubernetes-validate>=1.30.0",  # rendered objects vs the official Kubernetes schemas
         "jsonschema>=4.23",  # ElasticJobs vs our CRD's openAPIV3Schema
     ],

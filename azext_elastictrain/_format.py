@@ -109,12 +109,26 @@ def job_row(item: dict) -> OrderedDict:
         ("LastCheckpoint", checkpoint if checkpoint is not None else ""),
         ("Evictions", item.get("evictions", 0)),
         ("Recoveries", item.get("recoveries", 0)),
+        ("Goodput", f"{item['goodput']:.1%}" if item.get("goodput") is not None else ""),
         ("Created", item.get("created")),
     ])
 
 
 def job_show_table(result) -> list:
     return [job_row(result)]
+
+
+def job_timeline_table(result) -> list:
+    """One row per world the job formed: its size, the steps it trained, when, and the steps it lost."""
+    stops = result.get("stops") or []
+    rows = []
+    for i, world in enumerate(result.get("worlds") or []):
+        steps = world.get("steps") or [[None, None]]
+        lost = stops[i]["stepsLost"] if i < len(stops) else ""
+        rows.append(OrderedDict([("World", i + 1), ("WorldSize", world.get("worldSize")),
+                                 ("FromStep", world.get("fromStep")), ("ToStep", steps[-1][1]),
+                                 ("StartSeconds", steps[0][0]), ("EndSeconds", steps[-1][0]), ("StepsLost", lost)]))
+    return rows
 
 
 def job_list_table(result) -> list:

@@ -255,6 +255,15 @@ long-summary: >
     (or Stopped, when deleting it). Evictions count Spot preemption notices plus nodes lost while
     the job runs on. Each time the job re-formed and restored after its first start is a recovery
     (it lost a node or a worker failed) or a scale-up (scaleUps: capacity came back and it grew).
+    From the job's events, the same on both backends: each world the job formed runs from its
+    restore to the last step it completed (every rank records that step, with its time, when
+    training stops early). goodput is the share of rank-seconds (world size x seconds) spent on
+    steps that ended in the final model. timeLost gives the other rank-seconds by cause - reforming
+    (last completed step to the new world's start), restoring (start to restored checkpoint),
+    stepsLost (steps trained past the step the next world resumed from, retrained), scaleUps (both
+    gaps, when the new world is larger) and starting (first start to first restore); a gap counts
+    the ranks of the world that forms after it. stepsLost (top level) is that count of steps.
+    Step times between two recorded step boundaries are taken as evenly spaced.
 examples:
   - name: Show job 'cifar' on the local cluster.
     text: az elastictrain job show --local --name cifar
@@ -262,6 +271,23 @@ examples:
     text: az elastictrain job show --local --name cifar -o table
   - name: Show job 'cifar' on AKS cluster 'trainer' - the operator's conditions and each worker pod (node, Spot, phase, restarts).
     text: az elastictrain job show -g ml-rg -c trainer -n cifar
+"""
+
+helps["elastictrain job timeline"] = """
+type: command
+short-summary: A job's timeline - step and world size over time, checkpoints, notices, stops, scale-ups.
+long-summary: >
+    From the job's events (its current run), the same on a local cluster and on AKS. Times are
+    seconds since the run's first event. worlds - each world the job formed, with its step
+    boundaries as the ranks recorded them; worldSize - [time, size] changes, 0 while no world
+    trains; checkpoints - [time, step] commits; notices - preemption notices; stops - where a world
+    stopped, the step it had completed and how many steps the next one retrained; scaleUps - a
+    larger world forming. With --output-file it also draws the picture (needs matplotlib).
+examples:
+  - name: Draw job 'cifar' of the local cluster into timeline.png.
+    text: az elastictrain job timeline --local --name cifar --output-file timeline.png
+  - name: The series as JSON, of a job on AKS cluster 'trainer'.
+    text: az elastictrain job timeline -g ml-rg -c trainer -n cifar -o json
 """
 
 helps["elastictrain job logs"] = """

@@ -160,6 +160,10 @@ def load_arguments(self, _):
                    help="Wait until the job trains with this many ranks (e.g. after capacity came back).")
         c.argument("timeout", type=int, options_list=["--timeout"],
                    help="Give up after this many seconds, with an error.")
+    with self.argument_context("elastictrain job timeline") as c:
+        c.argument("output_file", options_list=["--output-file", "--file"],
+                   help="Also draw the picture into this file (PNG, SVG or PDF, by its extension); its folder "
+                        "must exist. Needs matplotlib in az's Python.")
     with self.argument_context("elastictrain job delete") as c:
         c.argument("dry_run", arg_type=get_three_state_flag(), options_list=["--dry-run"],
                    help="Show what would be stopped and removed; change nothing.")

@@ -11,6 +11,7 @@ from azext_elastictrain._format import (
     job_delete_table,
     job_list_table,
     job_show_table,
+    job_timeline_table,
 )
 
 
@@ -43,4 +44,5 @@ def load_command_table(loader, _):
         g.custom_show_command("show", "show_job", table_transformer=job_show_table)
         g.custom_command("logs", "job_logs")
         g.custom_command("wait", "wait_job", table_transformer=job_show_table)
+        g.custom_command("timeline", "job_timeline", table_transformer=job_timeline_table)
         g.custom_command("delete", "delete_job", table_transformer=job_delete_table)

@@ -110,6 +110,7 @@ def summarize(events: list[dict], evictions: list[dict], shown: dict, steps: int
         "medianUploadSeconds": median([c["seconds"] for c in checkpoints]),
         "medianStallSeconds": median([c["stall_seconds"] for c in checkpoints]),
         "evictions": evictions,
+        "goodput": shown.get("goodput"), "timeLost": shown.get("timeLost"),
     }
 
 
@@ -128,65 +129,11 @@ def print_summary(s: dict, picture: Path) -> None:
         lines.append(f"  eviction {i} {kind} {ev['node']}: training again after {ev['recoverySeconds']}s "
                      f"from step {ev['resumedFromStep']}, {ev['stepsLost']} step(s) lost; full size again "
                      f"{ev['capacityBack'].get('seconds')}s after capacity returned")
+    if s.get("goodput") is not None:
+        lost = ", ".join(f"{cause} {seconds:.1f}" for cause, seconds in s["timeLost"].items() if seconds)
+        lines.append(f"  goodput            {s['goodput']:.1%} of rank-seconds; lost (rank-s): {lost or 'none'}")
     lines.append(f"  timeline           {picture}")
     print("\n" + "\n".join(lines), flush=True)
-
-
-def _segments(points: list[tuple[float, int]], gap: float) -> list[list[tuple[float, int]]]:
-    """Split a series where reports stop for longer than ``gap`` (the job was down)."""
-    segments: list[list[tuple[float, int]]] = []
-    for point in points:
-        if not segments or point[0] - segments[-1][-1][0] > gap:
-            segments.append([])
-        segments[-1].append(point)
-    return segments
-
-
-def timeline(events: list[dict], evictions: list[dict], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    t0 = events[0]["time"]
-    progress = [e for e in events if e.get("event") == "progress"]
-    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(10, 5.5), sharex=True, height_ratios=[3, 1])
-    for i, seg in enumerate(_segments([(e["time"] - t0, e["step"]) for e in progress], gap=3.0)):
-        ax.plot([t for t, _ in seg], [s for _, s in seg], ".-", color="tab:blue", label="step" if i == 0 else None)
-    checkpoints = [e for e in events if e.get("event") == "checkpoint"]
-    ax.plot([c["time"] - t0 for c in checkpoints], [c["step"] for c in checkpoints], "|", color="tab:green",
-            markersize=12, mew=2, label="checkpoint committed")
-    top = max(e["step"] for e in progress)
-    for ev in evictions:
-        ax.axvline(ev["evictedAt"] - t0, color="tab:red", lw=2)
-        ax.annotate(f" {ev['node']} evicted\n {'with notice' if ev['notice'] else 'no notice'}\n"
-                    f" {ev['stepsLost']} step(s) lost\n back in {ev['recoverySeconds']:.1f}s",
-                    (ev["evictedAt"] - t0, top * 0.62), color="tab:red", fontsize=8)
-        joined = ev["replacement"]["startedAt"] - t0
-        ax.axvline(joined, color="tab:gray", lw=1, ls="--")
-        ax.annotate(f" {ev['replacement']['node']}\n joins", (joined, top * 0.05), color="tab:gray", fontsize=8)
-    ax.set_ylabel("step")
-    ax.legend(loc="upper left", fontsize=8)
-    ax.set_title("Elastic training through Spot evictions (az elastictrain, local cluster)")
-    # World size over time: what the job trained at, 0 from the moment its workers stopped (a node
-    # evicted; torchrun restarting them for a node that came back) until the re-formed job restored.
-    changes = [(e["time"], e["world_size"], e["event"]) for e in events
-               if e.get("event") in ("progress", "restored") and e.get("world_size")]
-    changes += [(ev["evictedAt"], 0, "stopped") for ev in evictions]
-    changes += [(e["time"], 0, "stopped") for e in events
-                if e.get("event") == "preempted" and e.get("source") == "sigterm"]
-    times, sizes = [], []
-    for at, size, kind in sorted(changes):
-        if sizes and sizes[-1] == 0 and kind == "progress":
-            continue  # a report the old workers sent while stopping: only a restore starts training again
-        times.append(at - t0)
-        sizes.append(size)
-    ax2.step(times, sizes, where="post", color="tab:purple")
-    ax2.set_ylabel("world size")
-    ax2.set_yticks([0, 1, 2])
-    ax2.set_xlabel("seconds")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
 
 
 def job_events(config_dir: Path) -> list[dict]:
@@ -227,7 +174,8 @@ def run(az: Az, args: argparse.Namespace, out: Path) -> dict:
     summary = summarize(events, evictions, shown, args.steps)
     summary["checkpointsKept"] = [c["step"] for c in kept if c["status"] == "complete"]
     picture = out / "timeline.png"
-    timeline(events, evictions, picture)
+    az.json("elastictrain", "job", "timeline", "--local", "--cluster", CLUSTER, "--name", JOB,
+            "--output-file", str(picture))
     (out / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print_summary(summary, picture)

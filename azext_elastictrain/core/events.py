@@ -17,6 +17,9 @@ CHECKPOINT_FAILED = "checkpoint_failed"
 PREEMPTED = "preempted"
 PROGRESS = "progress"
 FINISHED = "finished"
+# Written by every rank whose training stops before it finished: the last step every rank completed
+# (``step``) and when (``step_time``).
+INTERRUPTED = "interrupted"
 
 # Job states, as `job show` reports them.
 RUNNING = "Running"

@@ -8,13 +8,15 @@ import time
 from typing import Any
 
 from azext_elastictrain.core.errors import EvictionError
+from azext_elastictrain.core.goodput import last_completed_step
 
 # A local node comes back in seconds; the AKS backend passes its own, longer timeout (a new Spot VM).
 RECOVERY_TIMEOUT = 240.0
 
 
 def follow_recovery(read_events: Any, job: str, eviction: dict, timeout: float = RECOVERY_TIMEOUT) -> dict:
-    """After an eviction: seconds until the job restored and trained again, and the steps it lost."""
+    """After an eviction: seconds until the job restored and trained again, and the steps it lost:
+    the last step the job completed before it broke - the step it resumed from."""
     deadline = time.time() + timeout
     evicted_at, started_at = eviction["evictedAt"], eviction["startedAt"]
     while time.time() < deadline:
@@ -27,7 +29,11 @@ def follow_recovery(read_events: Any, job: str, eviction: dict, timeout: float =
                 before = [e["step"] for e in events if e.get("event") == "progress" and e["time"] <= evicted_at]
                 notices = [e["step"] for e in events if e.get("event") == "preempted"
                            and started_at <= e["time"] <= evicted_at]
-                reached = notices[0] if notices else max(before, default=restored[0]["step"])
+                # ground truth: the last step the broken world completed, as its survivors recorded it;
+                # a runtime that wrote none leaves the notice's step or the last progress report
+                reached = last_completed_step(events, started_at, restored[0]["time"])
+                if reached is None:
+                    reached = notices[0] if notices else max(before, default=restored[0]["step"])
                 return {
                     "node": eviction["node"],
                     "resumedFromStep": restored[0]["step"],

@@ -1,8 +1,8 @@
 """`job show` in one place: ``JobView`` from a job's events and what its backend knows (processes, pods).
 
 Both backends build it here, so a job reads the same on a laptop and on AKS: state, world size, step,
-throughput, checkpoints, evictions, recoveries, nodes. Goodput is not here: nothing measures it yet, and a
-made-up number would be worse than none. Also the one time formatter of `job` and `evict` output.
+throughput, checkpoints, evictions, recoveries, nodes, and goodput with the time lost by cause (how each is
+obtained: core/goodput.py). Also the one time formatter of `job` and `evict` output.
 
 Pure: no knack, no azure.cli, no SDK.
 """
@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any, Callable, Iterable
 
 from azext_elastictrain.core import events as job_events
+from azext_elastictrain.core import goodput as job_goodput
 
 
 def iso_time(epoch: float | None, *, millis: bool = False) -> str | None:
@@ -52,6 +53,7 @@ class JobView:
     worker_restarts: int
     nodes: list = field(default_factory=list)
     events_error: str | None = None
+    goodput: dict | None = None  # core.goodput.goodput of the run; None before it trained
 
     def describe(self, identity: dict, launch: dict, extra: dict | None = None,
                  worker_restarts: bool = False) -> dict:
@@ -62,7 +64,10 @@ class JobView:
                  "loss": self.loss, "lastCheckpointStep": self.last_checkpoint_step,
                  "lastCheckpointTime": iso_time(self.last_checkpoint_time),
                  "failedCheckpoints": self.failed_checkpoints, "evictions": self.evictions,
-                 "recoveries": self.recoveries, "scaleUps": self.scale_ups}
+                 "recoveries": self.recoveries, "scaleUps": self.scale_ups,
+                 "goodput": self.goodput and self.goodput["goodput"],
+                 "stepsLost": self.goodput and self.goodput["stepsLost"],
+                 "timeLost": self.goodput and self.goodput["lostRankSeconds"]}
         if worker_restarts:
             shown["workerRestarts"] = self.worker_restarts
         shown["nodes"] = self.nodes
@@ -94,7 +99,8 @@ def build_job_view(events: Iterable[dict], *, created: float | None, nodes: list
                    last_checkpoint_time=summary["lastCheckpointTime"],
                    failed_checkpoints=summary["failedCheckpoints"], evictions=len(notices) + len(lost),
                    recoveries=summary["recoveries"], scale_ups=summary["scaleUps"],
-                   worker_restarts=summary["workerRestarts"], nodes=nodes, events_error=events_error)
+                   worker_restarts=summary["workerRestarts"], nodes=nodes, events_error=events_error,
+                   goodput=job_goodput.goodput(runs))
 
 
 def read_job_events(read: Callable[[str], Iterable[dict]], job: str) -> tuple[list[dict], str | None]:

@@ -60,6 +60,51 @@ def show_job(cmd, name: str, local: bool = False, cluster: str | None = None,
         return backend.describe_job(name)
 
 
+PICTURE_FORMATS = (".png", ".svg", ".pdf")
+
+
+def job_timeline(cmd, name: str, local: bool = False, cluster: str | None = None, output_file: str | None = None,
+                 resource_group_name: str | None = None) -> dict:
+    """The series of the job's current run (core.timeline); with --output-file, also its picture."""
+    import os
+
+    from azext_elastictrain.core.timeline import series
+
+    target = resolve_target(local=local, resource_group=resource_group_name, cluster=cluster, job=name)
+    if output_file is not None:
+        folder = os.path.dirname(os.path.abspath(output_file))
+        if not os.path.isdir(folder):
+            raise InvalidArgumentValueError(f"--output-file {output_file!r}: folder {folder!r} does not exist",
+                                            recommendation="Create the folder first, or write the picture elsewhere.")
+        if os.path.splitext(output_file)[1].lower() not in PICTURE_FORMATS:
+            raise InvalidArgumentValueError(f"--output-file {output_file!r} is not a picture file name",
+                                            recommendation="End it with " + ", ".join(PICTURE_FORMATS) + ".")
+        _require_matplotlib()
+    with az_errors(target, job=name), target.opened(cmd) as backend:
+        shown = series(backend.job_events(name))
+    if output_file is not None:
+        from azext_elastictrain.timeline_picture import draw
+
+        if not shown["worlds"]:
+            raise InvalidArgumentValueError(f"job {name!r} has not trained yet: there is nothing to draw",
+                                            recommendation="Draw it once 'az elastictrain job show' reports a step.")
+        draw(shown, f"job {name}: step and world size over time", output_file)
+        shown["outputFile"] = os.path.abspath(output_file)
+    return shown
+
+
+def _require_matplotlib() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        from azure.cli.core.azclierror import ValidationError
+
+        raise ValidationError("--output-file needs matplotlib, which az's Python does not have",
+                              recommendation="Install it into az's Python ('az extension add' does not): "
+                                             "pip install matplotlib, or install this extension with its [plot] "
+                                             "extra; or leave out --output-file and plot the -o json series.")
+
+
 def job_logs(cmd, name: str, local: bool = False, cluster: str | None = None, node: str | None = None,
              follow: bool = False, tail: int | None = None, timeout: int | None = None,
              resource_group_name: str | None = None, rank: int | None = None, pod: str | None = None) -> None:

@@ -30,6 +30,7 @@ Guarantees:
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import warnings
@@ -186,6 +187,11 @@ class Checkpointer:
         self._last_save_time = time.monotonic()
         self._handled_notices: set[str] = set()
         self._stopping = False
+        # The last step every rank completed (its per-step agreement succeeded), for honest loss accounting.
+        self.last_step: int | None = None
+        self._last_step_time: float | None = None
+        self._finished = False
+        self._interruption_recorded = False
 
         self._watcher = watcher
         if self._watcher is not None:
@@ -203,6 +209,8 @@ class Checkpointer:
                 restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
                 run_id=os.environ.get("TORCHELASTIC_RUN_ID"),
             )
+        # A worker whose collective failed (a peer died) exits by an exception the script does not catch.
+        atexit.register(self._record_interruption)
 
     # -- construction from the job's environment -------------------------------
     @classmethod
@@ -303,6 +311,7 @@ class Checkpointer:
                                saved_world_size=manifest.world_size)
                 self.last_saved_step = manifest.step
                 self._last_save_time = time.monotonic()
+                self._completed(manifest.step)
                 return manifest.step
             fallbacks += 1
             if self.rank == 0:
@@ -370,6 +379,7 @@ class Checkpointer:
         if step == self.last_saved_step:
             return  # already committed (e.g. an interval save of the step a notice arrived at)
         started = time.monotonic()
+        step_time = self._last_step_time if step == self.last_step else time.time()
         self._agree_on_buffers(state)
         tree = _tree(state)
         flat = dict(tree.flat)
@@ -388,7 +398,7 @@ class Checkpointer:
         self._last_save_time = time.monotonic()
 
         def upload() -> None:
-            self._upload(step, snapshot, writer, stall, paths)
+            self._upload(step, snapshot, writer, stall, paths, step_time)
 
         if blocking or (blocking is None and not self.async_save):
             upload()
@@ -414,7 +424,7 @@ class Checkpointer:
                     buffer.copy_(host)
 
     def _upload(self, step: int, snapshot: dict[str, Any], writer: str, stall: float,
-                paths: dict[str, tuple[str | int, ...]]) -> None:
+                paths: dict[str, tuple[str | int, ...]], step_time: float | None = None) -> None:
         started = time.monotonic()
         committed: list[layout.Manifest] = []
 
@@ -455,7 +465,8 @@ class Checkpointer:
             size = committed[0].total_bytes if committed else None
             log.info("checkpoint of step %d committed (%s bytes, %.2fs upload, %.3fs stall)", step, size, seconds, stall)
             self._emit(progress.CHECKPOINT, step=step, bytes=size, seconds=round(seconds, 3),
-                       stall_seconds=round(stall, 4), world_size=self.world_size)
+                       stall_seconds=round(stall, 4), world_size=self.world_size,
+                       step_time=None if step_time is None else round(step_time, 3))
             self._retain()
 
     def _retain(self) -> None:
@@ -496,12 +507,30 @@ class Checkpointer:
         notices = self._live_notices()
         due = self.rank == 0 and self._due(step)
         preempt_anywhere, save_due = self._all_reduce_max([1 if notices else 0, 1 if due else 0])
+        self._completed(step)  # the agreement returned: every rank finished this step
         self._record_progress(step, samples, metrics)
         if preempt_anywhere:
             return self._on_preemption(step, state, notices)
         if save_due:
             self.save(step, state)
         return False
+
+    def _completed(self, step: int) -> None:
+        self.last_step, self._last_step_time = step, time.time()
+
+    def _record_interruption(self, flush_seconds: float = 5.0) -> None:
+        """Training stops before ``done``: record the last step the job completed, from every rank.
+
+        Any survivor may be the one to tell (rank 0 may be the node that died); the reader takes the
+        newest per re-forming, so the copies from several ranks are harmless. Bounded: torchrun kills
+        a worker that does not exit after its SIGTERM.
+        """
+        if self._finished or self._interruption_recorded or self._events is None or self.last_step is None:
+            return
+        self._interruption_recorded = True
+        self._emit(progress.INTERRUPTED, step=self.last_step, step_time=round(self._last_step_time, 3),
+                   world_size=self.world_size)
+        self._events.flush(flush_seconds)
 
     def _live_notices(self) -> list[Any]:
         """Notices not yet acted on (a handled Scheduled Event stays listed until the VM goes)."""
@@ -554,6 +583,7 @@ class Checkpointer:
         try:
             self.save(step, state, blocking=True)
             self.wait()
+            self._finished = True
             if self.rank == 0:
                 self._emit(progress.FINISHED, step=step)
         finally:
@@ -564,6 +594,8 @@ class Checkpointer:
         if self._stopping:
             return
         self._stopping = True
+        atexit.unregister(self._record_interruption)
+        self._record_interruption()  # first: waiting for an upload whose peers died can take long
         try:
             self.wait(raise_errors=False)
         finally:

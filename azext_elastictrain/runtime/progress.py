@@ -24,6 +24,7 @@ from azext_elastictrain.core.events import (  # noqa: F401  (re-exported)
     CHECKPOINT,
     CHECKPOINT_FAILED,
     FINISHED,
+    INTERRUPTED,
     PREEMPTED,
     PROGRESS,
     RESTORED,

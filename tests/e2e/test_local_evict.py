@@ -79,3 +79,27 @@ def test_an_evicted_node_is_gone_and_shown_as_evicted(job):
     assert next(n for n in shown["nodes"] if n["name"] == victim["name"])["status"] == "Evicted"
     assert shown["state"] == "Running" and shown["evictions"] == 1
     assert all(running(n["pid"]) for n in shown["nodes"] if n["alive"])
+
+
+def test_show_and_timeline_account_for_the_eviction(job, tmp_path):
+    """After the eviction above: the survivor trains on alone; `job show` gives goodput and the time lost by
+    cause, `job timeline` the world that stopped (with its steps lost) and draws it."""
+    az = job
+    _wait_world(az, 1)
+    timeline = az.json("elastictrain", "job", "timeline", "--local", "--name", JOB)
+    stop = timeline["stops"][-1]  # the eviction: the world of 2 stopped, the survivor's world of 1 trains
+    assert stop["step"] >= stop["resumedFromStep"] and timeline["worlds"][-1]["worldSize"] == 1, timeline
+    assert [t for t, size in timeline["worldSize"]][1:] == sorted(t for t, _ in timeline["worldSize"][1:])
+    shown = az.json("elastictrain", "job", "show", "--local", "--name", JOB)
+    assert 0 < shown["goodput"] < 1 and shown["stepsLost"] >= stop["stepsLost"], shown
+    assert shown["timeLost"]["reforming"] > 0 and shown["timeLost"]["restoring"] > 0, shown
+    table = az("elastictrain", "job", "timeline", "--local", "--name", JOB, "-o", "table").stdout
+    assert "WorldSize" in table and "StepsLost" in table, table
+    picture = tmp_path / "timeline.png"
+    drawn = az.json("elastictrain", "job", "timeline", "--local", "--name", JOB, "--output-file", str(picture))
+    assert drawn["outputFile"] == str(picture) and picture.read_bytes()[:4] == b"\x89PNG"
+    bad = az("elastictrain", "job", "timeline", "--local", "--name", JOB, "--output-file",
+             str(tmp_path / "no-such-folder" / "t.png"), check=False)
+    assert bad.returncode != 0 and "does not exist" in bad.stderr and "Traceback" not in bad.stderr
+    unknown = az("elastictrain", "job", "timeline", "--local", "--name", "nosuchjob", check=False)
+    assert unknown.returncode == 3 and "no job named 'nosuchjob'" in unknown.stderr

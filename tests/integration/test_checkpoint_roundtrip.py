@@ -4,6 +4,7 @@ from __future__ import annotations
 import copy
 import random
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -320,3 +321,26 @@ def test_restore_on_an_empty_prefix_returns_none_and_leaves_the_state_untouched(
     assert_same_training_state(before, model, optimizer, scheduler)
     assert state["meta"] == meta_before and state["samples"] == 0
     assert_rng_equal(rng_states(), rng_before)
+
+
+def test_training_stopped_early_records_the_last_completed_step_and_a_finished_one_does_not(
+        open_checkpointer, open_store) -> None:
+    from azext_elastictrain.core.events import read_events
+
+    state = {"model": nn.Linear(2, 2)}
+    stopped = open_checkpointer(interval_steps=3, async_save=False)
+    before = time.time() - 0.001  # the events carry milliseconds
+    for step in range(1, 6):
+        stopped.step(step, state)
+    stopped.close()  # no done(): a crash, a SIGTERM, a failed collective
+    events = read_events(open_store(), JOB)
+    (told,) = [e for e in events if e["event"] == "interrupted"]
+    assert told["step"] == 5 and before <= told["step_time"] <= told["time"]
+    (checkpoint,) = [e for e in events if e["event"] == "checkpoint"]
+    assert checkpoint["step"] == 3 and before <= checkpoint["step_time"] <= told["step_time"]
+
+    finished = open_checkpointer(async_save=False)
+    assert finished.restore(state) == 3
+    finished.step(4, state)
+    finished.done(4, state)
+    assert [e["event"] for e in read_events(open_store(), JOB)].count("interrupted") == 1

@@ -14,6 +14,7 @@ import pytest
 
 from azext_elastictrain.core import catalog
 from azext_elastictrain.core.blobstore import BlobStore
+from azext_elastictrain.core.goodput import goodput
 from tests.support.elastic import JobConfig, Node, dump, events_of, read_events, wait_for
 
 STEPS = 2000  # never reached: each test stops the job once it has shown recovery
@@ -86,6 +87,13 @@ def test_survivor_resumes_from_last_committed_step_after_losing_a_node_without_n
     wait_for(lambda: any(e.get("world_size") == 1 and e["step"] > step for e in events_of(events(), "progress")),
              timeout=60, what="training to go on at world size 1", on_timeout=lambda: dump(events()))
     assert a.alive()
+    # The survivor's worker saw its collective fail and recorded the last step both ranks completed:
+    # at least the last step reported before the kill, and what the loss is counted from.
+    told = [e for e in events_of(events(), "interrupted") if e["time"] < restored[0]["time"]]
+    assert told and {e["node"] for e in told} == {"node-a"}, dump(events())
+    reported = max(e["step"] for e in events_of(events(), "progress") if e["time"] < told[0]["time"])
+    assert max(e["step"] for e in told) >= max(reported, step), dump(events())
+    assert goodput(events())["stepsLost"] == max(e["step"] for e in told) - step
 
 
 @pytest.mark.parametrize("notice", ["sigterm", "scheduled-events"])

@@ -121,3 +121,14 @@ def test_delete_confirms_then_deletes_the_elastic_job_only(kube) -> None:
     done = _jobs(kube).delete(planned)
     assert done["deleted"] and not done["dryRun"] and done["checkpoints"] == "kept"
     assert kube.get("elastic.pytorch.org/v1alpha1", "ElasticJob", "cifar", "elastictrain") is None
+
+
+def test_a_jobs_events_are_those_of_its_current_run(kube) -> None:
+    _run(_jobs(kube))
+    created = 1767225600.0  # FakeKube's creationTimestamp, 2026-01-01T00:00:00Z
+    jobs = _jobs(kube)
+    jobs.session.events = lambda: {"cifar": [{"time": created - 60, "event": "started"},  # an earlier run's
+                                             {"time": created + 5, "event": "started"}]}.__getitem__
+    assert jobs.job_events("cifar") == [{"time": created + 5, "event": "started"}]
+    with pytest.raises(JobNotFound):
+        jobs.job_events("nosuchjob")

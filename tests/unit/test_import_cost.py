@@ -2,7 +2,7 @@
 
 az imports every extension's loader on a command index miss and for each
 ``--help``; the extension must not pull in SDKs (azure.mgmt, azure.storage,
-kubernetes, torch) until a command actually runs.
+kubernetes, torch, matplotlib) until a command actually runs.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PACKAGE_DIR = REPO_ROOT / "azext_elastictrain"
-HEAVY_PREFIXES = ("azure.mgmt", "azure.storage", "kubernetes", "torch")
+HEAVY_PREFIXES = ("azure.mgmt", "azure.storage", "kubernetes", "torch", "matplotlib")
 CLI_PREFIXES = ("knack", "azure.cli")
 
 _PROBE = r"""

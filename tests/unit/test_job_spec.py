@@ -178,7 +178,7 @@ def test_runtime_progress_re_exports_the_core_events() -> None:
 
 SHOWN = {
     "name": "cifar", "state": "Running", "minNodes": 1, "maxNodes": 2, "worldSize": 2, "step": 40,
-    "samplesPerSecond": 880.123, "lastCheckpointStep": 25, "evictions": 1, "recoveries": 1,
+    "samplesPerSecond": 880.123, "lastCheckpointStep": 25, "evictions": 1, "recoveries": 1, "goodput": 0.93456,
     "created": "2026-01-01T00:00:00Z",
     "nodes": [{"name": "cifar-node-0", "alive": True}, {"name": "cifar-node-1", "alive": False}],
 }
@@ -187,16 +187,18 @@ SHOWN = {
 def test_job_table_row_is_ordered_and_readable() -> None:
     row = _format.job_row(SHOWN)
     assert list(row) == ["Name", "State", "Nodes", "MinMax", "WorldSize", "Step", "SamplesPerSec",
-                         "LastCheckpoint", "Evictions", "Recoveries", "Created"]
-    assert list(row.values()) == ["cifar", "Running", "1/2", "1-2", 2, 40, "880.1", 25, 1, 1,
+                         "LastCheckpoint", "Evictions", "Recoveries", "Goodput", "Created"]
+    assert list(row.values()) == ["cifar", "Running", "1/2", "1-2", 2, 40, "880.1", 25, 1, 1, "93.5%",
                                   "2026-01-01T00:00:00Z"]
     assert _format.job_show_table(SHOWN) == [row]
     assert _format.job_list_table([SHOWN, SHOWN]) == [row, row]
 
 
 def test_job_table_row_before_the_first_event_has_blanks_not_none() -> None:
-    row = _format.job_row(dict(SHOWN, worldSize=None, step=None, samplesPerSecond=None, lastCheckpointStep=None))
-    assert (row["WorldSize"], row["Step"], row["SamplesPerSec"], row["LastCheckpoint"]) == ("", "", "", "")
+    row = _format.job_row(dict(SHOWN, worldSize=None, step=None, samplesPerSecond=None, lastCheckpointStep=None,
+                               goodput=None))
+    assert (row["WorldSize"], row["Step"], row["SamplesPerSec"], row["LastCheckpoint"], row["Goodput"]) == \
+        ("", "", "", "", "")
 
 
 def test_a_step_zero_checkpoint_shows_as_zero() -> None:

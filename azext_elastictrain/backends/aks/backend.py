@@ -100,6 +100,9 @@ class AksBackend:
     def list_jobs(self) -> list[dict]:
         return self.jobs.list_jobs()
 
+    def job_events(self, name: str) -> list[dict]:
+        return self.jobs.job_events(name)
+
     def job_logs(self, name: str, request: LogRequest) -> JobLogs:
         if request.node is not None:
             raise OptionNotHere("--node names a node of a local job; on AKS pick a worker with --rank or --pod",

@@ -11,8 +11,10 @@ from typing import Any, Callable
 
 from azext_elastictrain.backends.aks import describe
 from azext_elastictrain.backends.aks.session import AksSession, ClusterSite
+from azext_elastictrain.core import events as job_events
 from azext_elastictrain.core.manifests import ELASTICJOB_API_VERSION, GPU_TAINT, SPOT_TAINT, WORKER_LABELS
 from azext_elastictrain.core.spec import JobSpec, SpecError
+from azext_elastictrain.core.view import parse_iso
 
 # Any GUID: the ElasticJob does not carry the identity (its pods run as the cluster's service account),
 # but the cluster spec it is rendered with must be complete.
@@ -79,6 +81,12 @@ class AksJobs:
         site = self.session.site()
         return describe.show_job(self.session.kube(), name, self.session.events(), namespace=site.spec.namespace,
                                  cluster=site.spec.name)
+
+    def job_events(self, name: str) -> list[dict]:
+        """The events of the job's current run (since its ElasticJob was created), from the cluster's storage."""
+        created = parse_iso((self._elastic_job(name).get("metadata") or {}).get("creationTimestamp"))
+        events = list(self.session.events()(name))
+        return job_events.since(events, created) if created is not None else events
 
     def list_jobs(self) -> list[dict]:
         site = self.session.site()

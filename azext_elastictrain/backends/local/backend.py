@@ -80,6 +80,9 @@ class LocalBackend:
     def list_jobs(self) -> list[dict]:
         return self.clusters.list_jobs(self.cluster)
 
+    def job_events(self, name: str) -> list[dict]:
+        return self.clusters.job_events(self.cluster, name)
+
     def job_logs(self, name: str, request: LogRequest) -> JobLogs:
         if request.rank is not None or request.pod is not None:
             raise OptionNotHere("--rank and --pod pick a worker of a job on AKS; a local job's are --node",

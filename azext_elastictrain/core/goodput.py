@@ -1,0 +1,159 @@
+"""Where a job's time went, from its events: goodput, and the time lost by cause.
+
+A run is a chain of *segments*, one per world the job formed: each begins with rank 0's ``restored``
+event (the step it resumed from, its world size) and ends at the last step the world completed: the
+newest of its ``progress``, ``checkpoint`` (``step_time``), ``interrupted`` (``step_time``, from any
+survivor) and ``finished`` events. The steps a segment trained past the step the next one resumed
+from were lost: retrained, so they are not in the final model.
+
+Rank-seconds (world size x seconds), per segment and per gap between segments:
+
+- useful: from the restore to the boundary of the last step the final model kept;
+- stepsLost: from there to the segment's last completed step;
+- reforming: from that step to the new world's ``started`` event (the survivors wait for rendezvous);
+- restoring: from ``started`` to ``restored`` (loading the checkpoint);
+- scaleUps: reforming + restoring of a world larger than the one before (capacity came back);
+- starting: from the first ``started`` to the first ``restored``.
+
+A gap is charged at the size of the world that forms after it: those ranks waited through it. Step
+boundary times come from the ranks' own events; between two of them steps are taken to be evenly
+spaced. ``goodput`` = useful / all of them. Pure: no clock, no I/O.
+"""
+from __future__ import annotations
+
+import json
+from bisect import bisect_left
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from azext_elastictrain.core import events as job_events
+
+CAUSES = ("reforming", "restoring", "stepsLost", "scaleUps", "starting")
+
+
+def unique(events: Iterable[dict]) -> list[dict]:
+    """The events in time order, each once: an append retried after a lost reply writes a line twice."""
+    seen, out = set(), []
+    for e in events:
+        key = json.dumps(e, sort_keys=True, default=str)
+        if key not in seen and isinstance(e.get("time"), (int, float)):
+            seen.add(key)
+            out.append(e)
+    return sorted(out, key=lambda e: e["time"])
+
+
+@dataclass
+class Segment:
+    """One world of the job: from its restore to the last step it completed."""
+
+    started: float | None
+    restored: float
+    world_size: int
+    first_step: int
+    points: list[tuple[int, float]] = field(default_factory=list)  # (step, wall time of its boundary)
+
+    @property
+    def last_step(self) -> int:
+        return max(self.points)[0]
+
+    @property
+    def last_time(self) -> float:
+        return max(self.points)[1]
+
+    def time_of(self, step: int) -> float:
+        """Wall time of a step boundary: known, or between the two known boundaries around it."""
+        points = sorted(dict(sorted(self.points)).items())
+        steps = [s for s, _ in points]
+        at = bisect_left(steps, step)
+        if at < len(steps) and steps[at] == step:
+            return points[at][1]
+        if at == 0:
+            return points[0][1]
+        if at == len(steps):
+            return points[-1][1]
+        (s0, t0), (s1, t1) = points[at - 1], points[at]
+        return t0 + (t1 - t0) * (step - s0) / (s1 - s0)
+
+
+def _step_point(e: dict) -> tuple[int, float] | None:
+    kind, step = e.get("event"), e.get("step")
+    if not isinstance(step, int):
+        return None
+    if kind in (job_events.PROGRESS, job_events.FINISHED):
+        return step, e["time"]
+    if kind in (job_events.CHECKPOINT, job_events.INTERRUPTED) and isinstance(e.get("step_time"), (int, float)):
+        return step, e["step_time"]
+    return None
+
+
+def segments(events: Iterable[dict]) -> list[Segment]:
+    """The worlds of a run, in order (events of one run: see ``core.events.since``)."""
+    found: list[Segment] = []
+    last_started: float | None = None
+    ordered = unique(events)
+    for e in ordered:
+        kind = e.get("event")
+        if kind == job_events.STARTED:
+            last_started = e["time"]
+        elif kind == job_events.RESTORED:
+            step = e.get("step") if isinstance(e.get("step"), int) else 0
+            found.append(Segment(started=last_started, restored=e["time"],
+                                 world_size=int(e.get("world_size") or 1), first_step=step,
+                                 points=[(step, e["time"])]))
+            last_started = None
+    starts = [seg.restored for seg in found]
+    for e in ordered:
+        point = _step_point(e)
+        # by the step's own time, not the line's: a survivor may write after the next world restored
+        at = bisect_left(starts, point[1]) if point is not None else 0
+        if point is not None and at > 0 and (at == len(starts) or starts[at] != point[1]):
+            found[at - 1].points.append(point)
+    return found
+
+
+def _kept_steps(worlds: list[Segment]) -> list[int]:
+    """Per segment, the last step of it the final model kept: no later world resumed from before it."""
+    kept, floor = [], None
+    for seg in reversed(worlds):
+        end = seg.last_step if floor is None else min(seg.last_step, floor)
+        kept.append(max(end, seg.first_step))
+        floor = seg.first_step if floor is None else min(floor, seg.first_step)
+    return kept[::-1]
+
+
+def goodput(events: Iterable[dict]) -> dict | None:
+    """``{"goodput", "usefulRankSeconds", "lostRankSeconds": {cause: s}, "stepsLost"}``; None before training."""
+    worlds = segments(events)
+    if not worlds:
+        return None
+    useful, steps_lost = 0.0, 0
+    lost = dict.fromkeys(CAUSES, 0.0)
+    for i, (seg, kept) in enumerate(zip(worlds, _kept_steps(worlds))):
+        kept_at = seg.time_of(kept)
+        useful += seg.world_size * (kept_at - seg.restored)
+        lost["stepsLost"] += seg.world_size * (seg.last_time - kept_at)
+        steps_lost += seg.last_step - kept
+        started = seg.started if seg.started is not None else seg.restored
+        if i == 0:
+            lost["starting"] += seg.world_size * max(0.0, seg.restored - started)
+            continue
+        before = worlds[i - 1]
+        reform = max(0.0, started - before.last_time)
+        restore = max(0.0, seg.restored - max(started, before.last_time))
+        if seg.world_size > before.world_size:
+            lost["scaleUps"] += seg.world_size * (reform + restore)
+        else:
+            lost["reforming"] += seg.world_size * reform
+            lost["restoring"] += seg.world_size * restore
+    total = useful + sum(lost.values())
+    return {"goodput": round(useful / total, 4) if total > 0 else None,
+            "usefulRankSeconds": round(useful, 2),
+            "lostRankSeconds": {k: round(v, 2) for k, v in lost.items()},
+            "stepsLost": steps_lost}
+
+
+def last_completed_step(events: Iterable[dict], after: float, before: float) -> int | None:
+    """The newest step a world completed, as its survivors recorded it when it broke in ``(after, before]``."""
+    steps = [e["step"] for e in unique(events) if e.get("event") == job_events.INTERRUPTED
+             and isinstance(e.get("step"), int) and after < e["time"] <= before]
+    return max(steps, default=None)

@@ -1,0 +1,158 @@
+"""Loss accounting and goodput from synthetic event logs: the arithmetic of core/goodput.py and core/recovery.py."""
+from __future__ import annotations
+
+import pytest
+
+from azext_elastictrain.core import goodput, recovery
+from azext_elastictrain.core.view import build_job_view
+
+
+def ev(time: float, event: str, rank: int = 0, **fields) -> dict:
+    return {"time": time, "event": event, "rank": rank, "node": f"n{rank}", **fields}
+
+
+def evicted_job(*, survivor_rank: int = 1) -> list[dict]:
+    """2 ranks from t=100; one step a second from step 0; a checkpoint of step 25; progress reported at
+    steps 1 and 30; the node of the other rank dies after step 37 (t=137.0), without notice. The survivor
+    records step 37; the world of 1 starts at 140, restores step 25 at 142 and trains to step 60 at 177."""
+    return [
+        ev(98.0, "started", world_size=2),
+        ev(100.0, "restored", step=None, world_size=2),
+        ev(101.0, "progress", step=1, world_size=2),
+        ev(126.5, "checkpoint", step=25, step_time=125.0, world_size=2),
+        ev(130.0, "progress", step=30, world_size=2),
+        ev(137.4, "interrupted", rank=survivor_rank, step=37, step_time=137.0, world_size=2),
+        ev(140.0, "started", world_size=1),
+        ev(142.0, "restored", step=25, world_size=1),
+        ev(143.0, "progress", step=26, world_size=1),
+        ev(177.0, "finished", step=60),
+    ]
+
+
+def test_steps_lost_is_the_last_completed_step_not_the_last_progress_report():
+    events = evicted_job()
+    eviction = {"node": "n0", "evictedAt": 137.2, "startedAt": 137.1}
+    found = recovery.follow_recovery(lambda job: events, "j", eviction, timeout=5)
+    # the old accounting took step 30 (the last progress report) and said 5; the survivor says 37
+    assert found["stepsLost"] == 12 and found["resumedFromStep"] == 25 and found["worldSize"] == 1
+
+
+def test_rank_0_dying_duplicated_lines_and_every_survivor_writing_change_nothing():
+    events = evicted_job(survivor_rank=1)
+    # rank 0's node died: only ranks 1 and 2 tell, one of them twice (a retried append), one a step behind
+    events.insert(6, ev(137.5, "interrupted", rank=2, step=36, step_time=136.0, world_size=2))
+    events.insert(6, dict(events[5]))
+    eviction = {"node": "n0", "evictedAt": 137.2, "startedAt": 137.1}
+    assert recovery.follow_recovery(lambda job: events, "j", eviction, timeout=5)["stepsLost"] == 12
+    assert goodput.goodput(events) == goodput.goodput(evicted_job())
+
+
+def test_goodput_arithmetic():
+    found = goodput.goodput(evicted_job())
+    # useful: 2 ranks x (125 - 100) in the first world (steps 1-25), 1 rank x (177 - 142) in the second
+    # lost: steps 26-37 on 2 ranks (137 - 125 = 12 s); re-forming 137 -> 140 and restoring 140 -> 142 on 1 rank;
+    # starting 98 -> 100 on 2 ranks
+    assert found["usefulRankSeconds"] == 85.0
+    assert found["lostRankSeconds"] == {"reforming": 3.0, "restoring": 2.0, "stepsLost": 24.0,
+                                        "scaleUps": 0.0, "starting": 4.0}
+    assert found["stepsLost"] == 12
+    assert found["goodput"] == round(85 / (85 + 33), 4)
+
+
+def test_a_scale_up_is_its_own_cause_and_loses_no_step_after_a_sigterm_checkpoint():
+    events = [
+        ev(0.0, "started", world_size=1), ev(0.0, "restored", step=None, world_size=1),
+        ev(10.0, "progress", step=10, world_size=1),
+        ev(20.5, "checkpoint", step=20, step_time=20.0, world_size=1),   # torchrun's SIGTERM: save, exit
+        ev(20.6, "interrupted", step=20, step_time=20.0, world_size=1),
+        ev(24.0, "started", world_size=2), ev(25.0, "restored", step=20, world_size=2),
+        ev(35.0, "finished", step=30),
+    ]
+    found = goodput.goodput(events)
+    assert found["stepsLost"] == 0 and found["lostRankSeconds"]["stepsLost"] == 0
+    assert found["lostRankSeconds"]["scaleUps"] == 2 * 5.0   # 20 -> 25 on the 2 ranks of the new world
+    assert found["usefulRankSeconds"] == 20.0 + 2 * 10.0
+
+
+def test_steps_between_two_recorded_boundaries_are_evenly_spaced():
+    events = [ev(0.0, "restored", step=0, world_size=1), ev(10.0, "progress", step=10),
+              ev(30.0, "interrupted", step=30, step_time=30.0),
+              ev(31.0, "restored", step=20, world_size=1), ev(41.0, "finished", step=30)]
+    found = goodput.goodput(events)
+    assert found["usefulRankSeconds"] == 20.0 + 10.0   # step 20 ended at t=20, between 10@10 and 30@30
+    assert found["lostRankSeconds"]["stepsLost"] == 10.0 and found["stepsLost"] == 10
+
+
+def test_a_survivor_line_written_after_the_next_restore_counts_for_the_world_it_ended():
+    events = evicted_job()
+    late = events.pop(5)
+    events.append({**late, "time": 150.0})  # appended late; its step_time still says when step 37 ended
+    assert goodput.goodput(events) == goodput.goodput(evicted_job())
+
+
+def test_an_earlier_run_of_the_same_name_is_not_counted():
+    earlier = [{**e, "time": e["time"] - 1000, **({"step_time": e["step_time"] - 1000} if "step_time" in e else {})}
+               for e in evicted_job()]
+    view = build_job_view(earlier + evicted_job(), created=90.0, nodes=[], state_of=lambda s: "Succeeded",
+                          lost_nodes=lambda state: [])
+    shown = view.describe({"name": "j"}, {})
+    assert shown["goodput"] == goodput.goodput(evicted_job())["goodput"]
+    assert shown["stepsLost"] == 12 and shown["timeLost"]["reforming"] == 3.0
+
+
+def test_a_job_that_has_not_trained_has_no_goodput():
+    assert goodput.goodput([ev(0.0, "started", world_size=2)]) is None
+    shown = build_job_view([], created=None, nodes=[], state_of=lambda s: "Running",
+                           lost_nodes=lambda state: []).describe({}, {})
+    assert shown["goodput"] is None and shown["timeLost"] is None
+
+
+@pytest.mark.parametrize("reports", [[], [ev(130.0, "progress", step=30)]])
+def test_without_a_survivor_line_the_old_reading_remains(reports):
+    events = [e for e in evicted_job() if e["event"] != "interrupted"]
+    eviction = {"node": "n0", "evictedAt": 137.2, "startedAt": 137.1}
+    assert recovery.follow_recovery(lambda job: events + reports, "j", eviction, timeout=5)["stepsLost"] == 5
+
+
+def test_timeline_series_marks_the_stop_the_loss_and_no_training_between_worlds():
+    from azext_elastictrain.core.timeline import series
+
+    shown = series(evicted_job() + [dict(evicted_job()[5])])
+    assert shown["start"] == 98.0
+    assert [w["worldSize"] for w in shown["worlds"]] == [2, 1]
+    assert shown["worlds"][0]["steps"][-1] == [39.0, 37]   # step 37 ended at t=137, 39 s after the start
+    assert shown["worldSize"] == [[0.0, 0], [2.0, 2], [39.0, 0], [44.0, 1], [79.0, 0]]
+    assert shown["stops"] == [{"time": 39.0, "step": 37, "resumedFromStep": 25, "stepsLost": 12}]
+    assert shown["checkpoints"] == [[28.5, 25]] and shown["scaleUps"] == []
+
+
+def test_timeline_picture_is_drawn(tmp_path):
+    from azext_elastictrain.core.timeline import series
+    from azext_elastictrain.timeline_picture import draw
+
+    out = tmp_path / "timeline.png"
+    draw(series(evicted_job()), "job j", str(out))
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+
+
+def test_drawing_without_matplotlib_is_an_az_error_saying_how_to_get_it(monkeypatch):
+    import importlib.util
+
+    from azure.cli.core.azclierror import ValidationError
+
+    from azext_elastictrain.operations import job
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    with pytest.raises(ValidationError, match="needs matplotlib") as raised:
+        job._require_matplotlib()
+    assert "pip install matplotlib" in raised.value.recommendations[0]
+
+
+def test_timeline_table_has_a_row_per_world():
+    from azext_elastictrain._format import job_timeline_table
+    from azext_elastictrain.core.timeline import series
+
+    rows = job_timeline_table(series(evicted_job()))
+    assert [list(r.values()) for r in rows] == [[1, 2, 0, 37, 2.0, 39.0, 12], [2, 1, 25, 60, 44.0, 79.0, ""]]
+    assert job_timeline_table(series([])) == []
