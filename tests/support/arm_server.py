@@ -638,9 +638,7 @@ class ArmServer:
                      str((obj.get("spec") or {}).get("providerID", "")).lower() == provider.lower()]
             for key in nodes:
                 del self.kube.objects[key]
-                for pod in [p for p, obj in self.kube.objects.items() if p[1] == "Pod"
-                            and (obj.get("spec") or {}).get("nodeName") == key[3]]:
-                    del self.kube.objects[pod]
+                self.kube.jobs.node_gone(key[3])
 
 
 def _provider_id(node_group: str, vmss: str, instance: int) -> str:
@@ -665,6 +663,7 @@ _KUBE_KINDS = {
     "networking.k8s.io/v1": ("NetworkPolicy",),
     "apiextensions.k8s.io/v1": ("CustomResourceDefinition",),
     "elastic.pytorch.org/v1alpha1": ("ElasticJob",),
+    "batch/v1": ("Job",),
 }
 
 

@@ -134,7 +134,7 @@ def _worker(rank: int, pod: dict, node_by_name: dict) -> dict:
         "status": shown,
         "alive": shown == "Running" and _ready(node),
         "restarts": sum(int(c.get("restartCount") or 0) for c in status.get("containerStatuses") or []),
-        "reason": status.get("reason") or _waiting_reason(status),
+        "reason": status.get("reason") or _disruption(status) or _waiting_reason(status),
         "started": status.get("startTime"),
     }
 
@@ -142,6 +142,14 @@ def _worker(rank: int, pod: dict, node_by_name: dict) -> dict:
 def _ready(node: dict | None) -> bool:
     conditions = ((node or {}).get("status") or {}).get("conditions") or []
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def _disruption(status: dict) -> str | None:
+    """Why Kubernetes took the pod (an evicted node's pod: DisruptionTarget, e.g. DeletionByPodGC)."""
+    for c in status.get("conditions") or []:
+        if c.get("type") == "DisruptionTarget" and c.get("status") == "True":
+            return f"DisruptionTarget: {c.get('reason')}"
+    return None
 
 
 def _waiting_reason(status: dict) -> str | None:
