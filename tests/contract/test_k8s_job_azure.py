@@ -132,6 +132,10 @@ def test_a_script_error_fails_the_job_by_its_pod_failure_policy(az, arm, cluster
     _run(az, cluster, name)
     arm.kube.jobs.reconcile()
     pod = next(p for p in _pods(arm, name) if p["status"]["phase"] == "Running")
+    index = pod["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]
+    arm.kube.set_logs(pod["metadata"]["name"], NAMESPACE, "step 7 loss 2.1\nValueError: bad batch\n")
+    logs = az("elastictrain", "job", "logs", "-n", name, *_where(cluster), "--rank", index).stdout
+    assert "ValueError: bad batch" in logs
     arm.kube.jobs.exit(pod["metadata"]["name"], NAMESPACE, 1)  # torchrun gave up: ChildFailedError
     arm.kube.jobs.reconcile()
     shown = az.json("elastictrain", "job", "show", "-n", name, *_where(cluster))
