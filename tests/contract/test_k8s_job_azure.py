@@ -154,6 +154,8 @@ def test_the_first_node_to_finish_training_completes_the_job(az, arm, cluster, g
     arm.kube.jobs.reconcile()
     job = arm.kube.get(*JOB, name, NAMESPACE)
     assert [c["type"] for c in job["status"]["conditions"]] == ["SuccessCriteriaMet", "Complete"]
+    assert job["status"]["completedIndexes"] == pod["metadata"]["annotations"][
+        "batch.kubernetes.io/job-completion-index"] and job["status"]["succeeded"] == 1
     assert [p["status"]["phase"] for p in _pods(arm, name)] == ["Succeeded"], "the Pending index is removed"
 
 

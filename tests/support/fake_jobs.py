@@ -277,7 +277,14 @@ def _parse_intervals(text: str) -> set[int]:
 
 
 def _intervals(indexes: list[int]) -> str:
-    return ",".join(map(str, indexes))  # "1,3" (the controller compresses runs to "1-3"; not relied on)
+    """status.completedIndexes as the controller writes it: sorted, runs as ranges ("0,2-4")."""
+    runs: list[list[int]] = []
+    for index in sorted(indexes):
+        if runs and index == runs[-1][1] + 1:
+            runs[-1][1] = index
+        else:
+            runs.append([index, index])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def _index(pod: dict) -> int:
