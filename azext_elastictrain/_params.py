@@ -6,6 +6,8 @@ STORAGE_SKUS = ["Standard_LRS", "Standard_ZRS", "Standard_GRS", "Standard_RAGRS"
 
 
 def load_arguments(self, _):
+    from azext_elastictrain.core.manifests import ENGINES  # pure and stdlib only: cheap to load
+
     with self.argument_context("elastictrain checkpoint") as c:
         c.argument(
             "url", options_list=["--url"],
@@ -225,7 +227,11 @@ def load_arguments(self, _):
                    help="On AKS: GPUs each worker pod requests (nvidia.com/gpu; default 1). --nproc-per-node "
                         "defaults to it.")
         c.argument("dry_run", arg_type=get_three_state_flag(), options_list=["--dry-run"],
-                   help="On AKS: print the ElasticJob that would be created; create nothing.")
+                   help="On AKS: print the objects that would be created; create nothing.")
+        c.argument("engine", arg_type=get_enum_type(ENGINES), options_list=["--engine"],
+                   help="On AKS: what runs the job. torchelastic (default): an ElasticJob of the TorchElastic "
+                        "operator. k8s-job: a batch/v1 Indexed Job with a headless Service, no operator "
+                        "(Kubernetes 1.31+).")
     with self.argument_context("elastictrain job logs") as c:
         c.argument("rank", type=int, options_list=["--rank"],
                    help="On AKS: only the log of this worker (replica index, as 'job show' lists them).")

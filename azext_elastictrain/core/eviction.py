@@ -25,7 +25,8 @@ SPOT_LABEL = "kubernetes.azure.com/scalesetpriority"
 AGENTPOOL_LABELS = ("kubernetes.azure.com/agentpool", "agentpool")  # the second: older AKS node images
 JOB_LABELS = ("elastictrain.azure.com/job",  # ours, on every worker pod (manifests._job_labels)
               "job-name", "training.kubeflow.org/job-name")  # the operator's (kubeflow/common, old and new)
-REPLICA_INDEX_LABELS = ("replica-index", "training.kubeflow.org/replica-index")
+REPLICA_INDEX_LABELS = ("replica-index", "training.kubeflow.org/replica-index",
+                        "batch.kubernetes.io/job-completion-index")  # an Indexed Job's pods (k8s-job)
 REPLICA_TYPE_LABELS = ("replica-type", "training.kubeflow.org/replica-type")
 WORKER_REPLICA_TYPE = "worker"
 # Pods in these phases no longer hold their node: an eviction does not hit them.

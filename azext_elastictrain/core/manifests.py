@@ -197,6 +197,14 @@ def object_key(obj: dict[str, Any]) -> str:
 # Azure gives a Spot VM >= 30 s between the Preempt notice and the eviction; a pod deleted otherwise (scale-in,
 # job delete, node drain) gets this long after SIGTERM to finish its preemption checkpoint.
 TERMINATION_GRACE_SECONDS = 120
+WORKER_CONTAINER = "worker"
+JOB_LABEL = "elastictrain.azure.com/job"
+# Which engine made a job: later commands find it by this label whichever engine ran it.
+ENGINE_LABEL = "elastictrain.azure.com/engine"
+ENGINE_TORCHELASTIC = "torchelastic"  # the ElasticJob operator
+ENGINE_K8S_JOB = "k8s-job"  # a batch/v1 Indexed Job, no operator
+ENGINES = (ENGINE_TORCHELASTIC, ENGINE_K8S_JOB)
+K8S_JOB_MIN_KUBERNETES = (1, 31)
 
 
 def etcd_endpoint(namespace: str) -> str:
@@ -214,6 +222,80 @@ def render_elastic_job(job, cluster: InClusterSpec, image: str, *, run_id: str |
     of its own even when an earlier job of the same name left state in etcd. Each worker asks for
     ``gpus_per_node`` GPUs (default: one per training process).
     """
+    gpus = _validate_job_inputs(job, cluster, image, gpus_per_node)
+    args = [*_torchrun_options(job, run_id), job.script, *job.script_args]
+    return {
+        "apiVersion": ELASTICJOB_API_VERSION, "kind": "ElasticJob",
+        "metadata": {"name": job.name, "namespace": cluster.namespace,
+                     "labels": _job_labels(job, ENGINE_TORCHELASTIC)},
+        "spec": {
+            "rdzvEndpoint": etcd_endpoint(cluster.namespace),
+            "minReplicas": job.min_nodes, "maxReplicas": job.max_nodes,
+            "replicaSpecs": {"Worker": {"replicas": job.node_count, "restartPolicy": "ExitCode",
+                                        "template": _worker_template(job, cluster, image, args, gpus,
+                                                                     ENGINE_TORCHELASTIC)}},
+        },
+    }
+
+
+def render_k8s_job(job, cluster: InClusterSpec, image: str, *, run_id: str | None = None,
+                   gpus_per_node: int | None = None) -> list[dict]:
+    """The headless Service and the batch/v1 Indexed Job running ``job`` with no operator, in apply order.
+
+    One pod per index, ``--max-nodes`` indexes; a pod without a Spot node stays Pending and torchrun admits it
+    at the next rendezvous round. What the Job controller does for us and why (field semantics per the
+    Kubernetes Job docs; podFailurePolicy GA 1.31, successPolicy GA 1.33, podReplacementPolicy GA 1.34, the
+    latter two beta and on by default since 1.31 and 1.29, hence K8S_JOB_MIN_KUBERNETES):
+
+    - A pod of an evicted node gets the ``DisruptionTarget`` condition (PodGC: ``DeletionByPodGC``; kubelet
+      shutdown: ``TerminationByKubelet``; preemption/eviction API: ``PreemptionByScheduler``/
+      ``EvictionByEvictionAPI``). The first rule ignores it, whatever exit code torchrun's SIGTERM/SIGKILL
+      left, so an eviction counts against nothing; the rules are evaluated in order.
+    - Any other non-zero exit of the worker container fails the Job: torchrun itself restarts failed workers
+      in place (``--max-restarts``) and exits non-zero (1, ChildFailedError) only once it gave up, so a
+      second try by the Job would repeat a failure torchrun already retried. backoffLimitPerIndex is left
+      unset for the same reason: indexes are interchangeable agents, not shards with their own retry budget.
+    - podReplacementPolicy Failed: the replacement is created only once the evicted pod is terminal, so two
+      agents of one index never race in the same rendezvous (and it is the only value the API server
+      accepts alongside a podFailurePolicy).
+    - successPolicy ``succeededCount: 1``: elastic torchrun agents all exit 0 once training finished, and
+      one exits 0 only then; the Job is done at the first success and the controller removes the lingering
+      pods, e.g. an index still Pending for Spot capacity that would otherwise hold the Job open forever.
+    """
+    gpus = _validate_job_inputs(job, cluster, image, gpus_per_node)
+    labels = _job_labels(job, ENGINE_K8S_JOB)
+    args = [*_torchrun_options(job, run_id or job.name),
+            f"--rdzv-endpoint={etcd_endpoint(cluster.namespace)}",
+            f"--nnodes={job.min_nodes}:{job.max_nodes}", job.script, *job.script_args]
+    template = _worker_template(job, cluster, image, args, gpus, ENGINE_K8S_JOB)
+    template["spec"].update(restartPolicy="Never", subdomain=job.name)
+    service = {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": job.name, "namespace": cluster.namespace, "labels": labels},
+        # Headless: pods of the job resolve as <job>-<index>.<job>, also before they are ready.
+        "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                 "selector": {JOB_LABEL: job.name, ENGINE_LABEL: ENGINE_K8S_JOB}},
+    }
+    batch_job = {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": job.name, "namespace": cluster.namespace, "labels": labels},
+        "spec": {
+            "completionMode": "Indexed", "completions": job.max_nodes, "parallelism": job.max_nodes,
+            "podReplacementPolicy": "Failed",
+            "podFailurePolicy": {"rules": [
+                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+                {"action": "FailJob", "onExitCodes": {"containerName": WORKER_CONTAINER, "operator": "NotIn",
+                                                      "values": [0]}},
+            ]},
+            "successPolicy": {"rules": [{"succeededCount": 1}]},
+            "template": template,
+        },
+    }
+    return [service, batch_job]
+
+
+def _validate_job_inputs(job, cluster: InClusterSpec, image: str, gpus_per_node: int | None) -> int:
+    """Refuses what no engine can run; returns the GPUs each node asks for (default: one per process)."""
     from azext_elastictrain.core.layout import validate_job_name
 
     cluster.validate()
@@ -228,16 +310,27 @@ def render_elastic_job(job, cluster: InClusterSpec, image: str, *, run_id: str |
     if not 1 <= job.min_nodes <= job.node_count <= job.max_nodes:
         raise SpecError(f"nodes must satisfy 1 <= --min-nodes ({job.min_nodes}) <= --nodes ({job.node_count}) "
                         f"<= --max-nodes ({job.max_nodes})")
-    return {
-        "apiVersion": ELASTICJOB_API_VERSION, "kind": "ElasticJob",
-        "metadata": {"name": job.name, "namespace": cluster.namespace, "labels": _job_labels(job)},
-        "spec": {
-            "rdzvEndpoint": etcd_endpoint(cluster.namespace),
-            "minReplicas": job.min_nodes, "maxReplicas": job.max_nodes,
-            "replicaSpecs": {"Worker": {"replicas": job.node_count, "restartPolicy": "ExitCode",
-                                        "template": _worker_template(job, cluster, image, run_id, gpus)}},
-        },
-    }
+    return gpus
+
+
+def _torchrun_options(job, run_id: str | None) -> list[str]:
+    return launch.torchrun_options(rdzv_conf=launch.AKS_RDZV_CONF, nproc_per_node=job.nproc_per_node,
+                                   rdzv_id=run_id)
+
+
+def check_engine_supported(engine: str, kubernetes_version: str) -> None:
+    """Refuses ``k8s-job`` on a cluster whose Job API lacks the fields it relies on."""
+    if engine not in ENGINES:
+        raise SpecError(f"unknown engine {engine!r}: use one of {', '.join(ENGINES)}")
+    if engine != ENGINE_K8S_JOB:
+        return
+    match = re.match(r"v?(\d+)\.(\d+)", kubernetes_version or "")
+    if not match or (int(match[1]), int(match[2])) < K8S_JOB_MIN_KUBERNETES:
+        minimum = ".".join(map(str, K8S_JOB_MIN_KUBERNETES))
+        raise SpecError(f"engine k8s-job needs Kubernetes {minimum} or later, and the cluster runs "
+                        f"{kubernetes_version or 'an unknown version'}: podFailurePolicy with the DisruptionTarget "
+                        f"condition is stable only from 1.31 (successPolicy and podReplacementPolicy are on by "
+                        f"default from then). Upgrade the cluster (az aks upgrade) or use --engine torchelastic")
 
 
 def _validate_image(image: str) -> None:
@@ -247,12 +340,12 @@ def _validate_image(image: str) -> None:
                         "worker of the job runs the same code")
 
 
-def _job_labels(job) -> dict:
-    return {"app.kubernetes.io/part-of": "elastictrain", "elastictrain.azure.com/job": job.name}
+def _job_labels(job, engine: str) -> dict:
+    return {"app.kubernetes.io/part-of": "elastictrain", JOB_LABEL: job.name, ENGINE_LABEL: engine}
 
 
-def _worker_template(job, cluster: InClusterSpec, image: str, run_id: str | None, gpus: int) -> dict:
-    labels = {**_job_labels(job), **WORKER_LABELS, "azure.workload.identity/use": "true"}
+def _worker_template(job, cluster: InClusterSpec, image: str, args: list[str], gpus: int, engine: str) -> dict:
+    labels = {**_job_labels(job, engine), **WORKER_LABELS, "azure.workload.identity/use": "true"}
     return {
         "metadata": {"labels": labels},
         "spec": {
@@ -262,19 +355,16 @@ def _worker_template(job, cluster: InClusterSpec, image: str, run_id: str | None
             "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
                 {"matchExpressions": [{"key": "kubernetes.azure.com/scalesetpriority", "operator": "In",
                                        "values": ["spot"]}]}]}}},
-            "containers": [_worker_container(job, image, run_id, gpus)],
+            "containers": [_worker_container(job, image, args, gpus)],
             # torch's DataLoader workers and NCCL share tensors through /dev/shm (64 MiB by default).
             "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
         },
     }
 
 
-def _worker_container(job, image: str, run_id: str | None, gpus: int) -> dict:
-    args = [*launch.torchrun_options(rdzv_conf=launch.AKS_RDZV_CONF, nproc_per_node=job.nproc_per_node,
-                                     rdzv_id=run_id),
-            job.script, *job.script_args]
+def _worker_container(job, image: str, args: list[str], gpus: int) -> dict:
     return {
-        "name": "worker", "image": image,
+        "name": WORKER_CONTAINER, "image": image,
         "command": ["python", "-m", launch.TORCHRUN_MODULE],
         "args": args,
         "env": _worker_env(job),

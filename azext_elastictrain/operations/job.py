@@ -19,8 +19,9 @@ def run_job(cmd, name: str, script: str, min_nodes: int, max_nodes: int, local: 
             cluster: str | None = None, script_args: str | None = None, nodes: int | None = None,
             nproc_per_node: int | None = None, checkpoint_interval: int | None = None, keep: int = 3,
             resource_group_name: str | None = None, image: str | None = None, gpus_per_node: int | None = None,
-            dry_run: bool = False) -> dict:
-    """Validate everything, then start the job: torchrun agents here (--local), or an ElasticJob on AKS."""
+            dry_run: bool = False, engine: str | None = None) -> dict:
+    """Validate everything, then start the job: torchrun agents here (--local), or on AKS an ElasticJob
+    (--engine torchelastic, the default) or a batch/v1 Indexed Job (--engine k8s-job)."""
     from azext_elastictrain.backends.base import JobRequest
     from azext_elastictrain.core.spec import JobSpec
 
@@ -42,7 +43,7 @@ def run_job(cmd, name: str, script: str, min_nodes: int, max_nodes: int, local: 
                    nproc_per_node=nproc_per_node, script_args=args, checkpoint_interval=checkpoint_interval, keep=keep,
                    **({"cluster": target.cluster} if target.kind == "local" else {}))
     with az_errors(target, job=name), target.opened(cmd) as backend:
-        plan = backend.plan_job(JobRequest(spec, image, gpus_per_node))
+        plan = backend.plan_job(JobRequest(spec, image, gpus_per_node, engine))
         return plan.shown if dry_run else backend.submit_job(plan)
 
 

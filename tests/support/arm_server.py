@@ -700,9 +700,7 @@ class ArmServer:
                      str((obj.get("spec") or {}).get("providerID", "")).lower() == provider.lower()]
             for key in nodes:
                 del self.kube.objects[key]
-                for pod in [p for p, obj in self.kube.objects.items() if p[1] == "Pod"
-                            and (obj.get("spec") or {}).get("nodeName") == key[3]]:
-                    del self.kube.objects[pod]
+                self.kube.jobs.node_gone(key[3])
 
 
 #: What AKS puts on every Spot pool on its own (reference/README: the Spot node pool facts); a PUT without
@@ -799,6 +797,7 @@ _KUBE_KINDS = {
     "networking.k8s.io/v1": ("NetworkPolicy",),
     "apiextensions.k8s.io/v1": ("CustomResourceDefinition",),
     "elastic.pytorch.org/v1alpha1": ("ElasticJob",),
+    "batch/v1": ("Job",),
 }
 
 

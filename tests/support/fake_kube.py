@@ -20,6 +20,7 @@ import uuid
 from typing import Any, Iterator
 
 from azext_elastictrain.clients.kube import KubeError
+from tests.support.fake_jobs import JOB, JobController, validate
 
 # Kinds without a namespace; everything else must be given one.
 CLUSTER_SCOPED = frozenset({
@@ -39,6 +40,7 @@ class FakeKube:
         self._versions = itertools.count(1)
         self._failures: dict[tuple[str, str, str | None], KubeError] = {}
         self.logs: dict[tuple[str, str], str] = {}  # (namespace, pod) -> what its worker container printed
+        self.jobs = JobController(self)  # batch/v1 Jobs: admission here, the controller when a test steps it
 
     # -- KubeClient -----------------------------------------------------------
     def apply(self, obj: dict) -> dict:
@@ -46,6 +48,8 @@ class FakeKube:
         key = self._key(obj["apiVersion"], obj["kind"], meta["name"], meta.get("namespace"))
         self._record("apply", key)
         current = self.objects.get(key)
+        if key[:2] == JOB:
+            validate(obj)
         if current is None:
             created = copy.deepcopy(obj)
             created.pop("status", None)  # status is the cluster's to write
@@ -78,7 +82,13 @@ class FakeKube:
     def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> bool:
         key = self._key(api_version, kind, name, namespace)
         self._record("delete", key)
-        return self.objects.pop(key, None) is not None
+        gone = self.objects.pop(key, None)
+        if gone is not None and key[:2] == JOB:  # propagationPolicy Background: the garbage collector's part
+            uid = gone["metadata"]["uid"]
+            for owned in [k for k, o in self.objects.items() if k[1] == "Pod" and
+                          any(r.get("uid") == uid for r in o["metadata"].get("ownerReferences") or [])]:
+                del self.objects[owned]
+        return gone is not None
 
     def pod_logs(self, name: str, namespace: str, container: str | None = None, follow: bool = False,
                  tail: int | None = None) -> Iterator[str]:

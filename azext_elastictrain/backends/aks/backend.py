@@ -24,6 +24,7 @@ from azext_elastictrain.backends.base import (
 from azext_elastictrain.backends.logs import merged_streams
 from azext_elastictrain.core.errors import NotSupported, OptionNotHere
 from azext_elastictrain.core.eviction import check_selector
+from azext_elastictrain.core.manifests import ENGINE_TORCHELASTIC
 from azext_elastictrain.core.spec import ClusterSpec
 from azext_elastictrain.core.view import wait_for_job
 
@@ -89,7 +90,8 @@ class AksBackend:
                                 "Pass a pinned image, e.g. --image myregistry.azurecr.io/train:1.0 "
                                 "(see scripts/Dockerfile).")
         gpus = 1 if request.gpus_per_node is None else request.gpus_per_node
-        return Plan(self.jobs.plan_job(request.spec, request.image, gpus_per_node=gpus))
+        return Plan(self.jobs.plan_job(request.spec, request.image, gpus_per_node=gpus,
+                                       engine=request.engine or ENGINE_TORCHELASTIC))
 
     def submit_job(self, plan: Plan) -> dict:
         return self.jobs.submit_job(plan.shown)

@@ -25,7 +25,14 @@ from azext_elastictrain.core.eviction import (
     pod_job,
     pod_node,
 )
-from azext_elastictrain.core.manifests import ELASTICJOB_API_VERSION, NAMESPACE, WORKER_LABELS
+from azext_elastictrain.core.manifests import (
+    ELASTICJOB_API_VERSION,
+    ENGINE_K8S_JOB,
+    ENGINE_LABEL,
+    ENGINE_TORCHELASTIC,
+    NAMESPACE,
+    WORKER_LABELS,
+)
 from azext_elastictrain.core.errors import JobNotFound
 from azext_elastictrain.core.spec import SpecError
 from azext_elastictrain.core.view import build_job_view, parse_iso, read_job_events
@@ -39,6 +46,8 @@ _CONDITION_ORDER = ("Failed", "Succeeded", "Restarting", "Running", "Created")
 NODE_LOST = "NodeLost"  # a pod whose node left the cluster (evicted VM) before the pod was cleaned up
 TERMINATING = "Terminating"
 _WORKER_REPLICA = "Worker"
+_JOB_CONDITIONS = {"Complete": "Succeeded", "SuccessCriteriaMet": "Succeeded", "FailureTarget": "Failed"}
+_JOB_COUNTS = ("active", "ready", "succeeded", "failed", "terminating", "completedIndexes", "failedIndexes")
 
 ReadEvents = Callable[[str], list]
 
@@ -49,39 +58,42 @@ def describe_job(elastic_job: dict, pods: list[dict], nodes: list[dict], events:
     (all of them: those of an earlier job of the same name are dropped here by the job's creation time)."""
     meta = elastic_job.get("metadata") or {}
     name = meta.get("name")
-    spec = elastic_job.get("spec") or {}
-    worker = (spec.get("replicaSpecs") or {}).get(_WORKER_REPLICA) or {}
+    shape = _shape(elastic_job)
     node_by_name = {(n.get("metadata") or {}).get("name"): n for n in nodes}
     workers = [_worker(rank, pod, node_by_name) for rank, pod in job_workers(pods, name)]
     status = elastic_job.get("status") or {}
-    conditions = status.get("conditions") or []
+    conditions = [_as_operator_condition(c) for c in status.get("conditions") or []]
     view = build_job_view(
         events, created=parse_iso(meta.get("creationTimestamp")), nodes=workers, events_error=events_error,
         state_of=lambda summary: job_state(conditions, summary["finished"], workers, events_error is not None),
         lost_nodes=lambda _state: [w["node"] for w in workers if w["status"] == NODE_LOST])
-    container = _container(worker.get("template") or {})
+    container = _container(shape["template"])
     args = _script_args(container.get("args") or [])
     env = {e.get("name"): e.get("value") for e in container.get("env") or []}
-    identity = {"name": name, "cluster": cluster, "type": "aks", "namespace": meta.get("namespace")}
+    identity = {"name": name, "cluster": cluster, "type": "aks", "namespace": meta.get("namespace"),
+                "engine": shape["engine"]}
     launched = {
         "created": meta.get("creationTimestamp"),
         "image": container.get("image"),
         "script": args["script"],
         "scriptArgs": args["scriptArgs"],
-        "minNodes": spec.get("minReplicas"),
-        "maxNodes": spec.get("maxReplicas"),
-        "nodeCount": worker.get("replicas"),
+        "minNodes": shape["minNodes"] if shape["minNodes"] is not None else args["minNodes"],
+        "maxNodes": shape["maxNodes"] if shape["maxNodes"] is not None else args["maxNodes"],
+        "nodeCount": shape["nodeCount"],
         "nprocPerNode": args["nprocPerNode"],
         "checkpointInterval": _int(env.get(launch.ENV_CHECKPOINT_INTERVAL_STEPS)),
         "keep": _int(env.get(launch.ENV_KEEP)),
         "rdzvId": args["rdzvId"] or name,
     }
     operator = {
-        "conditions": [_condition(c) for c in conditions],
-        "replicaStatuses": status.get("replicaStatuses") or {},
+        "conditions": [_condition(c) for c in status.get("conditions") or []],
         "startTime": status.get("startTime"),
         "completionTime": status.get("completionTime"),
     }
+    if shape["engine"] == ENGINE_K8S_JOB:  # the job controller's counts; an ignored eviction counts nowhere
+        operator.update({key: status.get(key) for key in _JOB_COUNTS})
+    else:
+        operator["replicaStatuses"] = status.get("replicaStatuses") or {}
     return view.describe(identity, launched, {"operator": operator}, worker_restarts=True)
 
 
@@ -122,7 +134,7 @@ def _worker(rank: int, pod: dict, node_by_name: dict) -> dict:
         "status": shown,
         "alive": shown == "Running" and _ready(node),
         "restarts": sum(int(c.get("restartCount") or 0) for c in status.get("containerStatuses") or []),
-        "reason": status.get("reason") or _waiting_reason(status),
+        "reason": status.get("reason") or _disruption(status) or _waiting_reason(status),
         "started": status.get("startTime"),
     }
 
@@ -130,6 +142,14 @@ def _worker(rank: int, pod: dict, node_by_name: dict) -> dict:
 def _ready(node: dict | None) -> bool:
     conditions = ((node or {}).get("status") or {}).get("conditions") or []
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def _disruption(status: dict) -> str | None:
+    """Why Kubernetes took the pod (an evicted node's pod: DisruptionTarget, e.g. DeletionByPodGC)."""
+    for c in status.get("conditions") or []:
+        if c.get("type") == "DisruptionTarget" and c.get("status") == "True":
+            return f"DisruptionTarget: {c.get('reason')}"
+    return None
 
 
 def _waiting_reason(status: dict) -> str | None:
@@ -163,8 +183,27 @@ def _script_args(args: list[str]) -> dict:
         options[key.replace("_", "-")] = value
     else:
         script, rest = None, []
+    low, _, high = (options.get("nnodes") or "").partition(":")
     return {"script": script, "scriptArgs": rest, "nprocPerNode": _int(options.get("nproc-per-node")),
-            "rdzvId": options.get("rdzv-id")}
+            "rdzvId": options.get("rdzv-id"), "minNodes": _int(low), "maxNodes": _int(high or low)}
+
+
+def _shape(job: dict) -> dict:
+    """Engine, worker pod template and node counts of an ElasticJob or of a k8s-job's batch/v1 Job (whose
+    node range is torchrun's --nnodes, read from the args by the caller)."""
+    spec = job.get("spec") or {}
+    if job.get("kind") == "Job":
+        return {"engine": ENGINE_K8S_JOB, "template": spec.get("template") or {}, "minNodes": None,
+                "maxNodes": None, "nodeCount": spec.get("parallelism")}
+    worker = (spec.get("replicaSpecs") or {}).get(_WORKER_REPLICA) or {}
+    return {"engine": ENGINE_TORCHELASTIC, "template": worker.get("template") or {},
+            "minNodes": spec.get("minReplicas"), "maxNodes": spec.get("maxReplicas"),
+            "nodeCount": worker.get("replicas")}
+
+
+def _as_operator_condition(c: dict) -> dict:
+    """A Job's terminal conditions in the operator's words (Complete is Succeeded), for job_state."""
+    return {**c, "type": _JOB_CONDITIONS.get(c.get("type"), c.get("type"))}
 
 
 def _int(value: Any) -> int | None:
@@ -187,8 +226,7 @@ def plan_logs(elastic_job: dict, pods: list[dict], rank: int | None = None) -> l
             ranks = ", ".join(str(r) for r, _ in workers) or "none yet"
             raise JobNotFound(f"job {name!r} has no rank {rank} (its ranks: {ranks})")
         workers = chosen
-    container = _container(((elastic_job.get("spec") or {}).get("replicaSpecs") or {})
-                           .get(_WORKER_REPLICA, {}).get("template") or {}).get("name") or "worker"
+    container = _container(_shape(elastic_job)["template"]).get("name") or "worker"
     plan = [{"pod": (p.get("metadata") or {}).get("name"), "container": container, "rank": r,
              "node": pod_node(p), "phase": (p.get("status") or {}).get("phase") or UNKNOWN} for r, p in workers]
     if rank is not None and plan[0]["phase"] == PENDING and pod_node(workers[0][1]) is None:
@@ -203,8 +241,10 @@ def plan_delete(elastic_job: dict, pods: list[dict]) -> dict:
     meta = elastic_job.get("metadata") or {}
     return {
         "name": meta.get("name"), "namespace": meta.get("namespace"),
-        "object": {"apiVersion": elastic_job.get("apiVersion", ELASTICJOB_API_VERSION), "kind": "ElasticJob",
-                   "name": meta.get("name"), "namespace": meta.get("namespace")},
+        "object": {"apiVersion": elastic_job.get("apiVersion", ELASTICJOB_API_VERSION),
+                   "kind": elastic_job.get("kind", "ElasticJob"), "name": meta.get("name"),
+                   "namespace": meta.get("namespace")},
+        "engine": _shape(elastic_job)["engine"],
         "stopped": [{"pod": (p.get("metadata") or {}).get("name"), "rank": r, "node": pod_node(p)}
                     for r, p in job_workers(pods, meta.get("name"))],
         "checkpoints": "kept",
@@ -217,15 +257,31 @@ def _worker_selector() -> str:
     return ",".join(f"{k}={v}" for k, v in WORKER_LABELS.items())
 
 
+def all_jobs(kube: Any, namespace: str) -> list[dict]:
+    """The jobs of the namespace whichever engine made them: ElasticJobs, and batch/v1 Jobs of engine k8s-job
+    (the label tells ours from any other Job there)."""
+    return [*kube.list(ELASTICJOB_API_VERSION, "ElasticJob", namespace),
+            *kube.list("batch/v1", "Job", namespace, f"{ENGINE_LABEL}={ENGINE_K8S_JOB}")]
+
+
+def find_job(kube: Any, name: str, namespace: str) -> dict:
+    """Job ``name`` whichever engine made it; raises JobNotFound naming the jobs there are."""
+    job = kube.get(ELASTICJOB_API_VERSION, "ElasticJob", name, namespace)
+    if job is None:
+        batch = kube.get("batch/v1", "Job", name, namespace)
+        if batch is not None and ((batch.get("metadata") or {}).get("labels") or {}).get(ENGINE_LABEL):
+            job = {"apiVersion": "batch/v1", "kind": "Job", **batch}
+    if job is None:
+        known = sorted((j.get("metadata") or {}).get("name") for j in all_jobs(kube, namespace))
+        raise JobNotFound(f"no job {name!r} in namespace {namespace!r} (its jobs: {', '.join(known) or 'none'}); "
+                          "'az elastictrain job list' shows them")
+    return job
+
+
 def show_job(kube: Any, name: str, read_events: ReadEvents, *, namespace: str = NAMESPACE,
              cluster: str | None = None) -> dict:
     """`job show` for ElasticJob ``name``; raises JobNotFound (naming the jobs there are)."""
-    job = kube.get(ELASTICJOB_API_VERSION, "ElasticJob", name, namespace)
-    if job is None:
-        known = sorted((j.get("metadata") or {}).get("name") for j in
-                       kube.list(ELASTICJOB_API_VERSION, "ElasticJob", namespace))
-        raise JobNotFound(f"no job {name!r} in namespace {namespace!r} (its jobs: {', '.join(known) or 'none'}); "
-                          "'az elastictrain job list' shows them")
+    job = find_job(kube, name, namespace)
     pods = kube.list("v1", "Pod", namespace, _worker_selector())
     nodes = kube.list("v1", "Node")
     events, error = read_job_events(read_events, name)
@@ -235,7 +291,7 @@ def show_job(kube: Any, name: str, read_events: ReadEvents, *, namespace: str = 
 def list_jobs(kube: Any, read_events: ReadEvents, *, namespace: str = NAMESPACE,
               cluster: str | None = None) -> list[dict]:
     """`job list`: every ElasticJob of the namespace, described; one pod and one node list for all."""
-    jobs = kube.list(ELASTICJOB_API_VERSION, "ElasticJob", namespace)
+    jobs = all_jobs(kube, namespace)
     if not jobs:
         return []
     pods = kube.list("v1", "Pod", namespace, _worker_selector())

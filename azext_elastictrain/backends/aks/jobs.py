@@ -12,7 +12,15 @@ from typing import Any, Callable
 from azext_elastictrain.backends.aks import describe
 from azext_elastictrain.backends.aks.session import AksSession, ClusterSite
 from azext_elastictrain.core import events as job_events
-from azext_elastictrain.core.manifests import ELASTICJOB_API_VERSION, GPU_TAINT, SPOT_TAINT, WORKER_LABELS
+from azext_elastictrain.core.manifests import (
+    ELASTICJOB_API_VERSION,
+    ENGINE_K8S_JOB,
+    ENGINE_TORCHELASTIC,
+    GPU_TAINT,
+    SPOT_TAINT,
+    WORKER_LABELS,
+    check_engine_supported,
+)
 from azext_elastictrain.core.spec import JobSpec, SpecError
 from azext_elastictrain.core.view import parse_iso
 
@@ -41,9 +49,10 @@ class AksJobs:
 
     @staticmethod
     def render(site: ClusterSite, job: JobSpec, image: str, *, gpus_per_node: int,
-               run_id: str | None = None) -> dict:
-        """The ElasticJob for ``job`` on ``site``; refuses a cluster without a GPU Spot pool."""
-        from azext_elastictrain.core.manifests import InClusterSpec, render_elastic_job
+               run_id: str | None = None, engine: str = ENGINE_TORCHELASTIC) -> list[dict]:
+        """The objects running ``job`` on ``site`` with ``engine``, in apply order (the job itself last);
+        refuses a cluster without a GPU Spot pool."""
+        from azext_elastictrain.core.manifests import InClusterSpec, render_elastic_job, render_k8s_job
 
         job.validate(script_in_image=True)
         if site.gpu_pool is None:
@@ -52,26 +61,35 @@ class AksJobs:
                 f"priority with GPUs (taints {SPOT_TAINT} and {GPU_TAINT})")
         cluster = InClusterSpec(namespace=site.spec.namespace, service_account=site.spec.service_account,
                                 identity_client_id=_NO_IDENTITY, checkpoint_url=site.container_url)
-        return render_elastic_job(job, cluster, image, run_id=run_id, gpus_per_node=gpus_per_node)
+        if engine == ENGINE_K8S_JOB:
+            return render_k8s_job(job, cluster, image, run_id=run_id, gpus_per_node=gpus_per_node)
+        return [render_elastic_job(job, cluster, image, run_id=run_id, gpus_per_node=gpus_per_node)]
 
-    def plan_job(self, job: JobSpec, image: str, *, gpus_per_node: int) -> dict:
-        """What `job run` would send (the dry run): the ElasticJob, and where its checkpoints go. Sends nothing."""
+    def plan_job(self, job: JobSpec, image: str, *, gpus_per_node: int, engine: str = ENGINE_TORCHELASTIC) -> dict:
+        """What `job run` would send (the dry run): the job's objects, and where its checkpoints go. Sends
+        nothing; refuses an engine the cluster's Kubernetes cannot run."""
         site = self.session.site()
+        properties = self.session.managed_cluster().get("properties") or {}
+        check_engine_supported(engine, properties.get("currentKubernetesVersion")
+                               or properties.get("kubernetesVersion") or "")
         # A rendezvous of its own: an earlier job of the same name may have left its state in etcd.
-        obj = self.render(site, job, image, gpus_per_node=gpus_per_node,
-                          run_id=f"{job.name}-{uuid.uuid4().hex[:8]}")
-        return {"dryRun": True, "name": job.name, "cluster": site.spec.name,
-                "resourceGroup": site.spec.resource_group, "checkpointUrl": site.job_url(job.name), "object": obj}
+        *others, obj = self.render(site, job, image, gpus_per_node=gpus_per_node,
+                                   run_id=f"{job.name}-{uuid.uuid4().hex[:8]}", engine=engine)
+        return {"dryRun": True, "name": job.name, "engine": engine, "cluster": site.spec.name,
+                "resourceGroup": site.spec.resource_group, "checkpointUrl": site.job_url(job.name), "object": obj,
+                **({"objects": [*others, obj]} if others else {})}
 
     def submit_job(self, plan: dict) -> dict:
-        """Create the planned ElasticJob; refuses a name already taken."""
+        """Create the planned objects (the job last); refuses a name any job of either engine has."""
         site, kube, obj = self.session.site(), self.session.kube(), plan["object"]
         name, namespace = obj["metadata"]["name"], obj["metadata"]["namespace"]
-        if kube.get(ELASTICJOB_API_VERSION, "ElasticJob", name, namespace) is not None:
+        if kube.get(ELASTICJOB_API_VERSION, "ElasticJob", name, namespace) is not None or \
+                kube.get("batch/v1", "Job", name, namespace) is not None:
             raise JobExists(f"job {name!r} already exists in cluster {site.spec.name!r}: delete it first "
                             "(its checkpoints stay, so a new job of the same name resumes from them)")
-        kube.apply(obj)
-        self._progress(f"Created ElasticJob {namespace}/{name}; the autoscaler adds GPU Spot nodes "
+        for each in plan.get("objects") or [obj]:
+            kube.apply(each)
+        self._progress(f"Created {obj['kind']} {namespace}/{name}; the autoscaler adds GPU Spot nodes "
                        "as its workers need them (minutes)")
         return self.describe_job(name)
 
@@ -114,19 +132,14 @@ class AksJobs:
                 for p in started]
 
     def _elastic_job(self, name: str) -> dict:
-        kube, namespace = self.session.kube(), self.session.site().spec.namespace
-        obj = kube.get(ELASTICJOB_API_VERSION, "ElasticJob", name, namespace)
-        if obj is None:
-            known = sorted((j.get("metadata") or {}).get("name") for j in
-                           kube.list(ELASTICJOB_API_VERSION, "ElasticJob", namespace))
-            raise describe.JobNotFound(f"no job {name!r} in namespace {namespace!r} (its jobs: "
-                                       f"{', '.join(known) or 'none'})")
-        return obj
+        """The job object (ElasticJob or k8s-job's batch/v1 Job) of ``name``."""
+        return describe.find_job(self.session.kube(), name, self.session.site().spec.namespace)
 
     # ------------------------------------------------------------------ delete: plan, then delete
 
     def plan_delete(self, name: str) -> dict:
-        """What deleting the job stops (the operator's pods go with the ElasticJob); its blobs stay."""
+        """What deleting the job stops (its pods go with the job object, a k8s-job's Service with it); its
+        blobs stay."""
         site, kube = self.session.site(), self.session.kube()
         obj = self._elastic_job(name)
         plan = describe.plan_delete(obj, kube.list("v1", "Pod", site.spec.namespace, _WORKERS))
@@ -135,7 +148,10 @@ class AksJobs:
         return plan
 
     def delete(self, plan: dict) -> dict:
-        self.session.kube().delete(ELASTICJOB_API_VERSION, "ElasticJob", plan["name"], plan["namespace"])
+        kube, target = self.session.kube(), plan["object"]
+        kube.delete(target["apiVersion"], target["kind"], plan["name"], plan["namespace"])
+        if plan.get("engine") == ENGINE_K8S_JOB:  # the headless Service has the job's name
+            kube.delete("v1", "Service", plan["name"], plan["namespace"])
         return {**plan, "dryRun": False, "deleted": True}
 
     # ------------------------------------------------------------------ storage

@@ -61,8 +61,8 @@ class LocalBackend:
 
     # -- jobs --------------------------------------------------------------------------------------------------
     def plan_job(self, request: JobRequest) -> Plan:
-        if request.image or request.gpus_per_node is not None:
-            raise OptionNotHere("--image and --gpus-per-node are for a job on AKS (-g RG -c CLUSTER)",
+        if request.image or request.gpus_per_node is not None or request.engine is not None:
+            raise OptionNotHere("--image, --gpus-per-node and --engine are for a job on AKS (-g RG -c CLUSTER)",
                                 "A local job runs the script of this checkout: drop them.")
         spec = request.spec
         spec.validate()
