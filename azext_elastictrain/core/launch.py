@@ -18,6 +18,7 @@ ENV_VM_NAME = "ELASTICTRAIN_VM_NAME"
 ENV_NODE_NAME = "ELASTICTRAIN_NODE_NAME"
 ENV_PREEMPTION_STATE = "ELASTICTRAIN_PREEMPTION_STATE"
 ENV_PREEMPTION_POLL_SECONDS = "ELASTICTRAIN_PREEMPTION_POLL_SECONDS"
+ENV_PREEMPTION_HOLD_SECONDS = "ELASTICTRAIN_PREEMPTION_HOLD_SECONDS"  # after acknowledging: wait for the VM to go
 ENV_PREFIX = "ELASTICTRAIN_"  # a local node starts without the caller's ELASTICTRAIN_* settings
 
 # torch 2.13: an elastic scale-up hangs when the rendezvous shares its TCP store with the workers.

@@ -154,6 +154,7 @@ class Checkpointer:
         progress_seconds: float = 10.0,
         thread_count: int = 1,
         grace_seconds: float = catalog.DEFAULT_GRACE_SECONDS,
+        hold_seconds: float = 60.0,
     ):
         if keep < 1:
             raise ValueError("keep must be at least 1")
@@ -166,6 +167,7 @@ class Checkpointer:
         self.verify = verify
         self.thread_count = thread_count
         self.grace_seconds = grace_seconds
+        self.hold_seconds = hold_seconds
         self.progress_seconds = progress_seconds
 
         self.distributed = dist.is_available() and dist.is_initialized()
@@ -232,6 +234,7 @@ class Checkpointer:
             "interval_steps": _env_int(env, launch.ENV_CHECKPOINT_INTERVAL_STEPS, None),
             "interval_seconds": _env_float(env, launch.ENV_CHECKPOINT_INTERVAL_SECONDS, None),
             "progress_seconds": _env_float(env, launch.ENV_PROGRESS_SECONDS, 10.0),
+            "hold_seconds": _env_float(env, launch.ENV_PREEMPTION_HOLD_SECONDS, 60.0),
         }
         options.update(overrides)
         if "watcher" not in options:
@@ -550,13 +553,38 @@ class Checkpointer:
             log.warning("preemption notice (%s) at step %d: checkpointing now", notice.source, step)
         started = time.monotonic()
         self.save(step, state, blocking=True)
+        acknowledged = False
         for notice in notices:
             self._handled_notices.add(notice.event_id or notice.source)
             if notice.source != "sigterm":
                 self._watcher.acknowledge()
+                acknowledged = True
         if notices:
             log.warning("preemption checkpoint of step %d durable after %.2fs", step, time.monotonic() - started)
-        return any(n.source == "sigterm" for n in notices)
+        if any(n.source == "sigterm" for n in notices):
+            return True
+        return self._hold(step) if acknowledged else False
+
+    def _hold(self, step: int) -> bool:
+        """After acknowledging a Scheduled Events notice, train no further step until the VM goes.
+
+        Once acknowledged, Azure takes the VM within seconds, and the job resumes from the notice's
+        checkpoint: every step trained in between would be lost (and counted so). Holding here stalls the
+        whole job (the other ranks wait in the next collective), which costs the same wall time and loses
+        nothing. Exiting instead is not an option: a node whose workers exit 0 closes the rendezvous for the
+        whole job. If the VM is still here after ``hold_seconds`` (the eviction was called off), train on.
+        Returns True (stop now) if a SIGTERM comes while holding: the checkpoint of ``step`` is durable.
+        """
+        deadline = time.monotonic() + self.hold_seconds
+        if self.hold_seconds > 0:
+            log.warning("holding at step %d until this VM goes (at most %.0fs)", step, self.hold_seconds)
+        while time.monotonic() < deadline:
+            if any(n.source == "sigterm" for n in self._watcher.notices()):
+                return True
+            time.sleep(0.1)
+        if self.hold_seconds > 0:
+            log.warning("the VM was not taken within %.0fs of the acknowledgement: training on", self.hold_seconds)
+        return False
 
     def _record_progress(self, step: int, samples: float | None, metrics: dict[str, float] | None) -> None:
         if self.rank != 0 or self._events is None:

@@ -125,3 +125,6 @@ def test_no_step_is_lost_when_the_node_gets_a_preemption_notice(job, notice):
         assert restored[0]["step"] == notice_step, dump(events())
         assert restored[0]["world_size"] == 1
         assert a.alive()
+        # measured from the step the survivors last completed: after the notice the job trained no further
+        # step (a Scheduled Events notice holds the job until the VM goes; a SIGTERM stops the node)
+        assert goodput(events())["stepsLost"] == 0, dump(events())
