@@ -179,14 +179,14 @@ def test_list_finds_both_engines_and_delete_removes_job_service_and_pods_keeps_c
     assert container.get_blob_client(f"{name}/events.jsonl").exists(), "the job's blobs stay"
 
 
-@pytest.mark.parametrize("args, where, expected", [
-    (("--engine", "volcano"), "trainer", "volcano"),
-    (("--engine", "k8s-job"), "old", "needs Kubernetes 1.31 or later"),
-    (("--engine", "k8s-job", "--image", "myregistry.azurecr.io/elastictrain:latest"), "trainer", "not pinned"),
+@pytest.mark.parametrize("args, image, where, expected", [
+    (("--engine", "volcano"), IMAGE, "trainer", "volcano"),
+    (("--engine", "k8s-job"), IMAGE, "old", "needs Kubernetes 1.31 or later"),
+    (("--engine", "k8s-job"), "myregistry.azurecr.io/elastictrain:latest", "trainer", "not pinned"),
 ])
-def test_bad_input_is_an_az_error_and_creates_nothing(az, arm, cluster, gpu_nodes, args, where, expected):
+def test_bad_input_is_an_az_error_and_creates_nothing(az, arm, cluster, gpu_nodes, args, image, where, expected):
     name = _name()
-    result = az("elastictrain", "job", "run", "-n", name, "--image", IMAGE, "--script", "/app/t.py",
+    result = az("elastictrain", "job", "run", "-n", name, "--image", image, "--script", "/app/t.py",
                 "--min-nodes", "1", "--max-nodes", "2", *_where(cluster, where), *args, check=False)
     assert result.returncode != 0 and expected in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
