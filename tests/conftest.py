@@ -46,6 +46,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(getattr(pytest.mark, rel.parts[0]))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def memory_tier_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The runtime's in-memory copies (ELASTICTRAIN_MEMORY_DIR) go to the session's temp dir, inherited by every
+    process a test starts, never to the machine's /dev/shm where they would outlive the test."""
+    path = tmp_path_factory.mktemp("memory-tier")
+    os.environ["ELASTICTRAIN_MEMORY_DIR"] = str(path)
+    return path
+
+
 def _enter_or_fail(stack: contextlib.ExitStack, cm):
     try:
         return stack.enter_context(cm)

@@ -18,6 +18,10 @@ ENV_VM_NAME = "ELASTICTRAIN_VM_NAME"
 ENV_NODE_NAME = "ELASTICTRAIN_NODE_NAME"
 ENV_PREEMPTION_STATE = "ELASTICTRAIN_PREEMPTION_STATE"
 ENV_PREEMPTION_POLL_SECONDS = "ELASTICTRAIN_PREEMPTION_POLL_SECONDS"
+# The memory tier (runtime/rescue.py): opt-in while its per-step copy is synchronous (0.45 s per step for a
+# 512 MiB state, measured), "on" to keep each completed step in node-local shared memory; where it lives.
+ENV_MEMORY_RESCUE = "ELASTICTRAIN_MEMORY_RESCUE"
+ENV_MEMORY_DIR = "ELASTICTRAIN_MEMORY_DIR"
 ENV_PREEMPTION_HOLD_SECONDS = "ELASTICTRAIN_PREEMPTION_HOLD_SECONDS"  # after acknowledging: wait for the VM to go
 ENV_PREFIX = "ELASTICTRAIN_"  # a local node starts without the caller's ELASTICTRAIN_* settings
 

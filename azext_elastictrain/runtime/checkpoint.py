@@ -47,7 +47,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from azext_elastictrain.core import catalog, launch, layout
 from azext_elastictrain.core.blobstore import BlobStore, WriteConflict
-from azext_elastictrain.runtime import progress
+from azext_elastictrain.runtime import progress, rescue
 from azext_elastictrain.runtime.planners import CheckingLoadPlanner, StateMismatch, TensorSavePlanner, names
 from azext_elastictrain.runtime.state import (
     SEP,
@@ -155,6 +155,7 @@ class Checkpointer:
         thread_count: int = 1,
         grace_seconds: float = catalog.DEFAULT_GRACE_SECONDS,
         hold_seconds: float = 60.0,
+        memory_rescue: bool = True,
     ):
         if keep < 1:
             raise ValueError("keep must be at least 1")
@@ -194,6 +195,9 @@ class Checkpointer:
         self._last_step_time: float | None = None
         self._finished = False
         self._interruption_recorded = False
+
+        # The state of the last completed step in node-local shared memory (runtime/rescue.py).
+        self._memory = rescue.MemoryTier.from_env(self.job_prefix) if memory_rescue else None
 
         self._watcher = watcher
         if self._watcher is not None:
@@ -289,6 +293,10 @@ class Checkpointer:
             if skipped:
                 log.warning("skipping damaged checkpoints at steps %s", skipped)
         candidates = self._broadcast(candidates)
+        newest_blob = layout.Manifest.from_bytes(candidates[0]).step if candidates else None
+        rescued = self._restore_from_memory(state, newest_blob, started)
+        if rescued is not None:
+            return rescued
         fallbacks = 0
         # Only with a checkpoint to load: looking at a fresh optimizer's state initialises it.
         tree = _tree(state) if candidates else None
@@ -310,7 +318,7 @@ class Checkpointer:
                 if self.rank == 0:
                     log.info("restored step %d in %.2fs", manifest.step, seconds)
                     self._emit(progress.RESTORED, step=manifest.step, seconds=round(seconds, 3),
-                               fallbacks=fallbacks, world_size=self.world_size,
+                               source="blob", fallbacks=fallbacks, world_size=self.world_size,
                                saved_world_size=manifest.world_size)
                 self.last_saved_step = manifest.step
                 self._last_save_time = time.monotonic()
@@ -346,10 +354,10 @@ class Checkpointer:
                 raise mismatch from ex
             log.warning("cannot load checkpoint of step %d: %s", manifest.step, _failure_text(ex))
             return UNREADABLE
-        self._apply(manifest, tree, planner, mine)
+        self._apply(manifest.step, tree, planner, mine)
         return LOADED
 
-    def _apply(self, manifest: layout.Manifest, tree: StateTree, planner: CheckingLoadPlanner, mine: str) -> None:
+    def _apply(self, step: int, tree: StateTree, planner: CheckingLoadPlanner, mine: str) -> None:
         """Prove every key was loaded, decode the plain values, and put it all into the live state."""
         skipped = planner.not_loaded()
         if skipped:
@@ -368,7 +376,94 @@ class Checkpointer:
         else:
             # The world grew: a new rank has no saved stream. Derive one from
             # (step, rank) so reruns stay reproducible.
-            torch.manual_seed(manifest.step * 100003 + self.rank)
+            torch.manual_seed(step * 100003 + self.rank)
+
+    # -- the memory tier (runtime/rescue.py) ------------------------------------------
+    def _restore_from_memory(self, state: dict[str, Any], newest_blob: int | None, started: float) -> int | None:
+        """Load the newest whole in-memory copy any rank's node holds, unless blob has a newer step.
+
+        One all-gather of (step, checksum) picks it; its holder broadcasts the bytes, every rank checks
+        their checksum and loads them through the same planner and "every key loaded" proof as a blob
+        restore. Any failure on any rank: None, and the caller restores from blob.
+        """
+        if self._memory is None:
+            return None
+        copy = self._memory.read()
+        # Only with a copy to load: looking at a fresh optimizer's state initialises it.
+        tree = _tree(state) if copy is not None else None
+        if tree is not None and not rescue.is_replicated(tree.flat):
+            copy = None  # sharded: one node's copy is not the whole state
+        offers = self._all_gather((copy.step, copy.checksum) if copy else (-1, 0))
+        best = max(step for step, _ in offers)
+        if best < 0 or (newest_blob is not None and best < newest_blob):
+            return None  # nothing in memory, or only older than blob's newest
+        tree = tree or _tree(state)
+        holder = min(rank for rank, (step, _) in enumerate(offers) if step == best)
+        wanted = offers[holder]
+        try:
+            shared = self._share_copy(copy if offers[self.rank] == wanted else None, holder)
+            outcome = self._load_memory(shared, tree, wanted)
+        except (Exception, CheckpointException) as ex:  # noqa: BLE001 - any failure: blob instead
+            # (DCP wraps a planner's error, StateMismatch or "keys not loaded" included, in CheckpointException.)
+            log.warning("the in-memory state of step %d cannot be loaded here: %s", best, _failure_text(ex))
+            shared, outcome = None, UNREADABLE
+        if self._all_reduce_max([outcome])[0] != LOADED:
+            log.warning("the in-memory state of step %d is not usable on every rank; restoring from blob", best)
+            return None
+        seconds = time.monotonic() - started
+        if self.rank == 0:
+            log.info("restored step %d from memory (holder rank %d) in %.2fs", best, holder, seconds)
+            self._emit(progress.RESTORED, step=best, seconds=round(seconds, 3),
+                       source="memory" if offers[0] == wanted else "peer", holder=holder,
+                       ranks_from_peer=sum(1 for offer in offers if offer != wanted), fallbacks=0,
+                       world_size=self.world_size, saved_world_size=shared.world_size)
+        self._last_save_time = time.monotonic()
+        self._completed(best)  # the step the job resumes from, for honest loss accounting
+        return best
+
+    def _share_copy(self, own: "rescue.MemoryCopy | None", holder: int) -> "rescue.MemoryCopy":
+        """The holder's copy on every rank: sent as bytes, parsed (checksum checked) where it arrives."""
+        if not self.distributed:
+            assert own is not None
+            return own
+        size = torch.tensor([len(own.raw) if self.rank == holder and own else 0], dtype=torch.int64)
+        dist.broadcast(size, src=holder, group=self._ctl)
+        if own is not None and len(own.raw) == size.item():
+            dist.broadcast(torch.frombuffer(own.raw, dtype=torch.uint8), src=holder, group=self._ctl)
+            return own  # this node holds the same bytes (its checksum was the one agreed on)
+        raw = bytearray(int(size.item()))
+        dist.broadcast(torch.frombuffer(raw, dtype=torch.uint8), src=holder, group=self._ctl)
+        return self._memory.parse(raw)
+
+    def _load_memory(self, copy: "rescue.MemoryCopy", tree: StateTree, wanted: tuple[int, int]) -> int:
+        if not rescue.is_replicated(tree.flat):
+            return UNREADABLE
+        if (copy.step, copy.checksum) != wanted:
+            log.warning("the in-memory state received is not the one agreed on")
+            return UNREADABLE
+        flat = dict(tree.flat)
+        mine = f"{RNG_PREFIX}{self.rank}{SEP}"
+        planner = CheckingLoadPlanner(tree.free, adopt=(mine, STEP_KEY), ignore=(RNG_PREFIX,))
+        dcp.load(flat, storage_reader=rescue.MemoryStateReader(copy.tensors), planner=planner, no_dist=True)
+        self._apply(copy.step, tree, planner, mine)
+        return LOADED
+
+    def _keep_in_memory(self, step: int, state: dict[str, Any]) -> None:
+        """This node's copy of the completed ``step`` (one writer per node; replicated states only)."""
+        if self._memory is None or self.local_rank != 0:
+            return
+        # Sharded parameters: skip before flattening, which for them may take collectives this rank runs alone.
+        if any(type(p.data) is not torch.Tensor for m in modules_in(state) for p in m.parameters()):
+            return
+        try:
+            tree = _tree(state)
+            if not rescue.is_replicated(tree.flat):
+                return
+            flat = {k: v if isinstance(v, torch.Tensor) else json_tensor(v, k) for k, v in tree.flat.items()}
+            flat[STEP_KEY] = json_tensor(step, STEP_KEY)
+            self._memory.keep(step, self.world_size, flat)
+        except (OSError, CheckpointError, StateError) as ex:  # the memory tier is an optimisation; blob stands
+            log.warning("could not keep step %d in memory: %s", step, ex)
 
     # -- save ----------------------------------------------------------------------
     def save(self, step: int, state: dict[str, Any], *, blocking: bool | None = None) -> None:
@@ -507,6 +602,7 @@ class Checkpointer:
         exit. After a Scheduled Events notice training goes on: the node leaves
         when Azure takes it, and the job resumes from this step.
         """
+        self._keep_in_memory(step, state)  # step() comes after the optimizer step: a completed step
         notices = self._live_notices()
         due = self.rank == 0 and self._due(step)
         preempt_anywhere, save_due = self._all_reduce_max([1 if notices else 0, 1 if due else 0])
@@ -614,6 +710,8 @@ class Checkpointer:
             self._finished = True
             if self.rank == 0:
                 self._emit(progress.FINISHED, step=step)
+            if self._memory is not None and self.local_rank == 0:
+                self._memory.discard()  # the job is over: free the node's memory
         finally:
             self.close()
 

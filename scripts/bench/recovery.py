@@ -15,11 +15,21 @@ world size; restore = eviction -> the survivor loaded its checkpoint;
 steps lost = the step training had reached (or the notice step) - the step it
 resumed from. Medians of the repetitions; the ratio baseline / notice is the
 headline. Everything runs on loopback and is stopped at the end.
+
+    .venv/bin/python scripts/bench/recovery.py --state-mib 512 [--repeats 3]
+
+instead measures one survivor's restore of a state of that size (a model and
+its AdamW moments, fp32, in one process): from its node's memory copy vs from
+the blob checkpoint of the same step, interleaved; medians and their ratio.
+Also the cost per step of keeping the memory copy (``MemoryTier.keep``).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -92,6 +102,73 @@ def run_case(case: str, blob, etcd, imds: ScheduledEventsServer, logs: Path) -> 
         store.close()
 
 
+def state_of(mib: int):
+    """A Linear model and AdamW whose parameters and moments come to ``mib`` MiB, one step taken."""
+    import torch
+
+    features = max(8, int((mib * 2**20 / 4 / 3) ** 0.5))  # weights + 2 moments, fp32
+    model = torch.nn.Linear(features, features, bias=False)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(2, features)).sum().backward()
+    optimizer.step()
+    return {"model": model, "optimizer": optimizer}
+
+
+@contextlib.contextmanager
+def _env(values: dict[str, str]):
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def memory_vs_blob(mib: int, repeats: int) -> dict:
+    from azext_elastictrain.runtime.checkpoint import Checkpointer
+    from azext_elastictrain.runtime.rescue import MemoryTier
+
+    samples: dict[str, list[float]] = {"memory": [], "blob": [], "keep": []}
+    with tempfile.TemporaryDirectory(prefix="elastictrain-rescue-") as tmp:
+        work = Path(tmp)
+        memory_dir = Path("/dev/shm") if Path("/dev/shm").is_dir() else work
+        memory_dir = Path(tempfile.mkdtemp(prefix="elastictrain-bench-", dir=memory_dir))
+        env = {"ELASTICTRAIN_MEMORY_DIR": str(memory_dir), "TORCHELASTIC_RUN_ID": uuid.uuid4().hex}
+        try:
+            with start_azurite(work / "azurite") as blob:
+                blob.blob_service_client().create_container("bench")
+                url = f"{blob.blob_endpoint}/bench/rescue"
+                store = BlobStore.from_url(url, connection_string=blob.connection_string)
+                state = state_of(mib)
+                tier = MemoryTier.from_env(store.prefix, env)
+                with Checkpointer(store, watcher=None, events=False, memory_rescue=False) as ckpt:
+                    ckpt.save(1, state, blocking=True)
+                for _ in range(repeats):
+                    for source in ("memory", "blob"):
+                        with _env(env), Checkpointer(store, watcher=None, events=False,
+                                                     memory_rescue=source == "memory") as ckpt:
+                            if source == "memory":  # the step's hook keeps the copy; no blob save is due
+                                started = time.perf_counter()
+                                ckpt.step(1, state)
+                                samples["keep"].append(time.perf_counter() - started)
+                            started = time.perf_counter()
+                            assert ckpt.restore(state) == 1
+                            samples[source].append(time.perf_counter() - started)
+                store.close()
+                size = tier.path.stat().st_size
+        finally:
+            shutil.rmtree(memory_dir, ignore_errors=True)
+    medians = {k: statistics.median(v) for k, v in samples.items()}
+    print(f"state {size / 2**20:.0f} MiB, {repeats} repeats (medians): restore from memory {medians['memory']:.3f}s, "
+          f"from blob {medians['blob']:.3f}s, ratio {medians['blob'] / medians['memory']:.1f}x (goal >= 10x); "
+          f"keeping it in memory costs {medians['keep']:.3f}s per step")
+    return {"samples": samples, "medians": medians, "bytes": size}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -99,7 +176,14 @@ def main() -> int:
     parser.add_argument("--candidate", metavar="RDZV_CONF",
                         help="also measure these rendezvous settings (cases notice* and no-notice*), "
                              "side by side with the shipped ones")
+    parser.add_argument("--state-mib", type=int,
+                        help="instead: a survivor's restore of a state this size, from memory vs from blob")
     args = parser.parse_args()
+    if args.state_mib:
+        result = memory_vs_blob(args.state_mib, args.repeats)
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=1))
+        return 0
     if args.candidate:
         CASES["notice*"] = dict(CASES["notice"], rdzv=args.candidate)
         CASES["no-notice*"] = dict(CASES["no-notice"], rdzv=args.candidate)

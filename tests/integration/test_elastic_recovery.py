@@ -1,9 +1,11 @@
 """A real 2-node elastic job (torchrun agents, etcd-v2 rendezvous, Azurite) losing a node.
 
-Without notice the survivor resumes from the last committed checkpoint; with a
-notice (SIGTERM to the node, or an Azure Scheduled Events ``Preempt``) every
-rank checkpoints the step the notice arrived at and the survivor resumes there:
-no step is lost.
+Without notice the survivor resumes from the last step it completed, kept in its
+node's memory (with the memory tier off: from the last committed checkpoint);
+with a notice (SIGTERM to the node, or an Azure Scheduled Events ``Preempt``)
+every rank checkpoints the step the notice arrived at and the survivor resumes
+there: no step is lost. When the node comes back, the survivor restores from
+its own memory, not from blob.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ def job(azurite, etcd, container_url, tmp_path):
         etcd_endpoint=etcd.endpoint,
         script_args=["--steps", str(STEPS), "--checkpoint-every", str(CHECKPOINT_EVERY),
                      "--step-delay", "0.05", "--log-every", "50"],
+        extra_env={"ELASTICTRAIN_MEMORY_DIR": str(tmp_path / "shm")},  # not the machine's /dev/shm
     )
     store = BlobStore.from_url(config.checkpoint_url, connection_string=azurite.connection_string)
     nodes: list[Node] = []
@@ -71,7 +74,7 @@ def _restored_after(events, since: int) -> list[dict]:
 
 def test_survivor_resumes_from_last_committed_step_after_losing_a_node_without_notice(job):
     config, store, start = job
-    a, b, events = _start_two(store, start)
+    a, b, events = _start_two(store, start)  # the memory tier is off by default: blob is the fallback tested
     restored_before = len(events_of(events(), "restored"))
     committed_at_kill = max(_committed_steps(store))
     b.kill()
@@ -128,3 +131,34 @@ def test_no_step_is_lost_when_the_node_gets_a_preemption_notice(job, notice):
         # measured from the step the survivors last completed: after the notice the job trained no further
         # step (a Scheduled Events notice holds the job until the VM goes; a SIGTERM stops the node)
         assert goodput(events())["stepsLost"] == 0, dump(events())
+
+
+@pytest.mark.slow
+def test_without_notice_the_survivor_loses_at_most_one_step_and_a_scale_up_reads_no_blob(job):
+    config, store, start = job
+    config.extra_env["ELASTICTRAIN_PROGRESS_SECONDS"] = "0"  # rank 0 reports every step it completes
+    config.extra_env["ELASTICTRAIN_MEMORY_RESCUE"] = "on"
+    a, b, events = _start_two(store, start)
+    restored_before = len(events_of(events(), "restored"))
+    b.kill()
+    # Every step rank 0 reported before the kill was completed by the whole world: a step is completed on
+    # one rank only after the gradients of every rank were reduced, so the survivor is at most one behind.
+    reported = max(e["step"] for e in events_of(events(), "progress") if e.get("world_size") == 2)
+    restored = wait_for(lambda: _restored_after(events(), restored_before), timeout=90,
+                        what="the survivor to restore", on_timeout=lambda: dump(events()) + _logs([a]))
+    first = restored[0]
+    assert first["source"] == "memory" and first["world_size"] == 1, dump(events())
+    assert first["step"] >= reported - 1, dump(events())
+    wait_for(lambda: any(e.get("world_size") == 1 and e["step"] > first["step"]
+                         for e in events_of(events(), "progress")),
+             timeout=60, what="training to go on at world size 1", on_timeout=lambda: dump(events()))
+
+    scaled_before = len(events_of(events(), "restored"))
+    c = start("node-c")  # capacity is back: torchrun stops the survivor's worker to re-form at 2
+    grown = wait_for(lambda: [e for e in _restored_after(events(), scaled_before) if e.get("world_size") == 2],
+                     timeout=120, what="the job to re-form at world size 2",
+                     on_timeout=lambda: dump(events()) + _logs([a, c]))[0]
+    # The survivor had the newest state in its own memory; the newcomer took it from the survivor.
+    assert grown["source"] in ("memory", "peer") and grown["ranks_from_peer"] == 1, dump(events())
+    assert grown["step"] >= max(e["step"] for e in events_of(events(), "preempted")), dump(events())
+    assert a.alive() and c.alive()
