@@ -39,6 +39,8 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint import StorageReader
 
+from azext_elastictrain.core import launch
+
 log = logging.getLogger(__name__)
 
 MAGIC = b"ETRESCU1"
