@@ -94,6 +94,9 @@ TABLE: list[_Row] = [
     (f"{_AKS}.jobs:GpuPoolMissing", lambda t, ex: az.ValidationError(str(ex), recommendation=(
         f"Run 'az elastictrain cluster create -g {t.resource_group} -n {t.cluster}' again: it adds what is "
         "missing, the GPU Spot pool included."))),
+    (f"{_AKS}.jobs:EngineNotInstalled", lambda t, ex: az.ValidationError(str(ex), recommendation=(
+        f"Run the job with --engine {ex.cluster_engine} (the cluster's default), or install the operator: "
+        f"'az elastictrain cluster create -g {t.resource_group} -n {t.cluster} --engine torchelastic'."))),
     (f"{_AKS}.jobs:JobExists", lambda t, ex: az.ValidationError(
         str(ex), recommendation=f"'az elastictrain job delete {t.where} -n NAME', or pick another name.")),
     (f"{_CORE}.spec:SpecError", lambda t, ex: az.InvalidArgumentValueError(str(ex))),

@@ -125,7 +125,8 @@ long-summary: >
     Contributor role assignment on the container; then, through the Kubernetes API, the namespace,
     service account, NVIDIA device plugin, etcd, operator and settings. Each step first checks what is
     there: a re-run after a failure finishes the plan and changes nothing that is already right.
-    The cluster credentials stay in memory.
+    The cluster credentials stay in memory. With --engine k8s-job no operator is installed: jobs run
+    as batch/v1 Indexed Jobs (Kubernetes 1.31+), and 'job run' uses that engine by default.
 examples:
   - name: Create a cluster on Azure with up to 4 T4 Spot nodes.
     text: az elastictrain cluster create -g ml-rg -n spot-train -l eastus --max-count 4
@@ -133,6 +134,8 @@ examples:
     text: az elastictrain cluster create -g ml-rg -n spot-train -l eastus --dry-run
   - name: A100 Spot nodes at most $1.50 an hour, deallocated on eviction, with a team label.
     text: az elastictrain cluster create -g ml-rg -n a100 --gpu-vm-size Standard_NC24ads_A100_v4 --max-price 1.5 --eviction-policy Deallocate --labels team=vision
+  - name: A cluster whose jobs run as Kubernetes Indexed Jobs, with no operator installed.
+    text: az elastictrain cluster create -g ml-rg -n spot-train -l eastus --engine k8s-job
   - name: Create it and use it with kubectl afterwards.
     text: az elastictrain cluster create -g ml-rg -n spot-train -l eastus --merge-kubeconfig
   - name: Start creating and return; wait; then finish the plan.

@@ -6,7 +6,7 @@ STORAGE_SKUS = ["Standard_LRS", "Standard_ZRS", "Standard_GRS", "Standard_RAGRS"
 
 
 def load_arguments(self, _):
-    from azext_elastictrain.core.manifests import ENGINES  # pure and stdlib only: cheap to load
+    from azext_elastictrain.core.spec import ENGINES  # pure and stdlib only: cheap to load
 
     with self.argument_context("elastictrain checkpoint") as c:
         c.argument(
@@ -92,6 +92,10 @@ def load_arguments(self, _):
                    help="Extra Kubernetes labels for the GPU nodes, space-separated KEY=VALUE pairs.")
         c.argument("dry_run", arg_type=get_three_state_flag(), options_list=["--dry-run"],
                    help="Print the whole plan - every ARM request body and Kubernetes object - and call nothing.")
+        c.argument("engine", arg_type=get_enum_type(ENGINES), options_list=["--engine"],
+                   help="What runs the cluster's jobs by default ('job run --engine' overrides it). torchelastic "
+                        "(default): installs the TorchElastic operator. k8s-job: batch/v1 Indexed Jobs, no "
+                        "operator installed (Kubernetes 1.31+).")
         c.argument("merge_kubeconfig", arg_type=get_three_state_flag(), options_list=["--merge-kubeconfig"],
                    help="Also merge the cluster's user credentials into your kubeconfig (first file of "
                         "$KUBECONFIG, else ~/.kube/config) and make it the current context. Default: the "
@@ -229,9 +233,9 @@ def load_arguments(self, _):
         c.argument("dry_run", arg_type=get_three_state_flag(), options_list=["--dry-run"],
                    help="On AKS: print the objects that would be created; create nothing.")
         c.argument("engine", arg_type=get_enum_type(ENGINES), options_list=["--engine"],
-                   help="On AKS: what runs the job. torchelastic (default): an ElasticJob of the TorchElastic "
-                        "operator. k8s-job: a batch/v1 Indexed Job with a headless Service, no operator "
-                        "(Kubernetes 1.31+).")
+                   help="On AKS: what runs the job; default: the cluster's ('cluster create --engine', "
+                        "torchelastic unless chosen). torchelastic: an ElasticJob of the TorchElastic operator. "
+                        "k8s-job: a batch/v1 Indexed Job with a headless Service, no operator (Kubernetes 1.31+).")
     with self.argument_context("elastictrain job logs") as c:
         c.argument("rank", type=int, options_list=["--rank"],
                    help="On AKS: only the log of this worker (replica index, as 'job show' lists them).")

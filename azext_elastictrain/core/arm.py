@@ -15,6 +15,7 @@ STORAGE_BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
 TOKEN_EXCHANGE_AUDIENCE = "api://AzureADTokenExchange"
 #: Marks the resources this extension made, so list and delete find only those.
 TAG = "elastictrain"
+ENGINE_TAG = TAG + "-engine"
 SYSTEM_POOL_MIN, SYSTEM_POOL_MAX = 1, 3
 
 
@@ -146,8 +147,10 @@ def managed_cluster(spec: ClusterSpec) -> dict:
         properties["kubernetesVersion"] = spec.kubernetes_version
     return {
         "location": spec.location,
-        # the names of the cluster's storage account and identity, for show and delete to find them
-        "tags": {**tags(spec), TAG + "-storage": spec.storage_account_name, TAG + "-identity": spec.identity_name},
+        # the names of the cluster's storage account and identity, for show and delete to find them; the engine
+        # its jobs run on by default (`job run` reads it)
+        "tags": {**tags(spec), TAG + "-storage": spec.storage_account_name, TAG + "-identity": spec.identity_name,
+                 ENGINE_TAG: spec.engine},
         "identity": {"type": "SystemAssigned"},
         "sku": {"name": "Base", "tier": "Free"},
         "properties": properties,

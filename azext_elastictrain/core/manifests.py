@@ -14,7 +14,14 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from azext_elastictrain.core import launch
-from azext_elastictrain.core.spec import SpecError
+from azext_elastictrain.core.spec import (  # noqa: F401  (the engines are part of what this module renders)
+    ENGINE_K8S_JOB,
+    ENGINE_TORCHELASTIC,
+    ENGINES,
+    K8S_JOB_MIN_KUBERNETES,
+    SpecError,
+    check_engine_supported,
+)
 
 NAMESPACE = "elastictrain"
 TRAINING_SERVICE_ACCOUNT = "elastictrain-training"
@@ -58,6 +65,7 @@ class InClusterSpec:
     tenant_id: str | None = None
     checkpoint_url: str  # https://<account>.blob.core.windows.net/<container>
     gpu_taint: str = GPU_TAINT
+    engine: str = ENGINE_TORCHELASTIC  # k8s-job: no operator (CRD, RBAC, controller) is installed
 
     def validate(self) -> "InClusterSpec":
         if not _DNS_LABEL.fullmatch(self.namespace or ""):
@@ -72,6 +80,8 @@ class InClusterSpec:
                                 "00000000-0000-0000-0000-000000000000")
         validate_checkpoint_url(self.checkpoint_url)
         parse_taint(self.gpu_taint)
+        if self.engine not in ENGINES:
+            raise SpecError(f"unknown engine {self.engine!r}: use one of {', '.join(ENGINES)}")
         return self
 
 
@@ -127,14 +137,20 @@ def parse_taint(taint: str) -> dict:
     return toleration
 
 
-def load_base_objects() -> list[dict]:
-    """The objects of the shipped kustomize base, in its ``resources`` order."""
+#: The files of the kustomize base only the torchelastic engine needs: the operator and its ElasticJob CRD.
+OPERATOR_FILES = ("operator-crd.yaml", "operator-rbac.yaml", "operator-deployment.yaml")
+
+
+def load_base_objects(engine: str = ENGINE_TORCHELASTIC) -> list[dict]:
+    """The objects of the shipped kustomize base that ``engine`` needs, in its ``resources`` order."""
     import yaml  # PyYAML: azure-cli ships it (knack needs it)
 
     base = _base_dir()
     kustomization = yaml.safe_load(base.joinpath("kustomization.yaml").read_text(encoding="utf-8"))
     objects = []
     for name in kustomization["resources"]:
+        if engine != ENGINE_TORCHELASTIC and name in OPERATOR_FILES:
+            continue
         text = base.joinpath(name).read_text(encoding="utf-8")
         objects += [doc for doc in yaml.safe_load_all(text) if doc]
     return objects
@@ -149,7 +165,7 @@ def _base_dir():
 def render_cluster_objects(spec: InClusterSpec) -> list[dict]:
     """Every object to apply for ``spec``, in apply order: CRD and namespace first."""
     spec.validate()
-    objects = [_place(copy.deepcopy(obj), spec) for obj in load_base_objects()]
+    objects = [_place(copy.deepcopy(obj), spec) for obj in load_base_objects(spec.engine)]
     return sorted(objects, key=lambda obj: _APPLY_RANK.get(obj["kind"], _WORKLOAD_RANK))  # stable
 
 
@@ -201,10 +217,6 @@ WORKER_CONTAINER = "worker"
 JOB_LABEL = "elastictrain.azure.com/job"
 # Which engine made a job: later commands find it by this label whichever engine ran it.
 ENGINE_LABEL = "elastictrain.azure.com/engine"
-ENGINE_TORCHELASTIC = "torchelastic"  # the ElasticJob operator
-ENGINE_K8S_JOB = "k8s-job"  # a batch/v1 Indexed Job, no operator
-ENGINES = (ENGINE_TORCHELASTIC, ENGINE_K8S_JOB)
-K8S_JOB_MIN_KUBERNETES = (1, 31)
 
 
 def etcd_endpoint(namespace: str) -> str:
@@ -316,21 +328,6 @@ def _validate_job_inputs(job, cluster: InClusterSpec, image: str, gpus_per_node:
 def _torchrun_options(job, run_id: str | None) -> list[str]:
     return launch.torchrun_options(rdzv_conf=launch.AKS_RDZV_CONF, nproc_per_node=job.nproc_per_node,
                                    rdzv_id=run_id)
-
-
-def check_engine_supported(engine: str, kubernetes_version: str) -> None:
-    """Refuses ``k8s-job`` on a cluster whose Job API lacks the fields it relies on."""
-    if engine not in ENGINES:
-        raise SpecError(f"unknown engine {engine!r}: use one of {', '.join(ENGINES)}")
-    if engine != ENGINE_K8S_JOB:
-        return
-    match = re.match(r"v?(\d+)\.(\d+)", kubernetes_version or "")
-    if not match or (int(match[1]), int(match[2])) < K8S_JOB_MIN_KUBERNETES:
-        minimum = ".".join(map(str, K8S_JOB_MIN_KUBERNETES))
-        raise SpecError(f"engine k8s-job needs Kubernetes {minimum} or later, and the cluster runs "
-                        f"{kubernetes_version or 'an unknown version'}: podFailurePolicy with the DisruptionTarget "
-                        f"condition is stable only from 1.31 (successPolicy and podReplacementPolicy are on by "
-                        f"default from then). Upgrade the cluster (az aks upgrade) or use --engine torchelastic")
 
 
 def _validate_image(image: str) -> None:

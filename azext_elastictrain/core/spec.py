@@ -114,6 +114,12 @@ GPU_TAINT = "sku=gpu:NoSchedule"
 #: A pool autoscales up to this many nodes at most (AKS: 1000 per pool).
 MAX_POOL_NODES = 1000
 
+# How jobs run on an AKS cluster: the ElasticJob operator, or a batch/v1 Indexed Job with no operator.
+ENGINE_TORCHELASTIC = "torchelastic"
+ENGINE_K8S_JOB = "k8s-job"
+ENGINES = (ENGINE_TORCHELASTIC, ENGINE_K8S_JOB)
+K8S_JOB_MIN_KUBERNETES = (1, 31)
+
 _AKS_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_-]{0,61}[A-Za-z0-9])?")
 _RESOURCE_GROUP = re.compile(r"[-\w._()]{0,89}[-\w_()]", re.UNICODE)
 _STORAGE_ACCOUNT = re.compile(r"[a-z0-9]{3,24}")
@@ -186,6 +192,8 @@ class ClusterSpec:
     node_labels: tuple[tuple[str, str], ...] = ()
     namespace: str = TRAINING_NAMESPACE
     service_account: str = TRAINING_SERVICE_ACCOUNT
+    # The engine `job run` uses by default; k8s-job installs no operator (its jobs need nothing in the cluster).
+    engine: str = ENGINE_TORCHELASTIC
 
     @property
     def storage_account_name(self) -> str:
@@ -258,4 +266,23 @@ class ClusterSpec:
                     not re.fullmatch(r"([A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?)?", value):
                 raise SpecError(f"invalid node label {key}={value}: keys and values are Kubernetes label "
                                 "names (letters, digits, '-', '_', '.'; up to 63 characters)")
+        if self.engine not in ENGINES:
+            raise SpecError(f"unknown engine {self.engine!r}: use one of {', '.join(ENGINES)}")
+        if self.engine == ENGINE_K8S_JOB and self.kubernetes_version:
+            check_engine_supported(self.engine, self.kubernetes_version)
         return self
+
+
+def check_engine_supported(engine: str, kubernetes_version: str) -> None:
+    """Refuses ``k8s-job`` on a cluster whose Job API lacks the fields it relies on."""
+    if engine not in ENGINES:
+        raise SpecError(f"unknown engine {engine!r}: use one of {', '.join(ENGINES)}")
+    if engine != ENGINE_K8S_JOB:
+        return
+    match = re.match(r"v?(\d+)\.(\d+)", kubernetes_version or "")
+    if not match or (int(match[1]), int(match[2])) < K8S_JOB_MIN_KUBERNETES:
+        minimum = ".".join(map(str, K8S_JOB_MIN_KUBERNETES))
+        raise SpecError(f"engine k8s-job needs Kubernetes {minimum} or later, and the cluster runs "
+                        f"{kubernetes_version or 'an unknown version'}: podFailurePolicy with the DisruptionTarget "
+                        f"condition is stable only from 1.31 (successPolicy and podReplacementPolicy are on by "
+                        f"default from then). Upgrade the cluster (az aks upgrade) or use --engine torchelastic")

@@ -14,18 +14,24 @@ def create_cluster(cmd, local: bool = False, name: str | None = None, resource_g
                    storage_sku: str | None = None, kubernetes_version: str | None = None,
                    node_vm_size: str | None = None, gpu_vm_size: str | None = None, min_count: int | None = None,
                    max_count: int | None = None, max_price: str | None = None, eviction_policy: str | None = None,
-                   labels: list[str] | None = None, merge_kubeconfig: bool = False, dry_run: bool = False,
-                   no_wait: bool = False):
+                   labels: list[str] | None = None, engine: str | None = None, merge_kubeconfig: bool = False,
+                   dry_run: bool = False, no_wait: bool = False):
     target = resolve_cluster(local=local, resource_group=resource_group_name, name=name)
+    azure_only = {"--location": location, "--storage-account": storage_account, "--storage-sku": storage_sku,
+                  "--kubernetes-version": kubernetes_version, "--node-vm-size": node_vm_size,
+                  "--gpu-vm-size": gpu_vm_size, "--min-count": min_count, "--max-count": max_count,
+                  "--max-price": max_price, "--eviction-policy": eviction_policy, "--labels": labels,
+                  "--engine": engine, "--merge-kubeconfig": merge_kubeconfig or None, "--no-wait": no_wait or None}
     if target.kind == "local":
         from azext_elastictrain.core.spec import LocalClusterSpec
 
+        _refuse_azure_options(azure_only)
         spec = LocalClusterSpec(target.cluster)
     else:
         spec = _cluster_spec(target, location=location, storage_account=storage_account, storage_sku=storage_sku,
                              kubernetes_version=kubernetes_version, system_vm_size=node_vm_size,
                              gpu_vm_size=gpu_vm_size, min_count=min_count, max_count=max_count, max_price=max_price,
-                             eviction_policy=eviction_policy, node_labels=_node_labels(labels))
+                             eviction_policy=eviction_policy, node_labels=_node_labels(labels), engine=engine)
     with az_errors(target):
         spec.validate()  # bad input fails before any request, login included
         with target.opened(cmd, signed_out=_dry_run_signed_out(cmd, target, dry_run)) as backend:
@@ -35,6 +41,17 @@ def create_cluster(cmd, local: bool = False, name: str | None = None, resource_g
             if merge_kubeconfig and target.kind == "aks" and not result.get("pending"):
                 result["kubeconfig"] = _merge_kubeconfig(backend, spec)
             return result
+
+
+def _refuse_azure_options(asked: dict) -> None:
+    """A local cluster has no pools, storage account or engine to choose: an option for Azure is a mistake to
+    say, not to drop (the user may have forgotten -g)."""
+    given = [flag for flag, value in asked.items() if value is not None]
+    if given:
+        from azure.cli.core.azclierror import ArgumentUsageError
+
+        raise ArgumentUsageError(f"{', '.join(given)}: only for a cluster on Azure, not a local one",
+                                 recommendation="Drop them, or create the cluster on AKS with -g RESOURCE_GROUP.")
 
 
 def _dry_run_signed_out(cmd, target, dry_run: bool) -> bool:

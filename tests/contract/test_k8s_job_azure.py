@@ -212,3 +212,38 @@ def test_the_fake_api_server_rejects_what_the_real_one_does(arm):
         with pytest.raises(KubeError, match=why):
             arm.kube.apply(broken)
     assert arm.kube.get(*JOB, "bad", NAMESPACE) is None
+
+
+def test_a_cluster_created_for_k8s_job_has_no_operator_and_runs_k8s_jobs_by_default(az, arm, azurite, container):
+    """cluster create --engine k8s-job applies no operator object; show checks no operator; job run defaults
+    to the cluster's engine, and --engine torchelastic there is refused before anything is sent."""
+    from azext_elastictrain.core import manifests as m
+
+    group = f"rg-{uuid.uuid4().hex[:10]}"
+    created = az.json("elastictrain", "cluster", "create", "-g", group, "-n", "noop", "-l", "eastus",
+                      "--engine", "k8s-job", timeout=300)
+    applied = [path.split("?")[0] for method, path in arm.requests if method == "PATCH" and "/kube/" in path]
+    assert applied and any("/statefulsets/" in p for p in applied), "etcd is installed"
+    operator = ("/customresourcedefinitions/", f"/deployments/{m.OPERATOR_DEPLOYMENT}", "/clusterroles/",
+                "/clusterrolebindings/")
+    assert not [p for p in applied if any(part in p for part in operator)], applied
+    assert created["engine"] == "k8s-job"
+    rid = f"/resourcegroups/{group}/providers/microsoft.containerservice/managedclusters/noop"
+    assert arm.find(rid)["tags"]["elastictrain-engine"] == "k8s-job"
+
+    shown = az.json("elastictrain", "cluster", "show", "-g", group, "-n", "noop")
+    assert shown["engine"] == "k8s-job"
+    assert set(shown["components"]) == {"etcd", "nvidia-device-plugin"}
+
+    arm.requests.clear()
+    plan = az.json("elastictrain", "job", "run", "-n", "plain", "--image", IMAGE, "--script", "/app/t.py",
+                   "--min-nodes", "1", "--max-nodes", "2", *_where(group, "noop"), "--dry-run")
+    assert plan["engine"] == "k8s-job" and plan["object"]["kind"] == "Job"
+
+    refused = az("elastictrain", "job", "run", "-n", "plain", "--image", IMAGE, "--script", "/app/t.py",
+                 "--min-nodes", "1", "--max-nodes", "2", *_where(group, "noop"), "--engine", "torchelastic",
+                 check=False)
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert "created with --engine k8s-job" in refused.stderr and "--engine torchelastic" in refused.stderr
+    assert not [path for method, path in arm.requests if method in ("PATCH", "POST", "PUT") and "/kube/" in path]
+

@@ -65,6 +65,8 @@ def test_create_is_idempotent_heals_a_dead_component_and_delete_stops_exactly_it
 @pytest.mark.parametrize("args, env, expected", [
     (["--name", "Bad_Name"], {}, "invalid local cluster name"),
     (["--name", "x" * 40], {}, "invalid local cluster name"),
+    (["--engine", "k8s-job", "--max-count", "2"], {}, "--max-count, --engine: only for a cluster on Azure"),
+    (["--gpu-vm-size", "Standard_NC4as_T4_v3"], {}, "--gpu-vm-size: only for a cluster on Azure"),
     ([], {"AZURITE_BIN": "/nonexistent/azurite-blob"}, "is not an executable file"),
     ([], {"ETCD_BIN": "/nonexistent/etcd"}, "is not an executable file"),
 ])

@@ -114,6 +114,15 @@ def test_identity_body_is_the_example_shape():
     assert set(body) == set(ex) and body["location"] == "eastus"
 
 
+def test_managed_cluster_records_what_show_delete_and_job_run_read_back():
+    from dataclasses import replace
+
+    assert arm.managed_cluster(SPEC)["tags"] == {
+        "elastictrain": SPEC.name, "elastictrain-storage": SPEC.storage_account_name,
+        "elastictrain-identity": SPEC.identity_name, "elastictrain-engine": "torchelastic"}
+    assert arm.managed_cluster(replace(SPEC, engine="k8s-job"))["tags"]["elastictrain-engine"] == "k8s-job"
+
+
 def test_managed_cluster_has_an_autoscaled_regular_system_pool_oidc_and_workload_identity():
     body = arm.managed_cluster(SPEC)
     props = body["properties"]

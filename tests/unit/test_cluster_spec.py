@@ -86,7 +86,16 @@ def test_spot_prices_azure_refuses(value, message):
     ("eviction_policy", "Stop", "unknown eviction policy"), ("storage_sku", "Standard_XYZ", "unknown storage SKU"),
     ("kubernetes_version", "latest", "invalid Kubernetes version"), ("location", "East US", "invalid location"),
     ("system_vm_size", "big", "invalid system pool VM size"), ("node_labels", (("bad key!", "v"),), "invalid node label"),
+    ("engine", "volcano", "unknown engine 'volcano'"),
 ])
 def test_other_fields(field, value, message):
     with pytest.raises(SpecError, match=message):
         ClusterSpec("c", "rg", **{field: value}).validate()
+
+
+def test_k8s_job_clusters_need_kubernetes_1_31_when_a_version_is_asked():
+    ClusterSpec("c", "rg", engine="k8s-job").validate()  # AKS's default version is newer
+    ClusterSpec("c", "rg", engine="k8s-job", kubernetes_version="1.31").validate()
+    ClusterSpec("c", "rg", kubernetes_version="1.30").validate()  # the operator runs on it
+    with pytest.raises(SpecError, match="needs Kubernetes 1.31 or later, and the cluster runs 1.30"):
+        ClusterSpec("c", "rg", engine="k8s-job", kubernetes_version="1.30").validate()

@@ -173,3 +173,29 @@ def test_fake_kube_bumps_generation_only_when_the_spec_changes(kube) -> None:
 def test_fake_kube_needs_a_namespace_for_namespaced_kinds(kube) -> None:
     with pytest.raises(ValueError):
         kube.get("v1", "ConfigMap", "x")
+
+
+K8S_JOB_SPEC = m.InClusterSpec(identity_client_id=SPEC.identity_client_id, checkpoint_url=SPEC.checkpoint_url,
+                               engine="k8s-job")
+
+
+def test_a_k8s_job_cluster_gets_everything_but_the_operator(kube) -> None:
+    everything = {(o["kind"], o["metadata"]["name"]) for o in m.render_cluster_objects(SPEC)}
+    summary = incluster.install(kube, K8S_JOB_SPEC)
+    installed = {(s["kind"], s["name"]) for s in summary}
+    assert everything - installed == {
+        ("CustomResourceDefinition", m.ELASTICJOB_CRD), ("Deployment", m.OPERATOR_DEPLOYMENT),
+        ("ServiceAccount", "elastictrain-operator"), ("ClusterRole", "elastictrain-elastic-job-controller"),
+        ("ClusterRoleBinding", "elastictrain-elastic-job-controller"),
+        ("Role", "elastictrain-elastic-job-controller-leader-election"),
+        ("RoleBinding", "elastictrain-elastic-job-controller-leader-election")}
+    assert installed < everything
+
+
+def test_a_k8s_job_cluster_is_healthy_without_an_operator(kube) -> None:
+    incluster.install(kube, K8S_JOB_SPEC)
+    kube.set_status("apps/v1", "StatefulSet", m.ETCD_NAME, NS, {"replicas": 1, "readyReplicas": 1})
+    kube.set_status("apps/v1", "DaemonSet", m.DEVICE_PLUGIN_DAEMONSET, NS, {"desiredNumberScheduled": 0})
+    report = incluster.health(kube, K8S_JOB_SPEC)
+    assert report["state"] == "ok" and set(report["components"]) == {"etcd", "nvidia-device-plugin"}
+    assert kube.get("apps/v1", "Deployment", m.OPERATOR_DEPLOYMENT, NS) is None

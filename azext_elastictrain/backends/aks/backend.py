@@ -24,7 +24,6 @@ from azext_elastictrain.backends.base import (
 from azext_elastictrain.backends.logs import merged_streams
 from azext_elastictrain.core.errors import NotSupported, OptionNotHere
 from azext_elastictrain.core.eviction import check_selector
-from azext_elastictrain.core.manifests import ENGINE_TORCHELASTIC
 from azext_elastictrain.core.spec import ClusterSpec
 from azext_elastictrain.core.view import wait_for_job
 
@@ -91,7 +90,7 @@ class AksBackend:
                                 "(see scripts/Dockerfile).")
         gpus = 1 if request.gpus_per_node is None else request.gpus_per_node
         return Plan(self.jobs.plan_job(request.spec, request.image, gpus_per_node=gpus,
-                                       engine=request.engine or ENGINE_TORCHELASTIC))
+                                       engine=request.engine))
 
     def submit_job(self, plan: Plan) -> dict:
         return self.jobs.submit_job(plan.shown)

@@ -16,7 +16,7 @@ from typing import Any, Callable, Protocol
 
 from azext_elastictrain.core import arm, preflight
 from azext_elastictrain.core.errors import ArmError, ClusterNotFound
-from azext_elastictrain.core.spec import GPU_POOL, ClusterSpec
+from azext_elastictrain.core.spec import ENGINE_TORCHELASTIC, GPU_POOL, ClusterSpec
 
 IN_PROGRESS = {"creating", "updating", "upgrading", "scaling", "deleting", "accepted", "resolvingdns",
                "starting", "stopping", "migrating", "canceling"}
@@ -193,7 +193,8 @@ class AksClusters:
         title = f"[{len(steps) + 1}/{len(steps) + 1}] Kubernetes components"
         if install:
             try:
-                self._progress(f"{title}: installing etcd, operator, device plugin")
+                operator = "operator, " if ctx.spec.engine == ENGINE_TORCHELASTIC else ""
+                self._progress(f"{title}: installing etcd, {operator}device plugin")
                 applied = self._install(ctx)
                 changes.append({"step": "Kubernetes components", "action": _overall(applied),
                                 "objects": applied})
@@ -279,7 +280,8 @@ class AksClusters:
                              identity_client_id=guid(ctx.identity("clientId")),
                              tenant_id=guid(ctx.identity("tenantId")) if "identity" in ctx.found
                              else (ctx.tenant or None),
-                             checkpoint_url=self._checkpoint_url(ctx.spec, ctx.found.get("storage_account")))
+                             checkpoint_url=self._checkpoint_url(ctx.spec, ctx.found.get("storage_account")),
+                             engine=ctx.spec.engine)
 
     def _checkpoint_url(self, spec: ClusterSpec, account: dict | None) -> str:
         return spec.checkpoint_url(arm.blob_endpoint(account, spec, self.arm.storage_suffix))
@@ -370,6 +372,7 @@ class AksClusters:
             "storage": {"account": spec.storage_account_name, "container": spec.container,
                         "checkpointUrl": self._checkpoint_url(spec, account)},
             "identity": {"name": spec.identity_name},
+            "engine": spec.engine,
         }
         if account:
             aprops = account.get("properties") or {}
@@ -389,8 +392,10 @@ class AksClusters:
     def _health(self, spec: ClusterSpec, ctx: _Context) -> dict:
         """incluster.health, or every component 'unknown' (with why) where the cluster cannot be asked."""
         def unknown(reason: str) -> dict:
-            return {"state": "unknown", "components": {name: {"state": "unknown", "reason": reason} for name in (
-                "elasticjob-crd", "etcd", "operator", "nvidia-device-plugin")}}
+            names = ("elasticjob-crd", "etcd", "operator", "nvidia-device-plugin") \
+                if spec.engine == ENGINE_TORCHELASTIC else ("etcd", "nvidia-device-plugin")
+            return {"state": "unknown", "components": {name: {"state": "unknown", "reason": reason}
+                                                       for name in names}}
 
         if _provisioning_state(ctx.found.get("cluster")) in IN_PROGRESS:
             return unknown("the cluster is still being provisioned")
@@ -502,10 +507,12 @@ def _resource_group_of(resource_id: str) -> str:
 
 
 def spec_from_tags(spec: ClusterSpec, cluster: dict) -> ClusterSpec:
-    """Names the create recorded on the cluster (storage account, identity), for show and delete."""
+    """What the create recorded on the cluster (storage account, identity, engine), for show, delete and jobs.
+    A cluster made before the engine was recorded runs the operator: torchelastic."""
     tags = cluster.get("tags") or {}
     return replace(spec, storage_account=tags.get("elastictrain-storage") or spec.storage_account,
-                   identity=tags.get("elastictrain-identity") or spec.identity)
+                   identity=tags.get("elastictrain-identity") or spec.identity,
+                   engine=tags.get(arm.ENGINE_TAG) or ENGINE_TORCHELASTIC)
 
 
 def _resource_id(kind: str, ref: dict, ctx: _Context | None, subscription: str = "") -> str:

@@ -42,12 +42,16 @@ def _action(before: dict | None, after: dict) -> str:
 def health(client: KubeClient, spec: m.InClusterSpec) -> dict:
     """Each component's state (ok/degraded/missing) and reason, and ``state``: the worst of them."""
     ns = spec.namespace
-    components = {
-        "elasticjob-crd": _crd(client.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", m.ELASTICJOB_CRD)),
-        "etcd": _statefulset(client.get("apps/v1", "StatefulSet", m.ETCD_NAME, ns)),
-        "operator": _deployment(client.get("apps/v1", "Deployment", m.OPERATOR_DEPLOYMENT, ns)),
-        "nvidia-device-plugin": _daemonset(client.get("apps/v1", "DaemonSet", m.DEVICE_PLUGIN_DAEMONSET, ns)),
-    }
+    operator = spec.engine == m.ENGINE_TORCHELASTIC  # k8s-job's jobs need no operator: none installed or checked
+    components = {}
+    if operator:
+        components["elasticjob-crd"] = _crd(client.get("apiextensions.k8s.io/v1", "CustomResourceDefinition",
+                                                       m.ELASTICJOB_CRD))
+    components["etcd"] = _statefulset(client.get("apps/v1", "StatefulSet", m.ETCD_NAME, ns))
+    if operator:
+        components["operator"] = _deployment(client.get("apps/v1", "Deployment", m.OPERATOR_DEPLOYMENT, ns))
+    components["nvidia-device-plugin"] = _daemonset(client.get("apps/v1", "DaemonSet", m.DEVICE_PLUGIN_DAEMONSET,
+                                                               ns))
     states = [c["state"] for c in components.values()]
     worst = MISSING if MISSING in states else DEGRADED if DEGRADED in states else OK
     return {"state": worst, "components": components}

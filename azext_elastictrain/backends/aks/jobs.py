@@ -34,6 +34,14 @@ class GpuPoolMissing(SpecError):
     """The cluster has no GPU Spot pool for the workers to run on."""
 
 
+class EngineNotInstalled(SpecError):
+    """The engine asked for needs what the cluster was created without (the operator)."""
+
+    def __init__(self, message: str, cluster_engine: str) -> None:
+        super().__init__(message)
+        self.cluster_engine = cluster_engine
+
+
 class JobExists(SpecError):
     """An ElasticJob of that name is already in the cluster."""
 
@@ -65,10 +73,16 @@ class AksJobs:
             return render_k8s_job(job, cluster, image, run_id=run_id, gpus_per_node=gpus_per_node)
         return [render_elastic_job(job, cluster, image, run_id=run_id, gpus_per_node=gpus_per_node)]
 
-    def plan_job(self, job: JobSpec, image: str, *, gpus_per_node: int, engine: str = ENGINE_TORCHELASTIC) -> dict:
+    def plan_job(self, job: JobSpec, image: str, *, gpus_per_node: int, engine: str | None = None) -> dict:
         """What `job run` would send (the dry run): the job's objects, and where its checkpoints go. Sends
-        nothing; refuses an engine the cluster's Kubernetes cannot run."""
+        nothing. ``engine`` defaults to the cluster's (`cluster create --engine`); refuses one the cluster's
+        Kubernetes cannot run, and torchelastic on a cluster created without the operator."""
         site = self.session.site()
+        engine = engine or site.spec.engine
+        if engine == ENGINE_TORCHELASTIC and site.spec.engine != ENGINE_TORCHELASTIC:
+            raise EngineNotInstalled(
+                f"cluster {site.spec.name!r} was created with --engine {site.spec.engine}: the TorchElastic "
+                "operator that --engine torchelastic needs is not installed there", site.spec.engine)
         properties = self.session.managed_cluster().get("properties") or {}
         check_engine_supported(engine, properties.get("currentKubernetesVersion")
                                or properties.get("kubernetesVersion") or "")
