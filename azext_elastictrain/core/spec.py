@@ -243,14 +243,14 @@ class ClusterSpec:
 
     @property
     def storage_allowed_ips(self) -> list[str]:
-        """IPv4 addresses and ranges as Azure Storage takes them: a /32 or /31 range is refused, so as an address."""
+        """IPv4 addresses and ranges as Azure Storage takes them: it refuses /31 and /32 ranges, so their addresses."""
         import ipaddress
 
         ips = []
         for value in self.storage_allow:
             if not value.startswith("/"):
                 network = ipaddress.ip_network(value, strict=False)
-                ips.append(str(network.network_address) if network.prefixlen >= 31 else str(network))
+                ips += [str(a) for a in network] if network.prefixlen >= 31 else [str(network)]
         return ips
 
     def maintenance(self) -> "MaintenanceWindow | None":
