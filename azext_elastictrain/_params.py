@@ -73,7 +73,7 @@ def load_arguments(self, _):
                    help="Kubernetes version, e.g. 1.33 (default: the AKS default for the region).")
         c.argument("node_vm_size", options_list=["--node-vm-size"],
                    help="VM size of the CPU system pool (regular priority, autoscaled 1-3), which runs etcd "
-                        "and the operator. Default: Standard_D4s_v5.")
+                        "and the operator. Default: Standard_D4ds_v5 (its temp disk holds an ephemeral OS disk).")
         c.argument("gpu_vm_size", options_list=["--gpu-vm-size"],
                    help="VM size of the GPU Spot pool: a GPU size the region offers with Spot, checked "
                         "against the region's Resource SKUs before anything is created "
