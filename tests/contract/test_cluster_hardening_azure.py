@@ -46,7 +46,8 @@ def test_hardened_create_sends_each_field_and_a_rerun_sends_no_put(az, arm, grou
     for name in ("system", "gpu"):
         assert (pools[name]["osDiskType"], pools[name]["osDiskSizeGB"], pools[name]["enableEncryptionAtHost"],
                 pools[name]["maxPods"], pools[name]["vnetSubnetID"]) == ("Ephemeral", 128, True, 110, SUBNET), name
-    account = _found(arm, group, "microsoft.storage/storageaccounts/")
+    account = next(r for k, r in arm.resources.items() if k.startswith(f"/subscriptions/{SUBSCRIPTION}/resourcegroups/"
+                   f"{group.lower()}/") and r["type"] == "Microsoft.Storage/storageAccounts")
     acls = account["properties"]["networkAcls"]
     assert account["sku"]["name"] == "Standard_ZRS"
     assert (acls["defaultAction"], acls["bypass"]) == ("Deny", "AzureServices")
@@ -99,10 +100,12 @@ def test_pools_made_before_these_defaults_keep_their_disks_and_are_no_drift(az, 
     assert _puts(arm) == [], "fields fixed at a pool's creation are not put again (AKS would refuse the change)"
 
     pool["maxCount"] = 9  # a real drift: the PUT carries the pool's own disk settings, which AKS takes
+    arm.expect.update(gpu_os_disk="Managed", encryption_at_host=False)
     arm.requests.clear()
     _create(az, group, "hard4")
     assert _puts(arm) == ["agentpools"]
-    assert (pool["osDiskType"], pool["maxCount"]) == ("Managed", 3)
+    pool = _found(arm, group, "microsoft.containerservice/managedclusters/hard4/agentpools/gpu")["properties"]
+    assert (pool["osDiskType"], pool["enableEncryptionAtHost"], pool["maxCount"]) == ("Managed", False, 3)
 
 
 @pytest.mark.parametrize("args, expected", [
