@@ -63,6 +63,11 @@ def test_hardened_create_sends_each_field_and_a_rerun_sends_no_put(az, arm, grou
                     timeout=300)
     assert _puts(arm) == [], "Azure's answers (rule states, start date, pool defaults) are no drift"
     assert {c["action"] for c in again["changes"]} == {"unchanged"}
+    assert again["upgrades"] == {"upgradeChannel": "stable", "nodeOSUpgradeChannel": "NodeImage"}
+    assert again["apiServerAuthorizedIpRanges"] == ["198.51.100.0/24"]
+    assert again["storage"]["networkDefaultAction"] == "Deny"
+    assert {(p["name"], p["osDiskType"], p["encryptionAtHost"]) for p in again["pools"]} == {
+        ("system", "Ephemeral", True), ("gpu", "Ephemeral", True)}
 
 
 def test_what_a_size_lacks_is_left_to_aks_and_a_missing_feature_is_a_warning(az, arm, group):

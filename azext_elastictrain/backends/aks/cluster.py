@@ -386,6 +386,8 @@ class AksClusters:
             "fqdn": props.get("fqdn"),
             "oidcIssuerUrl": (props.get("oidcIssuerProfile") or {}).get("issuerURL"),
             "workloadIdentity": ((props.get("securityProfile") or {}).get("workloadIdentity") or {}).get("enabled"),
+            "upgrades": props.get("autoUpgradeProfile") or {},
+            "apiServerAuthorizedIpRanges": (props.get("apiServerAccessProfile") or {}).get("authorizedIPRanges") or [],
             "pools": [_pool(p) for p in props.get("agentPoolProfiles") or []],
             "storage": {"account": spec.storage_account_name, "container": spec.container,
                         "checkpointUrl": self._checkpoint_url(spec, account)},
@@ -398,6 +400,7 @@ class AksClusters:
                 "provisioningState", "minimumTlsVersion", "supportsHttpsTrafficOnly", "allowBlobPublicAccess",
                 "allowSharedKeyAccess")})
             shown["storage"]["sku"] = (account.get("sku") or {}).get("name")
+            shown["storage"]["networkDefaultAction"] = (aprops.get("networkAcls") or {}).get("defaultAction")
         if identity:
             iprops = identity.get("properties") or {}
             shown["identity"].update({"clientId": iprops.get("clientId"), "principalId": iprops.get("principalId")})
@@ -515,6 +518,7 @@ def _pool(profile: dict) -> dict:
         "count": profile.get("count"), "minCount": profile.get("minCount"), "maxCount": profile.get("maxCount"),
         "autoscale": profile.get("enableAutoScaling"), "taints": profile.get("nodeTaints") or [],
         "labels": profile.get("nodeLabels") or {}, "provisioningState": profile.get("provisioningState"),
+        "osDiskType": profile.get("osDiskType"), "encryptionAtHost": profile.get("enableEncryptionAtHost"),
     }
 
 
