@@ -10,7 +10,7 @@
 #   venv      python3 -m venv .venv (installs python3-venv via apt if needed)
 #   azurite   azurite@3.37.0 into .tools/ with npm
 #   checkov   checkov (pinned) in its own venv .tools/checkov: it pins many packages azure-cli pins otherwise
-#             (about 2 min and 290 MB once; then "ok"). Scans the planned ARM bodies in the contract tests.
+#             (86 s and 290 MB once here; then "ok"). Scans the planned ARM bodies in the contract tests.
 #   pip       azure-cli, torch (CPU wheel pinned), this package editable with [train,test];
 #             skipped while .venv/.elastictrain-stamp matches setup.py + the requirement line
 #   egg-info  elastictrain.egg-info at the repo root (az reads a dev extension's metadata there)
