@@ -122,7 +122,7 @@ long-summary: >
     where given) and a private container for checkpoints; a user-assigned managed identity; the AKS
     cluster (system pool autoscaled 1-3, OIDC issuer and workload identity on, node images upgraded
     weekly and Kubernetes by --upgrade-channel); the GPU Spot pool (taint sku=gpu:NoSchedule, autoscaled
-    --min-count to --max-count); with --maintenance-window, the window for node image upgrades; a
+    --min-count to --max-count); with --maintenance-window, the weekly window for AKS's upgrades; a
     federated credential for the training service account and a Storage Blob Data
     Contributor role assignment on the container; then, through the Kubernetes API, the namespace,
     service account, NVIDIA device plugin, etcd, operator and settings. Each step first checks what is
@@ -140,7 +140,7 @@ examples:
     text: az elastictrain cluster create -g ml-rg -n a100 --gpu-vm-size Standard_NC24ads_A100_v4 --max-price 1.5 --eviction-policy Deallocate --labels team=vision
   - name: A cluster whose jobs run as Kubernetes Indexed Jobs, with no operator installed.
     text: az elastictrain cluster create -g ml-rg -n spot-train -l eastus --engine k8s-job
-  - name: Zone-redundant checkpoints, node image upgrades on Sundays 02:00-06:00 UTC, the API server open to one address only.
+  - name: Zone-redundant checkpoints, AKS upgrades on Sundays 02:00-06:00 UTC only, the API server open to one address only.
     text: az elastictrain cluster create -g ml-rg -n spot-train -l eastus --storage-sku Standard_ZRS --maintenance-window "Sunday 02:00 4" --api-server-authorized-ips 203.0.113.7
   - name: Nodes on your subnet, checkpoint storage reachable from it and from your address only.
     text: az elastictrain cluster create -g ml-rg -n spot-train -l eastus --vnet-subnet-id /subscriptions/SUB/resourceGroups/net-rg/providers/Microsoft.Network/virtualNetworks/vnet/subnets/nodes --storage-allow 203.0.113.7

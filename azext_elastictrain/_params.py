@@ -97,8 +97,9 @@ def load_arguments(self, _):
                         "(node OS channel NodeImage). An upgrade drains nodes; elastic jobs restart from their "
                         "last checkpoint, as after an eviction.")
         c.argument("maintenance_window", options_list=["--maintenance-window"],
-                   help="A weekly window for node image upgrades, in UTC: 'DAY HH:MM HOURS', e.g. "
-                        "'Sunday 02:00 4' (4-24 hours). Default: AKS picks the time.")
+                   help="A weekly window for AKS's upgrades (node images, and Kubernetes unless --upgrade-channel "
+                        "none), in UTC: 'DAY HH:MM HOURS', e.g. 'Sunday 02:00 4' (4-24 hours). Default: AKS picks "
+                        "the time.")
         c.argument("storage_allow", nargs="+", options_list=["--storage-allow"],
                    help="Close the checkpoint storage account's network to all but these: subnet resource ids and "
                         "public IPv4 addresses or ranges (e.g. your own). Needs --vnet-subnet-id, whose subnet is "

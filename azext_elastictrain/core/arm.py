@@ -22,9 +22,10 @@ SYSTEM_POOL_MIN, SYSTEM_POOL_MAX = 1, 3
 #: Pods per node: Kubernetes' own default, sent so it is fixed at creation rather than the network plugin's (AKS
 #: takes 10-250; a GPU node runs a few training pods and the daemon sets).
 MAX_PODS = 110
-#: The maintenance configuration AKS reads for node image upgrades (nodeOSUpgradeChannel); the other reserved name,
-#: aksManagedAutoUpgradeSchedule, is the cluster upgrade channel's.
+#: The maintenance configurations AKS reads (reserved names): node image upgrades (nodeOSUpgradeChannel) and
+#: Kubernetes upgrades (upgradeChannel). --maintenance-window sets both, so no upgrade drains nodes outside it.
 NODE_OS_MAINTENANCE = "aksManagedNodeOSUpgradeSchedule"
+AUTO_UPGRADE_MAINTENANCE = "aksManagedAutoUpgradeSchedule"
 
 
 @dataclass(frozen=True)
@@ -240,8 +241,9 @@ def gpu_agent_pool(spec: ClusterSpec, hardware: NodeHardware | None = None) -> d
     return {"properties": properties}
 
 
-def node_os_maintenance(spec: ClusterSpec) -> dict:
-    """The weekly window for node image upgrades (MaintenanceConfigurations_CreateOrUpdate), in UTC."""
+def maintenance_window(spec: ClusterSpec) -> dict:
+    """The weekly window for AKS's upgrades (MaintenanceConfigurations_CreateOrUpdate), in UTC: the same body for
+    node image upgrades and Kubernetes upgrades."""
     window = spec.maintenance()
     assert window is not None, "only planned with --maintenance-window"
     return {"properties": {"maintenanceWindow": {

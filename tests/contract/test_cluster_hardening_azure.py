@@ -14,7 +14,7 @@ from tests.support.arm_server import SUBSCRIPTION
 SUBNET = (f"/subscriptions/{SUBSCRIPTION}/resourceGroups/net-rg/providers/Microsoft.Network/virtualNetworks/"
           "train-vnet/subnets/nodes")
 PLAN = ["resourcegroups", "storageaccounts", "containers", "userassignedidentities", "managedclusters", "agentpools",
-        "maintenanceconfigurations", "federatedidentitycredentials", "roleassignments"]
+        "maintenanceconfigurations", "maintenanceconfigurations", "federatedidentitycredentials", "roleassignments"]
 
 
 def _puts(arm) -> list[str]:
@@ -53,10 +53,11 @@ def test_hardened_create_sends_each_field_and_a_rerun_sends_no_put(az, arm, grou
     assert (acls["defaultAction"], acls["bypass"]) == ("Deny", "AzureServices")
     assert [r["id"] for r in acls["virtualNetworkRules"]] == [SUBNET], "the nodes' subnet may reach checkpoints"
     assert [r["value"] for r in acls["ipRules"]] == ["198.51.100.7", "203.0.113.0/24"]
-    window = _found(arm, group, "microsoft.containerservice/managedclusters/hard1/maintenanceconfigurations/"
-                                "aksmanagednodeosupgradeschedule")["properties"]["maintenanceWindow"]
-    assert (window["schedule"], window["durationHours"], window["startTime"], window["utcOffset"]) == (
-        {"weekly": {"intervalWeeks": 1, "dayOfWeek": "Sunday"}}, 5, "02:00", "+00:00")
+    for name in ("aksmanagednodeosupgradeschedule", "aksmanagedautoupgradeschedule"):  # node images, Kubernetes
+        window = _found(arm, group, f"microsoft.containerservice/managedclusters/hard1/maintenanceconfigurations/"
+                                    f"{name}")["properties"]["maintenanceWindow"]
+        assert (window["schedule"], window["durationHours"], window["startTime"], window["utcOffset"]) == (
+            {"weekly": {"intervalWeeks": 1, "dayOfWeek": "Sunday"}}, 5, "02:00", "+00:00"), name
 
     arm.requests.clear()
     again = az.json("elastictrain", "cluster", "create", "-g", group, "-n", "hard1", "-l", "eastus", *options[:-2],

@@ -528,6 +528,9 @@ class ArmServer:
         channel = ((cluster["properties"].get("autoUpgradeProfile") or {}).get("nodeOSUpgradeChannel") or "None")
         if name == "aksManagedNodeOSUpgradeSchedule" and channel in ("None", "Unmanaged"):
             return "InvalidParameter", f"aksManagedNodeOSUpgradeSchedule needs a node OS upgrade channel (is {channel})"
+        upgrades = (cluster["properties"].get("autoUpgradeProfile") or {}).get("upgradeChannel") or "none"
+        if name == "aksManagedAutoUpgradeSchedule" and upgrades == "none":
+            return "InvalidParameter", "aksManagedAutoUpgradeSchedule needs an upgrade channel (is none)"
         window = props.get("maintenanceWindow") or {}
         schedule = window.get("schedule") or {}
         weekly = schedule.get("weekly") or {}

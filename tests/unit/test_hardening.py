@@ -133,7 +133,7 @@ def test_new_fields_are_named_as_in_the_official_examples_and_fit_the_sdk_models
     assert "properties.enableEncryptionAtHost" in example_paths("AgentPoolsCreate_EnableEncryptionAtHost.json")
     assert_named_like_azure(pool, ("AgentPoolsCreate_Spot.json", "AgentPoolsCreate_Ephemeral.json",
                                    "AgentPoolsCreate_EnableEncryptionAtHost.json"), "azure.mgmt.containerservice")
-    window = arm.node_os_maintenance(HARDENED)
+    window = arm.maintenance_window(HARDENED)
     ex = example("MaintenanceConfigurationsCreate_Update_MaintenanceWindow.json")
     assert paths(window) <= example_paths("MaintenanceConfigurationsCreate_Update_MaintenanceWindow.json")
     assert set(window["properties"]["maintenanceWindow"]["schedule"]) == set(
@@ -225,3 +225,15 @@ def test_network_rules_azure_answers_with_a_state_are_no_drift_but_a_missing_rul
     assert arm.differences(wanted, answered) == []
     acls["ipRules"].pop()
     assert arm.differences(wanted, answered) == ["properties.networkAcls.ipRules"]
+
+
+def test_the_window_covers_kubernetes_upgrades_too_unless_none_upgrades_kubernetes():
+    from azext_elastictrain.backends.aks.cluster import plan_steps
+
+    def windows(spec):
+        return [s.ref["name"] for s in plan_steps(spec, SUB) if s.kind == "maintenance_configuration"]
+
+    assert windows(HARDENED) == ["aksManagedNodeOSUpgradeSchedule", "aksManagedAutoUpgradeSchedule"]
+    assert windows(ClusterSpec("c", "rg", maintenance_window="Sunday 02:00 4", upgrade_channel="none")) == [
+        "aksManagedNodeOSUpgradeSchedule"]
+    assert windows(ClusterSpec("c", "rg")) == [], "no window asked: AKS picks the time"

@@ -109,15 +109,25 @@ def plan_steps(spec: ClusterSpec, subscription: str) -> list[Step]:
              lambda c: arm.managed_cluster(c.spec, c.hardware), long_running=True),
         Step("GPU Spot pool", "agent_pool", {"resource_group": rg, "cluster": spec.name, "name": GPU_POOL},
              lambda c: arm.gpu_agent_pool(c.spec, c.hardware), long_running=True),
-        *([Step("node image maintenance window", "maintenance_configuration",
-                {"resource_group": rg, "cluster": spec.name, "name": arm.NODE_OS_MAINTENANCE},
-                lambda c: arm.node_os_maintenance(c.spec))] if spec.maintenance_window else []),
+        *[Step(title, "maintenance_configuration", {"resource_group": rg, "cluster": spec.name, "name": name},
+               lambda c: arm.maintenance_window(c.spec)) for title, name in _maintenance(spec)],
         Step("federated credential", "federated_credential",
              {"resource_group": rg, "identity": spec.identity_name, "name": arm.federated_credential_name(spec)},
              lambda c: arm.federated_credential(c.spec, c.issuer())),
         Step("role assignment", "role_assignment", role_ref,
              lambda c: arm.role_assignment(c.subscription, c.identity("principalId"))),
     ]
+
+
+def _maintenance(spec: ClusterSpec) -> list[tuple[str, str]]:
+    """(step title, configuration name) of the windows --maintenance-window sets: node images always, Kubernetes
+    upgrades where a channel upgrades it."""
+    if not spec.maintenance_window:
+        return []
+    windows = [("node image upgrade window", arm.NODE_OS_MAINTENANCE)]
+    if spec.upgrade_channel != "none":
+        windows.append(("Kubernetes upgrade window", arm.AUTO_UPGRADE_MAINTENANCE))
+    return windows
 
 
 def _hardware(spec: ClusterSpec, checked: "preflight.PreflightResult | None") -> arm.NodeHardware:
