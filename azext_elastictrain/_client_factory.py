@@ -28,6 +28,11 @@ def cf_containerservice(cli_ctx, *_):
     return _mgmt_client(cli_ctx, "MGMT_CONTAINERSERVICE")
 
 
+def cf_features(cli_ctx, *_):
+    """Microsoft.Features: whether the subscription registered a preview feature (e.g. EncryptionAtHost)."""
+    return _mgmt_client(cli_ctx, "MGMT_RESOURCE_FEATURES")
+
+
 def cf_authorization(cli_ctx, *_):
     return _mgmt_client(cli_ctx, "MGMT_AUTHORIZATION")
 

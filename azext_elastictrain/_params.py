@@ -2,11 +2,10 @@
 from azure.cli.core.commands.parameters import get_enum_type, get_three_state_flag
 
 JOB_STATES = ["Running", "Succeeded", "Failed", "Stopped"]
-STORAGE_SKUS = ["Standard_LRS", "Standard_ZRS", "Standard_GRS", "Standard_RAGRS", "Premium_LRS"]
 
 
 def load_arguments(self, _):
-    from azext_elastictrain.core.spec import ENGINES  # pure and stdlib only: cheap to load
+    from azext_elastictrain.core.spec import ENGINES, STORAGE_SKUS, UPGRADE_CHANNELS  # pure, stdlib only: cheap
 
     with self.argument_context("elastictrain checkpoint") as c:
         c.argument(
@@ -67,12 +66,14 @@ def load_arguments(self, _):
                    help="Name of the checkpoint storage account: 3-24 lowercase letters and digits, unique in "
                         "Azure. Default: 'et' + the cluster name + a stable hash.")
         c.argument("storage_sku", arg_type=get_enum_type(STORAGE_SKUS), options_list=["--storage-sku"],
-                   help="Redundancy of the checkpoint storage account (default: Standard_LRS).")
+                   help="Redundancy of the checkpoint storage account (default: Standard_LRS). Standard_ZRS "
+                        "keeps checkpoints through the loss of a zone of the region; the GZRS/GRS ones copy them "
+                        "to a second region too (asynchronously, at about twice the price).")
         c.argument("kubernetes_version", options_list=["--kubernetes-version", "-k"],
                    help="Kubernetes version, e.g. 1.33 (default: the AKS default for the region).")
         c.argument("node_vm_size", options_list=["--node-vm-size"],
                    help="VM size of the CPU system pool (regular priority, autoscaled 1-3), which runs etcd "
-                        "and the operator. Default: Standard_D4s_v5.")
+                        "and the operator. Default: Standard_D4ds_v5 (its temp disk holds an ephemeral OS disk).")
         c.argument("gpu_vm_size", options_list=["--gpu-vm-size"],
                    help="VM size of the GPU Spot pool: a GPU size the region offers with Spot, checked "
                         "against the region's Resource SKUs before anything is created "
@@ -90,6 +91,31 @@ def load_arguments(self, _):
                         "(the disk stays and counts against quota).")
         c.argument("labels", nargs="+", options_list=["--labels"],
                    help="Extra Kubernetes labels for the GPU nodes, space-separated KEY=VALUE pairs.")
+        c.argument("upgrade_channel", arg_type=get_enum_type(UPGRADE_CHANNELS), options_list=["--upgrade-channel"],
+                   help="How AKS upgrades Kubernetes by itself: patch (default: the newest patch of the minor "
+                        "version), stable, rapid, or none. Node images are upgraded weekly either way "
+                        "(node OS channel NodeImage). An upgrade drains nodes; elastic jobs restart from their "
+                        "last checkpoint, as after an eviction.")
+        c.argument("maintenance_window", options_list=["--maintenance-window"],
+                   help="A weekly window for AKS's upgrades (node images, and Kubernetes unless --upgrade-channel "
+                        "none), in UTC: 'DAY HH:MM HOURS', e.g. 'Sunday 02:00 4' (4-24 hours). Default: AKS picks "
+                        "the time.")
+        c.argument("storage_allow", nargs="+", options_list=["--storage-allow"],
+                   help="Close the checkpoint storage account's network to all but these: subnet resource ids and "
+                        "public IPv4 addresses or ranges (e.g. your own). Needs --vnet-subnet-id, whose subnet is "
+                        "allowed first (the nodes reach storage from inside the region, where IP rules do not "
+                        "apply). Default: reachable from any network, Entra ID still required.")
+        c.argument("vnet_subnet", options_list=["--vnet-subnet-id"],
+                   help="Resource id of an existing subnet for both pools' nodes (with the Microsoft.Storage "
+                        "service endpoint where --storage-allow is used). Default: AKS makes its own virtual "
+                        "network.")
+        c.argument("api_server_authorized_ips", nargs="+", options_list=["--api-server-authorized-ips"],
+                   help="Public IPv4 addresses or ranges allowed to reach the Kubernetes API server, e.g. your "
+                        "own. Default: any address (the API server still wants an Entra ID token).")
+        c.argument("encryption_at_host", arg_type=get_three_state_flag(), options_list=["--encryption-at-host"],
+                   help="Encrypt the nodes' temp disks, caches and disk traffic on the host. Default: on where the "
+                        "VM size supports it and the subscription registered Microsoft.Compute/EncryptionAtHost; "
+                        "true: required (an error otherwise); false: off.")
         c.argument("dry_run", arg_type=get_three_state_flag(), options_list=["--dry-run"],
                    help="Print the whole plan - every ARM request body and Kubernetes object - and call nothing.")
         c.argument("engine", arg_type=get_enum_type(ENGINES), options_list=["--engine"],

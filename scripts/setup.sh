@@ -9,6 +9,8 @@
 #   etcd      Debian's etcd-server (etcd 3.4, has --enable-v2) unless `etcd` is on PATH
 #   venv      python3 -m venv .venv (installs python3-venv via apt if needed)
 #   azurite   azurite@3.37.0 into .tools/ with npm
+#   checkov   checkov (pinned) in its own venv .tools/checkov: it pins many packages azure-cli pins otherwise
+#             (86 s and 290 MB once here; then "ok"). Scans the planned ARM bodies in the contract tests.
 #   pip       azure-cli, torch (CPU wheel pinned), this package editable with [train,test];
 #             skipped while .venv/.elastictrain-stamp matches setup.py + the requirement line
 #   egg-info  elastictrain.egg-info at the repo root (az reads a dev extension's metadata there)
@@ -25,6 +27,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
 cd "$ROOT"
 
 AZURITE_VERSION="3.37.0"
+CHECKOV_VERSION="3.3.30"
+CHECKOV_VENV=".tools/checkov"
 PIP_REQUIREMENTS=(azure-cli==2.91.0 torch==2.13.0 -e ".[train,test]")
 VENV=".venv"
 STAMP="$VENV/.elastictrain-stamp"
@@ -92,6 +96,25 @@ else
         || { show_log_tail "$log"; die "npm install azurite@$AZURITE_VERSION failed"; }
     [ -x "$AZURITE_BIN" ] || die "npm finished but $AZURITE_BIN is missing"
     say azurite "installed azurite@$AZURITE_VERSION into .tools in $(elapsed "$t0")"
+fi
+
+# --- checkov -----------------------------------------------------------------
+# Its own venv: checkov pins boto3, networkx, pydantic, ... at versions azure-cli's .venv must not get.
+if [ -x "$CHECKOV_VENV/bin/checkov" ] && [ "$(cat "$CHECKOV_VENV/.version" 2>/dev/null)" = "$CHECKOV_VERSION" ]; then
+    say checkov "ok (checkov $CHECKOV_VERSION in $CHECKOV_VENV)"
+else
+    command -v python3 >/dev/null 2>&1 || die "python3 not found"
+    t0=$(now_ms)
+    log="$LOG_DIR/checkov.log"
+    if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+        apt_install python3-venv
+    fi
+    { python3 -m venv --clear "$CHECKOV_VENV" \
+      && "$CHECKOV_VENV/bin/python" -m pip install --disable-pip-version-check ${ELASTICTRAIN_PIP_ARGS:-} \
+             "checkov==$CHECKOV_VERSION"; } >"$log" 2>&1 \
+        || { show_log_tail "$log"; die "installing checkov==$CHECKOV_VERSION into $CHECKOV_VENV failed"; }
+    printf '%s\n' "$CHECKOV_VERSION" >"$CHECKOV_VENV/.version"
+    say checkov "installed checkov $CHECKOV_VERSION into $CHECKOV_VENV in $(elapsed "$t0")"
 fi
 
 # --- venv --------------------------------------------------------------------

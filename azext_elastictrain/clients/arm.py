@@ -81,6 +81,13 @@ class AzureArm:
                                r["resource_group"], r["cluster"], r["name"], b, **k),
                            lambda c, r, **k: c.agent_pools.begin_delete(r["resource_group"], r["cluster"], r["name"],
                                                                         **k)),
+            "maintenance_configuration": ("containerservice",
+                                          lambda c, r, **k: c.maintenance_configurations.get(
+                                              r["resource_group"], r["cluster"], r["name"], **k),
+                                          lambda c, r, b, **k: c.maintenance_configurations.create_or_update(
+                                              r["resource_group"], r["cluster"], r["name"], b, **k),
+                                          lambda c, r, **k: c.maintenance_configurations.delete(
+                                              r["resource_group"], r["cluster"], r["name"], **k)),
             "role_assignment": ("authorization",
                                 lambda c, r, **k: c.role_assignments.get(r["scope"], r["name"], **k),
                                 lambda c, r, b, **k: c.role_assignments.create(r["scope"], r["name"], b, **k),
@@ -151,6 +158,20 @@ class AzureArm:
         client = self._compute(self.subscription)
         with _arm_errors():
             return [_wire(usage) for usage in client.usage.list(location)]
+
+    def feature_state(self, namespace: str, feature: str) -> str:
+        """The subscription's registration of a feature ('Registered', 'NotRegistered', ...); 'NotRegistered'
+        where ARM does not know it."""
+        from azext_elastictrain.core.errors import ArmError
+
+        try:
+            with _arm_errors():
+                found = self._client("features").features.get(namespace, feature, cls=_raw)
+        except ArmError as ex:
+            if ex.status == 404:
+                return "NotRegistered"
+            raise
+        return str(((found or {}).get("properties") or {}).get("state") or "NotRegistered")
 
     def _compute(self, subscription: str):
         key = f"compute:{subscription.lower()}"

@@ -6,8 +6,10 @@ them field by field with the examples and the test server checks the same fields
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass, field
 
-from azext_elastictrain.core.spec import GPU_TAINT, SYSTEM_POOL, ClusterSpec
+from azext_elastictrain.core.preflight import PoolHardware
+from azext_elastictrain.core.spec import GPU_TAINT, NODE_OS_UPGRADE_CHANNEL, SYSTEM_POOL, ClusterSpec
 
 #: Built-in role: read, write and delete blobs and containers (no keys, no account management).
 STORAGE_BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
@@ -17,6 +19,22 @@ TOKEN_EXCHANGE_AUDIENCE = "api://AzureADTokenExchange"
 TAG = "elastictrain"
 ENGINE_TAG = TAG + "-engine"
 SYSTEM_POOL_MIN, SYSTEM_POOL_MAX = 1, 3
+#: Pods per node: Kubernetes' own default, sent so it is fixed at creation rather than the network plugin's (AKS
+#: takes 10-250; a GPU node runs a few training pods and the daemon sets).
+MAX_PODS = 110
+#: The maintenance configurations AKS reads (reserved names): node image upgrades (nodeOSUpgradeChannel) and
+#: Kubernetes upgrades (upgradeChannel). --maintenance-window sets both, so no upgrade drains nodes outside it.
+NODE_OS_MAINTENANCE = "aksManagedNodeOSUpgradeSchedule"
+AUTO_UPGRADE_MAINTENANCE = "aksManagedAutoUpgradeSchedule"
+
+
+@dataclass(frozen=True)
+class NodeHardware:
+    """What the region's Resource SKUs say each pool's size allows (core.preflight.pool_hardware); unknown (a dry
+    run without login): nothing sent, AKS's defaults."""
+
+    system: PoolHardware = field(default_factory=PoolHardware)
+    gpu: PoolHardware = field(default_factory=PoolHardware)
 
 
 def tags(spec: ClusterSpec) -> dict[str, str]:
@@ -82,7 +100,11 @@ def resource_group(spec: ClusterSpec) -> dict:
 
 
 def storage_account(spec: ClusterSpec) -> dict:
-    """StorageV2, HTTPS only, TLS 1.2, no anonymous blob access, no shared keys: Entra ID only."""
+    """StorageV2, HTTPS only, TLS 1.2, no anonymous blob access, no shared keys: Entra ID only.
+
+    The network: open (Entra ID still decides who reads and writes) unless ``--storage-allow`` lists who may reach
+    it, the nodes' subnet first; trusted Azure services pass either way (``bypass``; AKS's own are not among them).
+    """
     return {
         "sku": {"name": spec.storage_sku},
         "kind": "StorageV2",
@@ -95,12 +117,21 @@ def storage_account(spec: ClusterSpec) -> dict:
             "allowSharedKeyAccess": False,
             "defaultToOAuthAuthentication": True,
             "accessTier": "Hot",
+            "networkAcls": storage_network_rules(spec),
             "encryption": {
                 "keySource": "Microsoft.Storage",
                 "services": {"blob": {"enabled": True, "keyType": "Account"}},
             },
         },
     }
+
+
+def storage_network_rules(spec: ClusterSpec) -> dict:
+    rules: dict = {"bypass": "AzureServices", "defaultAction": "Deny" if spec.storage_allow else "Allow"}
+    if spec.storage_allow:
+        rules["virtualNetworkRules"] = [{"id": subnet, "action": "Allow"} for subnet in spec.storage_allowed_subnets]
+        rules["ipRules"] = [{"value": ip, "action": "Allow"} for ip in spec.storage_allowed_ips]
+    return rules
 
 
 def blob_container(spec: ClusterSpec) -> dict:
@@ -111,7 +142,22 @@ def user_assigned_identity(spec: ClusterSpec) -> dict:
     return {"location": spec.location, "tags": tags(spec)}
 
 
-def system_pool_profile(spec: ClusterSpec) -> dict:
+def _pool_hardening(spec: ClusterSpec, hardware: PoolHardware) -> dict:
+    """Fixed at a pool's creation (CREATION_ONLY_POOL_FIELDS): pods per node, the subnet, the OS disk (ephemeral:
+    on the host, no remote disk to attach, re-image and boot faster), host encryption (temp disks and caches)."""
+    fields: dict = {"maxPods": MAX_PODS}
+    if spec.vnet_subnet:
+        fields["vnetSubnetID"] = spec.vnet_subnet
+    if hardware.os_disk_type:
+        fields["osDiskType"] = hardware.os_disk_type
+    if hardware.os_disk_gib:
+        fields["osDiskSizeGB"] = hardware.os_disk_gib
+    if hardware.encryption_at_host:
+        fields["enableEncryptionAtHost"] = True
+    return fields
+
+
+def system_pool_profile(spec: ClusterSpec, hardware: PoolHardware | None = None) -> dict:
     """The CPU pool: runs etcd and the operator, so it is never Spot (they must survive evictions)."""
     profile = {
         "name": SYSTEM_POOL,
@@ -123,18 +169,26 @@ def system_pool_profile(spec: ClusterSpec) -> dict:
         "enableAutoScaling": True,
         "minCount": SYSTEM_POOL_MIN,
         "maxCount": SYSTEM_POOL_MAX,
+        **_pool_hardening(spec, hardware or PoolHardware()),
     }
     if spec.kubernetes_version:
         profile["orchestratorVersion"] = spec.kubernetes_version
     return profile
 
 
-def managed_cluster(spec: ClusterSpec) -> dict:
-    """The AKS cluster with its system pool; OIDC issuer and workload identity on for keyless storage."""
+def managed_cluster(spec: ClusterSpec, hardware: NodeHardware | None = None) -> dict:
+    """The AKS cluster with its system pool; OIDC issuer and workload identity on for keyless storage.
+
+    Upgrades come by themselves: the node image weekly (security fixes, ``nodeOSUpgradeChannel``, in the maintenance
+    window where one is given) and Kubernetes by ``--upgrade-channel`` (patch releases by default). An upgrade drains
+    nodes, which an elastic job survives as it survives an eviction (it restarts from its last checkpoint).
+    """
+    hardware = hardware or NodeHardware()
     properties = {
         "dnsPrefix": spec.dns_prefix,
         "enableRBAC": True,
-        "agentPoolProfiles": [system_pool_profile(spec)],
+        "agentPoolProfiles": [system_pool_profile(spec, hardware.system)],
+        "autoUpgradeProfile": {"upgradeChannel": spec.upgrade_channel, "nodeOSUpgradeChannel": NODE_OS_UPGRADE_CHANNEL},
         "oidcIssuerProfile": {"enabled": True},
         "securityProfile": {"workloadIdentity": {"enabled": True}},
         # A network policy engine, so the NetworkPolicy that admits only training workers to etcd is
@@ -145,6 +199,8 @@ def managed_cluster(spec: ClusterSpec) -> dict:
     }
     if spec.kubernetes_version:
         properties["kubernetesVersion"] = spec.kubernetes_version
+    if spec.api_server_authorized_ips:
+        properties["apiServerAccessProfile"] = {"authorizedIPRanges": list(spec.api_server_authorized_ips)}
     return {
         "location": spec.location,
         # the names of the cluster's storage account and identity, for show and delete to find them; the engine
@@ -157,7 +213,7 @@ def managed_cluster(spec: ClusterSpec) -> dict:
     }
 
 
-def gpu_agent_pool(spec: ClusterSpec) -> dict:
+def gpu_agent_pool(spec: ClusterSpec, hardware: NodeHardware | None = None) -> dict:
     """The GPU Spot pool: autoscaled from --min-count (0: no cost while idle) to --max-count.
 
     Only pods that tolerate ``sku=gpu:NoSchedule`` (the training workers, the device plugin) land here;
@@ -178,10 +234,21 @@ def gpu_agent_pool(spec: ClusterSpec) -> dict:
         "nodeTaints": [GPU_TAINT],
         "nodeLabels": spec.gpu_labels(),
         "tags": tags(spec),
+        **_pool_hardening(spec, (hardware or NodeHardware()).gpu),
     }
     if spec.kubernetes_version:
         properties["orchestratorVersion"] = spec.kubernetes_version
     return {"properties": properties}
+
+
+def maintenance_window(spec: ClusterSpec) -> dict:
+    """The weekly window for AKS's upgrades (MaintenanceConfigurations_CreateOrUpdate), in UTC: the same body for
+    node image upgrades and Kubernetes upgrades."""
+    window = spec.maintenance()
+    assert window is not None, "only planned with --maintenance-window"
+    return {"properties": {"maintenanceWindow": {
+        "schedule": {"weekly": {"intervalWeeks": 1, "dayOfWeek": window.day}},
+        "durationHours": window.hours, "utcOffset": "+00:00", "startTime": window.start}}}
 
 
 def federated_credential(spec: ClusterSpec, issuer: str) -> dict:
@@ -196,6 +263,31 @@ def role_assignment(subscription: str, principal_id: str) -> dict:
 
 
 # --------------------------------------------------------------------------- is what is there right?
+
+
+#: Pool fields AKS takes only when it creates a pool: a PUT on an existing pool must carry what is there, so a pool
+#: made before a default changed (or by hand) keeps them and is no drift for them.
+CREATION_ONLY_POOL_FIELDS = ("osDiskType", "osDiskSizeGB", "enableEncryptionAtHost", "maxPods", "vnetSubnetID")
+
+
+def as_existing(body: dict, found: dict | None) -> dict:
+    """``body`` for a resource that ``found`` is: the creation-only fields of its pools as they are there."""
+    if not found:
+        return body
+    import copy
+
+    body = copy.deepcopy(body)
+    props, there = body.get("properties") or {}, found.get("properties") or {}
+    pools = [(props, there)] if "vmSize" in props else []  # an agent pool resource
+    existing = {str(p.get("name", "")).lower(): p for p in there.get("agentPoolProfiles") or []}
+    pools += [(p, existing[p["name"].lower()]) for p in props.get("agentPoolProfiles") or []
+              if p.get("name", "").lower() in existing]
+    for wanted, have in pools:
+        for key in CREATION_ONLY_POOL_FIELDS:
+            wanted.pop(key, None)
+            if have.get(key) is not None:
+                wanted[key] = have[key]
+    return body
 
 
 #: Lists where the service adds entries of its own: ours must be among Azure's, extra ones are not drift.
@@ -224,6 +316,7 @@ def differences(wanted: dict, actual: dict, path: str = "") -> list[str]:
       casing (``/resourcegroups/``, ``East US`` vs ``eastus``, ``spot``), so they compare without case and
       spaces; values in ``CASE_SENSITIVE`` fields are data and compare exactly.
     * **Numbers** compare by value (``-1`` and ``-1.0`` are one price); booleans only with booleans.
+    * **Objects in lists** (storage network rules) compare as objects: Azure adds a ``state`` to each rule.
     """
     return _differences(wanted, actual, path, exact=False)
 
@@ -262,6 +355,8 @@ def _same_list(wanted: list, actual, *, subset: bool, exact: bool) -> bool:
 
 
 def _same(wanted, actual, *, exact: bool = False) -> bool:
+    if isinstance(wanted, dict) and isinstance(actual, dict):  # a list entry: ours in Azure's (it adds read-only
+        return not _differences(wanted, actual, "", exact)    # fields, e.g. a network rule's state)
     if isinstance(wanted, str) and isinstance(actual, str):
         if exact:
             return wanted == actual

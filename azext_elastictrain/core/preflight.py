@@ -10,7 +10,12 @@ Before anything is created, the answers of two read-only APIs decide:
   (``lowPriorityCores``) left covers ``--max-count`` x the size's ``vCPUs``. Short is a warning, not an error:
   the pool is created and grows as far as the quota allows (the autoscaler's scale-ups beyond fail).
 
-The caller fetches both lists (wire format, camelCase, as in the official examples) and passes them here.
+The same Resource SKUs entries tell what the node sizes' disks allow (``EphemeralOSDiskSupported``,
+``CachedDiskBytes``, ``MaxResourceVolumeMB``, ``EncryptionAtHostSupported``): ``node_hardware`` turns them into the
+pools' OS disk and host encryption. Encryption at host also needs the subscription's ``Microsoft.Compute/
+EncryptionAtHost`` feature registered (Microsoft.Features), which the caller reads when a size supports it.
+
+The caller fetches the lists (wire format, camelCase, as in the official examples) and passes them here.
 """
 from __future__ import annotations
 
@@ -47,6 +52,10 @@ class VmSize:
     zones: tuple[str, ...] = ()
     restricted_zones: tuple[str, ...] = ()
     location_restricted: bool = False
+    ephemeral_os_disk: bool = False  # EphemeralOSDiskSupported
+    cache_gib: float = 0.0  # CachedDiskBytes: the host cache an ephemeral OS disk can live in
+    temp_disk_gib: float = 0.0  # MaxResourceVolumeMB: the local temp disk, the other place it can live
+    encryption_at_host: bool = False  # EncryptionAtHostSupported
 
     @property
     def available(self) -> bool:
@@ -64,11 +73,84 @@ class PreflightResult:
     spot_vcpus_needed: int
     spot_vcpus_free: int | None  # None: the Usage API does not list lowPriorityCores here
     warnings: list[str] = field(default_factory=list)
+    gpu: VmSize | None = None  # the sizes as the region's Resource SKUs describe them
+    system: VmSize | None = None  # None: the region does not list the system pool's size
+    encryption_at_host_registered: bool | None = None  # None: not asked (no size supports it, or it is off)
 
     def as_dict(self) -> dict:
         return {"location": self.location, "gpuVmSize": self.gpu_vm_size, "vCPUs": self.vcpus,
                 "spotVcpusNeeded": self.spot_vcpus_needed, "spotVcpusFree": self.spot_vcpus_free,
                 "warnings": list(self.warnings)}
+
+
+#: The OS disk size an ephemeral OS disk gets at most (AKS's usual default) and at least (the node image, the
+#: container images of a GPU training job - CUDA images are several GiB - and their layers must fit).
+OS_DISK_GIB = 128
+MIN_EPHEMERAL_OS_DISK_GIB = 64
+ENCRYPTION_AT_HOST_FEATURE = ("Microsoft.Compute", "EncryptionAtHost")
+ENCRYPTION_AT_HOST_DOCS = "https://learn.microsoft.com/azure/aks/enable-host-encryption"
+
+
+@dataclass(frozen=True)
+class PoolHardware:
+    """What a pool's size allows: its OS disk (None: AKS's default) and host encryption."""
+
+    os_disk_type: str | None = None  # "Ephemeral" or "Managed"
+    os_disk_gib: int | None = None
+    encryption_at_host: bool | None = None  # None: not sent (AKS's default, off)
+
+    def as_dict(self) -> dict:
+        return {"osDiskType": self.os_disk_type, "osDiskSizeGB": self.os_disk_gib,
+                "encryptionAtHost": self.encryption_at_host}
+
+
+def os_disk(size: VmSize | None) -> tuple[str | None, int | None]:
+    """An ephemeral OS disk where the size has one and a host cache or temp disk of at least
+    ``MIN_EPHEMERAL_OS_DISK_GIB`` to hold it (AKS places it in the cache, else on the temp disk), sized to fit, at
+    most ``OS_DISK_GIB``; else a managed disk. (None, None) where the size is not known (a dry run without login)."""
+    if size is None:
+        return None, None
+    room = int(max(size.cache_gib, size.temp_disk_gib))
+    if size.ephemeral_os_disk and room >= MIN_EPHEMERAL_OS_DISK_GIB:
+        return "Ephemeral", min(OS_DISK_GIB, room)
+    return "Managed", None
+
+
+def pool_hardware(size: VmSize | None, encryption_at_host: bool | None, registered: bool | None) -> PoolHardware:
+    """The pool's OS disk from its size; host encryption as asked (``encryption_at_host``), or where unasked (None)
+    where the size supports it and the subscription has the feature registered."""
+    disk_type, disk_gib = os_disk(size)
+    if encryption_at_host is None:
+        encryption = True if (size is not None and size.encryption_at_host and registered) else None
+    else:
+        encryption = encryption_at_host or None  # False: AKS's default, not sent
+    return PoolHardware(disk_type, disk_gib, encryption)
+
+
+def check_encryption_at_host(asked: bool | None, sizes: list[VmSize], registered: bool | None) -> list[str]:
+    """Raise where host encryption is asked for (True) and a size or the subscription lacks it; the notes to show
+    where it is left off by default (None) for want of the subscription's feature."""
+    if asked is False:
+        return []
+    lacking = [s.name for s in sizes if not s.encryption_at_host]
+    namespace, feature = ENCRYPTION_AT_HOST_FEATURE
+    register = (f"'az feature register --namespace {namespace} --name {feature}', then 'az provider register -n "
+                f"{namespace}' ({ENCRYPTION_AT_HOST_DOCS})")
+    if asked:
+        if lacking:
+            raise PreflightError(f"--encryption-at-host: VM size(s) {', '.join(lacking)} do not support encryption "
+                                 "at host (Resource SKUs: EncryptionAtHostSupported is not True)",
+                                 "Pick sizes that support it, or leave --encryption-at-host out (it is then on "
+                                 "where the size supports it).")
+        if registered is False:
+            raise PreflightError(f"--encryption-at-host: the subscription has not registered the feature "
+                                 f"{namespace}/{feature}", f"Register it: {register}.")
+        return []
+    if registered is False and len(lacking) < len(sizes):
+        return [f"Encryption at host stays off: the subscription has not registered {namespace}/{feature}. To "
+                f"encrypt the nodes' temp disks and caches, register it: {register}, before creating the cluster "
+                "(it cannot be turned on for an existing pool)."]
+    return []
 
 
 def vm_sizes(resource_skus: list[dict], location: str) -> dict[str, VmSize]:
@@ -96,7 +178,11 @@ def vm_sizes(resource_skus: list[dict], location: str) -> dict[str, VmSize]:
             gpus=_whole(capabilities.get("gpus")),
             spot_capable=capabilities.get("lowprioritycapable", "").lower() == "true",
             zones=tuple(info.get("zones") or ()), restricted_zones=tuple(sorted(restricted_zones)),
-            location_restricted=location_restricted)
+            location_restricted=location_restricted,
+            ephemeral_os_disk=capabilities.get("ephemeralosdisksupported", "").lower() == "true",
+            cache_gib=_whole(capabilities.get("cacheddiskbytes")) / 2**30,
+            temp_disk_gib=_whole(capabilities.get("maxresourcevolumemb")) / 1024,
+            encryption_at_host=capabilities.get("encryptionathostsupported", "").lower() == "true")
     return sizes
 
 
@@ -106,9 +192,17 @@ def spot_gpu_sizes(sizes: dict[str, VmSize]) -> list[str]:
 
 
 def check(gpu_vm_size: str, max_count: int, location: str, resource_skus: list[dict],
-          usages: list[dict]) -> PreflightResult:
+          usages: list[dict], system_vm_size: str = "") -> PreflightResult:
     """Raise PreflightError where the size cannot run a Spot pool in the region; warn where quota is short."""
     sizes = vm_sizes(resource_skus, location)
+    result = _check_gpu(sizes, gpu_vm_size, max_count, location, usages)
+    result.gpu = sizes[gpu_vm_size.lower()]
+    result.system = sizes.get(system_vm_size.lower()) if system_vm_size else None
+    return result
+
+
+def _check_gpu(sizes: dict[str, VmSize], gpu_vm_size: str, max_count: int, location: str,
+               usages: list[dict]) -> PreflightResult:
     size = sizes.get(gpu_vm_size.lower())
     instead = _instead(sizes, location)
     if size is None:
@@ -167,14 +261,24 @@ class RegionApi(Protocol):
     def get(self, kind: str, ref: dict) -> dict | None: ...
     def resource_skus(self, location: str) -> list[dict]: ...
     def usages(self, location: str) -> list[dict]: ...
+    def feature_state(self, namespace: str, feature: str) -> str: ...  # Microsoft.Features: e.g. "Registered"
 
 
-def run(arm_client: RegionApi, gpu_vm_size: str, max_count: int, location: str, resource_group: str) -> PreflightResult | None:
-    """Fetch both lists through the backend's Arm (GETs only) and ``check``. ``location`` empty: the resource
-    group's; None when neither is known yet (the create then fails on the resource group, asking for -l)."""
+def run(arm_client: RegionApi, gpu_vm_size: str, max_count: int, location: str, resource_group: str,
+        system_vm_size: str = "", encryption_at_host: bool | None = None) -> PreflightResult | None:
+    """Fetch the lists through the backend's Arm (GETs only) and ``check``. ``location`` empty: the resource
+    group's; None when neither is known yet (the create then fails on the resource group, asking for -l).
+    Where host encryption may be on (not ``False``) and a size supports it, the feature's registration is read."""
     if not location:
         group = arm_client.get("resource_group", {"resource_group": resource_group})
         location = (group or {}).get("location", "")
         if not location:
             return None
-    return check(gpu_vm_size, max_count, location, arm_client.resource_skus(location), arm_client.usages(location))
+    result = check(gpu_vm_size, max_count, location, arm_client.resource_skus(location), arm_client.usages(location),
+                   system_vm_size)
+    sizes = [s for s in (result.system, result.gpu) if s is not None]
+    if encryption_at_host is not False and (encryption_at_host or any(s.encryption_at_host for s in sizes)):
+        state = arm_client.feature_state(*ENCRYPTION_AT_HOST_FEATURE)
+        result.encryption_at_host_registered = state.lower() == "registered"
+    result.warnings += check_encryption_at_host(encryption_at_host, sizes, result.encryption_at_host_registered)
+    return result

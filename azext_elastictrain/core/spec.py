@@ -102,9 +102,18 @@ def _at_least_one(flag: str, value: object) -> None:
 #: Which GPU sizes exist, take Spot and are open to the subscription differs by region and changes as Azure adds
 #: and retires sizes: core.preflight asks the region's Resource SKUs before create; the spec checks the form only.
 DEFAULT_GPU_VM_SIZE = "Standard_NC4as_T4_v3"
-DEFAULT_SYSTEM_VM_SIZE = "Standard_D4s_v5"
+DEFAULT_SYSTEM_VM_SIZE = "Standard_D4ds_v5"  # a local temp disk (150 GiB): room for an ephemeral OS disk
 EVICTION_POLICIES = ("Delete", "Deallocate")
-STORAGE_SKUS = ("Standard_LRS", "Standard_ZRS", "Standard_GRS", "Standard_RAGRS", "Premium_LRS")
+STORAGE_SKUS = ("Standard_LRS", "Standard_ZRS", "Standard_GRS", "Standard_RAGRS", "Standard_GZRS", "Standard_RAGZRS",
+                "Premium_LRS")
+#: AKS's cluster auto-upgrade channels (ManagedClusterAutoUpgradeProfile.upgradeChannel) we offer: 'node-image' is
+#: left out, the node image has its own channel (nodeOSUpgradeChannel, always NodeImage here).
+UPGRADE_CHANNELS = ("patch", "stable", "rapid", "none")
+DEFAULT_UPGRADE_CHANNEL = "patch"
+NODE_OS_UPGRADE_CHANNEL = "NodeImage"
+WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
+#: AKS refuses a maintenance window shorter than 4 hours (MaintenanceWindow.durationHours: 4-24).
+MAINTENANCE_HOURS = (4, 24)
 SYSTEM_POOL = "system"
 GPU_POOL = "gpu"
 CHECKPOINT_CONTAINER = "checkpoints"
@@ -132,6 +141,9 @@ def is_gpu_size_name(vm_size: str | None) -> bool:
     """Whether a size's name is of Azure's GPU family (for pools read back from ARM; no region lookup)."""
     return bool(vm_size and _GPU_FAMILY.match(vm_size))
 _K8S_VERSION = re.compile(r"\d+\.\d+(\.\d+)?")
+_SUBNET_ID = re.compile(r"/subscriptions/[0-9a-fA-F-]{36}/resourceGroups/[-\w._()]+/providers/Microsoft\.Network/"
+                        r"virtualNetworks/[-\w.]+/subnets/[-\w.]+", re.IGNORECASE)
+_WINDOW = re.compile(r"(?P<day>[A-Za-z]+)\s+(?P<hour>\d{1,2}):(?P<minute>\d{2})\s+(?P<hours>\d{1,2})h?")
 _LOCATION = re.compile(r"[a-z0-9]{2,40}")
 
 
@@ -194,6 +206,12 @@ class ClusterSpec:
     service_account: str = TRAINING_SERVICE_ACCOUNT
     # The engine `job run` uses by default; k8s-job installs no operator (its jobs need nothing in the cluster).
     engine: str = ENGINE_TORCHELASTIC
+    upgrade_channel: str = DEFAULT_UPGRADE_CHANNEL
+    maintenance_window: str = ""  # "DAY HH:MM HOURS" in UTC; empty: AKS upgrades node images at any time
+    storage_allow: tuple[str, ...] = ()  # subnet ids and IPv4 addresses/ranges; empty: the network stays open
+    vnet_subnet: str = ""  # the subnet both pools' nodes use; empty: AKS makes a virtual network of its own
+    api_server_authorized_ips: tuple[str, ...] = ()  # IPv4 addresses/ranges; empty: any address (Entra ID still)
+    encryption_at_host: bool | None = None  # None: where the size and the subscription support it
 
     @property
     def storage_account_name(self) -> str:
@@ -215,6 +233,28 @@ class ClusterSpec:
     def checkpoint_url(self, blob_endpoint: str) -> str:
         """The checkpoint container under the storage account's blob endpoint (core.arm.blob_endpoint)."""
         return f"{blob_endpoint.rstrip('/')}/{self.container}"
+
+    @property
+    def storage_allowed_subnets(self) -> list[str]:
+        """The subnets that may reach the account: the nodes' own first (the training pods must)."""
+        asked = [v for v in self.storage_allow if v.startswith("/")]
+        nodes = [self.vnet_subnet] if self.vnet_subnet else []
+        return nodes + [v for v in asked if v.lower() != self.vnet_subnet.lower()]
+
+    @property
+    def storage_allowed_ips(self) -> list[str]:
+        """IPv4 addresses and ranges as Azure Storage takes them: it refuses /31 and /32 ranges, so their addresses."""
+        import ipaddress
+
+        ips = []
+        for value in self.storage_allow:
+            if not value.startswith("/"):
+                network = ipaddress.ip_network(value, strict=False)
+                ips += [str(a) for a in network] if network.prefixlen >= 31 else [str(network)]
+        return ips
+
+    def maintenance(self) -> "MaintenanceWindow | None":
+        return parse_maintenance_window(self.maintenance_window) if self.maintenance_window else None
 
     def gpu_labels(self) -> dict[str, str]:
         labels = {"elastictrain.azure.com/pool": GPU_POOL, "accelerator": "nvidia"}
@@ -261,6 +301,27 @@ class ClusterSpec:
             raise SpecError(f"--min-count {self.min_count} is more than --max-count {self.max_count}: the GPU "
                             "pool autoscales between the two, so min <= max")
         self.spot_max_price  # noqa: B018  (raises SpecError)
+        if self.upgrade_channel not in UPGRADE_CHANNELS:
+            raise SpecError(f"unknown upgrade channel {self.upgrade_channel!r}: use one of {', '.join(UPGRADE_CHANNELS)}")
+        self.maintenance()  # raises SpecError
+        for value in self.storage_allow:
+            if not value.startswith("/"):
+                _public_ipv4(value, "--storage-allow", "an IPv4 address or range (Azure Storage IP rules take "
+                             "public IPv4 only) or the resource id of a subnet")
+            elif not _SUBNET_ID.fullmatch(value):
+                raise SpecError(f"--storage-allow {value!r} is not a subnet resource id: use /subscriptions/SUB/"
+                                "resourceGroups/RG/providers/Microsoft.Network/virtualNetworks/VNET/subnets/SUBNET")
+        if self.vnet_subnet and not _SUBNET_ID.fullmatch(self.vnet_subnet):
+            raise SpecError(f"--vnet-subnet-id {self.vnet_subnet!r} is not a subnet resource id: use /subscriptions/"
+                            "SUB/resourceGroups/RG/providers/Microsoft.Network/virtualNetworks/VNET/subnets/SUBNET")
+        if self.storage_allow and not self.vnet_subnet:
+            raise SpecError("--storage-allow closes the checkpoint storage account to all but what it lists, and the "
+                            "cluster's nodes reach it from inside the region, where IP rules do not apply: without "
+                            "--vnet-subnet-id (the nodes on a subnet of yours, with the Microsoft.Storage service "
+                            "endpoint) the training pods could not read or write checkpoints. Pass --vnet-subnet-id, "
+                            "or leave --storage-allow out to keep the account reachable (Entra ID only either way)")
+        for value in self.api_server_authorized_ips:
+            _public_ipv4(value, "--api-server-authorized-ips", "an IPv4 address or range in CIDR form")
         for key, value in self.node_labels:
             if not re.fullmatch(r"([a-z0-9.-]{1,253}/)?[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?", key) or \
                     not re.fullmatch(r"([A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?)?", value):
@@ -286,3 +347,47 @@ def check_engine_supported(engine: str, kubernetes_version: str) -> None:
                         f"{kubernetes_version or 'an unknown version'}: podFailurePolicy with the DisruptionTarget "
                         f"condition is stable only from 1.31 (successPolicy and podReplacementPolicy are on by "
                         f"default from then). Upgrade the cluster (az aks upgrade) or use --engine torchelastic")
+
+
+@dataclass(frozen=True)
+class MaintenanceWindow:
+    """A weekly window, in UTC, in which AKS may upgrade the node image (drains and replaces nodes)."""
+
+    day: str
+    start: str  # HH:MM
+    hours: int
+
+
+def parse_maintenance_window(text: str) -> MaintenanceWindow:
+    """'Sunday 02:00 4' (or '4h'): day of the week, start time in UTC, duration in hours (4-24)."""
+    found = _WINDOW.fullmatch((text or "").strip())
+    day = next((d for d in WEEKDAYS if found and d.lower() == found["day"].lower()), None)
+    if not found or day is None or int(found["hour"]) > 23 or int(found["minute"]) > 59:
+        raise SpecError(f"--maintenance-window {text!r} is not 'DAY HH:MM HOURS': use e.g. 'Sunday 02:00 4' "
+                        "(day of the week, start in UTC, duration in hours)")
+    hours = int(found["hours"])
+    low, high = MAINTENANCE_HOURS
+    if not low <= hours <= high:
+        raise SpecError(f"--maintenance-window lasts {hours} hours: AKS takes {low} to {high}")
+    return MaintenanceWindow(day, f"{int(found['hour']):02d}:{found['minute']}", hours)
+
+
+def _public_ipv4(value: str, flag: str, what: str) -> None:
+    """An IPv4 address or range outside the ranges Azure refuses in IP rules (RFC 1918 private networks) and those
+    no request from the internet comes from (loopback, link-local, 0.0.0.0/8, multicast)."""
+    import ipaddress
+
+    try:
+        network = ipaddress.ip_network(value, strict=False)
+    except ValueError:
+        network = None
+    if network is None or network.version != 4:
+        raise SpecError(f"{flag} {value!r} is not {what}, e.g. 203.0.113.7 or 203.0.113.0/24")
+    if any(network.overlaps(ipaddress.ip_network(r)) for r in _NOT_PUBLIC):
+        raise SpecError(f"{flag} {value!r} is a private or local range: Azure matches the public address a "
+                        "request comes from (for a home or office network: the address it has on the internet)")
+
+
+#: RFC 1918 (refused by Azure Storage IP rules), loopback, link-local, "this network" and multicast.
+_NOT_PUBLIC = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "127.0.0.0/8", "169.254.0.0/16", "0.0.0.0/8",
+               "224.0.0.0/4")

@@ -14,14 +14,20 @@ def create_cluster(cmd, local: bool = False, name: str | None = None, resource_g
                    storage_sku: str | None = None, kubernetes_version: str | None = None,
                    node_vm_size: str | None = None, gpu_vm_size: str | None = None, min_count: int | None = None,
                    max_count: int | None = None, max_price: str | None = None, eviction_policy: str | None = None,
-                   labels: list[str] | None = None, engine: str | None = None, merge_kubeconfig: bool = False,
-                   dry_run: bool = False, no_wait: bool = False):
+                   labels: list[str] | None = None, engine: str | None = None, upgrade_channel: str | None = None,
+                   maintenance_window: str | None = None, storage_allow: list[str] | None = None,
+                   vnet_subnet: str | None = None, api_server_authorized_ips: list[str] | None = None,
+                   encryption_at_host: bool | None = None, merge_kubeconfig: bool = False, dry_run: bool = False,
+                   no_wait: bool = False):
     target = resolve_cluster(local=local, resource_group=resource_group_name, name=name)
     azure_only = {"--location": location, "--storage-account": storage_account, "--storage-sku": storage_sku,
                   "--kubernetes-version": kubernetes_version, "--node-vm-size": node_vm_size,
                   "--gpu-vm-size": gpu_vm_size, "--min-count": min_count, "--max-count": max_count,
                   "--max-price": max_price, "--eviction-policy": eviction_policy, "--labels": labels,
-                  "--engine": engine, "--merge-kubeconfig": merge_kubeconfig or None, "--no-wait": no_wait or None}
+                  "--engine": engine, "--upgrade-channel": upgrade_channel, "--maintenance-window": maintenance_window,
+                  "--storage-allow": storage_allow, "--vnet-subnet-id": vnet_subnet,
+                  "--api-server-authorized-ips": api_server_authorized_ips, "--encryption-at-host": encryption_at_host,
+                  "--merge-kubeconfig": merge_kubeconfig or None, "--no-wait": no_wait or None}
     if target.kind == "local":
         from azext_elastictrain.core.spec import LocalClusterSpec
 
@@ -31,7 +37,11 @@ def create_cluster(cmd, local: bool = False, name: str | None = None, resource_g
         spec = _cluster_spec(target, location=location, storage_account=storage_account, storage_sku=storage_sku,
                              kubernetes_version=kubernetes_version, system_vm_size=node_vm_size,
                              gpu_vm_size=gpu_vm_size, min_count=min_count, max_count=max_count, max_price=max_price,
-                             eviction_policy=eviction_policy, node_labels=_node_labels(labels), engine=engine)
+                             eviction_policy=eviction_policy, node_labels=_node_labels(labels), engine=engine,
+                             upgrade_channel=upgrade_channel, maintenance_window=maintenance_window,
+                             storage_allow=tuple(storage_allow or ()), vnet_subnet=vnet_subnet,
+                             api_server_authorized_ips=tuple(api_server_authorized_ips or ()),
+                             encryption_at_host=encryption_at_host)
     with az_errors(target):
         spec.validate()  # bad input fails before any request, login included
         with target.opened(cmd, signed_out=_dry_run_signed_out(cmd, target, dry_run)) as backend:

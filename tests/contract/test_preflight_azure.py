@@ -71,8 +71,10 @@ def test_a_current_size_is_accepted_and_short_spot_quota_is_a_warning_and_create
 def test_a_dry_run_with_a_login_runs_the_region_checks_with_gets_only(az, arm, group):
     plan = az.json("elastictrain", "cluster", "create", "-g", group, "-n", "pre3", "-l", "eastus", "--dry-run",
                    "--gpu-vm-size", "Standard_ND96isr_H200_v5", "--max-count", "1")
+    on_host = {"osDiskType": "Ephemeral", "osDiskSizeGB": 128, "encryptionAtHost": True}
     assert plan["preflight"] == {"location": "eastus", "gpuVmSize": "Standard_ND96isr_H200_v5", "vCPUs": 96,
-                                 "spotVcpusNeeded": 96, "spotVcpusFree": 100, "warnings": []}
+                                 "spotVcpusNeeded": 96, "spotVcpusFree": 100, "warnings": [],
+                                 "hardware": {"system": on_host, "gpu": on_host}}
     assert {method for method, _ in arm.requests} == {"GET"} and _asked_the_region(arm.requests)
 
 

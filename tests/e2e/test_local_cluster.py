@@ -67,6 +67,8 @@ def test_create_is_idempotent_heals_a_dead_component_and_delete_stops_exactly_it
     (["--name", "x" * 40], {}, "invalid local cluster name"),
     (["--engine", "k8s-job", "--max-count", "2"], {}, "--max-count, --engine: only for a cluster on Azure"),
     (["--gpu-vm-size", "Standard_NC4as_T4_v3"], {}, "--gpu-vm-size: only for a cluster on Azure"),
+    (["--maintenance-window", "Sunday 02:00 4", "--encryption-at-host", "false"], {},
+     "--maintenance-window, --encryption-at-host: only for a cluster on Azure"),
     ([], {"AZURITE_BIN": "/nonexistent/azurite-blob"}, "is not an executable file"),
     ([], {"ETCD_BIN": "/nonexistent/etcd"}, "is not an executable file"),
 ])

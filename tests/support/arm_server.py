@@ -67,6 +67,7 @@ API_VERSIONS = {
     "Microsoft.Compute": "2024-11-01",  # virtual_machine_scale_set_vms under azure-cli's compute profile
     "Microsoft.Compute/skus": "2019-04-01",  # resource_skus: the profile pins its own
     "Microsoft.Compute/usages": "2024-11-01",  # usage: the profile's default for compute
+    "Microsoft.Features": "2021-07-01",  # features: azure-cli's profile for MGMT_RESOURCE_FEATURES
 }
 BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
 LRO_POLLS = 2  # InProgress answers before Succeeded
@@ -128,12 +129,13 @@ class ArmServer:
         self.requests: list[tuple[str, str]] = []  # (method, path?query)
         self.violations: list[str] = []
         self.timeline: list[tuple[float, str, str]] = []
-        self.expect: dict[str, Any] = {"gpu_vm_size": "Standard_NC4as_T4_v3", "min_count": 0, "max_count": 3,
-                                       "spot_max_price": -1, "eviction_policy": "Delete", "storage_sku": "Standard_LRS",
-                                       "node_gone_after": 0.5}
+        self.expect: dict[str, Any] = {}
+        self.reset_expect()
         self.kube = FakeKube()
         self.skus: dict[str, list[dict]] = {}  # location -> Resource SKUs entries (reset_regions)
         self.usages: dict[str, list[dict]] = {}  # location -> compute usages
+        #: the subscription's preview features (Microsoft.Features): lower-case "namespace/name" -> state
+        self.features: dict[str, str] = {}
         self.reset_regions()
         #: primaryEndpoints.blob of the storage accounts it creates (None: Azure's); tests point it at Azurite
         self.blob_endpoint: str | None = None
@@ -156,6 +158,15 @@ class ArmServer:
 
     # ------------------------------------------------------------------ test controls
 
+    def reset_expect(self) -> None:
+        """What a create with no options sends in the test regions: the T4 pool (ephemeral OS disk: 176 GiB temp
+        disk) and the D4ds_v5 system pool (150 GiB), host encryption on (sizes support it, feature registered)."""
+        self.expect.clear()
+        self.expect.update({"gpu_vm_size": "Standard_NC4as_T4_v3", "min_count": 0, "max_count": 3,
+                            "spot_max_price": -1, "eviction_policy": "Delete", "storage_sku": "Standard_LRS",
+                            "node_gone_after": 0.5, "upgrade_channel": "patch", "system_os_disk": "Ephemeral",
+                            "gpu_os_disk": "Ephemeral", "encryption_at_host": True, "storage_default_action": "Allow"})
+
     def fail_once(self, method: str, path_suffix: str, status: int = 400, code: str = "BadRequest",
                   message: str = "injected failure") -> None:
         """Answer the next ``method`` request whose path ends with ``path_suffix`` with an ARM error."""
@@ -174,9 +185,11 @@ class ArmServer:
                 props["count"] = count
 
     def reset_regions(self) -> None:
-        """Every test region offers the GPU sizes of ``GPU_SIZES`` with Spot, unrestricted, and 100 Spot vCPUs."""
+        """Every test region offers the GPU sizes of ``GPU_SIZES`` with Spot, unrestricted, and 100 Spot vCPUs; the
+        subscription has registered encryption at host."""
         self.skus = {location: region_skus(location) for location in REGIONS}
         self.usages = {location: region_usages() for location in REGIONS}
+        self.features = {"microsoft.compute/encryptionathost": "Registered"}
 
     def sku(self, location: str, name: str) -> dict:
         """The Resource SKUs entry of a size in a region, for a test to restrict or change."""
@@ -262,6 +275,10 @@ class ArmServer:
         kind = _kind(path)
         if kind is None:
             return self._violation(f"{method} {path}: no operation the extension should call")
+        if kind == "feature":
+            if not self._api_version("Microsoft.Features", query, f"{method} {path}"):
+                return 400, {}, _error("InvalidApiVersionParameter", f"api-version {query.get('api-version')}")
+            return self._feature(method, path)
         provider = _PROVIDER[kind]
         if not self._api_version(provider, query, f"{method} {path}"):
             return 400, {}, _error("InvalidApiVersionParameter", f"api-version {query.get('api-version')}")
@@ -290,6 +307,16 @@ class ArmServer:
             return self._delete(kind, rid)
         return self._violation(f"{method} {path}: method not expected")
 
+    def _feature(self, method: str, path: str) -> tuple[int, dict, Any]:
+        """Features_Get (Microsoft.Features): the subscription's registration state of a preview feature."""
+        if method != "GET":
+            return self._violation(f"{method} {path}: the extension only reads feature registrations")
+        parts = path.rstrip("/").split("/")
+        namespace, name = parts[-3], parts[-1]
+        state = self.features.get(f"{namespace}/{name}".lower(), "NotRegistered")
+        return 200, {}, {"properties": {"state": state}, "id": path.rstrip("/"),
+                         "type": "Microsoft.Features/providers/features", "name": f"{namespace}/{name}"}
+
     def _subscription(self, sub: str) -> dict:
         return {"id": f"/subscriptions/{sub}", "subscriptionId": sub, "tenantId": TENANT,
                 "displayName": f"elastictrain test {SUBSCRIPTIONS.index(sub) + 1}", "state": "Enabled",
@@ -301,6 +328,13 @@ class ArmServer:
     def _put(self, kind: str, rid: str, body: Any) -> tuple[int, dict, Any]:
         if not isinstance(body, dict):
             return self._violation(f"PUT {rid}: no JSON object body")
+        unknown = _schema_problems(kind, body)
+        if unknown:  # ARM's schema validation: 400 InvalidRequestContent, the client's bug
+            return self._violation(f"PUT {rid}: " + "; ".join(unknown))
+        refused = self._refusals(kind, rid, body)
+        if refused:  # what Azure itself refuses (a 400 with its code): the command must show it, nothing more
+            code, message = refused
+            return 400, {}, _error(code, message)
         problems = self._check_body(kind, rid, body)
         if problems:
             return self._violation(f"PUT {rid}: " + "; ".join(problems))
@@ -369,6 +403,12 @@ class ArmServer:
         if kind == "resource_group":
             props["provisioningState"] = "Succeeded"
         elif kind == "storage_account":
+            # Azure answers every rule list (empty where none was sent) and a state on each virtual network rule
+            acls = props.setdefault("networkAcls", {"bypass": "AzureServices", "defaultAction": "Allow"})
+            for key in ("virtualNetworkRules", "ipRules", "ipv6Rules", "resourceAccessRules"):
+                acls.setdefault(key, [])
+            for rule in acls["virtualNetworkRules"]:
+                rule["state"] = "Succeeded"
             props.update({"provisioningState": "Succeeded", "creationTime": "2026-01-01T00:00:00Z",
                           "primaryEndpoints": {"blob": self.blob_endpoint
                                                or f"https://{name}.blob.core.windows.net/"},
@@ -399,6 +439,12 @@ class ArmServer:
         elif kind == "agent_pool":
             _as_aks_keeps_a_pool(props)
             resource["id"] = _arm_casing(rid)
+        elif kind == "maintenance_configuration":
+            window = props.get("maintenanceWindow") or {}
+            # MaintenanceConfigurationsGet_MaintenanceWindow.json: AKS fills in the start date (today if not given)
+            window.setdefault("startDate", (old.get("maintenanceWindow") or {}).get("startDate")
+                              or datetime.date.today().isoformat())
+            resource["id"] = _arm_casing(rid)
         elif kind == "role_assignment":
             props["scope"] = rid.split("/providers/Microsoft.Authorization/")[0]
             props["roleDefinitionId"] = props["roleDefinitionId"]
@@ -412,6 +458,96 @@ class ArmServer:
         profile = {"name": pool["name"], **copy.deepcopy(pool["properties"])}
         profiles = [p for p in cluster["properties"].get("agentPoolProfiles", []) if p["name"] != pool["name"]]
         cluster["properties"]["agentPoolProfiles"] = profiles + [profile]
+
+    # ------------------------------------------------------------------ what Azure refuses
+
+    def _refusals(self, kind: str, rid: str, body: dict) -> tuple[str, str] | None:
+        """(code, message) of the 400 Azure answers for a body it will not take, as its docs and issues show."""
+        props = body.get("properties") or {}
+        if kind == "cluster":
+            if "kubeDashboard" in {k for k in (props.get("addonProfiles") or {})}:  # terraform-provider-azurerm#13119
+                return "AddonInvalid", "Kubernetes Dashboard addon is deprecated for Kubernetes version >= 1.19.0."
+            upgrades = props.get("autoUpgradeProfile") or {}
+            if upgrades.get("upgradeChannel") == "node-image" and upgrades.get("nodeOSUpgradeChannel") not in (
+                    None, "NodeImage"):
+                return "InvalidParameter", "nodeOSUpgradeChannel must be NodeImage with upgradeChannel node-image"
+            for cidr in (props.get("apiServerAccessProfile") or {}).get("authorizedIPRanges") or []:
+                if not _is_cidr(cidr):
+                    return "InvalidParameter", f"authorizedIPRanges: {cidr!r} is not a valid IP range"
+            for pool in props.get("agentPoolProfiles") or []:
+                refused = self._pool_refusal(pool, body.get("location", ""))
+                if refused:
+                    return refused
+        elif kind == "agent_pool":
+            cluster = self.resources.get(rid.lower().rsplit("/agentpools/", 1)[0]) or {}
+            return self._pool_refusal(props, cluster.get("location", ""))
+        elif kind == "maintenance_configuration":
+            return self._maintenance_refusal(rid, props)
+        elif kind == "storage_account":
+            acls = props.get("networkAcls") or {}
+            for rule in acls.get("ipRules") or []:
+                value = str(rule.get("value", ""))
+                if not _is_cidr(value) or _is_private(value) or value.endswith(("/31", "/32")):
+                    return "NetworkAclsValidationFailure", f"Validation of network acls failure: IP rule {value!r} " \
+                                                           "is not a public IPv4 address or range (/30 or wider)"
+            for rule in acls.get("virtualNetworkRules") or []:
+                if not re.fullmatch(r"/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.Network/"
+                                    r"virtualNetworks/[^/]+/subnets/[^/]+", str(rule.get("id", "")), re.IGNORECASE):
+                    return "NetworkAclsValidationFailure", f"virtual network rule {rule.get('id')!r} is no subnet"
+        return None
+
+    def _pool_refusal(self, pool: dict, location: str) -> tuple[str, str] | None:
+        """AKS checks a pool's disk and host encryption against its size and the subscription."""
+        size = next((s for s in self.skus.get(str(location).lower(), []) if s["name"].lower()
+                     == str(pool.get("vmSize", "")).lower()), None)
+        caps = {c["name"]: c["value"] for c in (size or {}).get("capabilities", [])}
+        max_pods = pool.get("maxPods")
+        if max_pods is not None and not 10 <= max_pods <= 250:
+            return "InvalidParameter", f"maxPods {max_pods} is outside 10-250"
+        if pool.get("osDiskType") == "Ephemeral":
+            room = max(int(caps.get("CachedDiskBytes", 0)) / 2**30, int(caps.get("MaxResourceVolumeMB", 0)) / 1024)
+            disk = pool.get("osDiskSizeGB") or 128
+            if caps.get("EphemeralOSDiskSupported") != "True" or disk > room:
+                return "InvalidParameter", (f"OS disk of Ephemeral type with size {disk} GB is not supported for VM "
+                                            f"size {pool.get('vmSize')}: its cache and temp disk hold {int(room)} GB")
+        if pool.get("enableEncryptionAtHost"):
+            if caps.get("EncryptionAtHostSupported") != "True":
+                return "InvalidParameter", f"VM size {pool.get('vmSize')} does not support encryption at host"
+            if self.features.get("microsoft.compute/encryptionathost") != "Registered":
+                return "InvalidParameter", ("Subscription does not enable EncryptionAtHost (feature "
+                                            "Microsoft.Compute/EncryptionAtHost is not registered)")
+        return None
+
+    def _maintenance_refusal(self, rid: str, props: dict) -> tuple[str, str] | None:
+        name = rid.rsplit("/", 1)[1]
+        if name not in ("default", "aksManagedAutoUpgradeSchedule", "aksManagedNodeOSUpgradeSchedule"):
+            return "InvalidParameter", f"maintenance configuration name {name!r} is not one AKS knows"
+        cluster = self.resources.get(rid.lower().rsplit("/maintenanceconfigurations/", 1)[0])
+        if cluster is None:
+            return "ResourceNotFound", "the managed cluster does not exist"
+        channel = ((cluster["properties"].get("autoUpgradeProfile") or {}).get("nodeOSUpgradeChannel") or "None")
+        if name == "aksManagedNodeOSUpgradeSchedule" and channel in ("None", "Unmanaged"):
+            return "InvalidParameter", f"aksManagedNodeOSUpgradeSchedule needs a node OS upgrade channel (is {channel})"
+        upgrades = (cluster["properties"].get("autoUpgradeProfile") or {}).get("upgradeChannel") or "none"
+        if name == "aksManagedAutoUpgradeSchedule" and upgrades == "none":
+            return "InvalidParameter", "aksManagedAutoUpgradeSchedule needs an upgrade channel (is none)"
+        window = props.get("maintenanceWindow") or {}
+        schedule = window.get("schedule") or {}
+        weekly = schedule.get("weekly") or {}
+        if len(schedule) != 1:
+            return "InvalidParameter", "maintenanceWindow.schedule: exactly one of daily, weekly, absoluteMonthly, " \
+                                       "relativeMonthly"
+        if not 4 <= int(window.get("durationHours") or 0) <= 24:
+            return "InvalidParameter", "maintenanceWindow.durationHours must be 4 to 24"
+        if not re.fullmatch(r"([01]\d|2[0-3]):[0-5]\d", str(window.get("startTime", ""))):
+            return "InvalidParameter", "maintenanceWindow.startTime must be HH:mm"
+        if window.get("utcOffset") is not None and not re.fullmatch(r"[+-](0\d|1[0-4]):[0-5]\d", window["utcOffset"]):
+            return "InvalidParameter", "maintenanceWindow.utcOffset must be +HH:mm or -HH:mm"
+        if "weekly" in schedule and (not 1 <= int(weekly.get("intervalWeeks") or 0) <= 4 or weekly.get("dayOfWeek")
+                                     not in ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday",
+                                             "Sunday")):
+            return "InvalidParameter", "weekly schedule: intervalWeeks 1-4 and a dayOfWeek"
+        return None
 
     # ------------------------------------------------------------------ request checks
 
@@ -427,7 +563,9 @@ class ArmServer:
                       ("supportsHttpsTrafficOnly", props.get("supportsHttpsTrafficOnly"), True),
                       ("minimumTlsVersion", props.get("minimumTlsVersion"), "TLS1_2"),
                       ("allowBlobPublicAccess", props.get("allowBlobPublicAccess"), False),
-                      ("allowSharedKeyAccess", props.get("allowSharedKeyAccess"), False)]
+                      ("allowSharedKeyAccess", props.get("allowSharedKeyAccess"), False),
+                      ("networkAcls.defaultAction", (props.get("networkAcls") or {}).get("defaultAction"),
+                       e["storage_default_action"])]
         elif kind == "container":
             wants.append(("publicAccess", props.get("publicAccess"), "None"))
         elif kind == "cluster":
@@ -444,6 +582,11 @@ class ArmServer:
                                                  system.get("maxCount")), (True, 1, 3)),
                       ("system pool priority", system.get("scaleSetPriority", "Regular"), "Regular"),
                       ("dnsPrefix", bool(props.get("dnsPrefix")), True),
+                      ("autoUpgradeProfile", props.get("autoUpgradeProfile"),
+                       {"upgradeChannel": e["upgrade_channel"], "nodeOSUpgradeChannel": "NodeImage"}),
+                      ("system pool osDiskType", system.get("osDiskType"), e["system_os_disk"]),
+                      ("system pool enableEncryptionAtHost", system.get("enableEncryptionAtHost"),
+                       e["encryption_at_host"]),
                       ("identity.type", (body.get("identity") or {}).get("type") in ("SystemAssigned",
                                                                                        "UserAssigned"), True)]
         elif kind == "agent_pool":
@@ -457,7 +600,9 @@ class ArmServer:
                       ("count within bounds", e["min_count"] <= (props.get("count") or 0) <= e["max_count"], True),
                       ("nodeTaints has sku=gpu:NoSchedule", "sku=gpu:NoSchedule" in (props.get("nodeTaints") or []),
                        True),
-                      ("nodeLabels", bool(props.get("nodeLabels")), True)]
+                      ("nodeLabels", bool(props.get("nodeLabels")), True),
+                      ("osDiskType", props.get("osDiskType"), e["gpu_os_disk"]),
+                      ("enableEncryptionAtHost", props.get("enableEncryptionAtHost"), e["encryption_at_host"])]
         elif kind == "federated_credential":
             group = rid.lower().split("/providers/")[0]
             cluster = next((r for k, r in self.resources.items() if r["type"] == _TYPE["cluster"]
@@ -718,10 +863,52 @@ def _as_aks_keeps_a_pool(pool: dict) -> None:
         taints = list(pool.get("nodeTaints") or [])
         pool["nodeTaints"] = taints + ([SPOT_TAINT] if SPOT_TAINT not in taints else [])
         pool["nodeLabels"] = {**(pool.get("nodeLabels") or {}), SPOT_LABEL[0]: SPOT_LABEL[1]}
-    pool.update({"currentOrchestratorVersion": "1.33.2", "orchestratorVersion": "1.33.2", "maxPods": 110,
+    pool.update({"currentOrchestratorVersion": "1.33.2", "orchestratorVersion": "1.33.2",
                  "powerState": {"code": "Running"}, "nodeImageVersion": "AKSUbuntu-2204gen2containerd-202511.07.0",
-                 "osDiskSizeGB": 128, "osDiskType": "Managed", "kubeletDiskType": "OS", "osSKU": "Ubuntu",
+                 "kubeletDiskType": "OS", "osSKU": "Ubuntu",
                  "enableFIPS": False, "upgradeSettings": {"maxSurge": "10%"}, "eTag": uuid.uuid4().hex[:12]})
+    # what the PUT left out, AKS's defaults (AgentPoolsGet.json; Managed where the size's cache is too small)
+    for key, value in (("maxPods", 110), ("osDiskSizeGB", 128), ("osDiskType", "Managed"),
+                       ("enableEncryptionAtHost", False)):
+        pool.setdefault(key, value)
+
+
+#: The SDK model each PUT body must fit (tests.support.sdk_schema): the generated models of the providers whose SDK
+#: carries field visibility (azure-mgmt-containerservice, azure-mgmt-storage).
+_SCHEMAS = {"cluster": ("azure.mgmt.containerservice.models", "ManagedCluster"),
+            "agent_pool": ("azure.mgmt.containerservice.models", "AgentPool"),
+            "maintenance_configuration": ("azure.mgmt.containerservice.models", "MaintenanceConfiguration"),
+            "storage_account": ("azure.mgmt.storage.models", "StorageAccountCreateParameters"),
+            "container": ("azure.mgmt.storage.models", "BlobContainer")}
+
+
+def _schema_problems(kind: str, body: dict) -> list[str]:
+    """Fields the SDK model of ``kind`` lacks or holds read-only: ARM refuses unknown properties (400)."""
+    import importlib
+
+    from tests.support.sdk_schema import problems
+
+    if kind not in _SCHEMAS:
+        return []
+    module, name = _SCHEMAS[kind]
+    return problems(body, getattr(importlib.import_module(module), name))
+
+
+def _is_cidr(value: str) -> bool:
+    import ipaddress
+
+    try:
+        ipaddress.ip_network(value, strict=False)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_private(value: str) -> bool:
+    import ipaddress
+
+    network = ipaddress.ip_network(value, strict=False)
+    return any(network.overlaps(ipaddress.ip_network(r)) for r in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"))
 
 
 def _arm_casing(rid: str) -> str:
@@ -735,7 +922,13 @@ REGIONS = ("eastus", "westus")
 GPU_SIZES = (("Standard_NC4as_T4_v3", 4, 1), ("Standard_NC24ads_A100_v4", 24, 1),
              ("Standard_NC40ads_H100_v5", 40, 1), ("Standard_ND96isr_H100_v5", 96, 8),
              ("Standard_ND96isr_H200_v5", 96, 8))
-SYSTEM_SIZES = (("Standard_D4s_v5", 4, 0),)
+SYSTEM_SIZES = (("Standard_D4s_v5", 4, 0), ("Standard_D4ds_v5", 4, 0))
+#: name -> (MaxResourceVolumeMB: the size's local temp disk as its size page gives it, EphemeralOSDiskSupported,
+#: EncryptionAtHostSupported): what decides the pools' OS disk and host encryption. D4s_v5 has no temp disk.
+DISKS = {"Standard_NC4as_T4_v3": (180224, True, True), "Standard_NC24ads_A100_v4": (65536, True, True),
+         "Standard_NC40ads_H100_v5": (131072, True, True), "Standard_ND96isr_H100_v5": (1024000, True, True),
+         "Standard_ND96isr_H200_v5": (1024000, True, True), "Standard_D4s_v5": (0, False, True),
+         "Standard_D4ds_v5": (153600, True, True)}
 
 
 def _example_body(name: str) -> dict:
@@ -744,7 +937,8 @@ def _example_body(name: str) -> dict:
 
 def region_skus(location: str) -> list[dict]:
     """The official ListAvailableResourceSkusForARegion example moved to ``location``, with GPU sizes added in
-    the shape of its Spot-capable entry (capabilities vCPUs, GPUs, LowPriorityCapable; zones 1-3)."""
+    the shape of its Spot-capable entry (capabilities vCPUs, GPUs, LowPriorityCapable, MaxResourceVolumeMB,
+    EphemeralOSDiskSupported, and EncryptionAtHostSupported as real entries list it; zones 1-3)."""
     def moved(entry: dict) -> dict:
         entry = copy.deepcopy(entry)
         entry["locations"] = [location]
@@ -757,9 +951,12 @@ def region_skus(location: str) -> list[dict]:
     added = []
     for name, vcpus, gpus in GPU_SIZES + SYSTEM_SIZES:
         entry = copy.deepcopy(spot_capable)
-        values = {"vCPUs": str(vcpus), "vCPUsAvailable": str(vcpus), "GPUs": str(gpus)}
+        temp_mb, ephemeral, host_encryption = DISKS[name]
+        values = {"vCPUs": str(vcpus), "vCPUsAvailable": str(vcpus), "GPUs": str(gpus),
+                  "MaxResourceVolumeMB": str(temp_mb), "EphemeralOSDiskSupported": str(ephemeral)}
         entry["capabilities"] = [{"name": c["name"], "value": values.get(c["name"], c["value"])}
-                                 for c in entry["capabilities"]] + ([{"name": "GPUs", "value": str(gpus)}] if gpus else [])
+                                 for c in entry["capabilities"]] + ([{"name": "GPUs", "value": str(gpus)}] if gpus else []) \
+            + [{"name": "EncryptionAtHostSupported", "value": str(host_encryption)}]
         entry.update({"name": name, "size": name.split("_", 1)[1], "family": f"standard{name.split('_')[1][:2]}Family",
                       "restrictions": []})
         added.append(entry)
@@ -822,6 +1019,9 @@ _PATTERNS = [  # (kind, path regex after /subscriptions/{sub})
                    r"agentpools/[^/]+"),
     ("credentials", r"/resourcegroups/[^/]+/providers/microsoft\.containerservice/managedclusters/[^/]+/"
                     r"listclusterusercredential"),
+    ("maintenance_configuration", r"/resourcegroups/[^/]+/providers/microsoft\.containerservice/managedclusters/"
+                                  r"[^/]+/maintenanceconfigurations/[^/]+"),
+    ("feature", r"/providers/microsoft\.features/providers/[^/]+/features/[^/]+"),
     ("role_assignment", r"/.+/providers/microsoft\.authorization/roleassignments/[^/]+"),
     ("vmss_vm_list", r"/resourcegroups/[^/]+/providers/microsoft\.compute/virtualmachinescalesets/[^/]+/"
                      r"virtualmachines"),
@@ -835,6 +1035,7 @@ _PROVIDER = {"resource_group": "Microsoft.Resources", "storage_account": "Micros
              "federated_credential": "Microsoft.ManagedIdentity", "cluster": "Microsoft.ContainerService",
              "cluster_list": "Microsoft.ContainerService", "agent_pool": "Microsoft.ContainerService",
              "credentials": "Microsoft.ContainerService", "role_assignment": "Microsoft.Authorization",
+             "maintenance_configuration": "Microsoft.ContainerService", "feature": "Microsoft.Features",
              "skus": "Microsoft.Compute/skus", "usages": "Microsoft.Compute/usages",
              "vmss_vm_list": "Microsoft.Compute", "vmss_vm": "Microsoft.Compute", "vmss_vm_eviction": "Microsoft.Compute"}
 _TYPE = {"resource_group": "Microsoft.Resources/resourceGroups", "storage_account": "Microsoft.Storage/storageAccounts",
@@ -843,6 +1044,7 @@ _TYPE = {"resource_group": "Microsoft.Resources/resourceGroups", "storage_accoun
          "federated_credential": "Microsoft.ManagedIdentity/userAssignedIdentities/federatedIdentityCredentials",
          "cluster": "Microsoft.ContainerService/ManagedClusters",
          "agent_pool": "Microsoft.ContainerService/managedClusters/agentPools",
+         "maintenance_configuration": "Microsoft.ContainerService/managedClusters/maintenanceConfigurations",
          "role_assignment": "Microsoft.Authorization/roleAssignments"}
 
 

@@ -22,6 +22,8 @@ AKS = API_VERSIONS["Microsoft.ContainerService"]
 @pytest.fixture
 def server(tmp_path):
     server = ArmServer(tmp_path)
+    # bodies built without a region preflight: no OS disk or host encryption fields (AKS's defaults)
+    server.expect.update(system_os_disk=None, gpu_os_disk=None, encryption_at_host=None)
     yield server
     server.close()
     assert server.violations == []

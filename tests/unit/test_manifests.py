@@ -225,8 +225,8 @@ def test_the_configmap_holds_the_checkpoint_url(objects) -> None:
 def test_etcd_is_3_5_with_the_v2_api_on_the_system_pool(objects) -> None:
     etcd = _one(objects, "StatefulSet", m.ETCD_NAME)
     (container,) = _containers(etcd)
-    assert re.fullmatch(r"(quay\.io/coreos|registry\.k8s\.io|gcr\.io/etcd-development)/etcd:v?3\.5\.\d+(-\d+)?",
-                        container["image"]), container["image"]
+    assert re.fullmatch(r"(quay\.io/coreos|registry\.k8s\.io|gcr\.io/etcd-development)/etcd:v?3\.5\.\d+(-\d+)?"
+                        r"(@sha256:[0-9a-f]{64})?", container["image"]), container["image"]
     assert "--enable-v2=true" in container["args"]
     assert etcd["spec"]["template"]["spec"]["nodeSelector"] == {"kubernetes.azure.com/mode": "system"}
     service = _one(objects, "Service", m.ETCD_NAME)
@@ -263,7 +263,7 @@ def test_the_device_plugin_tolerates_spot_and_gpu_taints_and_runs_on_gpu_nodes_o
     (term,) = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert term["matchExpressions"] == [{"key": "kubernetes.azure.com/accelerator", "operator": "In",
                                          "values": ["nvidia"]}]
-    assert _containers(plugin)[0]["image"] == "nvcr.io/nvidia/k8s-device-plugin:v0.17.1"
+    assert _containers(plugin)[0]["image"].startswith("nvcr.io/nvidia/k8s-device-plugin:v0.17.1@sha256:")
 
 
 def test_a_different_gpu_taint_replaces_the_default_toleration() -> None:
@@ -292,14 +292,29 @@ def test_nothing_we_run_lands_on_spot_nodes_but_the_device_plugin(objects) -> No
             assert not _tolerates(obj["spec"]["template"]["spec"], m.SPOT_TAINT), m.object_key(obj)
 
 
-def test_every_image_is_pinned(objects) -> None:
+#: Images pinned by the digest their publisher's registry serves for the tag, as public deployments pin them
+#: (etcd v3.5.17: several independent lock files; device plugin v0.17.1: a public deployment lock file). A digest
+#: is never made up: an image with none found stays on its tag, listed in UNPINNED.
+DIGESTS = {
+    "quay.io/coreos/etcd:v3.5.17": "sha256:a055da833a7c013b836ed0822e8ec1f99b059658be255ad8d0fcd31b635ae3d6",
+    "nvcr.io/nvidia/k8s-device-plugin:v0.17.1":
+        "sha256:af31e2b7c7f89834c4e5219860def7ac2e49a207b3d4e8610d5a26772b7738e5",
+}
+#: The TorchElastic operator image (archived upstream): no published digest of 0.1.0 was found in public sources.
+UNPINNED = {"docker.io/torchelastic/kubernetes:0.1.0"}
+
+
+def test_every_image_is_pinned_by_digest_but_the_listed_ones(objects) -> None:
     images = [c["image"] for o in objects if o["kind"] in ("StatefulSet", "Deployment", "DaemonSet")
               for c in _containers(o)]
     assert len(images) == 3
     for image in images:
-        name, _, tag = image.rpartition(":")
+        name, _, tag = image.split("@")[0].rpartition(":")
         assert name and "/" not in tag and tag not in ("", "latest"), f"{image} is not pinned to a version"
         assert re.search(r"\d", tag), image
+    pinned = {i.split("@")[0]: i.split("@")[1] for i in images if "@" in i}
+    assert pinned == DIGESTS, "each digest is the one published for its tag"
+    assert {i for i in images if "@" not in i} == UNPINNED, "a new image must come pinned by its digest"
 
 
 # -- spec validation -------------------------------------------------------------------------------------

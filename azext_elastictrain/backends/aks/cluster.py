@@ -52,7 +52,7 @@ class Arm(Protocol):
 
 
 KINDS = ("resource_group", "storage_account", "container", "identity", "cluster", "agent_pool",
-         "federated_credential", "role_assignment")
+         "maintenance_configuration", "federated_credential", "role_assignment")
 
 
 @dataclass
@@ -74,6 +74,7 @@ class _Context:
     tenant: str
     found: dict = field(default_factory=dict)  # kind -> the resource as ARM returned it
     placeholders: bool = False  # dry run: values only Azure knows become "<...>"
+    hardware: arm.NodeHardware = field(default_factory=arm.NodeHardware)  # from the region preflight
 
     def identity(self, key: str) -> str:
         value = ((self.found.get("identity") or {}).get("properties") or {}).get(key)
@@ -105,15 +106,38 @@ def plan_steps(spec: ClusterSpec, subscription: str) -> list[Step]:
         Step("managed identity", "identity", {"resource_group": rg, "name": spec.identity_name},
              lambda c: arm.user_assigned_identity(c.spec)),
         Step("AKS cluster", "cluster", {"resource_group": rg, "name": spec.name},
-             lambda c: arm.managed_cluster(c.spec), long_running=True),
+             lambda c: arm.managed_cluster(c.spec, c.hardware), long_running=True),
         Step("GPU Spot pool", "agent_pool", {"resource_group": rg, "cluster": spec.name, "name": GPU_POOL},
-             lambda c: arm.gpu_agent_pool(c.spec), long_running=True),
+             lambda c: arm.gpu_agent_pool(c.spec, c.hardware), long_running=True),
+        *[Step(title, "maintenance_configuration", {"resource_group": rg, "cluster": spec.name, "name": name},
+               lambda c: arm.maintenance_window(c.spec)) for title, name in _maintenance(spec)],
         Step("federated credential", "federated_credential",
              {"resource_group": rg, "identity": spec.identity_name, "name": arm.federated_credential_name(spec)},
              lambda c: arm.federated_credential(c.spec, c.issuer())),
         Step("role assignment", "role_assignment", role_ref,
              lambda c: arm.role_assignment(c.subscription, c.identity("principalId"))),
     ]
+
+
+def _maintenance(spec: ClusterSpec) -> list[tuple[str, str]]:
+    """(step title, configuration name) of the windows --maintenance-window sets: node images always, Kubernetes
+    upgrades where a channel upgrades it."""
+    if not spec.maintenance_window:
+        return []
+    windows = [("node image upgrade window", arm.NODE_OS_MAINTENANCE)]
+    if spec.upgrade_channel != "none":
+        windows.append(("Kubernetes upgrade window", arm.AUTO_UPGRADE_MAINTENANCE))
+    return windows
+
+
+def _hardware(spec: ClusterSpec, checked: "preflight.PreflightResult | None") -> arm.NodeHardware:
+    """The pools' OS disks and host encryption from the region's Resource SKUs; unknown without a preflight."""
+    if checked is None:
+        return arm.NodeHardware()
+    registered = checked.encryption_at_host_registered
+    return arm.NodeHardware(
+        system=preflight.pool_hardware(checked.system, spec.encryption_at_host, registered),
+        gpu=preflight.pool_hardware(checked.gpu, spec.encryption_at_host, registered))
 
 
 def _ref(step: Step, ctx: _Context) -> dict:
@@ -147,7 +171,8 @@ class AksClusters:
         spec.validate()
         checked = self._preflight(spec) if live_checks else None
         spec = replace(spec, location=_needs_location(spec))
-        ctx = _Context(spec, self.arm.subscription, self.arm.tenant, placeholders=True)
+        ctx = _Context(spec, self.arm.subscription, self.arm.tenant, placeholders=True,
+                       hardware=_hardware(spec, checked))
         requests = []
         for step in plan_steps(spec, ctx.subscription):
             ref = _ref(step, ctx)
@@ -155,8 +180,10 @@ class AksClusters:
                              "longRunning": step.long_running, "body": step.body(ctx)})
         incluster = self._incluster_spec(ctx)
         return {"dryRun": True, "name": spec.name, "resourceGroup": spec.resource_group,
-                "preflight": checked.as_dict() if checked else {"skipped": _PREFLIGHT_SKIPPED if not live_checks
-                                                                else "the location is not known yet"},
+                "preflight": {**checked.as_dict(), "hardware": {"system": ctx.hardware.system.as_dict(),
+                                                                "gpu": ctx.hardware.gpu.as_dict()}} if checked
+                else {"skipped": (_PREFLIGHT_SKIPPED if not live_checks else "the location is not known yet")
+                      + "; OS disks and host encryption are left to AKS's defaults"},
                 "arm": requests, "kubernetes": _kube_objects(incluster),
                 "note": "Values in <...> are known once the step before creates them; in the Kubernetes "
                         f"objects the identity's client id is shown as {_ZERO_GUID}."}
@@ -171,8 +198,8 @@ class AksClusters:
 
     def create(self, spec: ClusterSpec, *, no_wait: bool = False, install: bool = True) -> dict:
         """Run the plan: every step whose resource is missing or not right; stop at the first failure."""
-        self._preflight(spec.validate())  # before anything is created
-        ctx = _Context(spec, self.arm.subscription, self.arm.tenant)
+        checked = self._preflight(spec.validate())  # before anything is created
+        ctx = _Context(spec, self.arm.subscription, self.arm.tenant, hardware=_hardware(spec, checked))
         done: list[str] = []
         changes: list[dict] = []
         steps = plan_steps(spec, ctx.subscription)
@@ -206,7 +233,8 @@ class AksClusters:
 
     def _preflight(self, spec: ClusterSpec) -> "preflight.PreflightResult | None":
         """core.preflight against this region; a quota warning goes to progress, a size problem raises."""
-        checked = preflight.run(self.arm, spec.gpu_vm_size, spec.max_count, spec.location, spec.resource_group)
+        checked = preflight.run(self.arm, spec.gpu_vm_size, spec.max_count, spec.location, spec.resource_group,
+                                spec.system_vm_size, spec.encryption_at_host)
         for warning in checked.warnings if checked else []:
             self._progress(warning)
         return checked
@@ -238,7 +266,7 @@ class AksClusters:
                 return True
             self._progress(f"{title}: waiting, it is {state}")
             found = self._await(step.kind, ref)
-        body = step.body(ctx)
+        body = arm.as_existing(step.body(ctx), found)
         wrong = arm.differences(body, found or {}) if found is not None else None
         if found is not None and state != "failed" and (not wrong or not step.compare):
             self._progress(f"{title}: already right")
@@ -368,6 +396,8 @@ class AksClusters:
             "fqdn": props.get("fqdn"),
             "oidcIssuerUrl": (props.get("oidcIssuerProfile") or {}).get("issuerURL"),
             "workloadIdentity": ((props.get("securityProfile") or {}).get("workloadIdentity") or {}).get("enabled"),
+            "upgrades": props.get("autoUpgradeProfile") or {},
+            "apiServerAuthorizedIpRanges": (props.get("apiServerAccessProfile") or {}).get("authorizedIPRanges") or [],
             "pools": [_pool(p) for p in props.get("agentPoolProfiles") or []],
             "storage": {"account": spec.storage_account_name, "container": spec.container,
                         "checkpointUrl": self._checkpoint_url(spec, account)},
@@ -380,6 +410,7 @@ class AksClusters:
                 "provisioningState", "minimumTlsVersion", "supportsHttpsTrafficOnly", "allowBlobPublicAccess",
                 "allowSharedKeyAccess")})
             shown["storage"]["sku"] = (account.get("sku") or {}).get("name")
+            shown["storage"]["networkDefaultAction"] = (aprops.get("networkAcls") or {}).get("defaultAction")
         if identity:
             iprops = identity.get("properties") or {}
             shown["identity"].update({"clientId": iprops.get("clientId"), "principalId": iprops.get("principalId")})
@@ -497,6 +528,7 @@ def _pool(profile: dict) -> dict:
         "count": profile.get("count"), "minCount": profile.get("minCount"), "maxCount": profile.get("maxCount"),
         "autoscale": profile.get("enableAutoScaling"), "taints": profile.get("nodeTaints") or [],
         "labels": profile.get("nodeLabels") or {}, "provisioningState": profile.get("provisioningState"),
+        "osDiskType": profile.get("osDiskType"), "encryptionAtHost": profile.get("enableEncryptionAtHost"),
     }
 
 
@@ -527,6 +559,8 @@ def _resource_id(kind: str, ref: dict, ctx: _Context | None, subscription: str =
         "cluster": lambda: f"{group}/providers/Microsoft.ContainerService/managedClusters/{ref.get('name')}",
         "agent_pool": lambda: (f"{group}/providers/Microsoft.ContainerService/managedClusters/{ref.get('cluster')}"
                                f"/agentPools/{ref.get('name')}"),
+        "maintenance_configuration": lambda: (f"{group}/providers/Microsoft.ContainerService/managedClusters/"
+                                              f"{ref.get('cluster')}/maintenanceConfigurations/{ref.get('name')}"),
         "federated_credential": lambda: (f"{group}/providers/Microsoft.ManagedIdentity/userAssignedIdentities/"
                                          f"{ref.get('identity')}/federatedIdentityCredentials/{ref.get('name')}"),
         "role_assignment": lambda: f"{ref.get('scope')}/providers/Microsoft.Authorization/roleAssignments/"
