@@ -11,7 +11,7 @@ def load_arguments(self, _):
         c.argument(
             "url", options_list=["--url"],
             help="Blob URL of the job's checkpoint prefix: "
-                 "https://<account>.blob.core.windows.net/<container>/<job>. "
+                 "`https://<account>.blob.core.windows.net/<container>/<job>`. "
                  "Pass either --url or --local --job.",
         )
         c.argument(
@@ -31,7 +31,7 @@ def load_arguments(self, _):
 
     with self.argument_context("elastictrain checkpoint download") as c:
         c.argument("dest", options_list=["--dest"],
-                   help="Folder to download into; the checkpoint lands in <dest>/<step, 12 digits>/ "
+                   help="Folder to download into; the checkpoint lands in `<dest>/<step, 12 digits>/` "
                         "(an existing one is never overwritten).")
         c.argument("step", type=int, options_list=["--step"],
                    help="Training step of the checkpoint (default: the newest complete one).")
