@@ -43,8 +43,8 @@ def _plan_failed(t: Any, ex: Any) -> az.AzCLIError:
     rerun = (f"Fix the cause, then run the same 'az elastictrain cluster create -g {t.resource_group} -n "
              f"{t.cluster}' again: it keeps what is already right and finishes the rest."
              if ex.step[:6] != "delete" else "Fix the cause and run the same delete again; what is gone stays gone.")
-    return _by_status(getattr(ex.error, "status", None))(f"{ex.step} failed: {ex.error}. Completed before it: {done}.",
-                                                        recommendation=rerun)
+    error_type = _by_status(getattr(ex.error, "status", None))
+    return error_type(f"{ex.step} failed: {ex.error}. Completed before it: {done}.", recommendation=rerun)
 
 
 def _eviction_failed(t: Any, ex: Any) -> az.AzCLIError:

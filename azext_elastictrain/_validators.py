@@ -53,7 +53,6 @@ class Target:
         return get_backend(AKS, arm, self.resource_group, self.cluster,
                            credential=LoginCredential(cmd.cli_ctx), progress=get_logger(__name__).warning)
 
-
     @contextmanager
     def opened(self, cmd: Any, *, signed_out: bool = False) -> Iterator[Any]:
         """``backend()`` for the length of a ``with``: what it opened is closed after."""

@@ -134,16 +134,13 @@ class AzureArm:
         with _arm_errors():
             # logging_enable=False: az --debug would otherwise log the response, credentials and all
             result = client.managed_clusters.list_cluster_user_credentials(resource_group, cluster, cls=_raw,
-                                                                            logging_enable=False)
+                                                                           logging_enable=False)
         configs = (result or {}).get("kubeconfigs") or []
         if not configs:
             from azext_elastictrain.core.errors import ArmError
 
             raise ArmError(404, "NoCredentials", f"AKS returned no user credentials for cluster {cluster!r}")
         return base64.b64decode(configs[0]["value"])
-
-
-    # -- the VMSS instances behind AKS nodes (backends.aks.evict's Compute) -------------------------------
 
     # -- the region preflight (core.preflight): GETs on the compute provider -------------------------------------
 
@@ -178,6 +175,8 @@ class AzureArm:
         if key not in self._clients:
             self._clients[key] = _client_factory.cf_compute(self._cli_ctx, subscription_id=subscription)
         return self._clients[key]
+
+    # -- the VMSS instances behind AKS nodes (backends.aks.evict's Compute) -------------------------------
 
     def simulate_eviction(self, instance) -> None:
         """POST .../virtualMachines/{id}/simulateEviction (204). ``instance``: a core.eviction.VmssInstance."""

@@ -258,10 +258,17 @@ def _whole(text: str | None) -> int:
 class RegionApi(Protocol):
     """What the preflight reads through the backend's Arm (core.backends.aks.Arm has these)."""
 
-    def get(self, kind: str, ref: dict) -> dict | None: ...
-    def resource_skus(self, location: str) -> list[dict]: ...
-    def usages(self, location: str) -> list[dict]: ...
-    def feature_state(self, namespace: str, feature: str) -> str: ...  # Microsoft.Features: e.g. "Registered"
+    def get(self, kind: str, ref: dict) -> dict | None:
+        ...
+
+    def resource_skus(self, location: str) -> list[dict]:
+        ...
+
+    def usages(self, location: str) -> list[dict]:
+        ...
+
+    def feature_state(self, namespace: str, feature: str) -> str:
+        ...  # Microsoft.Features: e.g. "Registered"
 
 
 def run(arm_client: RegionApi, gpu_vm_size: str, max_count: int, location: str, resource_group: str,

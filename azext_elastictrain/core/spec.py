@@ -140,6 +140,8 @@ _GPU_FAMILY = re.compile(r"Standard_N[A-Z]", re.IGNORECASE)
 def is_gpu_size_name(vm_size: str | None) -> bool:
     """Whether a size's name is of Azure's GPU family (for pools read back from ARM; no region lookup)."""
     return bool(vm_size and _GPU_FAMILY.match(vm_size))
+
+
 _K8S_VERSION = re.compile(r"\d+\.\d+(\.\d+)?")
 _SUBNET_ID = re.compile(r"/subscriptions/[0-9a-fA-F-]{36}/resourceGroups/[-\w._()]+/providers/Microsoft\.Network/"
                         r"virtualNetworks/[-\w.]+/subnets/[-\w.]+", re.IGNORECASE)

@@ -392,4 +392,3 @@ def json_value(item: Any, key: str) -> Any:
         return json.loads(item.numpy().tobytes().decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as ex:
         raise StateError(f"checkpoint item {key!r} is not valid JSON: {ex}") from ex
-

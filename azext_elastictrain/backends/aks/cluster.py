@@ -42,13 +42,26 @@ class Arm(Protocol):
     tenant: str
     storage_suffix: str  # the cloud's storage DNS suffix (core.windows.net in the public cloud)
 
-    def get(self, kind: str, ref: dict) -> dict | None: ...
-    def put(self, kind: str, ref: dict, body: dict, wait: bool = True) -> dict | None: ...
-    def delete(self, kind: str, ref: dict, wait: bool = True) -> None: ...
-    def list_clusters(self, resource_group: str | None) -> list[dict]: ...
-    def user_kubeconfig(self, resource_group: str, cluster: str) -> bytes: ...
-    def resource_skus(self, location: str) -> list[dict]: ...  # Microsoft.Compute/skus of the location
-    def usages(self, location: str) -> list[dict]: ...  # Microsoft.Compute/locations/{location}/usages
+    def get(self, kind: str, ref: dict) -> dict | None:
+        ...
+
+    def put(self, kind: str, ref: dict, body: dict, wait: bool = True) -> dict | None:
+        ...
+
+    def delete(self, kind: str, ref: dict, wait: bool = True) -> None:
+        ...
+
+    def list_clusters(self, resource_group: str | None) -> list[dict]:
+        ...
+
+    def user_kubeconfig(self, resource_group: str, cluster: str) -> bytes:
+        ...
+
+    def resource_skus(self, location: str) -> list[dict]:
+        ...  # Microsoft.Compute/skus of the location
+
+    def usages(self, location: str) -> list[dict]:
+        ...  # Microsoft.Compute/locations/{location}/usages
 
 
 KINDS = ("resource_group", "storage_account", "container", "identity", "cluster", "agent_pool",

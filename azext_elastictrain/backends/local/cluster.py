@@ -125,7 +125,7 @@ class LocalClusters(LocalJobs):
 
     def _start_azurite(self, name: str) -> Component:
         azurite = which_tool("AZURITE_BIN", [REPO_ROOT / ".tools" / "node_modules" / ".bin" / "azurite-blob"],
-                         "azurite-blob", "npm install -g azurite@3.37.0")
+                             "azurite-blob", "npm install -g azurite@3.37.0")
         port = free_port()
         data = self._dir(name) / "azurite"
         data.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,7 @@ from typing import Any
 
 from azext_elastictrain.core.spec import JobSpec, SpecError
 
+
 def _admin(conn: dict) -> str:
     return conn["scheduled_events"].split("/metadata/", 1)[0] + "/admin/events"
 
