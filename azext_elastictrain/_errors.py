@@ -47,7 +47,7 @@ def _plan_failed(t: Any, ex: Any) -> az.AzCLIError:
     return error_type(f"{ex.step} failed: {ex.error}. Completed before it: {done}.", recommendation=rerun)
 
 
-def _eviction_failed(t: Any, ex: Any) -> az.AzCLIError:
+def _eviction_failed(_target: Any, ex: Any) -> az.AzCLIError:
     done = ", ".join(e["node"] for e in ex.done) or "none"
     status, code, message = (getattr(ex.error, "status", 0), getattr(ex.error, "code", ""),
                              getattr(ex.error, "message", str(ex.error)))
@@ -128,7 +128,7 @@ TABLE: list[_Row] = [
 ]
 
 
-class _Where:
+class _Where:  # pylint: disable=too-few-public-methods  # a record of names for format strings
     """What a row's message may name: the target's fields, the job, and for storage its URL and a hint."""
 
     def __init__(self, target: Any, job: str | None, url: str | None, hint: str | None) -> None:

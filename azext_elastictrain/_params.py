@@ -4,7 +4,7 @@ from azure.cli.core.commands.parameters import get_enum_type, get_three_state_fl
 JOB_STATES = ["Running", "Succeeded", "Failed", "Stopped"]
 
 
-def load_arguments(self, _):
+def load_arguments(self, _):  # pylint: disable=too-many-statements  # one statement per argument, as az does
     from azext_elastictrain.core.spec import ENGINES, STORAGE_SKUS, UPGRADE_CHANNELS  # pure, stdlib only: cheap
 
     with self.argument_context("elastictrain checkpoint") as c:

@@ -63,7 +63,7 @@ class Target:
             backend.close()
 
 
-class LoginCredential:
+class LoginCredential:  # pylint: disable=too-few-public-methods  # azure-core's TokenCredential protocol
     """The CLI's login as a token credential (Entra ID), asked for only when storage is first read: a dry run,
     logs or a delete never need it."""
 

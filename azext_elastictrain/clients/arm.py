@@ -48,7 +48,8 @@ class AzureArm:
                                lambda c, r, b, **k: c.resource_groups.create_or_update(r["resource_group"], b, **k),
                                lambda c, r, **k: c.resource_groups.begin_delete(r["resource_group"], **k)),
             "storage_account": ("storage",
-                                lambda c, r, **k: c.storage_accounts.get_properties(r["resource_group"], r["name"], **k),
+                                lambda c, r, **k: c.storage_accounts.get_properties(r["resource_group"], r["name"],
+                                                                                    **k),
                                 lambda c, r, b, **k: c.storage_accounts.begin_create(r["resource_group"], r["name"], b,
                                                                                      **k),
                                 lambda c, r, **k: c.storage_accounts.delete(r["resource_group"], r["name"], **k)),
@@ -200,7 +201,7 @@ class AzureArm:
             raise
 
 
-class SignedOutArm:
+class SignedOutArm:  # pylint: disable=too-few-public-methods  # the part of Arm a signed-out dry run uses
     """The ``Arm`` of a dry run without a login: names for the plan, no calls. ``signed_in`` False makes the
     plan skip the region preflight (and say so); any call is a bug, so it fails loudly."""
 

@@ -42,7 +42,7 @@ class Store(Protocol):
 
 
 @dataclass(frozen=True)
-class Checkpoint:
+class Checkpoint:  # pylint: disable=too-many-instance-attributes  # the catalog's columns
     step: int
     status: str
     created: float
@@ -95,7 +95,7 @@ def _describe(store: Store, job_prefix: str, step: int, entries: list[BlobEntry]
     names = tuple(sorted(e.name for e in entries))
     newest = max(e.last_modified for e in entries)
     manifest_blob = layout.manifest_name(job_prefix, step)
-    base = dict(step=step, blobs=names, last_modified=newest)
+    base = {"step": step, "blobs": names, "last_modified": newest}
     if manifest_blob not in names:
         return Checkpoint(
             status=INCOMPLETE, created=newest, size=sum(e.size for e in entries),

@@ -29,7 +29,7 @@ class LocalClusterSpec:
 
 
 @dataclass(frozen=True)
-class JobSpec:
+class JobSpec:  # pylint: disable=too-many-instance-attributes  # one field per user option
     """An elastic job: ``nodes`` torchrun agents (between ``min_nodes`` and ``max_nodes``) running ``script``.
 
     ``nodes`` defaults to ``max_nodes``. ``script`` must be an existing file
@@ -183,7 +183,7 @@ def spot_price(value: "str | float | int") -> float:
 
 
 @dataclass(frozen=True)
-class ClusterSpec:
+class ClusterSpec:  # pylint: disable=too-many-instance-attributes  # one field per user option
     """An AKS cluster for elastic training: CPU system pool, GPU Spot pool, storage, identity.
 
     ``location`` may be empty: the resource group's location is used (``with_location``).
@@ -302,7 +302,7 @@ class ClusterSpec:
         if self.min_count > self.max_count:
             raise SpecError(f"--min-count {self.min_count} is more than --max-count {self.max_count}: the GPU "
                             "pool autoscales between the two, so min <= max")
-        self.spot_max_price  # noqa: B018  (raises SpecError)
+        _ = self.spot_max_price  # validates: raises SpecError
         if self.upgrade_channel not in UPGRADE_CHANNELS:
             raise SpecError(f"unknown upgrade channel {self.upgrade_channel!r}: use one of {', '.join(UPGRADE_CHANNELS)}")
         self.maintenance()  # raises SpecError
