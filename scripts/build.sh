@@ -16,7 +16,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
 cd "$ROOT"
 
 OUT="$(mkdir -p "${1:-dist}" && cd "${1:-dist}" && pwd -P)"
-PY="$ROOT/.venv/bin/python"
+PY="${ELASTICTRAIN_BUILD_PYTHON:-$ROOT/.venv/bin/python}"  # a Python with setuptools >= 70.1
 [ -x "$PY" ] || { echo "build: $PY missing: run bash scripts/setup.sh first" >&2; exit 1; }
 
 VERSION="$("$PY" setup.py --version 2>/dev/null | tail -n 1)"

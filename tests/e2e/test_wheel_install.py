@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import psutil
@@ -21,11 +23,36 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 AZURITE_BIN_DIR = REPO_ROOT / ".tools" / "node_modules" / ".bin"
 
 
-def _version() -> str:
-    for line in (REPO_ROOT / "setup.py").read_text(encoding="utf-8").splitlines():
+def _version(root: Path = REPO_ROOT) -> str:
+    for line in (root / "setup.py").read_text(encoding="utf-8").splitlines():
         if line.startswith("VERSION = "):
             return line.split('"')[1]
     raise AssertionError("no VERSION in setup.py")
+
+
+def _build(root: Path, out: Path) -> Path:
+    built = subprocess.run(["bash", str(root / "scripts" / "build.sh"), str(out)], capture_output=True, text=True,
+                           timeout=300, check=False, env=dict(os.environ, ELASTICTRAIN_BUILD_PYTHON=sys.executable))
+    assert built.returncode == 0, built.stderr
+    wheel = Path(built.stdout.strip().splitlines()[-1])
+    assert wheel.name == f"elastictrain-{_version(root)}-py3-none-any.whl" and wheel.is_file(), wheel
+    return wheel
+
+
+def _next_release(tmp: Path) -> Path:
+    """This tree's package with the next patch VERSION: what a user's upgrade installs."""
+    root = tmp / "next"
+    for name in ("setup.py", "README.md", "scripts/build.sh"):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO_ROOT / name, root / name)
+    shutil.copytree(REPO_ROOT / "azext_elastictrain", root / "azext_elastictrain",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    major_minor, patch = _version().rsplit(".", 1)
+    setup = root / "setup.py"
+    setup.write_text(setup.read_text(encoding="utf-8").replace(f'VERSION = "{_version()}"',
+                                                               f'VERSION = "{major_minor}.{int(patch) + 1}"'),
+                     encoding="utf-8")
+    return root
 
 
 class _UserAz:
@@ -63,11 +90,7 @@ def user_az(tmp_path):
 
 
 def test_the_built_wheel_installs_with_az_extension_add_and_runs_a_local_cluster(tmp_path, user_az):
-    built = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "build.sh"), str(tmp_path / "dist")],
-                           capture_output=True, text=True, timeout=300, check=False)
-    assert built.returncode == 0, built.stderr
-    wheel = Path(built.stdout.strip().splitlines()[-1])
-    assert wheel.name == f"elastictrain-{_version()}-py3-none-any.whl" and wheel.is_file()
+    wheel = _build(REPO_ROOT, tmp_path / "dist")
 
     az = user_az
     assert "elastictrain" not in az("--help").stdout.split("Commands:")[0]  # nothing loaded before the install
@@ -93,3 +116,14 @@ def test_the_built_wheel_installs_with_az_extension_add_and_runs_a_local_cluster
     az("elastictrain", "cluster", "delete", "--local", "--yes")
     assert gone(pids.values()), "cluster delete left a component running"
     assert az.json("elastictrain", "cluster", "list", "--local") == []
+
+    # README's update path: the same version again changes nothing; a newer wheel replaces it with --upgrade.
+    again = az("extension", "add", "--source", str(wheel), "--yes")
+    assert "already installed" in again.stderr, again.stderr
+    newer = _build(_next_release(tmp_path), tmp_path / "dist-next")
+    kept = az("extension", "add", "--source", str(newer), "--yes")
+    assert "already installed" in kept.stderr and az.json("extension", "list")[0]["version"] == _version()
+    az("extension", "add", "--source", str(newer), "--upgrade", "--yes")
+    [upgraded] = az.json("extension", "list")
+    assert upgraded["version"] == _version(newer.parents[1] / "next") != _version(), upgraded
+    assert "\n    cluster " in az("elastictrain", "--help").stdout

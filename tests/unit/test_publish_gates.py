@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -116,3 +117,18 @@ def test_the_linter_report_is_read_one_finding_per_violation():
         "MEDIUM broken_site_link_from_parameter: Parameter: elastictrain checkpoint show, `url` - Broken links "
         "['https://<account>.blob.core.windows.net'] in ...",
     ]
+
+
+def test_the_extension_metadata_admits_the_az_the_tests_run_and_no_older():
+    from azure.cli.core import __version__ as core_version
+    from azure.cli.core.extension import ext_compat_with_cli
+
+    metadata = json.loads((REPO_ROOT / "azext_elastictrain" / "azext_metadata.json").read_text(encoding="utf-8"))
+    pinned = re.search(r"\bazure-cli==([0-9.]+)", (REPO_ROOT / "scripts" / "setup.sh").read_text()).group(1)
+    assert core_version == pinned, "the tests run another az than scripts/setup.sh pins"
+    assert metadata["azext.minCliCoreVersion"] == pinned
+    assert "azext.maxCliCoreVersion" not in metadata  # a maximum would refuse every later az, patches included
+    assert metadata["azext.isPreview"] is True and metadata["azext.isExperimental"] is False
+    assert ext_compat_with_cli(metadata)[0], "az refuses the extension with its own metadata"
+    older = dict(metadata, **{"azext.minCliCoreVersion": "99.0.0"})
+    assert not ext_compat_with_cli(older)[0]  # the check that protects older az is az's own, and it bites
