@@ -82,6 +82,7 @@ def test_flake8_with_azdevs_extension_config_finds_nothing():
     assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
 
 
+@pytest.mark.slow  # 65 s here (2 shared cores): pylint infers through torch and the Azure SDKs
 def test_pylint_with_azdevs_ext_pylintrc_finds_nothing():
     azdev = _azdev_dir()
     checkers = azdev / "operations" / "linter" / "pylint_checkers"
