@@ -304,8 +304,23 @@ class ClusterSpec:  # pylint: disable=too-many-instance-attributes  # one field 
                             "pool autoscales between the two, so min <= max")
         _ = self.spot_max_price  # validates: raises SpecError
         if self.upgrade_channel not in UPGRADE_CHANNELS:
-            raise SpecError(f"unknown upgrade channel {self.upgrade_channel!r}: use one of {', '.join(UPGRADE_CHANNELS)}")
+            raise SpecError(f"unknown upgrade channel {self.upgrade_channel!r}: "
+                            f"use one of {', '.join(UPGRADE_CHANNELS)}")
         self.maintenance()  # raises SpecError
+        self._validate_network()
+        for key, value in self.node_labels:
+            if not re.fullmatch(r"([a-z0-9.-]{1,253}/)?[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?", key) or \
+                    not re.fullmatch(r"([A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?)?", value):
+                raise SpecError(f"invalid node label {key}={value}: keys and values are Kubernetes label "
+                                "names (letters, digits, '-', '_', '.'; up to 63 characters)")
+        if self.engine not in ENGINES:
+            raise SpecError(f"unknown engine {self.engine!r}: use one of {', '.join(ENGINES)}")
+        if self.engine == ENGINE_K8S_JOB and self.kubernetes_version:
+            check_engine_supported(self.engine, self.kubernetes_version)
+        return self
+
+    def _validate_network(self) -> None:
+        """--storage-allow, --vnet-subnet-id, --api-server-authorized-ips; raises SpecError."""
         for value in self.storage_allow:
             if not value.startswith("/"):
                 _public_ipv4(value, "--storage-allow", "an IPv4 address or range (Azure Storage IP rules take "
@@ -324,16 +339,6 @@ class ClusterSpec:  # pylint: disable=too-many-instance-attributes  # one field 
                             "or leave --storage-allow out to keep the account reachable (Entra ID only either way)")
         for value in self.api_server_authorized_ips:
             _public_ipv4(value, "--api-server-authorized-ips", "an IPv4 address or range in CIDR form")
-        for key, value in self.node_labels:
-            if not re.fullmatch(r"([a-z0-9.-]{1,253}/)?[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?", key) or \
-                    not re.fullmatch(r"([A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?)?", value):
-                raise SpecError(f"invalid node label {key}={value}: keys and values are Kubernetes label "
-                                "names (letters, digits, '-', '_', '.'; up to 63 characters)")
-        if self.engine not in ENGINES:
-            raise SpecError(f"unknown engine {self.engine!r}: use one of {', '.join(ENGINES)}")
-        if self.engine == ENGINE_K8S_JOB and self.kubernetes_version:
-            check_engine_supported(self.engine, self.kubernetes_version)
-        return self
 
 
 def check_engine_supported(engine: str, kubernetes_version: str) -> None:

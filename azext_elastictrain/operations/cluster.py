@@ -9,6 +9,7 @@ from azext_elastictrain._errors import az_errors
 from azext_elastictrain._validators import resolve_cluster
 
 
+# pylint: disable-next=too-many-locals  # one parameter per option of the command
 def create_cluster(cmd, *, local: bool = False, name: str | None = None, resource_group_name: str | None = None,
                    location: str | None = None, storage_account: str | None = None,
                    storage_sku: str | None = None, kubernetes_version: str | None = None,

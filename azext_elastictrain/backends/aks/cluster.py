@@ -247,7 +247,7 @@ class AksClusters:
     def _preflight(self, spec: ClusterSpec) -> "preflight.PreflightResult | None":
         """core.preflight against this region; a quota warning goes to progress, a size problem raises."""
         checked = preflight.run(self.arm, spec.gpu_vm_size, spec.max_count, spec.location, spec.resource_group,
-                                spec.system_vm_size, spec.encryption_at_host)
+                                system_vm_size=spec.system_vm_size, encryption_at_host=spec.encryption_at_host)
         for warning in checked.warnings if checked else []:
             self._progress(warning)
         return checked
