@@ -4,12 +4,14 @@ Loading this module must stay cheap: the command table and arguments are
 imported inside the loader's methods, and no SDK (azure.mgmt, azure.storage,
 kubernetes, torch) is imported until a command runs.
 """
+from importlib import import_module
+
 try:
     from azure.cli.core import AzCommandsLoader
 except ImportError:  # inside a training job: only .runtime and .core are used, without az
     AzCommandsLoader = object  # type: ignore[assignment,misc]
 else:
-    from azext_elastictrain._help import helps  # noqa: F401  (registers help text)
+    import_module("azext_elastictrain._help")  # fills knack's help table with ours
 
 
 class ElasticTrainCommandsLoader(AzCommandsLoader):  # type: ignore[misc,valid-type]

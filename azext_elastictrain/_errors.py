@@ -43,11 +43,11 @@ def _plan_failed(t: Any, ex: Any) -> az.AzCLIError:
     rerun = (f"Fix the cause, then run the same 'az elastictrain cluster create -g {t.resource_group} -n "
              f"{t.cluster}' again: it keeps what is already right and finishes the rest."
              if ex.step[:6] != "delete" else "Fix the cause and run the same delete again; what is gone stays gone.")
-    return _by_status(getattr(ex.error, "status", None))(f"{ex.step} failed: {ex.error}. Completed before it: {done}.",
-                                                        recommendation=rerun)
+    error_type = _by_status(getattr(ex.error, "status", None))
+    return error_type(f"{ex.step} failed: {ex.error}. Completed before it: {done}.", recommendation=rerun)
 
 
-def _eviction_failed(t: Any, ex: Any) -> az.AzCLIError:
+def _eviction_failed(_target: Any, ex: Any) -> az.AzCLIError:
     done = ", ".join(e["node"] for e in ex.done) or "none"
     status, code, message = (getattr(ex.error, "status", 0), getattr(ex.error, "code", ""),
                              getattr(ex.error, "message", str(ex.error)))
@@ -128,7 +128,7 @@ TABLE: list[_Row] = [
 ]
 
 
-class _Where:
+class _Where:  # pylint: disable=too-few-public-methods  # a record of names for format strings
     """What a row's message may name: the target's fields, the job, and for storage its URL and a hint."""
 
     def __init__(self, target: Any, job: str | None, url: str | None, hint: str | None) -> None:

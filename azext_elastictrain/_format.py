@@ -167,7 +167,8 @@ def eviction_table(result) -> list:
     return [
         OrderedDict([
             ("Node", e["node"]), ("Notice", f"{e['noticeSeconds']:g}s" if e["noticeSeconds"] else "none"),
-            ("Acknowledged", "" if e["acknowledgedAfterSeconds"] is None else f"after {e['acknowledgedAfterSeconds']}s"),
+            ("Acknowledged",
+             "" if e["acknowledgedAfterSeconds"] is None else f"after {e['acknowledgedAfterSeconds']}s"),
             ("RecoverySeconds", recovery.get("recoverySeconds", "")), ("StepsLost", recovery.get("stepsLost", "")),
             ("ResumedFrom", recovery.get("resumedFromStep", "")),
             ("Replacement", ", ".join(r["node"] for r in result.get("replacements") or [])),

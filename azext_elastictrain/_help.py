@@ -85,10 +85,10 @@ helps["elastictrain checkpoint download"] = """
 type: command
 short-summary: Download a complete checkpoint to a local folder, every file checked against its SHA-256.
 long-summary: |
-    The checkpoint lands in <dest>/<step, 12 digits>/ as a plain PyTorch Distributed Checkpoint
+    The checkpoint lands in `<dest>/<step, 12 digits>/` as a plain PyTorch Distributed Checkpoint
     folder (.metadata, __*.distcp) plus its manifest.json: load it with
     torch.distributed.checkpoint (FileSystemReader), or turn it into one torch.save file with
-    'python -m torch.distributed.checkpoint.format_utils dcp_to_torch <folder> model.pt'.
+    `python -m torch.distributed.checkpoint.format_utils dcp_to_torch <folder> model.pt`.
     Plain values (numbers, strings, lists) are there as their JSON text in uint8 tensors.
     Files are written to a hidden folder and moved into place once all are verified, so an
     interrupted or damaged download leaves nothing that looks complete.

@@ -4,14 +4,14 @@ from azure.cli.core.commands.parameters import get_enum_type, get_three_state_fl
 JOB_STATES = ["Running", "Succeeded", "Failed", "Stopped"]
 
 
-def load_arguments(self, _):
+def load_arguments(self, _):  # pylint: disable=too-many-statements  # one statement per argument, as az does
     from azext_elastictrain.core.spec import ENGINES, STORAGE_SKUS, UPGRADE_CHANNELS  # pure, stdlib only: cheap
 
     with self.argument_context("elastictrain checkpoint") as c:
         c.argument(
             "url", options_list=["--url"],
             help="Blob URL of the job's checkpoint prefix: "
-                 "https://<account>.blob.core.windows.net/<container>/<job>. "
+                 "`https://<account>.blob.core.windows.net/<container>/<job>`. "
                  "Pass either --url or --local --job.",
         )
         c.argument(
@@ -31,7 +31,7 @@ def load_arguments(self, _):
 
     with self.argument_context("elastictrain checkpoint download") as c:
         c.argument("dest", options_list=["--dest"],
-                   help="Folder to download into; the checkpoint lands in <dest>/<step, 12 digits>/ "
+                   help="Folder to download into; the checkpoint lands in `<dest>/<step, 12 digits>/` "
                         "(an existing one is never overwritten).")
         c.argument("step", type=int, options_list=["--step"],
                    help="Training step of the checkpoint (default: the newest complete one).")
@@ -109,7 +109,7 @@ def load_arguments(self, _):
                    help="Resource id of an existing subnet for both pools' nodes (with the Microsoft.Storage "
                         "service endpoint where --storage-allow is used). Default: AKS makes its own virtual "
                         "network.")
-        c.argument("api_server_authorized_ips", nargs="+", options_list=["--api-server-authorized-ips"],
+        c.argument("api_server_authorized_ips", nargs="+", options_list=["--api-server-authorized-ips", "--api-server-ips"],
                    help="Public IPv4 addresses or ranges allowed to reach the Kubernetes API server, e.g. your "
                         "own. Default: any address (the API server still wants an Entra ID token).")
         c.argument("encryption_at_host", arg_type=get_three_state_flag(), options_list=["--encryption-at-host"],

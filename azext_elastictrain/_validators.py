@@ -53,7 +53,6 @@ class Target:
         return get_backend(AKS, arm, self.resource_group, self.cluster,
                            credential=LoginCredential(cmd.cli_ctx), progress=get_logger(__name__).warning)
 
-
     @contextmanager
     def opened(self, cmd: Any, *, signed_out: bool = False) -> Iterator[Any]:
         """``backend()`` for the length of a ``with``: what it opened is closed after."""
@@ -64,7 +63,7 @@ class Target:
             backend.close()
 
 
-class LoginCredential:
+class LoginCredential:  # pylint: disable=too-few-public-methods  # azure-core's TokenCredential protocol
     """The CLI's login as a token credential (Entra ID), asked for only when storage is first read: a dry run,
     logs or a delete never need it."""
 

@@ -17,7 +17,7 @@ def draw(shown: dict, title: str, out: str) -> None:
         checkpoints = shown["checkpoints"]
         ax.plot([t for t, _ in checkpoints], [s for _, s in checkpoints], "|", color="tab:green", markersize=12,
                 mew=2, label="checkpoint committed")
-        top = max([s for w in shown["worlds"] for _, s in w["steps"]], default=1) or 1
+        top = max((s for w in shown["worlds"] for _, s in w["steps"]), default=1) or 1
         # labels of neighbouring marks alternate in height so that they do not overlap
         for i, notice in enumerate(shown["notices"]):
             ax.axvline(notice["time"], color="tab:orange", lw=1)

@@ -13,6 +13,8 @@
 #             (86 s and 290 MB once here; then "ok"). Scans the planned ARM bodies in the contract tests.
 #   pip       azure-cli, torch (CPU wheel pinned), this package editable with [train,test];
 #             skipped while .venv/.elastictrain-stamp matches setup.py + the requirement line
+#   lint      the gates azure-cli-extensions CI runs, pinned: azdev (its linter rules and style configs),
+#             pylint, flake8 (tests/unit/test_publish_gates.py runs them)
 #   egg-info  elastictrain.egg-info at the repo root (az reads a dev extension's metadata there)
 #   devext    build/azext-dev/elastictrain/ -> symlinks, found by az via AZURE_EXTENSION_DEV_SOURCES
 #   check     `az elastictrain --help` through the real .venv/bin/az
@@ -30,8 +32,13 @@ AZURITE_VERSION="3.37.0"
 CHECKOV_VERSION="3.3.30"
 CHECKOV_VENV=".tools/checkov"
 PIP_REQUIREMENTS=(azure-cli==2.91.0 torch==2.13.0 -e ".[train,test]")
+# azdev's own requirements (sphinx==1.6.7, tox, setuptools<80, ...) are for its other commands and clash with
+# azure-cli's: its linter rules and style configs need only knack, PyYAML and requests, which azure-cli brings.
+LINT_REQUIREMENTS=(pylint==4.1.4 flake8==7.5.0)
+AZDEV_REQUIREMENT="azdev==0.2.13"
 VENV=".venv"
 STAMP="$VENV/.elastictrain-stamp"
+LINT_STAMP="$VENV/.elastictrain-lint-stamp"
 LOG_DIR="build/setup-logs"
 DEV_EXT_DIR="build/azext-dev/elastictrain"
 
@@ -154,6 +161,22 @@ else
     fi
     printf '%s\n' "$WANT_STAMP" >"$STAMP"
     PIP_RAN=1
+fi
+
+# --- lint --------------------------------------------------------------------
+LINT_LINE="pip install ${LINT_REQUIREMENTS[*]} && pip install --no-deps $AZDEV_REQUIREMENT"
+if [ -f "$LINT_STAMP" ] && [ "$(cat "$LINT_STAMP")" = "$LINT_LINE" ] && [ "$PIP_RAN" -eq 0 ]; then
+    say lint "ok (${LINT_REQUIREMENTS[*]} $AZDEV_REQUIREMENT)"
+else
+    t0=$(now_ms)
+    log="$LOG_DIR/pip-lint.log"
+    # shellcheck disable=SC2086  # ELASTICTRAIN_PIP_ARGS is meant to word-split
+    { "$VENV/bin/python" -m pip install --disable-pip-version-check ${ELASTICTRAIN_PIP_ARGS:-} "${LINT_REQUIREMENTS[@]}" \
+      && "$VENV/bin/python" -m pip install --disable-pip-version-check ${ELASTICTRAIN_PIP_ARGS:-} --no-deps \
+             "$AZDEV_REQUIREMENT"; } >"$log" 2>&1 \
+        || { show_log_tail "$log"; die "pip install of the lint tools failed"; }
+    printf '%s\n' "$LINT_LINE" >"$LINT_STAMP"
+    say lint "installed ${LINT_REQUIREMENTS[*]} $AZDEV_REQUIREMENT (no deps) in $(elapsed "$t0")"
 fi
 
 # --- egg-info ----------------------------------------------------------------

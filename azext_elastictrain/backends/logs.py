@@ -22,7 +22,8 @@ def merged_streams(streams: list, follow: bool, timeout: int | None) -> Iterator
         try:
             for line in lines:
                 arrived.put((label, line))
-        except Exception as ex:  # noqa: BLE001 - one pod's broken stream must not end the others
+        except Exception as ex:  # pylint: disable=broad-exception-caught
+            # one pod's broken stream must not end the others
             arrived.put((label, f"<log stream ended: {ex}>"))
         finally:
             arrived.put(done)

@@ -48,7 +48,8 @@ class AzureArm:
                                lambda c, r, b, **k: c.resource_groups.create_or_update(r["resource_group"], b, **k),
                                lambda c, r, **k: c.resource_groups.begin_delete(r["resource_group"], **k)),
             "storage_account": ("storage",
-                                lambda c, r, **k: c.storage_accounts.get_properties(r["resource_group"], r["name"], **k),
+                                lambda c, r, **k: c.storage_accounts.get_properties(r["resource_group"], r["name"],
+                                                                                    **k),
                                 lambda c, r, b, **k: c.storage_accounts.begin_create(r["resource_group"], r["name"], b,
                                                                                      **k),
                                 lambda c, r, **k: c.storage_accounts.delete(r["resource_group"], r["name"], **k)),
@@ -134,16 +135,13 @@ class AzureArm:
         with _arm_errors():
             # logging_enable=False: az --debug would otherwise log the response, credentials and all
             result = client.managed_clusters.list_cluster_user_credentials(resource_group, cluster, cls=_raw,
-                                                                            logging_enable=False)
+                                                                           logging_enable=False)
         configs = (result or {}).get("kubeconfigs") or []
         if not configs:
             from azext_elastictrain.core.errors import ArmError
 
             raise ArmError(404, "NoCredentials", f"AKS returned no user credentials for cluster {cluster!r}")
         return base64.b64decode(configs[0]["value"])
-
-
-    # -- the VMSS instances behind AKS nodes (backends.aks.evict's Compute) -------------------------------
 
     # -- the region preflight (core.preflight): GETs on the compute provider -------------------------------------
 
@@ -179,6 +177,8 @@ class AzureArm:
             self._clients[key] = _client_factory.cf_compute(self._cli_ctx, subscription_id=subscription)
         return self._clients[key]
 
+    # -- the VMSS instances behind AKS nodes (backends.aks.evict's Compute) -------------------------------
+
     def simulate_eviction(self, instance) -> None:
         """POST .../virtualMachines/{id}/simulateEviction (204). ``instance``: a core.eviction.VmssInstance."""
         client = self._compute(instance.subscription)
@@ -201,7 +201,7 @@ class AzureArm:
             raise
 
 
-class SignedOutArm:
+class SignedOutArm:  # pylint: disable=too-few-public-methods  # the part of Arm a signed-out dry run uses
     """The ``Arm`` of a dry run without a login: names for the plan, no calls. ``signed_in`` False makes the
     plan skip the region preflight (and say so); any call is a bug, so it fails loudly."""
 

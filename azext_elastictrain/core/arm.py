@@ -41,10 +41,10 @@ def tags(spec: ClusterSpec) -> dict[str, str]:
     return {TAG: spec.name}
 
 
-def blob_endpoint(storage_account: dict | None, spec: ClusterSpec, storage_suffix: str) -> str:
+def blob_endpoint(account: dict | None, spec: ClusterSpec, storage_suffix: str) -> str:
     """The account's blob endpoint, no trailing slash: ARM's ``primaryEndpoints.blob`` (sovereign clouds and
     DNS-zone accounts have other hosts); before the account exists (a dry run), the cloud's usual host for it."""
-    endpoint = (((storage_account or {}).get("properties") or {}).get("primaryEndpoints") or {}).get("blob")
+    endpoint = (((account or {}).get("properties") or {}).get("primaryEndpoints") or {}).get("blob")
     return (endpoint or f"https://{spec.storage_account_name}.blob.{storage_suffix}").rstrip("/")
 
 

@@ -84,7 +84,8 @@ def parse_location(url: str, connection_string: str | None = None) -> Location:
     """
     parsed = urlparse(url)
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
-        raise ValueError(f"not a blob URL: {url!r} (expected https://<account>.blob.core.windows.net/<container>/<prefix>)")
+        raise ValueError(f"not a blob URL: {url!r} "
+                         "(expected https://<account>.blob.core.windows.net/<container>/<prefix>)")
     base = f"{parsed.scheme}://{parsed.netloc}"
     path = parsed.path.strip("/")
     endpoint = _connection_string_endpoint(connection_string) if connection_string else None
@@ -332,7 +333,7 @@ class BlobStore:
 
     def append(self, name: str, data: bytes) -> None:
         """Append to an append blob, creating it on first use."""
-        from azure.core.exceptions import ResourceNotFoundError
+        from azure.core.exceptions import AzureError, ResourceNotFoundError
 
         blob = self._container.get_blob_client(name)
         try:
@@ -341,7 +342,7 @@ class BlobStore:
             except ResourceNotFoundError:
                 try:
                     blob.create_append_blob(if_none_match="*")
-                except Exception as ex:  # noqa: BLE001 - created concurrently is fine
+                except AzureError as ex:  # created concurrently is fine
                     if not isinstance(_translate(ex, name), WriteConflict):
                         raise
                 blob.append_block(data)
@@ -364,8 +365,8 @@ class BlobStore:
                 raise _translate(ex, "delete") from ex
 
     # -- used by BlobWriter ---------------------------------------------------
-    def _submit_block(self, fn: Callable[[], None]) -> Future:
-        self._buffered.acquire()
+    def submit_block(self, fn: Callable[[], None]) -> Future:
+        self._buffered.acquire()  # pylint: disable=consider-using-with  # released when the block is uploaded
         fut = self._pool.submit(fn)
         fut.add_done_callback(lambda _: self._buffered.release())
         return fut
@@ -394,7 +395,7 @@ class _ViewWriter:
         return False
 
 
-class BlobWriter:
+class BlobWriter:  # pylint: disable=too-many-instance-attributes  # one upload's state
     """A write-once, file-like stream onto one block blob.
 
     Bytes are cut into blocks that are hashed and uploaded in parallel while
@@ -463,7 +464,7 @@ class BlobWriter:
             self._digests[index] = block_digest(chunk)
             self._blob.stage_block(block_id, chunk, length=len(chunk))
 
-        self._futures.append(self._store._submit_block(upload))
+        self._futures.append(self._store.submit_block(upload))
 
     def close(self) -> None:
         if self.closed:

@@ -28,14 +28,21 @@ DEFAULT_GRACE_SECONDS = 600.0
 
 
 class Store(Protocol):
-    def list(self, prefix: str) -> list[BlobEntry]: ...
-    def read(self, name: str) -> bytes: ...
-    def download(self, name: str, size: int, sha256: str | None = None) -> memoryview: ...
-    def delete(self, names: list[str]) -> None: ...
+    def list(self, prefix: str) -> list[BlobEntry]:
+        ...
+
+    def read(self, name: str) -> bytes:
+        ...
+
+    def download(self, name: str, size: int, sha256: str | None = None) -> memoryview:
+        ...
+
+    def delete(self, names: list[str]) -> None:
+        ...
 
 
 @dataclass(frozen=True)
-class Checkpoint:
+class Checkpoint:  # pylint: disable=too-many-instance-attributes  # the catalog's columns
     step: int
     status: str
     created: float
@@ -88,7 +95,7 @@ def _describe(store: Store, job_prefix: str, step: int, entries: list[BlobEntry]
     names = tuple(sorted(e.name for e in entries))
     newest = max(e.last_modified for e in entries)
     manifest_blob = layout.manifest_name(job_prefix, step)
-    base = dict(step=step, blobs=names, last_modified=newest)
+    base = {"step": step, "blobs": names, "last_modified": newest}
     if manifest_blob not in names:
         return Checkpoint(
             status=INCOMPLETE, created=newest, size=sum(e.size for e in entries),

@@ -101,7 +101,7 @@ class FileEntry:
 
 
 @dataclass(frozen=True)
-class Manifest:
+class Manifest:  # pylint: disable=too-many-instance-attributes  # the manifest.json fields
     """The commit record of one checkpoint: it exists iff this was written."""
 
     step: int

@@ -14,13 +14,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from azext_elastictrain.core import launch
-from azext_elastictrain.core.spec import (  # noqa: F401  (the engines are part of what this module renders)
+from azext_elastictrain.core.spec import (
     ENGINE_K8S_JOB,
     ENGINE_TORCHELASTIC,
     ENGINES,
-    K8S_JOB_MIN_KUBERNETES,
     SpecError,
-    check_engine_supported,
 )
 
 NAMESPACE = "elastictrain"
@@ -96,8 +94,9 @@ def validate_checkpoint_url(url: str) -> str:
     if parts.query or parts.fragment or parts.username or parts.password:
         # The URL itself is not echoed: a query string may be a SAS token.
         raise SpecError(f"the checkpoint URL must not carry a query, fragment or credentials: {hint}")
-    if (parts.scheme != "https" or not is_blob_host or (parts.port is not None and not _is_ip(parts.hostname))
-            or not _STORAGE_ACCOUNT.fullmatch(account) or not _CONTAINER.fullmatch(container)):
+    host_ok = is_blob_host and (parts.port is None or _is_ip(parts.hostname))
+    names_ok = bool(_STORAGE_ACCOUNT.fullmatch(account) and _CONTAINER.fullmatch(container))
+    if parts.scheme != "https" or not host_ok or not names_ok:
         raise SpecError(f"invalid checkpoint URL {url!r}: {hint}")
     return url
 
@@ -244,8 +243,8 @@ def render_elastic_job(job, cluster: InClusterSpec, image: str, *, run_id: str |
             "rdzvEndpoint": etcd_endpoint(cluster.namespace),
             "minReplicas": job.min_nodes, "maxReplicas": job.max_nodes,
             "replicaSpecs": {"Worker": {"replicas": job.node_count, "restartPolicy": "ExitCode",
-                                        "template": _worker_template(job, cluster, image, args, gpus,
-                                                                     ENGINE_TORCHELASTIC)}},
+                                        "template": _worker_template(job, cluster, image, args, gpus=gpus,
+                                                                     engine=ENGINE_TORCHELASTIC)}},
         },
     }
 
@@ -279,7 +278,7 @@ def render_k8s_job(job, cluster: InClusterSpec, image: str, *, run_id: str | Non
     args = [*_torchrun_options(job, run_id or job.name),
             f"--rdzv-endpoint={etcd_endpoint(cluster.namespace)}",
             f"--nnodes={job.min_nodes}:{job.max_nodes}", job.script, *job.script_args]
-    template = _worker_template(job, cluster, image, args, gpus, ENGINE_K8S_JOB)
+    template = _worker_template(job, cluster, image, args, gpus=gpus, engine=ENGINE_K8S_JOB)
     template["spec"].update(restartPolicy="Never", subdomain=job.name)
     service = {
         "apiVersion": "v1", "kind": "Service",
@@ -341,7 +340,7 @@ def _job_labels(job, engine: str) -> dict:
     return {"app.kubernetes.io/part-of": "elastictrain", JOB_LABEL: job.name, ENGINE_LABEL: engine}
 
 
-def _worker_template(job, cluster: InClusterSpec, image: str, args: list[str], gpus: int, engine: str) -> dict:
+def _worker_template(job, cluster: InClusterSpec, image: str, args: list[str], *, gpus: int, engine: str) -> dict:
     labels = {**_job_labels(job, engine), **WORKER_LABELS, "azure.workload.identity/use": "true"}
     return {
         "metadata": {"labels": labels},

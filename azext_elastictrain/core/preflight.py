@@ -42,7 +42,7 @@ class PreflightError(ValueError):
 
 
 @dataclass(frozen=True)
-class VmSize:
+class VmSize:  # pylint: disable=too-many-instance-attributes  # the Resource SKU capabilities we read
     """A VM size as the Resource SKUs API describes it in one region."""
 
     name: str
@@ -66,7 +66,7 @@ class VmSize:
 
 
 @dataclass
-class PreflightResult:
+class PreflightResult:  # pylint: disable=too-many-instance-attributes  # what create needs from the region
     location: str
     gpu_vm_size: str
     vcpus: int
@@ -192,7 +192,7 @@ def spot_gpu_sizes(sizes: dict[str, VmSize]) -> list[str]:
 
 
 def check(gpu_vm_size: str, max_count: int, location: str, resource_skus: list[dict],
-          usages: list[dict], system_vm_size: str = "") -> PreflightResult:
+          usages: list[dict], *, system_vm_size: str = "") -> PreflightResult:
     """Raise PreflightError where the size cannot run a Spot pool in the region; warn where quota is short."""
     sizes = vm_sizes(resource_skus, location)
     result = _check_gpu(sizes, gpu_vm_size, max_count, location, usages)
@@ -258,13 +258,20 @@ def _whole(text: str | None) -> int:
 class RegionApi(Protocol):
     """What the preflight reads through the backend's Arm (core.backends.aks.Arm has these)."""
 
-    def get(self, kind: str, ref: dict) -> dict | None: ...
-    def resource_skus(self, location: str) -> list[dict]: ...
-    def usages(self, location: str) -> list[dict]: ...
-    def feature_state(self, namespace: str, feature: str) -> str: ...  # Microsoft.Features: e.g. "Registered"
+    def get(self, kind: str, ref: dict) -> dict | None:
+        ...
+
+    def resource_skus(self, location: str) -> list[dict]:
+        ...
+
+    def usages(self, location: str) -> list[dict]:
+        ...
+
+    def feature_state(self, namespace: str, feature: str) -> str:
+        ...  # Microsoft.Features: e.g. "Registered"
 
 
-def run(arm_client: RegionApi, gpu_vm_size: str, max_count: int, location: str, resource_group: str,
+def run(arm_client: RegionApi, gpu_vm_size: str, max_count: int, location: str, resource_group: str, *,
         system_vm_size: str = "", encryption_at_host: bool | None = None) -> PreflightResult | None:
     """Fetch the lists through the backend's Arm (GETs only) and ``check``. ``location`` empty: the resource
     group's; None when neither is known yet (the create then fails on the resource group, asking for -l).
@@ -275,7 +282,7 @@ def run(arm_client: RegionApi, gpu_vm_size: str, max_count: int, location: str, 
         if not location:
             return None
     result = check(gpu_vm_size, max_count, location, arm_client.resource_skus(location), arm_client.usages(location),
-                   system_vm_size)
+                   system_vm_size=system_vm_size)
     sizes = [s for s in (result.system, result.gpu) if s is not None]
     if encryption_at_host is not False and (encryption_at_host or any(s.encryption_at_host for s in sizes)):
         state = arm_client.feature_state(*ENCRYPTION_AT_HOST_FEATURE)

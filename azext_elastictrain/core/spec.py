@@ -29,7 +29,7 @@ class LocalClusterSpec:
 
 
 @dataclass(frozen=True)
-class JobSpec:
+class JobSpec:  # pylint: disable=too-many-instance-attributes  # one field per user option
     """An elastic job: ``nodes`` torchrun agents (between ``min_nodes`` and ``max_nodes``) running ``script``.
 
     ``nodes`` defaults to ``max_nodes``. ``script`` must be an existing file
@@ -140,6 +140,8 @@ _GPU_FAMILY = re.compile(r"Standard_N[A-Z]", re.IGNORECASE)
 def is_gpu_size_name(vm_size: str | None) -> bool:
     """Whether a size's name is of Azure's GPU family (for pools read back from ARM; no region lookup)."""
     return bool(vm_size and _GPU_FAMILY.match(vm_size))
+
+
 _K8S_VERSION = re.compile(r"\d+\.\d+(\.\d+)?")
 _SUBNET_ID = re.compile(r"/subscriptions/[0-9a-fA-F-]{36}/resourceGroups/[-\w._()]+/providers/Microsoft\.Network/"
                         r"virtualNetworks/[-\w.]+/subnets/[-\w.]+", re.IGNORECASE)
@@ -181,7 +183,7 @@ def spot_price(value: "str | float | int") -> float:
 
 
 @dataclass(frozen=True)
-class ClusterSpec:
+class ClusterSpec:  # pylint: disable=too-many-instance-attributes  # one field per user option
     """An AKS cluster for elastic training: CPU system pool, GPU Spot pool, storage, identity.
 
     ``location`` may be empty: the resource group's location is used (``with_location``).
@@ -300,10 +302,25 @@ class ClusterSpec:
         if self.min_count > self.max_count:
             raise SpecError(f"--min-count {self.min_count} is more than --max-count {self.max_count}: the GPU "
                             "pool autoscales between the two, so min <= max")
-        self.spot_max_price  # noqa: B018  (raises SpecError)
+        _ = self.spot_max_price  # validates: raises SpecError
         if self.upgrade_channel not in UPGRADE_CHANNELS:
-            raise SpecError(f"unknown upgrade channel {self.upgrade_channel!r}: use one of {', '.join(UPGRADE_CHANNELS)}")
+            raise SpecError(f"unknown upgrade channel {self.upgrade_channel!r}: "
+                            f"use one of {', '.join(UPGRADE_CHANNELS)}")
         self.maintenance()  # raises SpecError
+        self._validate_network()
+        for key, value in self.node_labels:
+            if not re.fullmatch(r"([a-z0-9.-]{1,253}/)?[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?", key) or \
+                    not re.fullmatch(r"([A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?)?", value):
+                raise SpecError(f"invalid node label {key}={value}: keys and values are Kubernetes label "
+                                "names (letters, digits, '-', '_', '.'; up to 63 characters)")
+        if self.engine not in ENGINES:
+            raise SpecError(f"unknown engine {self.engine!r}: use one of {', '.join(ENGINES)}")
+        if self.engine == ENGINE_K8S_JOB and self.kubernetes_version:
+            check_engine_supported(self.engine, self.kubernetes_version)
+        return self
+
+    def _validate_network(self) -> None:
+        """--storage-allow, --vnet-subnet-id, --api-server-authorized-ips; raises SpecError."""
         for value in self.storage_allow:
             if not value.startswith("/"):
                 _public_ipv4(value, "--storage-allow", "an IPv4 address or range (Azure Storage IP rules take "
@@ -322,16 +339,6 @@ class ClusterSpec:
                             "or leave --storage-allow out to keep the account reachable (Entra ID only either way)")
         for value in self.api_server_authorized_ips:
             _public_ipv4(value, "--api-server-authorized-ips", "an IPv4 address or range in CIDR form")
-        for key, value in self.node_labels:
-            if not re.fullmatch(r"([a-z0-9.-]{1,253}/)?[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?", key) or \
-                    not re.fullmatch(r"([A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?)?", value):
-                raise SpecError(f"invalid node label {key}={value}: keys and values are Kubernetes label "
-                                "names (letters, digits, '-', '_', '.'; up to 63 characters)")
-        if self.engine not in ENGINES:
-            raise SpecError(f"unknown engine {self.engine!r}: use one of {', '.join(ENGINES)}")
-        if self.engine == ENGINE_K8S_JOB and self.kubernetes_version:
-            check_engine_supported(self.engine, self.kubernetes_version)
-        return self
 
 
 def check_engine_supported(engine: str, kubernetes_version: str) -> None:

@@ -19,7 +19,10 @@ def series(events: Iterable[dict]) -> dict:
         return {"start": None, "worlds": [], "worldSize": [], "checkpoints": [], "notices": [], "stops": [],
                 "scaleUps": []}
     t0 = ordered[0]["time"]
-    rel = lambda t: round(t - t0, 3)  # noqa: E731
+
+    def rel(t: float) -> float:
+        return round(t - t0, 3)
+
     worlds = job_goodput.segments(ordered)
     finished = any(e.get("event") == job_events.FINISHED for e in ordered)
     sizes: list[list[float]] = [[0.0, 0]]

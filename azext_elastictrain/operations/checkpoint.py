@@ -25,7 +25,7 @@ from azext_elastictrain._validators import LoginCredential, resolve_checkpoints
 
 
 @contextmanager
-def _open_store(cmd, url: str | None, connection_string: str | None, local: bool = False,
+def _open_store(cmd, url: str | None, connection_string: str | None, *, local: bool = False,
                 cluster: str | None = None, job: str | None = None,
                 resource_group: str | None = None) -> Iterator:
     """``(store, url)`` of the job's checkpoints, named by exactly one of --url, --local --job or -g -c --job."""
@@ -56,7 +56,8 @@ def _open_store(cmd, url: str | None, connection_string: str | None, local: bool
                                    quick_retries=True)
     except ValueError as ex:
         raise InvalidArgumentValueError(
-            str(ex), recommendation="Pass the job's checkpoint URL: https://<account>.blob.core.windows.net/<container>/<job>"
+            str(ex),
+            recommendation="Pass the job's checkpoint URL: https://<account>.blob.core.windows.net/<container>/<job>"
         ) from ex
     try:
         with az_errors(target, job=job, url=url, hint=hint):
@@ -65,23 +66,23 @@ def _open_store(cmd, url: str | None, connection_string: str | None, local: bool
         store.close()
 
 
-def list_checkpoints(cmd, url: str | None = None, connection_string: str | None = None, local: bool = False,
+def list_checkpoints(cmd, *, url: str | None = None, connection_string: str | None = None, local: bool = False,
                      cluster: str | None = None, job: str | None = None,
                      resource_group_name: str | None = None) -> list[dict]:
     from azext_elastictrain.core import catalog
 
-    with _open_store(cmd, url, connection_string, local, cluster, job,
-                     resource_group_name) as (store, location):
+    with _open_store(cmd, url, connection_string, local=local, cluster=cluster, job=job,
+                     resource_group=resource_group_name) as (store, _):
         return [c.to_dict() for c in catalog.list_checkpoints(store, store.prefix)]
 
 
-def show_checkpoint(cmd, step: int, url: str | None = None, connection_string: str | None = None,
+def show_checkpoint(cmd, *, step: int, url: str | None = None, connection_string: str | None = None,
                     local: bool = False, cluster: str | None = None, job: str | None = None,
                     resource_group_name: str | None = None) -> dict:
     from azext_elastictrain.core import catalog
 
-    with _open_store(cmd, url, connection_string, local, cluster, job,
-                     resource_group_name) as (store, location):
+    with _open_store(cmd, url, connection_string, local=local, cluster=cluster, job=job,
+                     resource_group=resource_group_name) as (store, location):
         found = [c for c in catalog.list_checkpoints(store, store.prefix) if c.step == step]
         if not found:
             raise ResourceNotFoundError(
@@ -97,14 +98,14 @@ def show_checkpoint(cmd, step: int, url: str | None = None, connection_string: s
         return result
 
 
-def verify_checkpoints(cmd, url: str | None = None, step: int | None = None, connection_string: str | None = None,
+def verify_checkpoints(cmd, *, url: str | None = None, step: int | None = None, connection_string: str | None = None,
                        local: bool = False, cluster: str | None = None, job: str | None = None,
                        resource_group_name: str | None = None) -> list[dict]:
     """Read back every file of the complete checkpoints (or one step) and check its checksum."""
     from azext_elastictrain.core import catalog
 
-    with _open_store(cmd, url, connection_string, local, cluster, job,
-                     resource_group_name) as (store, location):
+    with _open_store(cmd, url, connection_string, local=local, cluster=cluster, job=job,
+                     resource_group=resource_group_name) as (store, location):
         listed = catalog.list_checkpoints(store, store.prefix)
         if step is not None:
             listed = [c for c in listed if c.step == step]
@@ -130,7 +131,7 @@ def parse_duration(text: str) -> float:
     return seconds
 
 
-def prune_checkpoints(cmd, url: str | None = None, keep_last: int | None = None, older_than: str | None = None,
+def prune_checkpoints(cmd, *, url: str | None = None, keep_last: int | None = None, older_than: str | None = None,
                       incomplete: bool = False, dry_run: bool = False, yes: bool = False,
                       connection_string: str | None = None, local: bool = False, cluster: str | None = None,
                       job: str | None = None, resource_group_name: str | None = None) -> dict:
@@ -151,8 +152,8 @@ def prune_checkpoints(cmd, url: str | None = None, keep_last: int | None = None,
             recommendation="Keep at least 1: the newest complete checkpoint is never deleted.",
         )
     max_age = parse_duration(older_than) if older_than else None
-    with _open_store(cmd, url, connection_string, local, cluster, job,
-                     resource_group_name) as (store, location):
+    with _open_store(cmd, url, connection_string, local=local, cluster=cluster, job=job,
+                     resource_group=resource_group_name) as (store, location):
         plan = catalog.plan_prune(catalog.list_checkpoints(store, store.prefix),
                                   keep_last=keep_last, older_than=max_age, incomplete=incomplete)
         result = {
@@ -165,8 +166,9 @@ def prune_checkpoints(cmd, url: str | None = None, keep_last: int | None = None,
         if dry_run or not plan.delete:
             return result
         steps = ", ".join(str(c.step) for c in plan.delete)
+        freed_mib = plan.bytes_freed / 2**20
         user_confirmation(
-            f"Delete {len(plan.delete)} checkpoint(s) of {location} (steps {steps}; {plan.bytes_freed / 2**20:.1f} MiB)?",
+            f"Delete {len(plan.delete)} checkpoint(s) of {location} (steps {steps}; {freed_mib:.1f} MiB)?",
             yes=yes,
         )
         catalog.apply_prune(store, store.prefix, plan)
@@ -174,7 +176,7 @@ def prune_checkpoints(cmd, url: str | None = None, keep_last: int | None = None,
         return result
 
 
-def download_checkpoint(cmd, dest: str, step: int | None = None, url: str | None = None,
+def download_checkpoint(cmd, *, dest: str, step: int | None = None, url: str | None = None,
                         connection_string: str | None = None, local: bool = False, cluster: str | None = None,
                         job: str | None = None, resource_group_name: str | None = None) -> dict:
     """Copy a complete checkpoint (default: the newest) to a local folder, every file verified."""
@@ -184,8 +186,8 @@ def download_checkpoint(cmd, dest: str, step: int | None = None, url: str | None
 
     from azext_elastictrain.core import catalog
 
-    with _open_store(cmd, url, connection_string, local, cluster, job,
-                     resource_group_name) as (store, location):
+    with _open_store(cmd, url, connection_string, local=local, cluster=cluster, job=job,
+                     resource_group=resource_group_name) as (store, location):
         listed = catalog.list_checkpoints(store, store.prefix)
         if step is None:
             chosen = catalog.newest_complete(listed)

@@ -9,7 +9,8 @@ from azext_elastictrain._errors import az_errors
 from azext_elastictrain._validators import resolve_cluster
 
 
-def create_cluster(cmd, local: bool = False, name: str | None = None, resource_group_name: str | None = None,
+# pylint: disable-next=too-many-locals  # one parameter per option of the command
+def create_cluster(cmd, *, local: bool = False, name: str | None = None, resource_group_name: str | None = None,
                    location: str | None = None, storage_account: str | None = None,
                    storage_sku: str | None = None, kubernetes_version: str | None = None,
                    node_vm_size: str | None = None, gpu_vm_size: str | None = None, min_count: int | None = None,
@@ -141,7 +142,7 @@ def list_clusters(cmd, local: bool = False, resource_group_name: str | None = No
         return backend.list_clusters()
 
 
-def delete_cluster(cmd, local: bool = False, name: str | None = None, resource_group_name: str | None = None,
+def delete_cluster(cmd, *, local: bool = False, name: str | None = None, resource_group_name: str | None = None,
                    delete_storage: bool = False, storage_account: str | None = None, dry_run: bool = False,
                    yes: bool = False, no_wait: bool = False):
     """Local: stop the processes this cluster started (by pid, checked) and remove its state.

@@ -15,7 +15,7 @@ from azext_elastictrain._errors import az_errors
 from azext_elastictrain._validators import resolve_target
 
 
-def run_job(cmd, name: str, script: str, min_nodes: int, max_nodes: int, local: bool = False,
+def run_job(cmd, *, name: str, script: str, min_nodes: int, max_nodes: int, local: bool = False,
             cluster: str | None = None, script_args: str | None = None, nodes: int | None = None,
             nproc_per_node: int | None = None, checkpoint_interval: int | None = None, keep: int = 3,
             resource_group_name: str | None = None, image: str | None = None, gpus_per_node: int | None = None,
@@ -64,7 +64,7 @@ def show_job(cmd, name: str, local: bool = False, cluster: str | None = None,
 PICTURE_FORMATS = (".png", ".svg", ".pdf")
 
 
-def job_timeline(cmd, name: str, local: bool = False, cluster: str | None = None, output_file: str | None = None,
+def job_timeline(cmd, *, name: str, local: bool = False, cluster: str | None = None, output_file: str | None = None,
                  resource_group_name: str | None = None) -> dict:
     """The series of the job's current run (core.timeline); with --output-file, also its picture."""
     import os
@@ -106,7 +106,7 @@ def _require_matplotlib() -> None:
                                              "extra; or leave out --output-file and plot the -o json series.")
 
 
-def job_logs(cmd, name: str, local: bool = False, cluster: str | None = None, node: str | None = None,
+def job_logs(cmd, *, name: str, local: bool = False, cluster: str | None = None, node: str | None = None,
              follow: bool = False, tail: int | None = None, timeout: int | None = None,
              resource_group_name: str | None = None, rank: int | None = None, pod: str | None = None) -> None:
     """Print the nodes' logs (each line prefixed with its node, or pod, when there are several)."""
@@ -142,7 +142,7 @@ def _print(lines, *, prefix: bool, follow: bool) -> None:
             pass
 
 
-def wait_job(cmd, name: str, local: bool = False, cluster: str | None = None, state: str | None = None,
+def wait_job(cmd, *, name: str, local: bool = False, cluster: str | None = None, state: str | None = None,
              step: int | None = None, world_size: int | None = None, timeout: int = 600,
              resource_group_name: str | None = None) -> dict:
     """Poll the job until it is in ``state`` (default Succeeded), reached ``step`` and/or trains at
@@ -162,7 +162,7 @@ def wait_job(cmd, name: str, local: bool = False, cluster: str | None = None, st
         return backend.wait_job(name, WaitFor(state=state, step=step, world_size=world_size, timeout=timeout))
 
 
-def delete_job(cmd, name: str, local: bool = False, cluster: str | None = None, yes: bool = False,
+def delete_job(cmd, *, name: str, local: bool = False, cluster: str | None = None, yes: bool = False,
                dry_run: bool = False, delete_checkpoints: bool = False, resource_group_name: str | None = None) -> dict:
     """Stop the job's nodes (local: every agent and descendant, checked by pid; AKS: the ElasticJob and its
     pods). Checkpoints stay unless --delete-checkpoints (local only): losing them by accident is the worst

@@ -138,7 +138,7 @@ def _rng_items(rank: int, rng: dict[str, Any]) -> dict[str, Any]:
     return items
 
 
-class Checkpointer:
+class Checkpointer:  # pylint: disable=too-many-instance-attributes  # restore+save+retention: to split
     def __init__(
         self,
         store: BlobStore,
@@ -347,7 +347,8 @@ class Checkpointer:
         try:
             dcp.load(flat, storage_reader=reader, planner=planner, process_group=self._ctl,
                      no_dist=not self.distributed)
-        except (Exception, CheckpointException) as ex:  # noqa: BLE001 - unreadable: try the previous one
+        except (Exception, CheckpointException) as ex:  # pylint: disable=broad-exception-caught
+            # unreadable: try the previous one
             # (DCP wraps every rank's read error in CheckpointException, a BaseException.)
             mismatch = _cause(ex, StateMismatch)
             if mismatch is not None:
@@ -403,7 +404,8 @@ class Checkpointer:
         try:
             shared = self._share_copy(copy if offers[self.rank] == wanted else None, holder)
             outcome = self._load_memory(shared, tree, wanted)
-        except (Exception, CheckpointException) as ex:  # noqa: BLE001 - any failure: blob instead
+        except (Exception, CheckpointException) as ex:  # pylint: disable=broad-exception-caught
+            # any failure: blob instead
             # (DCP wraps a planner's error, StateMismatch or "keys not loaded" included, in CheckpointException.)
             log.warning("the in-memory state of step %d cannot be loaded here: %s", best, _failure_text(ex))
             shared, outcome = None, UNREADABLE
@@ -453,7 +455,8 @@ class Checkpointer:
         if self._memory is None or self.local_rank != 0:
             return
         # Sharded parameters: skip before flattening, which for them may take collectives this rank runs alone.
-        if any(type(p.data) is not torch.Tensor for m in modules_in(state) for p in m.parameters()):
+        if any(type(p.data) is not torch.Tensor  # pylint: disable=unidiomatic-typecheck  # sharded: DTensor
+               for m in modules_in(state) for p in m.parameters()):
             return
         try:
             tree = _tree(state)
@@ -496,7 +499,7 @@ class Checkpointer:
         self._last_save_time = time.monotonic()
 
         def upload() -> None:
-            self._upload(step, snapshot, writer, stall, paths, step_time)
+            self._upload(step, snapshot, writer, stall=stall, paths=paths, step_time=step_time)
 
         if blocking or (blocking is None and not self.async_save):
             upload()
@@ -521,7 +524,7 @@ class Checkpointer:
                 if host is not buffer:
                     buffer.copy_(host)
 
-    def _upload(self, step: int, snapshot: dict[str, Any], writer: str, stall: float,
+    def _upload(self, step: int, snapshot: dict[str, Any], writer: str, *, stall: float,
                 paths: dict[str, tuple[str | int, ...]], step_time: float | None = None) -> None:
         started = time.monotonic()
         committed: list[layout.Manifest] = []
@@ -561,7 +564,8 @@ class Checkpointer:
         self.last_saved_step = step
         if self.rank == 0:
             size = committed[0].total_bytes if committed else None
-            log.info("checkpoint of step %d committed (%s bytes, %.2fs upload, %.3fs stall)", step, size, seconds, stall)
+            log.info("checkpoint of step %d committed (%s bytes, %.2fs upload, %.3fs stall)", step, size, seconds,
+                     stall)
             self._emit(progress.CHECKPOINT, step=step, bytes=size, seconds=round(seconds, 3),
                        stall_seconds=round(stall, 4), world_size=self.world_size,
                        step_time=None if step_time is None else round(step_time, 3))
@@ -575,7 +579,8 @@ class Checkpointer:
             if plan.delete:
                 catalog.apply_prune(self.store, self.job_prefix, plan)
                 log.info("retention removed checkpoints %s", [c.step for c in plan.delete])
-        except Exception as ex:  # noqa: BLE001 - retention is housekeeping; never fail a save for it
+        except Exception as ex:  # pylint: disable=broad-exception-caught
+            # retention is housekeeping; never fail a save for it
             log.warning("retention failed: %s", ex)
 
     def wait(self, raise_errors: bool = True) -> None:
@@ -584,7 +589,7 @@ class Checkpointer:
         if pending is not None:
             try:
                 pending.result()
-            except BaseException as ex:  # noqa: BLE001
+            except BaseException as ex:  # pylint: disable=broad-exception-caught  # kept for the caller to raise
                 self._error = ex
                 log.error("%s", ex)
         error, self._error = self._error, None

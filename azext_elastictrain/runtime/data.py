@@ -39,7 +39,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 from torch.utils.data import Sampler
 
 
-class ElasticSampler(Sampler[list[int]], Stateful):
+class ElasticSampler(Sampler[list[int]], Stateful):  # pylint: disable=too-many-instance-attributes  # its position
     """A batch sampler over a map-style dataset with a fixed global batch size and a checkpointed position.
 
     ``global_batch_size`` must be divisible by the world size: each rank takes an equal slice (a

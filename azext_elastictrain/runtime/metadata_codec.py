@@ -89,8 +89,12 @@ def dumps(metadata: Metadata) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # JSON's true is no index
+
+
 def _ints(value: Any) -> list[int]:
-    if not isinstance(value, list) or not all(type(v) is int for v in value):
+    if not isinstance(value, list) or not all(_is_int(v) for v in value):
         raise MetadataFormatError(f"expected a list of integers, got {value!r:.80}")
     return value
 
@@ -112,7 +116,7 @@ def _load_storage(doc: dict[str, Any]) -> tuple[MetadataIndex, StorageInfo]:
     index = doc["index"]
     offset = index["offset"]
     key = MetadataIndex(fqn=str(index["fqn"]), offset=None if offset is None else _ints(offset),
-                        index=index["index"] if type(index["index"]) is int else None)
+                        index=index["index"] if _is_int(index["index"]) else None)
     transforms = [str(t) for t in doc["transforms"]] or None
     info = StorageInfo(relative_path=str(doc["path"]), offset=int(doc["offset"]), length=int(doc["length"]),
                        transform_descriptors=transforms)

@@ -49,7 +49,8 @@ class TensorSavePlanner(DefaultSavePlanner):
         plans, metadata = super().create_global_plan(all_plans)
         if self.paths is not None:
             metadata = dataclasses.replace(metadata, planner_data=dict(self.paths))
-            self.metadata = metadata
+            # DefaultSavePlanner.create_global_plan keeps the global metadata in self.metadata; ours replaces it.
+            self.metadata = metadata  # pylint: disable=attribute-defined-outside-init
         return plans, metadata
 
     def transform_object(self, write_item: WriteItem, object: Any) -> Any:  # noqa: A002 - DCP's name
@@ -105,6 +106,11 @@ class CheckingLoadPlanner(DefaultLoadPlanner):
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
         raise RefusedItem(f"checkpoint item {read_item.dest_index.fqn!r} is a bytes item, which this runtime "
                           "never writes (DCP would unpickle it); refusing to deserialize it")
+
+    def resolve_bytes(self, read_item: ReadItem) -> io.BytesIO:
+        """A reader's other way into a bytes item: refused like load_bytes."""
+        self.load_bytes(read_item, io.BytesIO())
+        raise AssertionError("unreachable: load_bytes refuses every bytes item")
 
     def commit_tensor(self, read_item: ReadItem, tensor: torch.Tensor) -> None:
         super().commit_tensor(read_item, tensor)

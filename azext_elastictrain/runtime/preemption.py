@@ -194,12 +194,12 @@ def _env_poll_seconds(environ: Mapping[str, str]) -> float:
         value = float(raw)
     except ValueError:
         raise ValueError(f"{ENV_POLL_SECONDS} must be a number of seconds, got {raw!r}") from None
-    if not value > 0:
+    if not value > 0:  # pylint: disable=unnecessary-negation  # NaN is refused too
         raise ValueError(f"{ENV_POLL_SECONDS} must be > 0, got {raw!r}")
     return value
 
 
-class PreemptionWatcher:
+class PreemptionWatcher:  # pylint: disable=too-many-instance-attributes  # its state is one watcher's
     """Turns SIGTERM and IMDS Scheduled Events into one cheap ``notice()`` check.
 
     Call order: ``start()`` once in the worker's main thread, ``notice()`` every
@@ -208,13 +208,13 @@ class PreemptionWatcher:
     supersedes a SIGTERM one, because only it can be acknowledged.
     """
 
-    def __init__(self, vm_name: str | None, events_url: str | None,
+    def __init__(self, vm_name: str | None, events_url: str | None, *,
                  poll_interval: float = 1.0, handle_sigterm: bool = True,
                  acked_state_path: str | os.PathLike[str] | None = None,
-                 request_timeout: float = 2.0, *, vm_name_url: str | None = None) -> None:
+                 request_timeout: float = 2.0, vm_name_url: str | None = None) -> None:
         """``vm_name_url``: where to look the VM name up lazily when vm_name is None
         (from_env sets it to IMDS's compute/name); if that fails, any VM's event counts."""
-        if not poll_interval > 0:
+        if not poll_interval > 0:  # pylint: disable=unnecessary-negation  # NaN is refused too
             raise ValueError("poll_interval must be > 0")
         self._vm_name = vm_name
         self._vm_name_url = vm_name_url if vm_name is None else None
@@ -367,7 +367,7 @@ class PreemptionWatcher:
         self._sigterm_installed = False
         self._previous_sigterm = None
 
-    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+    def _on_sigterm(self, _signum: int, _frame: FrameType | None) -> None:
         """Record and return: raising or exiting here would lose the checkpoint.
 
         No locks and no logging: the handler interrupts the main thread, which
@@ -385,7 +385,7 @@ class PreemptionWatcher:
         while not self._stopping.is_set() and self._scheduled_notice is None:
             try:
                 ok = self._poll_once()
-            except Exception:  # a watcher bug must never take training down
+            except Exception:  # pylint: disable=broad-exception-caught  # a watcher bug must never take training down
                 logger.exception("preemption watcher poll failed")
                 ok = False
             backoff = min(max(delay * 2, self._poll_interval), ceiling)

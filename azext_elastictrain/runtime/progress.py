@@ -20,7 +20,7 @@ from azext_elastictrain.core import layout
 from azext_elastictrain.core.blobstore import BlobStore
 
 # The event kinds and the reader live in core.events, which the CLI imports without torch.
-from azext_elastictrain.core.events import (  # noqa: F401  (re-exported)
+from azext_elastictrain.core.events import (
     CHECKPOINT,
     CHECKPOINT_FAILED,
     FINISHED,
@@ -31,6 +31,9 @@ from azext_elastictrain.core.events import (  # noqa: F401  (re-exported)
     STARTED,
     read_events,
 )
+
+__all__ = ["EventLog", "CHECKPOINT", "CHECKPOINT_FAILED", "FINISHED", "INTERRUPTED", "PREEMPTED", "PROGRESS",
+           "RESTORED", "STARTED", "read_events"]
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +71,7 @@ class EventLog:
                 data = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records).encode()
                 try:
                     self._store.append(self._name, data)
-                except Exception as ex:  # noqa: BLE001 - monitoring must not kill training
+                except Exception as ex:  # pylint: disable=broad-exception-caught  # monitoring must not kill training
                     log.warning("could not append %d event(s) to %s: %s", len(records), self._name, ex)
             for _ in batch:
                 self._queue.task_done()

@@ -75,7 +75,9 @@ def _raw(tensor: torch.Tensor) -> memoryview:
 
 def is_replicated(flat: dict[str, Any]) -> bool:
     """True if every tensor is a plain tensor (DTensor / ShardedTensor: one shard per rank)."""
-    return all(type(v) is torch.Tensor for v in flat.values() if isinstance(v, torch.Tensor))
+    # exact type on purpose: a tensor subclass (DTensor, ShardedTensor) is not a plain local tensor
+    return all(type(v) is torch.Tensor  # pylint: disable=unidiomatic-typecheck
+               for v in flat.values() if isinstance(v, torch.Tensor))
 
 
 class MemoryTier:

@@ -216,7 +216,8 @@ class StateTree:
         # in_place: a module's or optimizer's tensors are loaded into themselves (DTensor shards
         # included); any other tensor takes its size and dtype from the checkpoint.
         if isinstance(value, torch.Tensor):
-            self._put(path, value, origin, free=not in_place and type(value) is torch.Tensor, parts=parts)
+            plain = type(value) is torch.Tensor  # pylint: disable=unidiomatic-typecheck  # DTensor etc. are not
+            self._put(path, value, origin, free=not in_place and plain, parts=parts)
         elif isinstance(value, torch.Generator):
             self._put(path, value.get_state(), origin, free=True, parts=parts)
         elif _is_json(value) and not isinstance(value, dict):
@@ -282,7 +283,8 @@ class StateTree:
         if isinstance(live, torch.Tensor) and isinstance(value, torch.Tensor):
             if value is live:
                 return live
-            if live.shape == value.shape and live.dtype == value.dtype and type(live) is torch.Tensor:
+            plain = type(live) is torch.Tensor  # pylint: disable=unidiomatic-typecheck  # not a DTensor/Parameter
+            if live.shape == value.shape and live.dtype == value.dtype and plain:
                 with torch.no_grad():
                     live.copy_(value)
                 return live
@@ -346,7 +348,7 @@ def restore_rng(state: dict[str, Any]) -> None:
 # --------------------------------------------------------------------------- the CPU snapshot
 
 
-class Snapshotter:
+class Snapshotter:  # pylint: disable=too-few-public-methods  # one operation with buffers kept between saves
     """Copies flat state dicts to CPU, reusing its buffers from one save to the next."""
 
     def __init__(self) -> None:
@@ -364,7 +366,8 @@ class Snapshotter:
         if not isinstance(value, torch.Tensor):
             return copy.deepcopy(value)
         tensor = value.detach()
-        if type(tensor) is not torch.Tensor:  # DTensor / ShardedTensor: let them copy themselves
+        # DTensor / ShardedTensor (subclasses): let them copy themselves
+        if type(tensor) is not torch.Tensor:  # pylint: disable=unidiomatic-typecheck
             return tensor.to("cpu", copy=True)
         buf = self._buffers.get(key)
         if buf is None or buf.shape != tensor.shape or buf.dtype != tensor.dtype:
@@ -392,4 +395,3 @@ def json_value(item: Any, key: str) -> Any:
         return json.loads(item.numpy().tobytes().decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as ex:
         raise StateError(f"checkpoint item {key!r} is not valid JSON: {ex}") from ex
-

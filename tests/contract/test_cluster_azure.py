@@ -173,7 +173,7 @@ def test_dry_run_prints_every_request_and_calls_nothing(az, arm, group):
     assert bodies["storage account"]["properties"]["allowSharedKeyAccess"] is False
     assert all(r["id"].startswith(f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{group}") for r in plan["arm"])
     assert {o["kind"] for o in plan["kubernetes"]} >= {"Namespace", "ServiceAccount", "StatefulSet", "Deployment",
-                                                        "DaemonSet", "ConfigMap", "CustomResourceDefinition"}
+                                                       "DaemonSet", "ConfigMap", "CustomResourceDefinition"}
 
 
 def test_subscription_argument_places_the_plan_and_every_request_in_that_subscription(az, arm, group):

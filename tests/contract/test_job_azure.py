@@ -90,7 +90,7 @@ def _seed(arm, container, name: str, *, conditions=None, events=(), pods=None) -
     arm.kube.seed(k.with_status(rendered, k.running(name) if conditions is None else conditions, active=2))
     nodes = [k.name_of(k.node(i)) for i in range(2)]
     for pod in pods if pods is not None else [k.worker_pod(name, 0, nodes[0]),
-                                               k.worker_pod(name, 1, nodes[1], restarts=2)]:
+                                              k.worker_pod(name, 1, nodes[1], restarts=2)]:
         arm.kube.seed(pod)
     if events:
         container.upload_blob(f"{name}/events.jsonl", "".join(json.dumps(e) + "\n" for e in events),
@@ -163,8 +163,8 @@ def test_show_renders_the_operator_status_the_pods_and_the_events(az, arm, clust
     assert [(n["pod"], n["rank"], n["node"], n["spot"], n["phase"], n["restarts"]) for n in shown["nodes"]] == [
         (f"{name}-worker-0", 0, k.name_of(k.node(0)), True, "Running", 0),
         (f"{name}-worker-1", 1, k.name_of(k.node(1)), True, "Running", 2)]
-    assert [(c["type"], c["status"]) for c in shown["operator"]["conditions"]] == [("Created", "True"),
-                                                                                  ("Running", "True")]
+    conditions = [(c["type"], c["status"]) for c in shown["operator"]["conditions"]]
+    assert conditions == [("Created", "True"), ("Running", "True")]
     assert shown["operator"]["replicaStatuses"] == {"Worker": {"active": 2}}
 
     table = az("elastictrain", "job", "show", "-n", name, *_where(cluster), "-o", "table").stdout

@@ -160,7 +160,7 @@ def test_the_first_node_to_finish_training_completes_the_job(az, arm, cluster, g
 
 
 def test_list_finds_both_engines_and_delete_removes_job_service_and_pods_keeps_checkpoints(az, arm, cluster,
-                                                                                         gpu_nodes, container):
+                                                                                           gpu_nodes, container):
     name, other = _name(), _name()
     _run(az, cluster, name)
     az.json("elastictrain", "job", "run", "-n", other, "--image", IMAGE, "--script", "/app/t.py", "--min-nodes",
@@ -246,4 +246,3 @@ def test_a_cluster_created_for_k8s_job_has_no_operator_and_runs_k8s_jobs_by_defa
     assert refused.returncode != 0 and "Traceback" not in refused.stderr
     assert "created with --engine k8s-job" in refused.stderr and "--engine torchelastic" in refused.stderr
     assert not [path for method, path in arm.requests if method in ("PATCH", "POST", "PUT") and "/kube/" in path]
-

@@ -234,7 +234,7 @@ def test_a_node_that_fails_to_start_takes_the_started_ones_down(tmp_path, monkey
         "connection_string": "", "scheduled_events": "off"})
     started: list[subprocess.Popen] = []
 
-    def start_node(spec, script, node, conn, job_dir, rdzv_id):
+    def start_node(spec, script, node, conn, *, job_dir, rdzv_id):
         if node.endswith("-1"):
             raise OSError("Resource temporarily unavailable")
         proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
@@ -243,7 +243,7 @@ def test_a_node_that_fails_to_start_takes_the_started_ones_down(tmp_path, monkey
         return {"name": node, "pid": proc.pid, "started": psutil.Process(proc.pid).create_time(),
                 "log": str(job_dir / "nodes" / f"{node}.log"), "status": "started"}
 
-    monkeypatch.setattr(backend, "_start_node", start_node)
+    monkeypatch.setattr(backend, "start_node", start_node)
     spec = JobSpec(name="half", script=str(REPO_ROOT / SCRIPT), min_nodes=1, max_nodes=3, cluster="c")
     with pytest.raises(OSError, match="temporarily unavailable"):
         backend.run_job(spec)

@@ -85,9 +85,9 @@ def _no_imds(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_a_planted_pickle_where_the_rng_state_goes_is_refused_and_never_runs(azurite: svc.AzuriteService,
-                                                                              container_url: str,
-                                                                              tmp_path: pathlib.Path,
-                                                                              caplog: pytest.LogCaptureFixture) -> None:
+                                                                             container_url: str,
+                                                                             tmp_path: pathlib.Path,
+                                                                             caplog: pytest.LogCaptureFixture) -> None:
     marker = tmp_path / "unpickled"
     control = tmp_path / "control"
     pickle.loads(pickle.dumps(Plant(control)))  # the payload is live: unpickling it does create the file
@@ -115,7 +115,7 @@ def test_a_planted_pickle_where_the_rng_state_goes_is_refused_and_never_runs(azu
 
 
 def test_a_checkpoint_with_only_pickled_metadata_is_refused_loudly_not_skipped(azurite: svc.AzuriteService,
-                                                                                container_url: str) -> None:
+                                                                               container_url: str) -> None:
     """What an earlier version wrote: restoring must not quietly start the job over."""
     store = BlobStore.from_url(f"{container_url}/{JOB}", connection_string=azurite.connection_string)
     try:

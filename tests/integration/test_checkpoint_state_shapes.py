@@ -219,7 +219,7 @@ def test_a_fresh_adamw_gets_every_moment_back_from_the_raw_dict(checkpointer) ->
      "state['opt']"),
 ])
 def test_saving_a_value_no_checkpoint_can_hold_raises_naming_its_key(bad, where, tmp_path, checkpointer,
-                                                                      store) -> None:
+                                                                     store) -> None:
     state = bad(tmp_path)
     try:
         with pytest.raises(CheckpointError) as raised:

@@ -67,8 +67,8 @@ def worker_pod(job: str, index: int, node_name: str | None, *, phase: str = "Run
               # kubeflow/common GenLabels + SetReplicaType/SetReplicaIndex
               "group-name": "elastic.pytorch.org", "job-name": job, "controller-name": "elastic-job-controller",
               "replica-type": "worker", "replica-index": str(index)}
-    state = {"waiting": {"reason": waiting}} if waiting else ({"running": {"startedAt": CREATED}}
-                                                             if phase == "Running" else {})
+    running = {"running": {"startedAt": CREATED}} if phase == "Running" else {}
+    state = {"waiting": {"reason": waiting}} if waiting else running
     status = {"phase": phase}
     if phase != "Pending" or waiting:
         status["containerStatuses"] = [{"name": "worker", "ready": ready and phase == "Running",

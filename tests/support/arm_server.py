@@ -391,8 +391,8 @@ class ArmServer:
                 return 202, {"Location": f"{self.url}/operations/{op}", "Retry-After": "1"}, None
             return (200, {}, resource) if record["kind"] == "put" else (204, {}, None)
         return 200, {"Retry-After": "1"}, {"id": f"/operations/{op}", "name": op,
-                         "status": "Succeeded" if done else "InProgress",
-                         "startTime": "2026-01-01T00:00:00Z"}
+                                           "status": "Succeeded" if done else "InProgress",
+                                           "startTime": "2026-01-01T00:00:00Z"}
 
     def _materialize(self, kind: str, rid: str, body: dict, existing: dict | None) -> dict:
         name = rid.rsplit("/", 1)[1]
@@ -559,7 +559,7 @@ class ArmServer:
             wants.append(("location", bool(body.get("location")), True))
         if kind == "storage_account":
             wants += [("kind", body.get("kind"), "StorageV2"), ("sku.name", (body.get("sku") or {}).get("name"),
-                                                                  e["storage_sku"]),
+                                                                e["storage_sku"]),
                       ("supportsHttpsTrafficOnly", props.get("supportsHttpsTrafficOnly"), True),
                       ("minimumTlsVersion", props.get("minimumTlsVersion"), "TLS1_2"),
                       ("allowBlobPublicAccess", props.get("allowBlobPublicAccess"), False),
@@ -588,7 +588,7 @@ class ArmServer:
                       ("system pool enableEncryptionAtHost", system.get("enableEncryptionAtHost"),
                        e["encryption_at_host"]),
                       ("identity.type", (body.get("identity") or {}).get("type") in ("SystemAssigned",
-                                                                                       "UserAssigned"), True)]
+                                                                                     "UserAssigned"), True)]
         elif kind == "agent_pool":
             wants += [("mode", props.get("mode"), "User"), ("vmSize", props.get("vmSize"), e["gpu_vm_size"]),
                       ("scaleSetPriority", props.get("scaleSetPriority"), "Spot"),
@@ -616,9 +616,9 @@ class ArmServer:
             group = rid.lower().split("/providers/")[0]
             identity = next((r for k, r in self.resources.items() if r["type"] == _TYPE["identity"]
                              and k.startswith(group + "/")), None)
-            wants += [("scope is the checkpoint container", bool(re.fullmatch(
-                          r"/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.Storage/storageAccounts/"
-                          r"[a-z0-9]{3,24}/blobServices/default/containers/[a-z0-9-]{3,63}", scope)), True),
+            container_scope = (r"/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.Storage/"
+                               r"storageAccounts/[a-z0-9]{3,24}/blobServices/default/containers/[a-z0-9-]{3,63}")
+            wants += [("scope is the checkpoint container", bool(re.fullmatch(container_scope, scope)), True),
                       ("name is a GUID", bool(re.fullmatch(r"[0-9a-f-]{36}", name)), True),
                       ("roleDefinitionId", props.get("roleDefinitionId"),
                        f"{rid[:rid.lower().index('/resourcegroups/')]}/providers/Microsoft.Authorization/"
@@ -729,7 +729,6 @@ class ArmServer:
         except KubeError as ex:
             return ex.status or 500, {}, {"kind": "Status", "reason": ex.reason, "message": str(ex)}
         return 200, {}, "".join(line + "\n" for line in lines).encode()
-
 
     # ------------------------------------------------------------------ what a region offers (preflight)
 

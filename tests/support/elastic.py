@@ -27,7 +27,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 TRAIN_SCRIPT = REPO_ROOT / "scripts" / "train_cifar10.py"
 
 
-
 @dataclass
 class JobConfig:
     name: str

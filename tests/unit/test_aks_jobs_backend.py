@@ -117,7 +117,7 @@ def test_delete_confirms_then_deletes_the_elastic_job_only(kube) -> None:
     _seed(kube)
     planned = _jobs(kube).plan_delete("cifar")
     assert planned["dryRun"] and kube.get("elastic.pytorch.org/v1alpha1", "ElasticJob", "cifar",
-                                                         "elastictrain")
+                                          "elastictrain")
     done = _jobs(kube).delete(planned)
     assert done["deleted"] and not done["dryRun"] and done["checkpoints"] == "kept"
     assert kube.get("elastic.pytorch.org/v1alpha1", "ElasticJob", "cifar", "elastictrain") is None

@@ -159,7 +159,7 @@ def _check_elastic_matches_fixed(job: Job, schedule: list[Attempt], final_world:
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(job=jobs(), schedule=attempts(max_attempts=5), final_world=st.integers(1, 4), fixed_world=st.integers(1, 4))
 def test_every_sample_is_trained_once_per_epoch_across_evictions_without_workers(job, schedule, final_world,
-                                                                                  fixed_world):
+                                                                                 fixed_world):
     _check_elastic_matches_fixed(job, schedule, final_world, fixed_world, num_workers=0)
 
 
@@ -173,7 +173,7 @@ def test_every_sample_is_trained_once_per_epoch_across_evictions_without_workers
     final_world=3,
 )
 def test_every_sample_is_trained_once_per_epoch_across_evictions_with_prefetching_workers(job, schedule,
-                                                                                           final_world):
+                                                                                          final_world):
     _check_elastic_matches_fixed(job, schedule, final_world, fixed_world=2, num_workers=2)
 
 

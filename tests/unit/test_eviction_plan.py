@@ -224,6 +224,6 @@ def test_a_cluster_without_the_gpu_pool_is_refused() -> None:
 
 def test_a_spot_node_not_backed_by_a_scale_set_is_refused() -> None:
     vm_node = k.node(5, provider=f"azure:///subscriptions/{SUB}/resourceGroups/{k.NODE_RG}/providers/"
-                                  "Microsoft.Compute/virtualMachines/aks-gpu-vm-5")
+                     "Microsoft.Compute/virtualMachines/aks-gpu-vm-5")
     with pytest.raises(ev.ProviderIdError, match="node 'aks-gpu-31415926-vmss000005' is a standalone VM"):
         ev.plan_evictions([vm_node], [], node=k.name_of(vm_node))

@@ -60,7 +60,7 @@ def test_resource_skus_capabilities_are_read_in_their_units():
     (False, True, True, None), (True, True, True, True),
 ])
 def test_host_encryption_is_on_where_size_and_subscription_allow_unless_asked_otherwise(asked, supported, registered,
-                                                                                       expected):
+                                                                                        expected):
     assert preflight.pool_hardware(size(host_encryption=supported), asked, registered).encryption_at_host is expected
 
 

@@ -241,7 +241,6 @@ def test_every_command_has_help_with_an_example_and_every_help_parses() -> None:
             assert example["text"].startswith(f"az {name} "), example
 
 
-
 def test_every_argument_of_every_command_has_help() -> None:
     import types
 

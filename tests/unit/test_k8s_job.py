@@ -13,7 +13,7 @@ from kubernetes_validate.utils import all_versions
 
 from azext_elastictrain.core import launch
 from azext_elastictrain.core import manifests as m
-from azext_elastictrain.core.spec import JobSpec, SpecError
+from azext_elastictrain.core.spec import JobSpec, SpecError, check_engine_supported
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = REPO_ROOT / "manifests" / "examples" / "elastic-job-k8s.yaml"
@@ -147,16 +147,16 @@ def test_bad_input_is_refused_as_for_the_elastic_job() -> None:
 
 @pytest.mark.parametrize("version", ["1.31.2", "v1.33.0", "1.35"])
 def test_k8s_job_runs_on_1_31_and_later(version) -> None:
-    m.check_engine_supported(m.ENGINE_K8S_JOB, version)
+    check_engine_supported(m.ENGINE_K8S_JOB, version)
 
 
 @pytest.mark.parametrize("version", ["1.30.9", "1.29", "", "unknown"])
 def test_k8s_job_is_refused_below_1_31_with_the_reason(version) -> None:
     with pytest.raises(SpecError, match=r"needs Kubernetes 1\.31 or later.*podFailurePolicy.*--engine torchelastic"):
-        m.check_engine_supported(m.ENGINE_K8S_JOB, version)
+        check_engine_supported(m.ENGINE_K8S_JOB, version)
 
 
 def test_the_operator_engine_runs_on_any_version_and_an_unknown_engine_is_refused() -> None:
-    m.check_engine_supported(m.ENGINE_TORCHELASTIC, "1.30.0")
+    check_engine_supported(m.ENGINE_TORCHELASTIC, "1.30.0")
     with pytest.raises(SpecError, match="unknown engine 'volcano': use one of torchelastic, k8s-job"):
-        m.check_engine_supported("volcano", "1.33.0")
+        check_engine_supported("volcano", "1.33.0")

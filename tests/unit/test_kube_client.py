@@ -99,7 +99,7 @@ def test_delete_reports_whether_there_was_something(api, client) -> None:
     (422, "Invalid", 'ConfigMap "settings" is invalid: data[bad key]: Invalid value', "data[bad key]"),
 ])
 def test_an_api_error_becomes_a_kube_error_with_a_clear_message_and_no_token(api, client, status, reason, message,
-                                                                          expected) -> None:
+                                                                             expected) -> None:
     api.fail("PATCH", "/api/v1/namespaces/elastictrain/configmaps/settings", status, reason, message)
     with pytest.raises(KubeError) as caught:
         client.apply(_configmap("settings", {"a": "1"}))

@@ -30,7 +30,7 @@ from azext_elastictrain.core.view import wait_for_job
 WAIT_INTERVAL = 10.0  # a look asks Kubernetes and blob storage (ARM and the credentials only once)
 
 
-class AksBackend:
+class AksBackend:  # pylint: disable=too-many-public-methods  # the Backend protocol (base.py), method for method
     kind = "aks"
 
     def __init__(self, arm: Arm, resource_group: str | None, cluster: str | None, *, credential: Any = None,
@@ -140,8 +140,8 @@ class AksBackend:
             raise OptionNotHere("--notice-seconds and --replace-after are for the local cluster: on AKS, Azure "
                                 "gives the Spot notice (>= 30 s) and the autoscaler brings capacity back")
         self._spec().validate()
-        selector = dict(node=request.node, job=request.job, rank=request.rank, pool=request.pool,
-                        count=request.count)
+        selector = {"node": request.node, "job": request.job, "rank": request.rank, "pool": request.pool,
+                    "count": request.count}
         check_selector(**selector)
         pools = self._spot_pools()  # a missing cluster, or one without Spot, is refused before Kubernetes
         plan = aks_evict.plan(self.session.kube(), **selector, pools=pools)
@@ -165,7 +165,8 @@ class AksBackend:
         if wait:
             try:
                 read_events, why = self.session.events(), None
-            except Exception as ex:  # noqa: BLE001 - the eviction happened; say why its recovery cannot be followed
+            except Exception as ex:  # pylint: disable=broad-exception-caught
+                # the eviction happened; say why its recovery cannot be followed
                 read_events, why = None, f"the job's events in the cluster's blob storage cannot be read: {ex}"
             if read_events is None and any(e["pods"] for e in evictions):
                 self._progress(f"--wait: {why}; following the nodes until they leave the cluster only")

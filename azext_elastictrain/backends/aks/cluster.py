@@ -42,13 +42,26 @@ class Arm(Protocol):
     tenant: str
     storage_suffix: str  # the cloud's storage DNS suffix (core.windows.net in the public cloud)
 
-    def get(self, kind: str, ref: dict) -> dict | None: ...
-    def put(self, kind: str, ref: dict, body: dict, wait: bool = True) -> dict | None: ...
-    def delete(self, kind: str, ref: dict, wait: bool = True) -> None: ...
-    def list_clusters(self, resource_group: str | None) -> list[dict]: ...
-    def user_kubeconfig(self, resource_group: str, cluster: str) -> bytes: ...
-    def resource_skus(self, location: str) -> list[dict]: ...  # Microsoft.Compute/skus of the location
-    def usages(self, location: str) -> list[dict]: ...  # Microsoft.Compute/locations/{location}/usages
+    def get(self, kind: str, ref: dict) -> dict | None:
+        ...
+
+    def put(self, kind: str, ref: dict, body: dict, wait: bool = True) -> dict | None:
+        ...
+
+    def delete(self, kind: str, ref: dict, wait: bool = True) -> None:
+        ...
+
+    def list_clusters(self, resource_group: str | None) -> list[dict]:
+        ...
+
+    def user_kubeconfig(self, resource_group: str, cluster: str) -> bytes:
+        ...
+
+    def resource_skus(self, location: str) -> list[dict]:
+        ...  # Microsoft.Compute/skus of the location
+
+    def usages(self, location: str) -> list[dict]:
+        ...  # Microsoft.Compute/locations/{location}/usages
 
 
 KINDS = ("resource_group", "storage_account", "container", "identity", "cluster", "agent_pool",
@@ -234,7 +247,7 @@ class AksClusters:
     def _preflight(self, spec: ClusterSpec) -> "preflight.PreflightResult | None":
         """core.preflight against this region; a quota warning goes to progress, a size problem raises."""
         checked = preflight.run(self.arm, spec.gpu_vm_size, spec.max_count, spec.location, spec.resource_group,
-                                spec.system_vm_size, spec.encryption_at_host)
+                                system_vm_size=spec.system_vm_size, encryption_at_host=spec.encryption_at_host)
         for warning in checked.warnings if checked else []:
             self._progress(warning)
         return checked
@@ -434,7 +447,7 @@ class AksClusters:
             from azext_elastictrain.backends.aks import incluster
 
             return incluster.health(self._kube(spec), self._incluster_spec(ctx))
-        except Exception as ex:  # noqa: BLE001  show must still show the Azure side
+        except Exception as ex:  # pylint: disable=broad-exception-caught  # show must still show the Azure side
             from azext_elastictrain.clients.kube import KubeError
 
             reason = str(ex) if isinstance(ex, (KubeError, ArmError)) else type(ex).__name__

@@ -231,7 +231,7 @@ def plan_logs(elastic_job: dict, pods: list[dict], rank: int | None = None) -> l
              "node": pod_node(p), "phase": (p.get("status") or {}).get("phase") or UNKNOWN} for r, p in workers]
     if rank is not None and plan[0]["phase"] == PENDING and pod_node(workers[0][1]) is None:
         raise SpecError(f"rank {rank} of job {name!r} is not scheduled yet (pod {plan[0]['pod']} is "
-                                     "Pending): it has no logs; 'az elastictrain job show' says why")
+                        "Pending): it has no logs; 'az elastictrain job show' says why")
     return plan
 
 

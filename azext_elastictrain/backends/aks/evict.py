@@ -114,7 +114,8 @@ def follow(kube: Any, compute: Compute, evictions: list[dict], read_events: Read
             found = follow_recovery_aks(read_events, job, gone_at, requested_at=asked_at, timeout=recovery_timeout)
             recovery = {k: found.get(k) for k in ("recoverySeconds", "stepsLost", "resumedFromStep", "worldSize",
                                                   "restoreSeconds")}
-        except Exception as ex:  # noqa: BLE001  unreadable events or no recovery in time: say which
+        except Exception as ex:  # pylint: disable=broad-exception-caught
+            # unreadable events or no recovery in time: say which
             from azext_elastictrain.core.errors import EvictionError
 
             if isinstance(ex, EvictionError):

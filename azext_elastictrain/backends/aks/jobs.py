@@ -19,9 +19,8 @@ from azext_elastictrain.core.manifests import (
     GPU_TAINT,
     SPOT_TAINT,
     WORKER_LABELS,
-    check_engine_supported,
 )
-from azext_elastictrain.core.spec import JobSpec, SpecError
+from azext_elastictrain.core.spec import JobSpec, SpecError, check_engine_supported
 from azext_elastictrain.core.view import parse_iso
 
 # Any GUID: the ElasticJob does not carry the identity (its pods run as the cluster's service account),

@@ -46,7 +46,7 @@ def gpu_spot_pool(cluster: dict) -> dict | None:
     return None
 
 
-class AksSession:
+class AksSession:  # pylint: disable=too-many-instance-attributes  # clients resolved once per command
     """The cluster ``resource_group``/``cluster`` for one command; ``close()`` it (or use it in ``with``)."""
 
     def __init__(self, arm: Arm, resource_group: str, cluster: str, *, credential: Any = None,

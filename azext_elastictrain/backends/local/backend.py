@@ -42,6 +42,7 @@ class LocalBackend:
         return Plan({"dryRun": True, "type": "local", "name": spec.name, "start": list(COMPONENTS)})
 
     def create_cluster(self, spec: LocalClusterSpec, *, no_wait: bool = False) -> dict:
+        del no_wait  # local processes are up (or refused) when create returns: nothing to wait for
         return self.clusters.create_cluster(spec)
 
     def show_cluster(self) -> dict:
@@ -51,12 +52,14 @@ class LocalBackend:
         return self.clusters.list_clusters()
 
     def plan_cluster_delete(self, *, delete_storage: bool = False, storage_account: str | None = None) -> Plan:
+        del delete_storage, storage_account  # Azure's: a local cluster's storage is its folder, always removed
         shown = self.clusters.delete_cluster(self.cluster, dry_run=True)
         pids = ", ".join(f"{p['component']} (pid {p['pid']})" for p in shown["stopped"]) or "no running processes"
         return Plan(shown, f"Delete local cluster {self.cluster!r}: stop {pids} and remove {shown['removed']} "
                            "with its checkpoints?")
 
     def delete_cluster(self, plan: Plan, *, no_wait: bool = False) -> dict:
+        del plan, no_wait  # its processes are looked up again at delete time; stopping them is quick
         return self.clusters.delete_cluster(self.cluster)
 
     # -- jobs --------------------------------------------------------------------------------------------------
@@ -119,8 +122,8 @@ class LocalBackend:
         if not request.job:
             raise OptionNotHere("--local evicts nodes of a job: give --job JOB")
         notice = NOTICE_SECONDS if request.notice_seconds is None else request.notice_seconds
-        options = dict(node=request.node, count=request.count, notice_seconds=notice,
-                       replace_after=request.replace_after)
+        options = {"node": request.node, "count": request.count, "notice_seconds": notice,
+                   "replace_after": request.replace_after}
         shown = self.clusters.evict(self.cluster, request.job, dry_run=True, **options)
         nodes = ", ".join(n["node"] for n in shown["nodes"])
         how = f"after a {notice:g}s Preempt notice" if notice else "without notice"

@@ -70,7 +70,7 @@ class LocalClusters(LocalJobs):
         log_path = self._dir(name) / "logs" / f"{component}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
-            proc = subprocess.Popen(
+            proc = subprocess.Popen(  # pylint: disable=consider-using-with  # a daemon: outlives this command
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 cwd=str(self._dir(name)), env=env, start_new_session=True, close_fds=True,
             )
@@ -105,7 +105,8 @@ class LocalClusters(LocalJobs):
             if not self._alive(component):
                 break
             time.sleep(0.1)
-        tail = Path(component.log).read_text(errors="replace")[-1500:] if Path(component.log).exists() else ""
+        log = Path(component.log)
+        tail = log.read_text(encoding="utf-8", errors="replace")[-1500:] if log.exists() else ""
         raise ClusterError(f"{component.name} of local cluster {name!r} did not come up; its log ends:\n{tail}")
 
     # -- components -----------------------------------------------------------------
@@ -125,7 +126,7 @@ class LocalClusters(LocalJobs):
 
     def _start_azurite(self, name: str) -> Component:
         azurite = which_tool("AZURITE_BIN", [REPO_ROOT / ".tools" / "node_modules" / ".bin" / "azurite-blob"],
-                         "azurite-blob", "npm install -g azurite@3.37.0")
+                             "azurite-blob", "npm install -g azurite@3.37.0")
         port = free_port()
         data = self._dir(name) / "azurite"
         data.mkdir(parents=True, exist_ok=True)
@@ -219,8 +220,9 @@ class LocalClusters(LocalJobs):
             "type": "local",
             "health": health,
             "created": iso_time(state["created"]),
-            "checkpointContainer": self._endpoint("azurite", state["components"]["azurite"]["port"]) + "/" + CHECKPOINT_CONTAINER
-            if state["components"].get("azurite") else None,
+            "checkpointContainer": (
+                self._endpoint("azurite", state["components"]["azurite"]["port"]) + "/" + CHECKPOINT_CONTAINER
+                if state["components"].get("azurite") else None),
             "components": components,
             "stateDir": str(self._dir(name)),
         }

@@ -13,7 +13,9 @@ import time
 import urllib.request
 from typing import Any
 
+from azext_elastictrain.backends.local.state import alive
 from azext_elastictrain.core.spec import JobSpec, SpecError
+
 
 def _admin(conn: dict) -> str:
     return conn["scheduled_events"].split("/metadata/", 1)[0] + "/admin/events"
@@ -45,7 +47,7 @@ def _kill_node(node: dict) -> None:
     psutil.wait_procs(procs, timeout=10)
 
 
-def choose_nodes(job: dict, alive: list[dict], node: str | None, count: int | None) -> list[dict]:
+def choose_nodes(job: dict, running: list[dict], node: str | None, count: int | None) -> list[dict]:
     """Which live nodes go: the one named, or the newest ``count``. Pure; raises SpecError."""
     if node is not None and count is not None:
         raise SpecError("name a --node or give a --count, not both")
@@ -54,13 +56,13 @@ def choose_nodes(job: dict, alive: list[dict], node: str | None, count: int | No
         if not named:
             known = ", ".join(n["name"] for n in job["nodes"])
             raise SpecError(f"job {job['name']!r} has no node {node!r} (its nodes: {known})")
-        if named[0] not in alive:
+        if named[0] not in running:
             raise SpecError(f"node {node!r} of job {job['name']!r} is not running")
         return named
     count = 1 if count is None else count
-    if count < 1 or count > len(alive):
-        raise SpecError(f"--count {count}: job {job['name']!r} has {len(alive)} running node(s)")
-    return alive[-count:]
+    if count < 1 or count > len(running):
+        raise SpecError(f"--count {count}: job {job['name']!r} has {len(running)} running node(s)")
+    return running[-count:]
 
 
 def evict_nodes(backend: Any, cluster: str, job_name: str, *, node: str | None = None, count: int | None = None,
@@ -71,9 +73,9 @@ def evict_nodes(backend: Any, cluster: str, job_name: str, *, node: str | None =
         raise SpecError(f"--notice-seconds {notice_seconds:g}: use 0 (no notice) or more")
     if replace_after is not None and replace_after < 0:
         raise SpecError(f"--replace-after {replace_after:g}: use 0 or more seconds")
-    job = backend._require_job(cluster, job_name)
-    alive = [n for n in job["nodes"] if backend._alive(n)]
-    targets = choose_nodes(job, alive, node, count)
+    job = backend.require_job(cluster, job_name)
+    running = [n for n in job["nodes"] if alive(n)]
+    targets = choose_nodes(job, running, node, count=count)
     plan = {"job": job_name, "dryRun": dry_run, "noticeSeconds": notice_seconds,
             "nodes": [{"node": n["name"], "pid": n["pid"]} for n in targets], "evictions": [],
             "replaceAfterSeconds": replace_after, "replacements": []}
@@ -81,18 +83,18 @@ def evict_nodes(backend: Any, cluster: str, job_name: str, *, node: str | None =
         return plan
     conn = backend.connection(cluster)
     for target in targets:
-        plan["evictions"].append(_evict_one(backend, cluster, job, target, conn, notice_seconds))
+        plan["evictions"].append(_evict_one(backend, cluster, job, target, conn=conn, notice_seconds=notice_seconds))
     return plan
 
 
 def replace_nodes(backend: Any, cluster: str, job_name: str, count: int) -> list[dict]:
     """Spot capacity is back: ``count`` new nodes join the job's rendezvous."""
-    job = backend._require_job(cluster, job_name)
+    job = backend.require_job(cluster, job_name)
     conn = backend.connection(cluster)
     return [_replace(backend, cluster, job, conn) for _ in range(count)]
 
 
-def _evict_one(backend: Any, cluster: str, job: dict, target: dict, conn: dict, notice_seconds: float) -> dict:
+def _evict_one(backend: Any, cluster: str, job: dict, target: dict, *, conn: dict, notice_seconds: float) -> dict:
     started = time.time()
     acked_after = None
     event_id = None
@@ -112,7 +114,7 @@ def _evict_one(backend: Any, cluster: str, job: dict, target: dict, conn: dict, 
         _request("DELETE", f"{_admin(conn)}/{event_id}")  # the VM is gone, and its events with it
     target["status"] = "evicted"
     target["evictedAt"] = evicted_at
-    backend._save_job(cluster, job)
+    backend.save_job(cluster, job)
     return {"node": target["name"], "pid": target["pid"], "noticeSeconds": notice_seconds,
             "acknowledged": acked_after is not None, "acknowledgedAfterSeconds": acked_after,
             "evictedAt": evicted_at, "startedAt": started}
@@ -126,7 +128,8 @@ def _replace(backend: Any, cluster: str, job: dict, conn: dict) -> dict:
         checkpoint_interval=job["checkpointInterval"], keep=job["keep"], cluster=cluster,
     )
     name = f"{job['name']}-node-{len(job['nodes'])}"
-    node = backend._start_node(spec, job["script"], name, conn, backend._job_dir(cluster, job["name"]), job["rdzvId"])
+    node = backend.start_node(spec, job["script"], name, conn, job_dir=backend.job_dir(cluster, job["name"]),
+                              rdzv_id=job["rdzvId"])
     job["nodes"].append(node)
-    backend._save_job(cluster, job)
+    backend.save_job(cluster, job)
     return {"node": name, "pid": node["pid"], "startedAt": node["started"]}

@@ -56,10 +56,23 @@ class LocalJobs:
 
     _alive = staticmethod(alive)
 
+    # What the cluster half (LocalClusters, cluster.py) provides.
+    def _dir(self, name: str) -> Path:
+        raise NotImplementedError
+
+    def _load(self, name: str) -> dict | None:
+        raise NotImplementedError
+
+    def show_cluster(self, name: str) -> dict:
+        raise NotImplementedError
+
+    def connection(self, name: str) -> dict:
+        raise NotImplementedError
+
     def _jobs_dir(self, cluster: str) -> Path:
         return self._dir(cluster) / "jobs"
 
-    def _job_dir(self, cluster: str, job: str) -> Path:
+    def job_dir(self, cluster: str, job: str) -> Path:
         return self._jobs_dir(cluster) / job
 
     def _job_names(self, cluster: str) -> list[str]:
@@ -69,12 +82,12 @@ class LocalJobs:
         return sorted(p.name for p in jobs.iterdir() if (p / "job.json").is_file())
 
     def _load_job(self, cluster: str, job: str) -> dict | None:
-        return read_state(self._job_dir(cluster, job) / "job.json", f"job {job!r}")
+        return read_state(self.job_dir(cluster, job) / "job.json", f"job {job!r}")
 
-    def _save_job(self, cluster: str, state: dict) -> None:
-        write_state(self._job_dir(cluster, state["name"]) / "job.json", state)
+    def save_job(self, cluster: str, state: dict) -> None:
+        write_state(self.job_dir(cluster, state["name"]) / "job.json", state)
 
-    def _require_job(self, cluster: str, job: str) -> dict:
+    def require_job(self, cluster: str, job: str) -> dict:
         from azext_elastictrain.core.layout import validate_job_name
         from azext_elastictrain.core.spec import SpecError
 
@@ -118,7 +131,7 @@ class LocalJobs:
                     f"pick another --name, or stop it first with "
                     f"'az elastictrain job delete --local --cluster {cluster} --name {spec.name}'"
                 )
-            job_dir = self._job_dir(cluster, spec.name)
+            job_dir = self.job_dir(cluster, spec.name)
             if existing:  # a finished run of this name: its processes are gone, start afresh
                 self._stop_job_processes(cluster, existing)
             shutil.rmtree(job_dir, ignore_errors=True)
@@ -144,17 +157,18 @@ class LocalJobs:
                 "nodes": [],
             }
             try:
-                self._save_job(cluster, state)
+                self.save_job(cluster, state)
                 for node in spec.node_names():  # recorded as each starts: no agent is ever untracked
-                    state["nodes"].append(self._start_node(spec, script, node, conn, job_dir, state["rdzvId"]))
-                    self._save_job(cluster, state)
+                    started = self.start_node(spec, script, node, conn, job_dir=job_dir, rdzv_id=state["rdzvId"])
+                    state["nodes"].append(started)
+                    self.save_job(cluster, state)
             except BaseException:
                 self._stop_job_processes(cluster, state)
                 shutil.rmtree(job_dir, ignore_errors=True)
                 raise
         return self.show_job(cluster, spec.name)
 
-    def _start_node(self, spec: JobSpec, script: str, node: str, conn: dict, job_dir: Path, rdzv_id: str) -> dict:
+    def start_node(self, spec: JobSpec, script: str, node: str, conn: dict, *, job_dir: Path, rdzv_id: str) -> dict:
         import psutil
 
         nodes_dir = job_dir / "nodes"
@@ -187,6 +201,7 @@ class LocalJobs:
             script, *spec.script_args,
         ]
         with open(log_path, "ab") as log:
+            # pylint: disable-next=consider-using-with  # a detached agent: outlives this command
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                     env=env, start_new_session=True, close_fds=True)
         try:
@@ -211,7 +226,7 @@ class LocalJobs:
                     found[proc.pid] = proc
             except psutil.Error:
                 continue
-        marker = str(self._job_dir(cluster, job["name"]))
+        marker = str(self.job_dir(cluster, job["name"]))
         me = os.getpid()
         for proc in psutil.process_iter():
             if proc.pid in found or proc.pid == me:
@@ -252,10 +267,10 @@ class LocalJobs:
     def _describe(self, cluster: str, job: dict, read: EventReader) -> dict:
         nodes = []
         for node in job["nodes"]:
-            alive = self._alive(node)
+            node_alive = self._alive(node)
             nodes.append({
-                "name": node["name"], "pid": node["pid"], "alive": alive,
-                "status": "Running" if alive else ("Evicted" if node.get("status") == "evicted" else "Exited"),
+                "name": node["name"], "pid": node["pid"], "alive": node_alive,
+                "status": "Running" if node_alive else ("Evicted" if node.get("status") == "evicted" else "Exited"),
                 "log": node["log"],
             })
         any_alive = any(n["alive"] for n in nodes)
@@ -289,10 +304,10 @@ class LocalJobs:
             "checkpointUrl": f"{self.connection(cluster)['blob_endpoint']}/{CHECKPOINT_CONTAINER}/{job['name']}",
             "rdzvId": job.get("rdzvId"),
         }
-        return view.describe(identity, launched, {"stateDir": str(self._job_dir(cluster, job["name"]))})
+        return view.describe(identity, launched, {"stateDir": str(self.job_dir(cluster, job["name"]))})
 
     def show_job(self, cluster: str, job: str) -> dict:
-        state = self._require_job(cluster, job)
+        state = self.require_job(cluster, job)
         read = self._event_reader(cluster)
         try:
             return self._describe(cluster, state, read)
@@ -348,7 +363,7 @@ class LocalJobs:
 
     def job_events(self, cluster: str, job: str) -> list[dict]:
         """The events of the job's current run, oldest first (core.events)."""
-        state = self._require_job(cluster, job)
+        state = self.require_job(cluster, job)
         read = self._event_reader(cluster)
         try:
             return job_events.since(read(job), state["created"])
@@ -358,10 +373,10 @@ class LocalJobs:
     # -- logs --------------------------------------------------------------------------
     def job_nodes(self, cluster: str, job: str) -> list[dict]:
         """The job's recorded nodes: name, agent pid and start time, log, status."""
-        return self._require_job(cluster, job)["nodes"]
+        return self.require_job(cluster, job)["nodes"]
 
     def _log_nodes(self, cluster: str, job: str, node: str | None) -> list[dict]:
-        state = self._require_job(cluster, job)
+        state = self.require_job(cluster, job)
         nodes = state["nodes"]
         if node is not None:
             nodes = [n for n in nodes if n["name"] == node]
@@ -370,7 +385,7 @@ class LocalJobs:
                 raise JobNotFound(f"job {job!r} has no node {node!r}; its nodes: {names}")
         return nodes
 
-    def job_logs(self, cluster: str, job: str, node: str | None = None, tail: int | None = None,
+    def job_logs(self, cluster: str, job: str, node: str | None = None, *, tail: int | None = None,
                  follow: bool = False, poll: float = 0.5, timeout: float | None = None) -> Iterator[tuple[str, str]]:
         """(node, line) pairs of the nodes' logs: the last ``tail`` lines of each (all when None); with
         ``follow``, then new lines as they come until every agent of the job exited (or ``timeout``)."""
@@ -427,7 +442,7 @@ class LocalJobs:
     def delete_job(self, cluster: str, job: str, dry_run: bool = False, delete_checkpoints: bool = False) -> dict:
         """Stop every node (agent and descendants) and remove the job's state; its checkpoints and
         event log stay unless ``delete_checkpoints``."""
-        state = self._require_job(cluster, job)
+        state = self.require_job(cluster, job)
         procs = self._job_processes(cluster, state)
         agents = {n["pid"]: n["name"] for n in state["nodes"]}
         blobs: list = []
@@ -438,7 +453,7 @@ class LocalJobs:
             "cluster": cluster,
             "dryRun": dry_run,
             "stopped": [{"node": agents.get(p.pid), "pid": p.pid} for p in sorted(procs, key=lambda p: p.pid)],
-            "removed": str(self._job_dir(cluster, job)),
+            "removed": str(self.job_dir(cluster, job)),
             "checkpoints": "deleted" if delete_checkpoints else "kept",
             "checkpointUrl": f"{self.connection(cluster)['blob_endpoint']}/{CHECKPOINT_CONTAINER}/{job}",
             "blobsDeleted": len(blobs),
@@ -448,11 +463,11 @@ class LocalJobs:
             return result
         with self._job_lock(cluster):
             state["stopRequested"] = True
-            self._save_job(cluster, state)
+            self.save_job(cluster, state)
             self._stop_job_processes(cluster, state)
             if delete_checkpoints:
                 self._delete_job_blobs(cluster, job)
-            shutil.rmtree(self._job_dir(cluster, job), ignore_errors=True)
+            shutil.rmtree(self.job_dir(cluster, job), ignore_errors=True)
         return result
 
     def _job_store(self, cluster: str):

@@ -55,7 +55,7 @@ def format_rfc1123(timestamp: float) -> str:
 
 
 @dataclass
-class _Event:
+class _Event:  # pylint: disable=too-many-instance-attributes  # fields of an IMDS event
     """One scheduled event; mutable, and only touched under the store's lock."""
 
     event_id: str
@@ -480,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     stop_requested = threading.Event()
 
-    def request_stop(signum: int, frame: FrameType | None) -> None:
+    def request_stop(_signum: int, _frame: FrameType | None) -> None:
         stop_requested.set()
 
     signal.signal(signal.SIGTERM, request_stop)

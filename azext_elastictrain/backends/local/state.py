@@ -18,7 +18,8 @@ from typing import Any
 
 AZURITE_ACCOUNT = "devstoreaccount1"
 # Azurite's documented, public development account: not a secret, still never printed.
-_AZURITE_AUTH = "AccountName=devstoreaccount1;AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+_AZURITE_AUTH = ("AccountName=devstoreaccount1;"
+                 "AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==")
 CHECKPOINT_CONTAINER = "checkpoints"
 STOP_TIMEOUT = 10.0
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -120,7 +121,8 @@ class FileLock:
 
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(path, "a")  # noqa: SIM115
+        # held open for the lock's lifetime (flock needs the descriptor); closed by __exit__
+        self._file = open(path, "a", encoding="utf-8")  # pylint: disable=consider-using-with
 
     def __enter__(self) -> "FileLock":
         import fcntl
