@@ -109,7 +109,8 @@ def load_arguments(self, _):  # pylint: disable=too-many-statements  # one state
                    help="Resource id of an existing subnet for both pools' nodes (with the Microsoft.Storage "
                         "service endpoint where --storage-allow is used). Default: AKS makes its own virtual "
                         "network.")
-        c.argument("api_server_authorized_ips", nargs="+", options_list=["--api-server-authorized-ips", "--api-server-ips"],
+        c.argument("api_server_authorized_ips", nargs="+",
+                   options_list=["--api-server-authorized-ips", "--api-server-ips"],
                    help="Public IPv4 addresses or ranges allowed to reach the Kubernetes API server, e.g. your "
                         "own. Default: any address (the API server still wants an Entra ID token).")
         c.argument("encryption_at_host", arg_type=get_three_state_flag(), options_list=["--encryption-at-host"],
