@@ -27,6 +27,7 @@ from azext_elastictrain.core.events import (  # noqa: F401  (re-exported)
     INTERRUPTED,
     PREEMPTED,
     PROGRESS,
+    REFORMING,
     RESTORED,
     STARTED,
     read_events,

@@ -13,7 +13,7 @@ import time
 import urllib.request
 from typing import Any
 
-from azext_elastictrain.core.spec import JobSpec, SpecError
+from azext_elastictrain.core.spec import DEFAULT_MEMORY_TIER, JobSpec, SpecError
 
 def _admin(conn: dict) -> str:
     return conn["scheduled_events"].split("/metadata/", 1)[0] + "/admin/events"
@@ -124,6 +124,7 @@ def _replace(backend: Any, cluster: str, job: dict, conn: dict) -> dict:
         name=job["name"], script=job["script"], min_nodes=job["minNodes"], max_nodes=job["maxNodes"],
         nproc_per_node=job["nprocPerNode"], script_args=tuple(job["scriptArgs"]),
         checkpoint_interval=job["checkpointInterval"], keep=job["keep"], cluster=cluster,
+        memory_tier=job.get("memoryTier", DEFAULT_MEMORY_TIER),
     )
     name = f"{job['name']}-node-{len(job['nodes'])}"
     node = backend._start_node(spec, job["script"], name, conn, backend._job_dir(cluster, job["name"]), job["rdzvId"])
