@@ -19,7 +19,7 @@ two parts:
    changes the parameters in place.
 2. ``commit`` (a background thread): wait for the device copies and move them
    into the slot, write the header (job, run, step, layout) after the data and
-   a CRC32 of data and header, then the commit word, last.
+   an xxh3-64 checksum of data and header, then the commit word, last.
 
 A killed writer leaves, at every point: before 1, the slot's previous copy
 (older) and the other slot's newest; during 1 or 2, a slot whose commit word
@@ -34,7 +34,8 @@ A copy is complete and consistent only if all of these hold (``read`` checks
 them; any failure means "no copy", and restore falls back to blob):
 
 - *committed*: its commit word is set (written after everything else);
-- *whole*: a CRC32 of its data and header matches the one committed with it;
+- *whole*: an xxh3-64 checksum of its data and header matches the one committed with it (checked on
+  every read: a restore from memory is bounded by it, and xxh3 reads ~3x faster than zlib's CRC32);
 - *ours*: its header names the job prefix and the torchrun run id
   (``TORCHELASTIC_RUN_ID``, new per submission): a copy from another job, or
   from an earlier run of this job, is refused;
@@ -52,24 +53,24 @@ import logging
 import mmap
 import os
 import struct
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+import xxhash
 from torch.distributed.checkpoint import StorageReader
 
 from azext_elastictrain.core import launch
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"ETRESCU2"
-FORMAT = 2
+MAGIC = b"ETRESCU3"
+FORMAT = 3
 DEFAULT_DIR = "/dev/shm/elastictrain"
 SLOTS = 2
-# The slot's preamble: magic, commit word (0: no copy), header offset, header length, CRC32 of data + header.
-_PREAMBLE = struct.Struct("<8sQQQI")
+# The slot's preamble: magic, commit word (0: no copy), header offset, header length, xxh3-64 of data + header.
+_PREAMBLE = struct.Struct("<8sQQQQ")
 _COMMIT_AT = 8
 DATA_START = 64
 _ALIGN = 64
@@ -102,6 +103,10 @@ class Capture:
     end: int  # where the data ends (the header goes there)
     pending: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # (slot view, pinned buffer)
     event: Any = None  # the CUDA event after the device-to-host copies
+
+
+def _checksum(data: memoryview) -> int:
+    return xxhash.xxh3_64_intdigest(data)
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -194,7 +199,8 @@ class MemoryTier:
         return capture
 
     def commit(self, capture: Capture) -> int:
-        """The background part: device copies landed, header and CRC written, then the commit word; the CRC."""
+        """The background part: device copies landed, header and checksum written, then the commit word;
+        the checksum."""
         mapped = self._maps[capture.slot]
         if capture.event is not None:
             capture.event.synchronize()
@@ -203,7 +209,7 @@ class MemoryTier:
         capture.pending.clear()  # drop the views into the mapping
         header = capture.header
         mapped[capture.end:capture.end + len(header)] = header
-        crc = zlib.crc32(memoryview(mapped)[DATA_START:capture.end + len(header)])
+        crc = _checksum(memoryview(mapped)[DATA_START:capture.end + len(header)])
         preamble = _PREAMBLE.pack(MAGIC, 0, capture.end, len(header), crc)
         mapped[:len(preamble)] = preamble
         # Last, one aligned 8-byte store: the copy exists from here on (steps count from 0, hence + 1).
@@ -270,7 +276,7 @@ class MemoryTier:
     def read(self) -> MemoryCopy | None:
         """This node's newest copy that is committed, whole, of this job and run, and replicated; else None
         (and why, logged)."""
-        # Newest commit word first: the older slot is checked (a CRC over the whole state) only if it fails.
+        # Newest commit word first: the older slot is checked (a checksum over the whole state) only if it fails.
         peeked = {slot: self._peek(slot) for slot in range(SLOTS)}
         for slot in sorted((s for s in peeked if peeked[s] is not None), key=lambda s: -peeked[s]):
             copy = self._read_slot(self.paths[slot])
@@ -318,7 +324,7 @@ class MemoryTier:
         end = header_at + header_len
         if header_at < DATA_START or end > len(raw):
             raise ValueError("its header runs past the end")
-        if zlib.crc32(memoryview(raw)[DATA_START:end]) != crc:
+        if _checksum(memoryview(raw)[DATA_START:end]) != crc:
             raise ValueError("checksum mismatch (corrupted)")
         header = json.loads(bytes(raw[header_at:end]))
         if header.get("format") != FORMAT:
