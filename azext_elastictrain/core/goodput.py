@@ -28,7 +28,8 @@ Each scale-up (``scale_ups``), measured from events, not inferred:
   reports its first step at once): training at full size;
 - noTrainingSeconds: from the smaller world's last completed step to the larger world's ``restored``
   (from there it trains);
-- restoreSource: where the larger world restored from (memory, peer, blob).
+- restoreSource: where the larger world restored from (memory, peer, blob; "peer" when rank 0 is a
+  newcomer), and ranksFromPeer: how many ranks took the state from a peer (the rest: their own memory).
 """
 from __future__ import annotations
 
@@ -63,6 +64,7 @@ class Segment:
     first_step: int
     points: list[tuple[int, float]] = field(default_factory=list)  # (step, wall time of its boundary)
     source: str | None = None  # where it restored from
+    ranks_from_peer: int | None = None  # memory restores: the ranks that took the state from a peer
 
     @property
     def last_step(self) -> int:
@@ -111,7 +113,8 @@ def segments(events: Iterable[dict]) -> list[Segment]:
             step = e.get("step") if isinstance(e.get("step"), int) else 0
             found.append(Segment(started=last_started, restored=e["time"],
                                  world_size=int(e.get("world_size") or 1), first_step=step,
-                                 points=[(step, e["time"])], source=e.get("source")))
+                                 points=[(step, e["time"])], source=e.get("source"),
+                                 ranks_from_peer=e.get("ranks_from_peer")))
             last_started = None
     starts = [seg.restored for seg in found]
     for e in ordered:
@@ -186,7 +189,7 @@ def scale_ups(events: Iterable[dict]) -> list[dict]:
             "nodeJoinedToFullSizeSeconds": round(full[0] - joined, 2) if full else None,
             "noTrainingSeconds": round(max(0.0, seg.restored - before.last_time), 2),
             "stepsLost": max(0, before.last_step - seg.first_step),
-            "restoreSource": seg.source,
+            "restoreSource": seg.source, "ranksFromPeer": seg.ranks_from_peer,
         })
     return out
 

@@ -65,7 +65,7 @@ def follow_world_size(read_events: Any, job: str, world_size: int, since: float,
                     "seconds": round(grown[0]["time"] - since, 2),
                     "nodeJoinedToFullSizeSeconds": up.get("nodeJoinedToFullSizeSeconds"),
                     "noTrainingSeconds": up.get("noTrainingSeconds"), "stepsLost": up.get("stepsLost"),
-                    "restoreSource": up.get("restoreSource")}
+                    "restoreSource": up.get("restoreSource"), "ranksFromPeer": up.get("ranksFromPeer")}
         time.sleep(0.5)
     raise EvictionError(f"job {job!r} did not train at world size {world_size} within {timeout:.0f}s "
                         "of the replacement joining")

@@ -675,6 +675,10 @@ class Checkpointer:
         durable = self.last_saved_step is not None or self._newest_blob is not None
         (missing,) = self._all_reduce_max([0 if kept and durable else 1])
         own = any(n.source == "sigterm" for n in notices)
+        for notice in notices:
+            self._handled_notices.add(notice.event_id or notice.source)
+            if self.local_rank == 0:  # one event per node, not one per worker
+                self._emit(progress.PREEMPTED, step=step, source=notice.source, event_id=notice.event_id)
         if self.rank == 0:
             self._emit(progress.REFORMING, step=step, kept_in_memory=not missing, world_size=self.world_size)
         if missing:
