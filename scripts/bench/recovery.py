@@ -16,7 +16,7 @@ steps lost = the step training had reached (or the notice step) - the step it
 resumed from. Medians of the repetitions; the ratio baseline / notice is the
 headline. Everything runs on loopback and is stopped at the end.
 
-    .venv/bin/python scripts/bench/recovery.py --state-mib 512 [--repeats 3]
+    .venv/bin/python scripts/bench/recovery.py --state-mib 64 512 [--repeats 3]
 
 instead measures one survivor's restore of a state of that size (a model and
 its AdamW moments, fp32, in one process): from its node's memory copy vs from
@@ -209,11 +209,12 @@ def main() -> int:
     parser.add_argument("--candidate", metavar="RDZV_CONF",
                         help="also measure these rendezvous settings (cases notice* and no-notice*), "
                              "side by side with the shipped ones")
-    parser.add_argument("--state-mib", type=int,
-                        help="instead: a survivor's restore of a state this size, from memory vs from blob")
+    parser.add_argument("--state-mib", type=int, nargs="+",
+                        help="instead: a survivor's restore of a state this size (or sizes), from memory vs from "
+                             "blob, and the per-step cost of keeping it in memory")
     args = parser.parse_args()
     if args.state_mib:
-        result = memory_vs_blob(args.state_mib, args.repeats)
+        result = {mib: memory_vs_blob(mib, args.repeats) for mib in args.state_mib}
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=1))
         return 0
