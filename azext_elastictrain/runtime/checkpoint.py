@@ -195,6 +195,9 @@ class Checkpointer:
         # The last step every rank completed (its per-step agreement succeeded), for honest loss accounting.
         self.last_step: int | None = None
         self._last_step_time: float | None = None
+        # The last step this rank's own state reached (step() is called after the optimizer step, so its
+        # gradients were reduced across every rank): one past last_step when a peer died during the agreement.
+        self._reached: tuple[int, float] | None = None
         self._finished = False
         self._interruption_recorded = False
 
@@ -641,6 +644,7 @@ class Checkpointer:
         exit. After a Scheduled Events notice training goes on: the node leaves
         when Azure takes it, and the job resumes from this step.
         """
+        self._reached = (step, time.time())
         self._keep_in_memory(step, state)  # step() comes after the optimizer step: a completed step
         notices = self._live_notices()
         sigterm = any(n.source == "sigterm" for n in notices)
@@ -700,7 +704,8 @@ class Checkpointer:
         self.last_step, self._last_step_time = step, time.time()
 
     def _record_interruption(self, flush_seconds: float = 5.0) -> None:
-        """Training stops before ``done``: record the last step the job completed, from every rank.
+        """Training stops before ``done``: record the last step the job completed, from every rank (or the
+        step this rank completed after it, if a peer died during that step's agreement).
 
         Any survivor may be the one to tell (rank 0 may be the node that died); the reader takes the
         newest per re-forming, so the copies from several ranks are harmless. Bounded: torchrun kills
@@ -711,7 +716,12 @@ class Checkpointer:
         self._interruption_recorded = True
         sigterms = [n.received_at for n in (self._watcher.notices() if self._watcher is not None else [])
                     if n.source == "sigterm"]
-        self._emit(progress.INTERRUPTED, step=self.last_step, step_time=round(self._last_step_time, 3),
+        step, step_time = self.last_step, self._last_step_time
+        if self._reached is not None and self._reached[0] > step:
+            # its optimizer step ran on gradients every rank reduced (its node's memory copy holds it, and a
+            # survivor resumes from it): the step the world reached, though a peer died before agreeing on it
+            step, step_time = self._reached
+        self._emit(progress.INTERRUPTED, step=step, step_time=round(step_time, 3),
                    world_size=self.world_size,
                    **({"sigterm_time": round(min(sigterms), 3)} if sigterms else {}))
         self._events.flush(flush_seconds)
