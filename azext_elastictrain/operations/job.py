@@ -41,7 +41,8 @@ def run_job(cmd, name: str, script: str, min_nodes: int, max_nodes: int, local: 
         nproc_per_node = (gpus_per_node or 1) if target.kind == "aks" else 1
     spec = JobSpec(name=name, script=script, min_nodes=min_nodes, max_nodes=max_nodes, nodes=nodes,
                    nproc_per_node=nproc_per_node, script_args=args, checkpoint_interval=checkpoint_interval, keep=keep,
-                   memory_tier=memory_tier or DEFAULT_MEMORY_TIER, **({"cluster": target.cluster} if target.kind == "local" else {}))
+                   memory_tier=memory_tier or DEFAULT_MEMORY_TIER,
+                   **({"cluster": target.cluster} if target.kind == "local" else {}))
     with az_errors(target, job=name), target.opened(cmd) as backend:
         plan = backend.plan_job(JobRequest(spec, image, gpus_per_node, engine))
         return plan.shown if dry_run else backend.submit_job(plan)
