@@ -114,6 +114,10 @@ def job_row(item: dict) -> OrderedDict:
     ])
 
 
+def _blank(value) -> object:
+    return "" if value is None else value
+
+
 def job_show_table(result) -> list:
     return [job_row(result)]
 
@@ -173,6 +177,8 @@ def eviction_table(result) -> list:
             ("ResumedFrom", recovery.get("resumedFromStep", "")),
             ("Replacement", ", ".join(r["node"] for r in result.get("replacements") or [])),
             ("FullSizeAfterSeconds", back.get("seconds", "")),
+            ("JoinedToFullSizeSeconds", _blank(back.get("nodeJoinedToFullSizeSeconds"))),
+            ("NoTrainingSeconds", _blank(back.get("noTrainingSeconds"))),
         ])
         for e in result.get("evictions", [])
     ] or [OrderedDict([("Node", n["node"]), ("Pid", n["pid"]), ("Action", "would evict")]) for n in result["nodes"]]

@@ -174,6 +174,11 @@ def load_arguments(self, _):  # pylint: disable=too-many-statements  # one state
                         "Default: as the script says.")
         c.argument("keep", type=int, options_list=["--keep"],
                    help="Complete checkpoints to keep; older ones go once a newer one is committed.")
+        c.argument("memory_tier", options_list=["--memory-tier"],
+                   help="Node memory for the in-memory rescue tier (each node keeps the last completed step, "
+                        "twice: give twice the model + optimizer state or more), as a Kubernetes quantity, "
+                        "e.g. 8Gi; or 'off'. On AKS the sizeLimit of a memory-backed emptyDir, which counts "
+                        "against the pod's memory. Locally the tier uses /dev/shm; only 'off' matters there.")
     with self.argument_context("elastictrain job logs") as c:
         c.argument("node", options_list=["--node"],
                    help="Only this node's log, e.g. myjob-node-0 (default: every node, lines prefixed by node).")

@@ -83,7 +83,9 @@ def evict(az: Az, notice: bool, node: str | None) -> dict:
           f"  the job trained again after {recovery['recoverySeconds']}s at world size {recovery['worldSize']}, "
           f"from step {recovery['resumedFromStep']}: {recovery['stepsLost']} step(s) lost\n"
           f"  Spot capacity came back: {', '.join(r['node'] for r in result['replacements'])} joined; "
-          f"world size {back.get('worldSize')} again after {back.get('seconds')}s", flush=True)
+          f"world size {back.get('worldSize')} again after {back.get('seconds')}s "
+          f"({back.get('nodeJoinedToFullSizeSeconds')}s from the node joining, {back.get('noTrainingSeconds')}s "
+          f"without training, restored from {back.get('restoreSource')})", flush=True)
     return {"node": eviction["node"], "notice": notice, "evictedAt": eviction["evictedAt"],
             "acknowledged": eviction["acknowledged"], **recovery,
             "replacement": result["replacements"][0], "capacityBack": back}

@@ -20,6 +20,10 @@ FINISHED = "finished"
 # Written by every rank whose training stops before it finished: the last step every rank completed
 # (``step``) and when (``step_time``).
 INTERRUPTED = "interrupted"
+# Written by rank 0 when torchrun stopped the workers (SIGTERM on any rank, no VM notice): a node joined and
+# the world re-forms, or the job stops. ``step``: the step every rank stopped at; ``kept_in_memory``: it was
+# in every node's memory, so no blob save was made.
+REFORMING = "reforming"
 
 # Job states, as `job show` reports them.
 RUNNING = "Running"

@@ -18,6 +18,18 @@ Rank-seconds (world size x seconds), per segment and per gap between segments:
 A gap is charged at the size of the world that forms after it: those ranks waited through it. Step
 boundary times come from the ranks' own events; between two of them steps are taken to be evenly
 spaced. ``goodput`` = useful / all of them. Pure: no clock, no I/O.
+
+Each scale-up (``scale_ups``), measured from events, not inferred:
+
+- nodeJoined: when the rendezvous round that grew the world began: the earliest SIGTERM a worker of the
+  smaller world received (``interrupted``'s ``sigterm_time``; torchrun stops the workers because a node is
+  waiting), else rank 0's ``reforming`` event, else the smaller world's last step;
+- nodeJoinedToFullSizeSeconds: from nodeJoined to the larger world's first ``progress`` event (rank 0
+  reports its first step at once): training at full size;
+- noTrainingSeconds: from the smaller world's last completed step to the larger world's ``restored``
+  (from there it trains);
+- restoreSource: where the larger world restored from (memory, peer, blob; "peer" when rank 0 is a
+  newcomer), and ranksFromPeer: how many ranks took the state from a peer (the rest: their own memory).
 """
 from __future__ import annotations
 
@@ -51,6 +63,8 @@ class Segment:
     world_size: int
     first_step: int
     points: list[tuple[int, float]] = field(default_factory=list)  # (step, wall time of its boundary)
+    source: str | None = None  # where it restored from
+    ranks_from_peer: int | None = None  # memory restores: the ranks that took the state from a peer
 
     @property
     def last_step(self) -> int:
@@ -99,7 +113,8 @@ def segments(events: Iterable[dict]) -> list[Segment]:
             step = e.get("step") if isinstance(e.get("step"), int) else 0
             found.append(Segment(started=last_started, restored=e["time"],
                                  world_size=int(e.get("world_size") or 1), first_step=step,
-                                 points=[(step, e["time"])]))
+                                 points=[(step, e["time"])], source=e.get("source"),
+                                 ranks_from_peer=e.get("ranks_from_peer")))
             last_started = None
     starts = [seg.restored for seg in found]
     for e in ordered:
@@ -150,6 +165,33 @@ def goodput(events: Iterable[dict]) -> dict | None:
             "usefulRankSeconds": round(useful, 2),
             "lostRankSeconds": {k: round(v, 2) for k, v in lost.items()},
             "stepsLost": steps_lost}
+
+
+def scale_ups(events: Iterable[dict]) -> list[dict]:
+    """Per world that formed larger than the one before: when the node joined, the seconds to training at
+    full size and of no training, the steps lost and where it restored from (module doc)."""
+    ordered = unique(events)
+    worlds = segments(ordered)
+    out = []
+    for before, seg in zip(worlds, worlds[1:]):
+        if seg.world_size <= before.world_size:
+            continue
+        window = [e for e in ordered if before.restored < e["time"] <= seg.restored]
+        signals = [e["sigterm_time"] for e in window if e.get("event") == job_events.INTERRUPTED
+                   and isinstance(e.get("sigterm_time"), (int, float))]
+        reforming = [e["time"] for e in window if e.get("event") == job_events.REFORMING]
+        joined = min(signals) if signals else (reforming[0] if reforming else before.last_time)
+        full = [e["time"] for e in ordered if e.get("event") == job_events.PROGRESS and e["time"] >= seg.restored
+                and e.get("world_size") == seg.world_size]
+        out.append({
+            "nodeJoined": joined,
+            "fromWorldSize": before.world_size, "toWorldSize": seg.world_size,
+            "nodeJoinedToFullSizeSeconds": round(full[0] - joined, 2) if full else None,
+            "noTrainingSeconds": round(max(0.0, seg.restored - before.last_time), 2),
+            "stepsLost": max(0, before.last_step - seg.first_step),
+            "restoreSource": seg.source, "ranksFromPeer": seg.ranks_from_peer,
+        })
+    return out
 
 
 def last_completed_step(events: Iterable[dict], after: float, before: float) -> int | None:

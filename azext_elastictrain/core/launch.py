@@ -18,8 +18,9 @@ ENV_VM_NAME = "ELASTICTRAIN_VM_NAME"
 ENV_NODE_NAME = "ELASTICTRAIN_NODE_NAME"
 ENV_PREEMPTION_STATE = "ELASTICTRAIN_PREEMPTION_STATE"
 ENV_PREEMPTION_POLL_SECONDS = "ELASTICTRAIN_PREEMPTION_POLL_SECONDS"
-# The memory tier (runtime/rescue.py): opt-in while its per-step copy is synchronous (0.45 s per step for a
-# 512 MiB state, measured), "on" to keep each completed step in node-local shared memory; where it lives.
+# The memory tier (runtime/rescue.py): on by default, each completed step kept in node-local shared memory
+# (the training thread copies the state; a thread of its own checksums and commits it); "off" turns it off.
+# Where it lives: /dev/shm by default; on AKS a memory-backed emptyDir mounted there (core/manifests.py).
 ENV_MEMORY_RESCUE = "ELASTICTRAIN_MEMORY_RESCUE"
 ENV_MEMORY_DIR = "ELASTICTRAIN_MEMORY_DIR"
 ENV_PREEMPTION_HOLD_SECONDS = "ELASTICTRAIN_PREEMPTION_HOLD_SECONDS"  # after acknowledging: wait for the VM to go
@@ -57,9 +58,15 @@ def torchrun_options(*, rdzv_conf: str, nproc_per_node: int, rdzv_id: str | None
             f"--nproc-per-node={nproc_per_node}", f"--max-restarts={MAX_RESTARTS}"]
 
 
-def runtime_env(*, keep: int, checkpoint_interval: int | None) -> dict[str, str]:
+# AKS: where a worker pod mounts the memory-backed emptyDir of the memory tier (core/manifests.py).
+MEMORY_TIER_MOUNT = "/var/run/elastictrain/memory"
+
+
+def runtime_env(*, keep: int, checkpoint_interval: int | None, memory_tier: bool = True) -> dict[str, str]:
     """The job-wide runtime settings every node gets (each backend adds where the checkpoints are)."""
     env = {ENV_KEEP: str(keep), **TCP_STORE_WORKAROUND, "PYTHONUNBUFFERED": "1"}
+    if not memory_tier:
+        env[ENV_MEMORY_RESCUE] = "off"
     if checkpoint_interval is not None:
         env[ENV_CHECKPOINT_INTERVAL_STEPS] = str(checkpoint_interval)
     return env

@@ -18,6 +18,7 @@ from azext_elastictrain.core.spec import (
     ENGINE_K8S_JOB,
     ENGINE_TORCHELASTIC,
     ENGINES,
+    MEMORY_TIER_OFF,
     SpecError,
 )
 
@@ -213,6 +214,7 @@ def object_key(obj: dict[str, Any]) -> str:
 # job delete, node drain) gets this long after SIGTERM to finish its preemption checkpoint.
 TERMINATION_GRACE_SECONDS = 120
 WORKER_CONTAINER = "worker"
+MEMORY_TIER_VOLUME = "memory-tier"
 JOB_LABEL = "elastictrain.azure.com/job"
 # Which engine made a job: later commands find it by this label whichever engine ran it.
 ENGINE_LABEL = "elastictrain.azure.com/engine"
@@ -353,9 +355,24 @@ def _worker_template(job, cluster: InClusterSpec, image: str, args: list[str], *
                                        "values": ["spot"]}]}]}}},
             "containers": [_worker_container(job, image, args, gpus)],
             # torch's DataLoader workers and NCCL share tensors through /dev/shm (64 MiB by default).
-            "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+            "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}, *_memory_tier_volumes(job)],
         },
     }
+
+
+def _memory_tier_on(job) -> bool:
+    return job.memory_tier != MEMORY_TIER_OFF
+
+
+def _memory_tier_volumes(job) -> list[dict]:
+    """The memory tier's own memory-backed emptyDir (runtime/rescue.py: two copies of the node's state).
+
+    It outlives a worker process (torchrun restarts them in place), not the pod. Its pages count against the
+    pod's memory; the sizeLimit bounds them (the kubelet evicts a pod whose emptyDir outgrows it, so the
+    runtime reserves each slot's space up front and turns the tier off where it does not fit)."""
+    if not _memory_tier_on(job):
+        return []
+    return [{"name": MEMORY_TIER_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": job.memory_tier}}]
 
 
 def _worker_container(job, image: str, args: list[str], gpus: int) -> dict:
@@ -365,7 +382,9 @@ def _worker_container(job, image: str, args: list[str], gpus: int) -> dict:
         "args": args,
         "env": _worker_env(job),
         "resources": {"limits": {"nvidia.com/gpu": gpus}},
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"},
+                         *([{"name": MEMORY_TIER_VOLUME, "mountPath": launch.MEMORY_TIER_MOUNT}]
+                           if _memory_tier_on(job) else [])],
     }
 
 
@@ -377,5 +396,8 @@ def _worker_env(job) -> list[dict]:
         {"name": launch.ENV_CHECKPOINT_URL, "value": f"$({launch.ENV_CHECKPOINT_CONTAINER_URL})/{job.name}"},
         {"name": launch.ENV_NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
     ]
-    shared = launch.runtime_env(keep=job.keep, checkpoint_interval=job.checkpoint_interval)
+    if _memory_tier_on(job):
+        env.append({"name": launch.ENV_MEMORY_DIR, "value": launch.MEMORY_TIER_MOUNT})
+    shared = launch.runtime_env(keep=job.keep, checkpoint_interval=job.checkpoint_interval,
+                                memory_tier=_memory_tier_on(job))
     return env + [{"name": name, "value": value} for name, value in shared.items()]

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from azext_elastictrain.core.errors import EvictionError
-from azext_elastictrain.core.goodput import last_completed_step
+from azext_elastictrain.core.goodput import last_completed_step, scale_ups
 
 # A local node comes back in seconds; the AKS backend passes its own, longer timeout (a new Spot VM).
 RECOVERY_TIMEOUT = 240.0
@@ -48,14 +48,24 @@ def follow_recovery(read_events: Any, job: str, eviction: dict, timeout: float =
 
 def follow_world_size(read_events: Any, job: str, world_size: int, since: float,
                       timeout: float = RECOVERY_TIMEOUT) -> dict:
-    """After capacity came back: seconds until the job trains at ``world_size`` again."""
+    """After capacity came back: seconds from the replacement's start until the job trains at ``world_size``
+    again, and the scale-up as its events measure it (seconds from the node joining to training at full size,
+    seconds of no training, steps lost, where the grown world restored from)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        grown = [e for e in read_events(job) if e.get("event") == "progress" and e["time"] > since
+        events = read_events(job)
+        grown = [e for e in events if e.get("event") == "progress" and e["time"] > since
                  and e.get("world_size") == world_size]
         if grown:
+            # the scale-up's own measurements (core/goodput.py): from the rendezvous round the node joined
+            ups = [up for up in scale_ups(events) if up["toWorldSize"] == world_size
+                   and up["nodeJoined"] >= since]
+            up = ups[0] if ups else {}
             return {"worldSize": world_size, "step": grown[0]["step"],
-                    "seconds": round(grown[0]["time"] - since, 2)}
+                    "seconds": round(grown[0]["time"] - since, 2),
+                    "nodeJoinedToFullSizeSeconds": up.get("nodeJoinedToFullSizeSeconds"),
+                    "noTrainingSeconds": up.get("noTrainingSeconds"), "stepsLost": up.get("stepsLost"),
+                    "restoreSource": up.get("restoreSource"), "ranksFromPeer": up.get("ranksFromPeer")}
         time.sleep(0.5)
     raise EvictionError(f"job {job!r} did not train at world size {world_size} within {timeout:.0f}s "
                         "of the replacement joining")

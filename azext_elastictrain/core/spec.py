@@ -5,6 +5,13 @@ import re
 from dataclasses import dataclass
 
 LOCAL_CLUSTER_DEFAULT = "local"
+# The in-memory rescue tier keeps two copies of each node's state (runtime/rescue.py): the default leaves room
+# for a 4 GiB model + optimizer state. On AKS it is the sizeLimit of a memory-backed emptyDir, which counts
+# against the pod's memory; a tier that does not fit turns itself off (the runtime logs it), blob stands.
+DEFAULT_MEMORY_TIER = "8Gi"
+MEMORY_TIER_OFF = "off"
+_QUANTITY = re.compile(r"([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?")
+
 
 _LOCAL_NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?")
 
@@ -47,6 +54,9 @@ class JobSpec:  # pylint: disable=too-many-instance-attributes  # one field per 
     checkpoint_interval: int | None = None
     keep: int = 3
     cluster: str = LOCAL_CLUSTER_DEFAULT
+    # The in-memory rescue tier: "off", or the node memory it may use (a Kubernetes quantity: on AKS the
+    # sizeLimit of the memory-backed emptyDir it lives in).
+    memory_tier: str = DEFAULT_MEMORY_TIER
 
     @property
     def node_count(self) -> int:
@@ -80,6 +90,7 @@ class JobSpec:  # pylint: disable=too-many-instance-attributes  # one field per 
         if self.checkpoint_interval is not None:
             _at_least_one("--checkpoint-interval", self.checkpoint_interval)
         _at_least_one("--keep", self.keep)
+        validate_memory_tier(self.memory_tier)
         if not self.script:
             raise SpecError("no training script: pass --script PATH")
         if script_in_image:
@@ -90,6 +101,16 @@ class JobSpec:  # pylint: disable=too-many-instance-attributes  # one field per 
             raise SpecError(f"training script {self.script!r} is not a file: pass the path of a Python script "
                             "that runs under torchrun (e.g. scripts/train_cifar10.py)")
         return self
+
+
+def validate_memory_tier(value: str) -> None:
+    if value == MEMORY_TIER_OFF:
+        return
+    match = _QUANTITY.fullmatch(value or "")
+    if not match or float(match[1]) <= 0:
+        raise SpecError(f"--memory-tier {value!r} is neither 'off' nor a size: give the node memory the in-memory "
+                        "rescue tier may use as a Kubernetes quantity, twice the model and optimizer state or more "
+                        "(e.g. 8Gi, 512Mi), or 'off'")
 
 
 def _at_least_one(flag: str, value: object) -> None:

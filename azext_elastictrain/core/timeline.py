@@ -27,6 +27,7 @@ def series(events: Iterable[dict]) -> dict:
     finished = any(e.get("event") == job_events.FINISHED for e in ordered)
     sizes: list[list[float]] = [[0.0, 0]]
     stops, scale_ups = [], []
+    measured = iter(job_goodput.scale_ups(ordered))
     for i, seg in enumerate(worlds):
         sizes.append([rel(seg.restored), seg.world_size])
         last = i == len(worlds) - 1
@@ -38,8 +39,11 @@ def series(events: Iterable[dict]) -> dict:
                           "resumedFromStep": following.first_step,
                           "stepsLost": max(0, seg.last_step - following.first_step)})
             if following.world_size > seg.world_size:
+                up = next(measured)
                 scale_ups.append({"time": rel(following.started or following.restored),
-                                  "worldSize": following.world_size})
+                                  "worldSize": following.world_size, "nodeJoined": rel(up["nodeJoined"]),
+                                  "nodeJoinedToFullSizeSeconds": up["nodeJoinedToFullSizeSeconds"],
+                                  "noTrainingSeconds": up["noTrainingSeconds"], "restoreSource": up["restoreSource"]})
     return {
         "start": t0,
         "worlds": [{"worldSize": seg.world_size, "fromStep": seg.first_step,

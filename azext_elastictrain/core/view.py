@@ -54,6 +54,7 @@ class JobView:  # pylint: disable=too-many-instance-attributes  # the `job show`
     nodes: list = field(default_factory=list)
     events_error: str | None = None
     goodput: dict | None = None  # core.goodput.goodput of the run; None before it trained
+    scale_up_times: list = field(default_factory=list)  # core.goodput.scale_ups of the run
 
     def describe(self, identity: dict, launch: dict, extra: dict | None = None,
                  worker_restarts: bool = False) -> dict:
@@ -67,7 +68,9 @@ class JobView:  # pylint: disable=too-many-instance-attributes  # the `job show`
                  "recoveries": self.recoveries, "scaleUps": self.scale_ups,
                  "goodput": self.goodput and self.goodput["goodput"],
                  "stepsLost": self.goodput and self.goodput["stepsLost"],
-                 "timeLost": self.goodput and self.goodput["lostRankSeconds"]}
+                 "timeLost": self.goodput and self.goodput["lostRankSeconds"],
+                 "scaleUpTimes": [{**up, "nodeJoined": iso_time(up["nodeJoined"], millis=True)}
+                                  for up in self.scale_up_times]}
         if worker_restarts:
             shown["workerRestarts"] = self.worker_restarts
         shown["nodes"] = self.nodes
@@ -100,7 +103,7 @@ def build_job_view(events: Iterable[dict], *, created: float | None, nodes: list
                    failed_checkpoints=summary["failedCheckpoints"], evictions=len(notices) + len(lost),
                    recoveries=summary["recoveries"], scale_ups=summary["scaleUps"],
                    worker_restarts=summary["workerRestarts"], nodes=nodes, events_error=events_error,
-                   goodput=job_goodput.goodput(runs))
+                   goodput=job_goodput.goodput(runs), scale_up_times=job_goodput.scale_ups(runs))
 
 
 def read_job_events(read: Callable[[str], Iterable[dict]], job: str) -> tuple[list[dict], str | None]:

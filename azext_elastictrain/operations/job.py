@@ -19,11 +19,11 @@ def run_job(cmd, *, name: str, script: str, min_nodes: int, max_nodes: int, loca
             cluster: str | None = None, script_args: str | None = None, nodes: int | None = None,
             nproc_per_node: int | None = None, checkpoint_interval: int | None = None, keep: int = 3,
             resource_group_name: str | None = None, image: str | None = None, gpus_per_node: int | None = None,
-            dry_run: bool = False, engine: str | None = None) -> dict:
+            dry_run: bool = False, engine: str | None = None, memory_tier: str | None = None) -> dict:
     """Validate everything, then start the job: torchrun agents here (--local), or on AKS an ElasticJob
     (--engine torchelastic, the default) or a batch/v1 Indexed Job (--engine k8s-job)."""
     from azext_elastictrain.backends.base import JobRequest
-    from azext_elastictrain.core.spec import JobSpec
+    from azext_elastictrain.core.spec import DEFAULT_MEMORY_TIER, JobSpec
 
     target = resolve_target(local=local, resource_group=resource_group_name, cluster=cluster, job=name)
     if gpus_per_node is not None and gpus_per_node < 1:
@@ -41,6 +41,7 @@ def run_job(cmd, *, name: str, script: str, min_nodes: int, max_nodes: int, loca
         nproc_per_node = (gpus_per_node or 1) if target.kind == "aks" else 1
     spec = JobSpec(name=name, script=script, min_nodes=min_nodes, max_nodes=max_nodes, nodes=nodes,
                    nproc_per_node=nproc_per_node, script_args=args, checkpoint_interval=checkpoint_interval, keep=keep,
+                   memory_tier=memory_tier or DEFAULT_MEMORY_TIER,
                    **({"cluster": target.cluster} if target.kind == "local" else {}))
     with az_errors(target, job=name), target.opened(cmd) as backend:
         plan = backend.plan_job(JobRequest(spec, image, gpus_per_node, engine))

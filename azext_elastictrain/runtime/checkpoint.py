@@ -156,6 +156,7 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # restore+s
         grace_seconds: float = catalog.DEFAULT_GRACE_SECONDS,
         hold_seconds: float = 60.0,
         memory_rescue: bool = True,
+        sigterm_wait_seconds: float = 5.0,
     ):
         if keep < 1:
             raise ValueError("keep must be at least 1")
@@ -169,6 +170,7 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # restore+s
         self.thread_count = thread_count
         self.grace_seconds = grace_seconds
         self.hold_seconds = hold_seconds
+        self.sigterm_wait_seconds = sigterm_wait_seconds
         self.progress_seconds = progress_seconds
 
         self.distributed = dist.is_available() and dist.is_initialized()
@@ -193,11 +195,20 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # restore+s
         # The last step every rank completed (its per-step agreement succeeded), for honest loss accounting.
         self.last_step: int | None = None
         self._last_step_time: float | None = None
+        # The last step this rank's own state reached (step() is called after the optimizer step, so its
+        # gradients were reduced across every rank): one past last_step when a peer died during the agreement.
+        self._reached: tuple[int, float] | None = None
         self._finished = False
         self._interruption_recorded = False
 
-        # The state of the last completed step in node-local shared memory (runtime/rescue.py).
+        # The state of the last completed step in node-local shared memory (runtime/rescue.py): captured on
+        # the training thread at step(), committed by a thread of its own, at most one commit in flight.
         self._memory = rescue.MemoryTier.from_env(self.job_prefix) if memory_rescue else None
+        self._keeper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="elastictrain-memory") \
+            if self._memory is not None and self.local_rank == 0 else None
+        self._keeping: Future | None = None
+        self.memory_step: int | None = None  # the newest step this process committed to memory
+        self._newest_blob: int | None = None  # the newest durable checkpoint in blob, as restore found it
 
         self._watcher = watcher
         if self._watcher is not None:
@@ -294,6 +305,7 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # restore+s
                 log.warning("skipping damaged checkpoints at steps %s", skipped)
         candidates = self._broadcast(candidates)
         newest_blob = layout.Manifest.from_bytes(candidates[0]).step if candidates else None
+        self._newest_blob = newest_blob
         rescued = self._restore_from_memory(state, newest_blob, started)
         if rescued is not None:
             return rescued
@@ -389,6 +401,7 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # restore+s
         """
         if self._memory is None:
             return None
+        self.kept_in_memory()
         copy = self._memory.read()
         # Only with a copy to load: looking at a fresh optimizer's state initialises it.
         tree = _tree(state) if copy is not None else None
@@ -451,22 +464,51 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # restore+s
         return LOADED
 
     def _keep_in_memory(self, step: int, state: dict[str, Any]) -> None:
-        """This node's copy of the completed ``step`` (one writer per node; replicated states only)."""
-        if self._memory is None or self.local_rank != 0:
+        """This node's copy of the completed ``step`` (one writer per node; replicated states only).
+
+        Here, on the training thread: the copy of the state into shared memory (CUDA: queued device-to-host
+        copies), the one part that must precede the next step's in-place updates. The checksum and the
+        commit run on the keeper thread; the previous commit is waited for first (at most one in flight).
+        """
+        if self._keeper is None:
             return
         # Sharded parameters: skip before flattening, which for them may take collectives this rank runs alone.
         if any(type(p.data) is not torch.Tensor  # pylint: disable=unidiomatic-typecheck  # sharded: DTensor
                for m in modules_in(state) for p in m.parameters()):
             return
+        self.kept_in_memory()
         try:
             tree = _tree(state)
             if not rescue.is_replicated(tree.flat):
                 return
             flat = {k: v if isinstance(v, torch.Tensor) else json_tensor(v, k) for k, v in tree.flat.items()}
             flat[STEP_KEY] = json_tensor(step, STEP_KEY)
-            self._memory.keep(step, self.world_size, flat)
-        except (OSError, CheckpointError, StateError) as ex:  # the memory tier is an optimisation; blob stands
+            capture = self._memory.capture(step, self.world_size, flat)
+        except OSError as ex:  # no room (ENOSPC) or no shared memory: the tier is off for this worker
+            log.warning("the in-memory rescue tier is off for this worker: cannot keep step %d in %s: %s",
+                        step, self._memory.directory, ex)
+            self._keeper.shutdown(wait=False)
+            self._keeper = None
+            return
+        except (ValueError, CheckpointError, StateError) as ex:  # an optimisation; blob stands
             log.warning("could not keep step %d in memory: %s", step, ex)
+            return
+        self._keeping = self._keeper.submit(self._commit_memory, capture)
+
+    def _commit_memory(self, capture: "rescue.Capture") -> None:
+        self._memory.commit(capture)
+        self.memory_step = capture.step
+
+    def kept_in_memory(self) -> int | None:
+        """The newest step this process committed to its node's memory (None: none, or not the writer),
+        once the commit in flight, if any, is done."""
+        keeping, self._keeping = self._keeping, None
+        if keeping is not None:
+            try:
+                keeping.result()
+            except Exception as ex:  # noqa: BLE001 - the memory tier is an optimisation; blob stands
+                log.warning("could not keep a step in memory: %s", ex)
+        return self.memory_step
 
     # -- save ----------------------------------------------------------------------
     def save(self, step: int, state: dict[str, Any], *, blocking: bool | None = None) -> None:
@@ -607,23 +649,68 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # restore+s
         exit. After a Scheduled Events notice training goes on: the node leaves
         when Azure takes it, and the job resumes from this step.
         """
+        self._reached = (step, time.time())
         self._keep_in_memory(step, state)  # step() comes after the optimizer step: a completed step
         notices = self._live_notices()
+        sigterm = any(n.source == "sigterm" for n in notices)
         due = self.rank == 0 and self._due(step)
-        preempt_anywhere, save_due = self._all_reduce_max([1 if notices else 0, 1 if due else 0])
+        vm_notice_anywhere, sigterm_anywhere, save_due = self._all_reduce_max(
+            [1 if notices and not sigterm else 0, 1 if sigterm else 0, 1 if due else 0])
         self._completed(step)  # the agreement returned: every rank finished this step
         self._record_progress(step, samples, metrics)
-        if preempt_anywhere:
+        if sigterm_anywhere and not vm_notice_anywhere:
+            return self._on_sigterm(step, state, notices)
+        if vm_notice_anywhere or sigterm_anywhere:
             return self._on_preemption(step, state, notices)
         if save_due:
             self.save(step, state)
+        return False
+
+    def _on_sigterm(self, step: int, state: dict[str, Any], notices: list[Any]) -> bool:
+        """torchrun stops the workers (a node joined and the world re-forms, or the job stops): every rank
+        stops at this step, the same one, which survives in the nodes' memory; blob only when it must.
+
+        The blob save is skipped when every node committed this step to memory and blob holds an older
+        durable checkpoint: the survivors restore from their own memory and a newcomer from a peer. What
+        that gives up: if every node holding the copy goes too before the next interval checkpoint, the
+        job resumes from blob's older one (on a re-form the nodes stay; a stop of the whole job is the
+        case that may lose those steps). A rank whose own SIGTERM has not come yet waits for it (briefly:
+        its agent polls the same rendezvous), so no rank trains a step its peers will not.
+        """
+        if self.local_rank == 0:  # the node's writer says whether the node holds this step
+            kept = self._keeper is not None and self.kept_in_memory() == step
+        else:
+            kept = self._memory is not None
+        durable = self.last_saved_step is not None or self._newest_blob is not None
+        (missing,) = self._all_reduce_max([0 if kept and durable else 1])
+        own = any(n.source == "sigterm" for n in notices)
+        for notice in notices:
+            self._handled_notices.add(notice.event_id or notice.source)
+            if self.local_rank == 0:  # one event per node, not one per worker
+                self._emit(progress.PREEMPTED, step=step, source=notice.source, event_id=notice.event_id)
+        if self.rank == 0:
+            self._emit(progress.REFORMING, step=step, kept_in_memory=not missing, world_size=self.world_size)
+        if missing:
+            log.warning("SIGTERM at step %d: checkpointing it to blob", step)
+            self.save(step, state, blocking=True)
+        else:
+            log.warning("SIGTERM at step %d: it is in every node's memory; exiting without a blob save", step)
+        if own:
+            return True
+        deadline = time.monotonic() + self.sigterm_wait_seconds
+        while self._watcher is not None and time.monotonic() < deadline:
+            if any(n.source == "sigterm" for n in self._watcher.notices()):
+                return True
+            time.sleep(0.05)
+        log.warning("another rank was stopped at step %d but this one was not: training on", step)
         return False
 
     def _completed(self, step: int) -> None:
         self.last_step, self._last_step_time = step, time.time()
 
     def _record_interruption(self, flush_seconds: float = 5.0) -> None:
-        """Training stops before ``done``: record the last step the job completed, from every rank.
+        """Training stops before ``done``: record the last step the job completed, from every rank (or the
+        step this rank completed after it, if a peer died during that step's agreement).
 
         Any survivor may be the one to tell (rank 0 may be the node that died); the reader takes the
         newest per re-forming, so the copies from several ranks are harmless. Bounded: torchrun kills
@@ -632,8 +719,16 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # restore+s
         if self._finished or self._interruption_recorded or self._events is None or self.last_step is None:
             return
         self._interruption_recorded = True
-        self._emit(progress.INTERRUPTED, step=self.last_step, step_time=round(self._last_step_time, 3),
-                   world_size=self.world_size)
+        sigterms = [n.received_at for n in (self._watcher.notices() if self._watcher is not None else [])
+                    if n.source == "sigterm"]
+        step, step_time = self.last_step, self._last_step_time
+        if self._reached is not None and self._reached[0] > step:
+            # its optimizer step ran on gradients every rank reduced (its node's memory copy holds it, and a
+            # survivor resumes from it): the step the world reached, though a peer died before agreeing on it
+            step, step_time = self._reached
+        self._emit(progress.INTERRUPTED, step=step, step_time=round(step_time, 3),
+                   world_size=self.world_size,
+                   **({"sigterm_time": round(min(sigterms), 3)} if sigterms else {}))
         self._events.flush(flush_seconds)
 
     def _live_notices(self) -> list[Any]:
@@ -715,7 +810,8 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # restore+s
             self._finished = True
             if self.rank == 0:
                 self._emit(progress.FINISHED, step=step)
-            if self._memory is not None and self.local_rank == 0:
+            if self._keeper is not None:
+                self.kept_in_memory()
                 self._memory.discard()  # the job is over: free the node's memory
         finally:
             self.close()
@@ -728,9 +824,12 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # restore+s
         atexit.unregister(self._record_interruption)
         self._record_interruption()  # first: waiting for an upload whose peers died can take long
         try:
+            self.kept_in_memory()  # the step kept last is committed before the process goes
             self.wait(raise_errors=False)
         finally:
             self._uploader.shutdown(wait=True)
+            if self._keeper is not None:
+                self._keeper.shutdown(wait=True)
             if self._watcher is not None:
                 self._watcher.stop()
             if self._events is not None:

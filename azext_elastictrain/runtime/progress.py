@@ -27,6 +27,7 @@ from azext_elastictrain.core.events import (
     INTERRUPTED,
     PREEMPTED,
     PROGRESS,
+    REFORMING,
     RESTORED,
     STARTED,
     read_events,

@@ -16,12 +16,15 @@ steps lost = the step training had reached (or the notice step) - the step it
 resumed from. Medians of the repetitions; the ratio baseline / notice is the
 headline. Everything runs on loopback and is stopped at the end.
 
-    .venv/bin/python scripts/bench/recovery.py --state-mib 512 [--repeats 3]
+    .venv/bin/python scripts/bench/recovery.py --state-mib 64 512 [--repeats 3]
 
 instead measures one survivor's restore of a state of that size (a model and
 its AdamW moments, fp32, in one process): from its node's memory copy vs from
 the blob checkpoint of the same step, interleaved; medians and their ratio.
-Also the cost per step of keeping the memory copy (``MemoryTier.keep``).
+Also what keeping the memory copy costs per training step (a real AdamW step
+between hooks), side by side: tier off, everything on the training thread
+(sync: the opt-in tier's placement), and the default (async): the time in
+``Checkpointer.step`` and the whole iteration's time over the tier-off one.
 """
 from __future__ import annotations
 
@@ -103,15 +106,21 @@ def run_case(case: str, blob, etcd, imds: ScheduledEventsServer, logs: Path) -> 
 
 
 def state_of(mib: int):
-    """A Linear model and AdamW whose parameters and moments come to ``mib`` MiB, one step taken."""
+    """A Linear model and AdamW whose parameters and moments come to ``mib`` MiB, one step taken; and a
+    function that takes one more training step."""
     import torch
 
     features = max(8, int((mib * 2**20 / 4 / 3) ** 0.5))  # weights + 2 moments, fp32
     model = torch.nn.Linear(features, features, bias=False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    model(torch.randn(2, features)).sum().backward()
-    optimizer.step()
-    return {"model": model, "optimizer": optimizer}
+
+    def train_step() -> None:
+        optimizer.zero_grad()
+        model(torch.randn(2, features)).sum().backward()
+        optimizer.step()
+
+    train_step()
+    return {"model": model, "optimizer": optimizer}, train_step
 
 
 @contextlib.contextmanager
@@ -128,11 +137,17 @@ def _env(values: dict[str, str]):
                 os.environ[k] = v
 
 
-def memory_vs_blob(mib: int, repeats: int) -> dict:
+def memory_vs_blob(mib: int, repeats: int, steps: int = 6) -> dict:
+    """A survivor's restore of the same step from its node's memory vs from blob; and what keeping the memory
+    copy costs a training step, three ways side by side: ``off`` (no memory tier), ``sync`` (the copy, its
+    checksum and commit all on the training thread: how the tier ran when it was opt-in) and ``async`` (the
+    default: the training thread copies, a thread of its own checksums and commits)."""
     from azext_elastictrain.runtime.checkpoint import Checkpointer
     from azext_elastictrain.runtime.rescue import MemoryTier
 
-    samples: dict[str, list[float]] = {"memory": [], "blob": [], "keep": []}
+    samples: dict[str, list[float]] = {"memory": [], "blob": []}
+    for case in ("off", "sync", "async"):
+        samples[f"hook_{case}"], samples[f"iteration_{case}"] = [], []
     with tempfile.TemporaryDirectory(prefix="elastictrain-rescue-") as tmp:
         work = Path(tmp)
         memory_dir = Path("/dev/shm") if Path("/dev/shm").is_dir() else work
@@ -143,29 +158,47 @@ def memory_vs_blob(mib: int, repeats: int) -> dict:
                 blob.blob_service_client().create_container("bench")
                 url = f"{blob.blob_endpoint}/bench/rescue"
                 store = BlobStore.from_url(url, connection_string=blob.connection_string)
-                state = state_of(mib)
+                state, train_step = state_of(mib)
                 tier = MemoryTier.from_env(store.prefix, env)
                 with Checkpointer(store, watcher=None, events=False, memory_rescue=False) as ckpt:
                     ckpt.save(1, state, blocking=True)
-                for _ in range(repeats):
+                for rep in range(repeats):
+                    cases = ["off", "sync", "async"]
+                    cases = cases[rep % 3:] + cases[:rep % 3]  # rotate: spread drift
+                    for case in cases:
+                        with _env(env), Checkpointer(store, watcher=None, events=False,
+                                                     memory_rescue=case != "off") as ckpt:
+                            for i in range(steps):
+                                started = time.perf_counter()
+                                train_step()
+                                hooked = time.perf_counter()
+                                ckpt.step(10 + i, state)
+                                if case == "sync":
+                                    ckpt.kept_in_memory()  # the commit waited for on the training thread
+                                done = time.perf_counter()
+                                if i >= 2:  # the first steps map and fault in the slots
+                                    samples[f"hook_{case}"].append(done - hooked)
+                                    samples[f"iteration_{case}"].append(done - started)
                     for source in ("memory", "blob"):
                         with _env(env), Checkpointer(store, watcher=None, events=False,
                                                      memory_rescue=source == "memory") as ckpt:
                             if source == "memory":  # the step's hook keeps the copy; no blob save is due
-                                started = time.perf_counter()
                                 ckpt.step(1, state)
-                                samples["keep"].append(time.perf_counter() - started)
+                                assert ckpt.kept_in_memory() == 1
                             started = time.perf_counter()
                             assert ckpt.restore(state) == 1
                             samples[source].append(time.perf_counter() - started)
                 store.close()
-                size = tier.path.stat().st_size
+                size = tier.newest_path().stat().st_size
         finally:
             shutil.rmtree(memory_dir, ignore_errors=True)
     medians = {k: statistics.median(v) for k, v in samples.items()}
     print(f"state {size / 2**20:.0f} MiB, {repeats} repeats (medians): restore from memory {medians['memory']:.3f}s, "
-          f"from blob {medians['blob']:.3f}s, ratio {medians['blob'] / medians['memory']:.1f}x (goal >= 10x); "
-          f"keeping it in memory costs {medians['keep']:.3f}s per step")
+          f"from blob {medians['blob']:.3f}s, ratio {medians['blob'] / medians['memory']:.1f}x (goal >= 10x)")
+    print(f"{'per step':10s} {'step() s':>9s} {'iteration s':>12s} {'cost vs off s':>14s}")
+    for case in ("off", "sync", "async"):
+        print(f"{case:10s} {medians[f'hook_{case}']:9.3f} {medians[f'iteration_{case}']:12.3f} "
+              f"{medians[f'iteration_{case}'] - medians['iteration_off']:14.3f}")
     return {"samples": samples, "medians": medians, "bytes": size}
 
 
@@ -176,11 +209,12 @@ def main() -> int:
     parser.add_argument("--candidate", metavar="RDZV_CONF",
                         help="also measure these rendezvous settings (cases notice* and no-notice*), "
                              "side by side with the shipped ones")
-    parser.add_argument("--state-mib", type=int,
-                        help="instead: a survivor's restore of a state this size, from memory vs from blob")
+    parser.add_argument("--state-mib", type=int, nargs="+",
+                        help="instead: a survivor's restore of a state this size (or sizes), from memory vs from "
+                             "blob, and the per-step cost of keeping it in memory")
     args = parser.parse_args()
     if args.state_mib:
-        result = memory_vs_blob(args.state_mib, args.repeats)
+        result = {mib: memory_vs_blob(mib, args.repeats) for mib in args.state_mib}
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=1))
         return 0

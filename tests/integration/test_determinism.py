@@ -28,6 +28,10 @@ def _config(azurite, etcd, container_url, final_path, name):
         min_nodes=1, max_nodes=1, nproc_per_node=2,
         script_args=["--steps", str(STEPS), "--checkpoint-every", "30", "--step-delay", "0.04",
                      "--log-every", "30", "--save-final", str(final_path)],
+        # The blob path is what this proves (its checkpoint carries every rank's RNG state), and the second run
+        # is another node: with the memory tier on, a SIGTERM whose step every node holds in memory saves
+        # nothing to blob (a re-form resumes from memory), so a restart elsewhere would resume from step 30.
+        extra_env={"ELASTICTRAIN_MEMORY_RESCUE": "off"},
     )
 
 

@@ -2,10 +2,11 @@
 
 Without notice the survivor resumes from the last step it completed, kept in its
 node's memory (with the memory tier off: from the last committed checkpoint);
-with a notice (SIGTERM to the node, or an Azure Scheduled Events ``Preempt``)
-every rank checkpoints the step the notice arrived at and the survivor resumes
-there: no step is lost. When the node comes back, the survivor restores from
-its own memory, not from blob.
+with an Azure Scheduled Events ``Preempt`` notice every rank checkpoints the
+step the notice arrived at, and with a SIGTERM to the node every rank stops at
+one step that every node holds in memory: the survivor resumes there, no step
+is lost. When the node comes back, the survivor restores from its own memory,
+not from blob, and the newcomer from the survivor.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 
 from azext_elastictrain.core import catalog
 from azext_elastictrain.core.blobstore import BlobStore
-from azext_elastictrain.core.goodput import goodput
+from azext_elastictrain.core.goodput import goodput, scale_ups
 from tests.support.elastic import JobConfig, Node, dump, events_of, read_events, wait_for
 
 STEPS = 2000  # never reached: each test stops the job once it has shown recovery
@@ -74,7 +75,8 @@ def _restored_after(events, since: int) -> list[dict]:
 
 def test_survivor_resumes_from_last_committed_step_after_losing_a_node_without_notice(job):
     config, store, start = job
-    a, b, events = _start_two(store, start)  # the memory tier is off by default: blob is the fallback tested
+    config.extra_env["ELASTICTRAIN_MEMORY_RESCUE"] = "off"  # blob is the fallback tested here
+    a, b, events = _start_two(store, start)
     restored_before = len(events_of(events(), "restored"))
     committed_at_kill = max(_committed_steps(store))
     b.kill()
@@ -120,13 +122,19 @@ def test_no_step_is_lost_when_the_node_gets_a_preemption_notice(job, notice):
         preempted = events_of(events(), "preempted")
         assert preempted, dump(events())
         notice_step = preempted[0]["step"]
-        assert notice_step in _committed_steps(store) or any(
-            e["step"] == notice_step for e in events_of(events(), "checkpoint")
-        )
+        if notice == "sigterm":  # no VM notice: every node holds the step in memory, so no blob save is made
+            (stopped,) = events_of(events(), "reforming")
+            assert stopped["step"] == notice_step and stopped["kept_in_memory"], dump(events())
+        else:
+            assert notice_step in _committed_steps(store) or any(
+                e["step"] == notice_step for e in events_of(events(), "checkpoint")
+            )
         restored = wait_for(lambda: _restored_after(events(), restored_before), timeout=90,
                             what="the survivor to restore", on_timeout=lambda: dump(events()) + _logs([a]))
         assert restored[0]["step"] == notice_step, dump(events())
         assert restored[0]["world_size"] == 1
+        if notice == "sigterm":  # only in memory
+            assert restored[0]["source"] == "memory", dump(events())
         assert a.alive()
         # measured from the step the survivors last completed: after the notice the job trained no further
         # step (a Scheduled Events notice holds the job until the VM goes; a SIGTERM stops the node)
@@ -137,7 +145,6 @@ def test_no_step_is_lost_when_the_node_gets_a_preemption_notice(job, notice):
 def test_without_notice_the_survivor_loses_at_most_one_step_and_a_scale_up_reads_no_blob(job):
     config, store, start = job
     config.extra_env["ELASTICTRAIN_PROGRESS_SECONDS"] = "0"  # rank 0 reports every step it completes
-    config.extra_env["ELASTICTRAIN_MEMORY_RESCUE"] = "on"
     a, b, events = _start_two(store, start)
     restored_before = len(events_of(events(), "restored"))
     b.kill()
@@ -161,4 +168,16 @@ def test_without_notice_the_survivor_loses_at_most_one_step_and_a_scale_up_reads
     # The survivor had the newest state in its own memory; the newcomer took it from the survivor.
     assert grown["source"] in ("memory", "peer") and grown["ranks_from_peer"] == 1, dump(events())
     assert grown["step"] >= max(e["step"] for e in events_of(events(), "preempted")), dump(events())
+    # torchrun stopped the survivor for the re-form: it kept the step in memory, saved nothing to blob,
+    # and the grown world resumed from exactly that step
+    stopped = [e for e in events_of(events(), "reforming") if e["time"] < grown["time"]][-1]
+    assert stopped["kept_in_memory"] and grown["step"] == stopped["step"], dump(events())
+    assert not [e for e in events_of(events(), "checkpoint") if e["step"] == stopped["step"]], dump(events())
+    wait_for(lambda: [e for e in events_of(events(), "progress") if e.get("world_size") == 2
+                      and e["time"] >= grown["time"]], timeout=60, what="training at world size 2",
+             on_timeout=lambda: dump(events()))
+    (up,) = scale_ups(events())
+    assert (up["fromWorldSize"], up["toWorldSize"], up["stepsLost"]) == (1, 2, 0), up
+    assert up["restoreSource"] == grown["source"] and up["ranksFromPeer"] == 1, up
+    assert 0 <= up["noTrainingSeconds"] <= up["nodeJoinedToFullSizeSeconds"], up
     assert a.alive() and c.alive()

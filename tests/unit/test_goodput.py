@@ -74,6 +74,57 @@ def test_a_scale_up_is_its_own_cause_and_loses_no_step_after_a_sigterm_checkpoin
     assert found["usefulRankSeconds"] == 20.0 + 2 * 10.0
 
 
+def scale_up_from_memory() -> list[dict]:
+    """A world of 1 trains to step 20; a node joins and torchrun SIGTERMs the survivor at 20.2 (it stops at step
+    20, kept in memory, no blob save); the world of 2 starts at 21.0, restores step 20 from the survivor's memory
+    (the newcomer from it) at 21.5 and reports its first step at 22.0."""
+    return [
+        ev(0.0, "started", world_size=1), ev(0.0, "restored", step=None, world_size=1),
+        ev(10.0, "progress", step=10, world_size=1),
+        ev(20.3, "preempted", step=20, source="sigterm"),
+        ev(20.3, "reforming", step=20, kept_in_memory=True, world_size=1),
+        ev(20.4, "interrupted", step=20, step_time=20.0, world_size=1, sigterm_time=20.2),
+        ev(21.0, "started", world_size=2),
+        ev(21.5, "restored", step=20, world_size=2, source="memory", holder=0, ranks_from_peer=1),
+        ev(22.0, "progress", step=21, world_size=2),
+        ev(30.0, "finished", step=29),
+    ]
+
+
+def test_a_scale_up_is_measured_from_the_node_joining_to_training_at_full_size():
+    (up,) = goodput.scale_ups(scale_up_from_memory())
+    assert up == {"nodeJoined": 20.2, "fromWorldSize": 1, "toWorldSize": 2,
+                  "nodeJoinedToFullSizeSeconds": 1.8,   # SIGTERM 20.2 -> first progress at size 2, 22.0
+                  "noTrainingSeconds": 1.5,             # last step of the world of 1, 20.0 -> restored 21.5
+                  "stepsLost": 0, "restoreSource": "memory", "ranksFromPeer": 1}
+    assert goodput.goodput(scale_up_from_memory())["lostRankSeconds"]["scaleUps"] == 2 * 1.5
+
+
+def test_without_a_sigterm_time_the_scale_up_counts_from_the_reforming_event_or_the_last_step():
+    events = [e for e in scale_up_from_memory() if e["event"] != "interrupted"]
+    assert goodput.scale_ups(events)[0]["nodeJoined"] == 20.3
+    events = [e for e in events if e["event"] != "reforming"]
+    assert goodput.scale_ups(events)[0]["nodeJoined"] == 10.0  # the last step the world of 1 recorded
+
+
+def test_a_shrink_is_no_scale_up():
+    assert goodput.scale_ups(evicted_job()) == []
+
+
+def test_show_timeline_and_replace_after_report_the_scale_up():
+    events = scale_up_from_memory()
+    view = build_job_view(events, created=None, nodes=[], state_of=lambda summary: "Running",
+                          lost_nodes=lambda state: [])
+    (shown,) = view.describe({}, {})["scaleUpTimes"]
+    assert shown["nodeJoinedToFullSizeSeconds"] == 1.8 and shown["nodeJoined"].startswith("1970-01-01T00:00:20.")
+    from azext_elastictrain.core.timeline import series
+
+    (drawn,) = series(events)["scaleUps"]
+    assert (drawn["nodeJoined"], drawn["noTrainingSeconds"], drawn["restoreSource"]) == (20.2, 1.5, "memory")
+    back = recovery.follow_world_size(lambda job: events, "j", 2, since=20.0, timeout=5)
+    assert (back["nodeJoinedToFullSizeSeconds"], back["noTrainingSeconds"], back["ranksFromPeer"]) == (1.8, 1.5, 1)
+
+
 def test_steps_between_two_recorded_boundaries_are_evenly_spaced():
     events = [ev(0.0, "restored", step=0, world_size=1), ev(10.0, "progress", step=10),
               ev(30.0, "interrupted", step=30, step_time=30.0),

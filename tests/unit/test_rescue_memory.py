@@ -1,4 +1,4 @@
-"""The memory tier's file: a copy is read back only if it is whole, of this job and this run."""
+"""The memory tier's slots: a copy is read back only if it is committed, whole, of this job and this run."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -27,6 +27,12 @@ def tier(directory: Path, job: str = JOB, run: str = "run-1") -> rescue.MemoryTi
     return rescue.MemoryTier(job, run, directory)
 
 
+def newest(memory: rescue.MemoryTier) -> Path:
+    path = memory.newest_path()
+    assert path is not None
+    return path
+
+
 def test_a_copy_reads_back_bit_for_bit(tmp_path: Path) -> None:
     written = tier(tmp_path).keep(7, 2, state(7))
     copy = tier(tmp_path).read()
@@ -37,30 +43,85 @@ def test_a_copy_reads_back_bit_for_bit(tmp_path: Path) -> None:
         assert copy.tensors[key].dtype == tensor.dtype and torch.equal(copy.tensors[key], tensor), key
 
 
-def test_a_newer_copy_replaces_the_older_one_whole(tmp_path: Path) -> None:
+def test_copies_alternate_between_two_slots_and_the_newest_wins(tmp_path: Path) -> None:
+    memory = tier(tmp_path)
+    for step in (7, 8, 9):
+        memory.keep(step, 2, state(step))
+        copy = memory.read()
+        assert copy is not None and copy.step == step
+        assert torch.equal(copy.tensors["model.w"], state(step)["model.w"])
+    assert sorted(tmp_path.iterdir()) == sorted(memory.paths)  # two slots, nothing else left behind
+    assert {tier(tmp_path)._read_slot(p).step for p in memory.paths} == {8, 9}  # the previous step stays whole
+
+
+def test_a_crash_between_the_copy_and_its_commit_leaves_the_previous_step(tmp_path: Path) -> None:
     memory = tier(tmp_path)
     memory.keep(7, 2, state(7))
-    memory.keep(8, 2, state(8))
-    copy = memory.read()
-    assert copy is not None and copy.step == 8
-    assert torch.equal(copy.tensors["model.w"], state(8)["model.w"])
-    assert list(tmp_path.iterdir()) == [memory.path]  # no temporary file left behind
+    memory.capture(8, 2, state(8))  # the training thread copied step 8; the writer dies before the commit
+    copy = tier(tmp_path).read()  # a new process (the restarted worker) reads
+    assert copy is not None and copy.step == 7
+    assert torch.equal(copy.tensors["model.w"], state(7)["model.w"])
 
 
-@pytest.mark.parametrize("where", [0, 20, -200, -1])
+def test_a_crash_after_the_copy_overwrote_an_older_slot_leaves_the_newest(tmp_path: Path) -> None:
+    memory = tier(tmp_path)
+    memory.keep(6, 2, state(6))
+    memory.keep(7, 2, state(7))
+    memory.capture(8, 2, state(8))  # overwrites step 6's slot, never commits
+    copy = tier(tmp_path).read()
+    assert copy is not None and copy.step == 7
+    # and the next writer does not take the only whole slot: step 9 goes where step 8 was torn
+    fresh = tier(tmp_path)
+    fresh.capture(9, 2, state(9))
+    assert tier(tmp_path).read().step == 7
+    fresh_copy = fresh.read()
+    assert fresh_copy is not None and fresh_copy.step == 7
+
+
+def test_a_slot_cleared_but_its_data_untouched_is_not_a_copy(tmp_path: Path) -> None:
+    memory = tier(tmp_path)
+    memory.keep(7, 2, state(7))
+    path = newest(memory)
+    raw = bytearray(path.read_bytes())
+    raw[8:16] = bytes(8)  # the commit word, as a capture clears it first
+    path.write_bytes(raw)
+    assert memory.read() is None
+
+
+def test_a_commit_word_that_does_not_match_its_header_is_refused(tmp_path: Path) -> None:
+    memory = tier(tmp_path)
+    memory.keep(7, 2, state(7))
+    path = newest(memory)
+    raw = bytearray(path.read_bytes())
+    raw[8] ^= 0x10  # a torn commit word
+    path.write_bytes(raw)
+    assert memory.read() is None
+
+
+def test_a_copy_from_an_abandoned_history_is_cleared_by_the_next_write(tmp_path: Path) -> None:
+    memory = tier(tmp_path)
+    memory.keep(20, 2, state(20))  # a history that went on to step 20, then restored from blob at step 10
+    fresh = tier(tmp_path)
+    fresh.capture(11, 2, state(11))  # killed before its commit
+    assert tier(tmp_path).read() is None  # never step 20 of the abandoned history
+
+
+@pytest.mark.parametrize("where", [0, 20, 100, -200, -1])
 def test_a_corrupted_copy_is_refused(tmp_path: Path, where: int) -> None:
     memory = tier(tmp_path)
     memory.keep(7, 2, state(7))
-    raw = bytearray(memory.path.read_bytes())
+    path = newest(memory)
+    raw = bytearray(path.read_bytes())
     raw[where] ^= 0x40
-    memory.path.write_bytes(raw)
+    path.write_bytes(raw)
     assert memory.read() is None
 
 
 def test_a_truncated_copy_is_refused(tmp_path: Path) -> None:
     memory = tier(tmp_path)
     memory.keep(7, 2, state(7))
-    memory.path.write_bytes(memory.path.read_bytes()[:-100])
+    path = newest(memory)
+    path.write_bytes(path.read_bytes()[:-100])
     assert memory.read() is None
 
 
@@ -68,7 +129,7 @@ def test_a_copy_from_another_job_is_refused(tmp_path: Path) -> None:
     other = tier(tmp_path, job="jobs/beta")
     other.keep(9, 2, state(9))
     mine = tier(tmp_path)
-    other.path.rename(mine.path)  # even where this job's copy belongs
+    newest(other).rename(mine.paths[0])  # even where this job's copy belongs
     assert mine.read() is None
 
 
@@ -76,15 +137,6 @@ def test_a_copy_from_an_earlier_run_of_the_same_job_is_refused(tmp_path: Path) -
     tier(tmp_path, run="run-1").keep(9, 2, state(9))
     assert tier(tmp_path, run="run-2").read() is None
     assert tier(tmp_path, run="run-1").read() is not None
-
-
-def test_a_writer_killed_mid_write_leaves_the_previous_copy(tmp_path: Path) -> None:
-    memory = tier(tmp_path)
-    memory.keep(7, 2, state(7))
-    half = memory.path.read_bytes()[:1000]
-    memory.path.with_name(memory.path.name + ".123.tmp").write_bytes(half)  # what a killed writer leaves
-    copy = memory.read()
-    assert copy is not None and copy.step == 7
 
 
 def test_sharded_tensors_are_not_replicated() -> None:
@@ -96,9 +148,9 @@ def test_sharded_tensors_are_not_replicated() -> None:
     assert not rescue.is_replicated({"a": torch.zeros(2).as_subclass(Shard)})
 
 
-def test_memory_rescue_is_opt_in() -> None:
-    assert rescue.MemoryTier.from_env(JOB, {}) is None  # off by default: its per-step copy is synchronous
-    assert rescue.MemoryTier.from_env(JOB, {"ELASTICTRAIN_MEMORY_RESCUE": "off"}) is None
-    memory = rescue.MemoryTier.from_env(JOB, {"TORCHELASTIC_RUN_ID": "r", "ELASTICTRAIN_MEMORY_DIR": "/x",
-                                              "ELASTICTRAIN_MEMORY_RESCUE": "on"})
-    assert memory is not None and memory.run_id == "r" and str(memory.path.parent) == "/x"
+def test_memory_rescue_is_on_by_default_and_can_be_turned_off() -> None:
+    memory = rescue.MemoryTier.from_env(JOB, {"TORCHELASTIC_RUN_ID": "r", "ELASTICTRAIN_MEMORY_DIR": "/x"})
+    assert memory is not None and memory.run_id == "r" and all(str(p.parent) == "/x" for p in memory.paths)
+    assert rescue.MemoryTier.from_env(JOB, {"ELASTICTRAIN_MEMORY_RESCUE": "on"}) is not None
+    for off in ("off", "OFF", "0", "false"):
+        assert rescue.MemoryTier.from_env(JOB, {"ELASTICTRAIN_MEMORY_RESCUE": off}) is None

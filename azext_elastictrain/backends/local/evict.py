@@ -14,7 +14,7 @@ import urllib.request
 from typing import Any
 
 from azext_elastictrain.backends.local.state import alive
-from azext_elastictrain.core.spec import JobSpec, SpecError
+from azext_elastictrain.core.spec import DEFAULT_MEMORY_TIER, JobSpec, SpecError
 
 
 def _admin(conn: dict) -> str:
@@ -126,6 +126,7 @@ def _replace(backend: Any, cluster: str, job: dict, conn: dict) -> dict:
         name=job["name"], script=job["script"], min_nodes=job["minNodes"], max_nodes=job["maxNodes"],
         nproc_per_node=job["nprocPerNode"], script_args=tuple(job["scriptArgs"]),
         checkpoint_interval=job["checkpointInterval"], keep=job["keep"], cluster=cluster,
+        memory_tier=job.get("memoryTier", DEFAULT_MEMORY_TIER),
     )
     name = f"{job['name']}-node-{len(job['nodes'])}"
     node = backend.start_node(spec, job["script"], name, conn, job_dir=backend.job_dir(cluster, job["name"]),

@@ -41,7 +41,7 @@ from azext_elastictrain.backends.local.state import (
     read_state,
     write_state,
 )
-from azext_elastictrain.core.spec import JobSpec, LocalClusterSpec
+from azext_elastictrain.core.spec import MEMORY_TIER_OFF, JobSpec, LocalClusterSpec
 
 # A job's workers get this long after SIGTERM (the runtime checkpoints on it) before SIGKILL.
 JOB_STOP_TIMEOUT = 15.0
@@ -146,7 +146,7 @@ class LocalJobs:
                 "maxNodes": spec.max_nodes,
                 "nodeCount": spec.node_count,
                 "nprocPerNode": spec.nproc_per_node,
-                "checkpointInterval": spec.checkpoint_interval,
+                "checkpointInterval": spec.checkpoint_interval, "memoryTier": spec.memory_tier,
                 "keep": spec.keep,
                 "checkpointUrl": f"{conn['blob_endpoint']}/{CHECKPOINT_CONTAINER}/{spec.name}",
                 # One rendezvous per run: torch keeps a finished run's rendezvous closed in etcd for
@@ -174,7 +174,8 @@ class LocalJobs:
         nodes_dir = job_dir / "nodes"
         log_path = nodes_dir / f"{node}.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith(launch.ENV_PREFIX)}
-        env.update(launch.runtime_env(keep=spec.keep, checkpoint_interval=spec.checkpoint_interval))
+        env.update(launch.runtime_env(keep=spec.keep, checkpoint_interval=spec.checkpoint_interval,
+                                      memory_tier=spec.memory_tier != MEMORY_TIER_OFF))
         env.update({
             JOB_MARKER_ENV: str(job_dir),
             launch.ENV_CHECKPOINT_URL: f"{conn['blob_endpoint']}/{CHECKPOINT_CONTAINER}/{spec.name}",
