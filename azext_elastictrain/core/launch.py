@@ -23,6 +23,10 @@ ENV_PREEMPTION_POLL_SECONDS = "ELASTICTRAIN_PREEMPTION_POLL_SECONDS"
 # Where it lives: /dev/shm by default; on AKS a memory-backed emptyDir mounted there (core/manifests.py).
 ENV_MEMORY_RESCUE = "ELASTICTRAIN_MEMORY_RESCUE"
 ENV_MEMORY_DIR = "ELASTICTRAIN_MEMORY_DIR"
+# A file that exists once the node itself is going (its pod deleted: a preStop hook makes it; a local node
+# stopped: the backend does). A SIGTERM then is not a re-form the node survives, so the step is saved to blob
+# rather than left in the node's memory.
+ENV_NODE_LEAVING_FILE = "ELASTICTRAIN_NODE_LEAVING_FILE"
 ENV_PREEMPTION_HOLD_SECONDS = "ELASTICTRAIN_PREEMPTION_HOLD_SECONDS"  # after acknowledging: wait for the VM to go
 ENV_PREFIX = "ELASTICTRAIN_"  # a local node starts without the caller's ELASTICTRAIN_* settings
 
@@ -60,6 +64,7 @@ def torchrun_options(*, rdzv_conf: str, nproc_per_node: int, rdzv_id: str | None
 
 # AKS: where a worker pod mounts the memory-backed emptyDir of the memory tier (core/manifests.py).
 MEMORY_TIER_MOUNT = "/var/run/elastictrain/memory"
+NODE_LEAVING_FILE = MEMORY_TIER_MOUNT + "/node-leaving"  # in the pod's emptyDir: a new pod starts without it
 
 
 def runtime_env(*, keep: int, checkpoint_interval: int | None, memory_tier: bool = True) -> dict[str, str]:

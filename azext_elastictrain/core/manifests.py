@@ -385,6 +385,11 @@ def _worker_container(job, image: str, args: list[str], gpus: int) -> dict:
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"},
                          *([{"name": MEMORY_TIER_VOLUME, "mountPath": launch.MEMORY_TIER_MOUNT}]
                            if _memory_tier_on(job) else [])],
+        # The kubelet runs preStop before it sends SIGTERM, and only when the pod itself goes (deleted, drained,
+        # evicted): the runtime then saves the step to blob instead of trusting this pod's memory, which goes
+        # with it. torchrun's own SIGTERM of a re-form (a node joined) finds no file: memory is enough there.
+        **({"lifecycle": {"preStop": {"exec": {"command": ["touch", launch.NODE_LEAVING_FILE]}}}}
+           if _memory_tier_on(job) else {}),
     }
 
 
@@ -398,6 +403,7 @@ def _worker_env(job) -> list[dict]:
     ]
     if _memory_tier_on(job):
         env.append({"name": launch.ENV_MEMORY_DIR, "value": launch.MEMORY_TIER_MOUNT})
+        env.append({"name": launch.ENV_NODE_LEAVING_FILE, "value": launch.NODE_LEAVING_FILE})
     shared = launch.runtime_env(keep=job.keep, checkpoint_interval=job.checkpoint_interval,
                                 memory_tier=_memory_tier_on(job))
     return env + [{"name": name, "value": value} for name, value in shared.items()]

@@ -670,17 +670,20 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # restore+s
         """torchrun stops the workers (a node joined and the world re-forms, or the job stops): every rank
         stops at this step, the same one, which survives in the nodes' memory; blob only when it must.
 
-        The blob save is skipped when every node committed this step to memory and blob holds an older
+        The blob save is skipped when every node committed this step to memory, no node is going itself
+        (``ENV_NODE_LEAVING_FILE``: a pod's preStop hook, a local node's stop), and blob holds an older
         durable checkpoint: the survivors restore from their own memory and a newcomer from a peer. What
-        that gives up: if every node holding the copy goes too before the next interval checkpoint, the
-        job resumes from blob's older one (on a re-form the nodes stay; a stop of the whole job is the
-        case that may lose those steps). A rank whose own SIGTERM has not come yet waits for it (briefly:
+        that gives up: if every node holding the copy is lost at once without a SIGTERM of its own before
+        the next interval checkpoint, the job resumes from blob's older one. A rank whose own SIGTERM has not come yet waits for it (briefly:
         its agent polls the same rendezvous), so no rank trains a step its peers will not.
         """
         if self.local_rank == 0:  # the node's writer says whether the node holds this step
             kept = self._keeper is not None and self.kept_in_memory() == step
         else:
             kept = self._memory is not None
+        if kept and _node_leaving():  # the node goes with its memory: this is no re-form it survives
+            log.warning("SIGTERM at step %d and this node is going: its memory copy will not outlive it", step)
+            kept = False
         durable = self.last_saved_step is not None or self._newest_blob is not None
         (missing,) = self._all_reduce_max([0 if kept and durable else 1])
         own = any(n.source == "sigterm" for n in notices)
@@ -841,3 +844,9 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # restore+s
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _node_leaving() -> bool:
+    """True once this node itself is going (its pod deleted, a local node stopped): launch.ENV_NODE_LEAVING_FILE."""
+    path = os.environ.get(launch.ENV_NODE_LEAVING_FILE)
+    return bool(path) and os.path.exists(path)

@@ -141,6 +141,29 @@ def test_no_step_is_lost_when_the_node_gets_a_preemption_notice(job, notice):
         assert goodput(events())["stepsLost"] == 0, dump(events())
 
 
+def test_a_sigterm_to_a_node_that_is_going_saves_its_step_to_blob(job, tmp_path):
+    """A pod deleted (its preStop hook made the node's leaving file) or a local node stopped: the node's memory
+    goes with it, so the step every rank stops at is saved to blob, not only kept in memory."""
+    config, store, start = job
+    leaving = tmp_path / "node-b.leaving"
+    a = start("node-a")
+    config.extra_env = {**config.extra_env, "ELASTICTRAIN_NODE_LEAVING_FILE": str(leaving)}
+    b = start("node-b")
+    events = lambda: read_events(store, store.prefix)  # noqa: E731
+    wait_for(lambda: any(e.get("world_size") == 2 for e in events_of(events(), "checkpoint")),
+             timeout=120, what="a checkpoint at world size 2", on_timeout=lambda: dump(events()) + _logs([a, b]))
+    leaving.touch()  # what the kubelet's preStop does before the SIGTERM
+    b.signal_agent(signal.SIGTERM)
+    b.wait(timeout=60)
+    (stopped,) = events_of(events(), "reforming")
+    assert not stopped["kept_in_memory"], dump(events())
+    assert stopped["step"] in _committed_steps(store) or any(
+        e["step"] == stopped["step"] for e in events_of(events(), "checkpoint")), dump(events())
+    restored = wait_for(lambda: [e for e in events_of(events(), "restored") if e.get("world_size") == 1],
+                        timeout=90, what="the survivor to restore", on_timeout=lambda: dump(events()) + _logs([a]))
+    assert restored[0]["step"] == stopped["step"], dump(events())
+
+
 @pytest.mark.slow
 def test_without_notice_the_survivor_loses_at_most_one_step_and_a_scale_up_reads_no_blob(job):
     config, store, start = job

@@ -50,6 +50,20 @@ def test_the_memory_tier_is_a_memory_backed_emptydir_with_a_size_limit_where_the
 
 
 @pytest.mark.parametrize("engine", m.ENGINES)
+def test_a_pod_that_goes_marks_itself_leaving_in_its_memory_volume_before_its_sigterm(engine) -> None:
+    """The kubelet runs preStop before SIGTERM and only when the pod itself goes: the runtime then saves to blob
+    (the pod's memory goes with it); torchrun's SIGTERM of a re-form finds no mark."""
+    template = pod_template(JOB, engine)
+    (container,) = template["spec"]["containers"]
+    leaving = env_of(template)[launch.ENV_NODE_LEAVING_FILE]
+    assert container["lifecycle"]["preStop"]["exec"]["command"] == ["touch", leaving]
+    assert leaving.startswith(launch.MEMORY_TIER_MOUNT + "/")  # a new pod's fresh emptyDir has no mark
+    off = pod_template(replace(JOB, memory_tier="off"), engine)
+    (plain,) = off["spec"]["containers"]
+    assert "lifecycle" not in plain and launch.ENV_NODE_LEAVING_FILE not in env_of(off)
+
+
+@pytest.mark.parametrize("engine", m.ENGINES)
 def test_the_default_size_is_rendered(engine) -> None:
     volumes = {v["name"]: v for v in pod_template(JOB, engine)["spec"]["volumes"]}
     assert volumes[m.MEMORY_TIER_VOLUME]["emptyDir"]["sizeLimit"] == DEFAULT_MEMORY_TIER

@@ -185,6 +185,7 @@ class LocalJobs:
             launch.ENV_NODE_NAME: node,
             # A worker restarted on the same node must not act twice on an acknowledged event.
             launch.ENV_PREEMPTION_STATE: str(nodes_dir / f"{node}.acked.json"),
+            launch.ENV_NODE_LEAVING_FILE: str(self._leaving_file(job_dir, node)),
             launch.ENV_PROGRESS_SECONDS: str(PROGRESS_SECONDS),
             "GLOO_SOCKET_IFNAME": "lo",
             # The runtime (azext_elastictrain.runtime) importable from a script anywhere.
@@ -210,6 +211,12 @@ class LocalJobs:
         except psutil.Error as ex:
             raise ClusterError(f"node {node} (pid {proc.pid}) exited at once; see {log_path}") from ex
         return {"name": node, "pid": proc.pid, "started": started, "log": str(log_path), "status": "started"}
+
+    @staticmethod
+    def _leaving_file(job_dir: Path, node: str) -> Path:
+        """Made before the node's processes are stopped: its runtime saves to blob, not only to the node's
+        memory, which does not outlive a stopped node (launch.ENV_NODE_LEAVING_FILE)."""
+        return job_dir / "nodes" / f"{node}.leaving"
 
     # -- job processes ----------------------------------------------------------------
     def _job_processes(self, cluster: str, job: dict) -> list:
@@ -243,6 +250,11 @@ class LocalJobs:
         """SIGTERM the job's processes (the runtime checkpoints on it), then SIGKILL what is left."""
         import psutil
 
+        job_dir = self.job_dir(cluster, job["name"])
+        for node in job.get("nodes", []):
+            leaving = self._leaving_file(job_dir, node["name"])
+            if leaving.parent.is_dir():
+                leaving.touch()
         # Listed again before each round: an agent may start a worker between listing and signalling.
         rounds = ((signal.SIGTERM, JOB_STOP_TIMEOUT), (signal.SIGKILL, STOP_TIMEOUT), (signal.SIGKILL, STOP_TIMEOUT))
         for sig, timeout in rounds:
