@@ -260,6 +260,11 @@ class ArmServer:
     def spot_quota(self, location: str) -> dict:
         return next(u for u in self.usages[location] if u["name"]["value"] == "lowPriorityCores")
 
+    def client_certificate(self, name: str = "clusterAdmin") -> bytes:
+        """A client certificate (and its key, PEM) of the cluster CA: what a local account presents."""
+        key, cert = _signed_certificate(name, self._kube_ca_key, self._kube_ca)
+        return _pem(cert) + _pem(key)
+
     def find(self, suffix: str) -> dict | None:
         return next((r for rid, r in self.resources.items() if rid.endswith(suffix.lower())), None)
 
@@ -876,8 +881,8 @@ class ArmServer:
                 found = self.kube.get(api_version, kind, name, namespace)
                 return (200, {}, found) if found else (404, {}, {"kind": "Status", "reason": "NotFound"})
             if method == "GET":
-                return 200, {}, {"items": self.kube.list(api_version, kind, namespace, query.get("labelSelector")),
-                                 "metadata": {}}
+                return 200, {}, {"kind": f"{kind}List", "apiVersion": api_version, "metadata": {"resourceVersion": "1"},
+                                 "items": self.kube.list(api_version, kind, namespace, query.get("labelSelector"))}
             if method == "DELETE":
                 gone = self.kube.delete(api_version, kind, name, namespace)
                 return (200, {}, {"kind": "Status", "status": "Success"}) if gone else (404, {}, {})
