@@ -469,7 +469,9 @@ class OfficialKubeClient:
 
         dynamic = self._discovery()
         try:
-            resource = dynamic.resources.get(api_version=api_version, kind=kind)
+            # the core group's prefix named, else a search for "v1" reads the v1 of every group (apps, batch, ...)
+            where = {"prefix": "api"} if api_version == "v1" else {}
+            resource = dynamic.resources.get(api_version=api_version, kind=kind, **where)
         except ResourceNotFoundError:
             return None
         if resource.namespaced and not namespace and name is not None:

@@ -116,7 +116,7 @@ def test_job_run_show_logs_and_wait_on_an_entra_cluster(az, arm, entra_cluster):
         arm.kube.seed(k.worker_pod(name, index, k.name_of(k.node(index))))
     arm.kube.set_logs(f"{name}-worker-1", NAMESPACE, "rank1 step 1\nrank1 step 2\n")
     shown = az.json("elastictrain", "job", "show", "-n", name, *where)
-    assert shown["name"] == name and len(shown["pods"]) == 2
+    assert shown["name"] == name and [n["pod"] for n in shown["nodes"]] == [f"{name}-worker-0", f"{name}-worker-1"]
     assert az("elastictrain", "job", "logs", "-n", name, *where, "--rank", "1").stdout.splitlines() == [
         "rank1 step 1", "rank1 step 2"]
     waited = az("elastictrain", "job", "wait", "-n", name, *where, "--step", "10", "--timeout", "2", check=False)
@@ -127,11 +127,11 @@ def test_job_run_show_logs_and_wait_on_an_entra_cluster(az, arm, entra_cluster):
 
 
 def test_a_token_that_expires_mid_command_is_renewed_once_and_the_command_goes_on(az, arm, entra_cluster):
-    arm.kube_token_uses = 2  # every Entra ID token expires after two requests: several times in one 'job show'
+    arm.kube_token_uses = 3  # every Entra ID token expires after three requests: several times in one command
     try:
         name = f"j{uuid.uuid4().hex[:8]}"
         az("elastictrain", "job", "run", "-n", name, "--image", IMAGE, "--script", "/app/train.py",
-           "-g", entra_cluster, "-c", "entra1", timeout=120)
+           "--min-nodes", "1", "--max-nodes", "2", "-g", entra_cluster, "-c", "entra1", timeout=120)
         shown = az.json("elastictrain", "job", "show", "-n", name, "-g", entra_cluster, "-c", "entra1")
     finally:
         arm.kube_token_uses = None
@@ -191,7 +191,7 @@ def test_local_accounts_keep_the_certificate_path_and_warn(az, arm, group, azuri
         arm.kube.seed(node)
     name = f"j{uuid.uuid4().hex[:8]}"
     az("elastictrain", "job", "run", "-n", name, "--image", IMAGE, "--script", "/app/train.py",
-       "-g", group, "-c", "local1", timeout=120)
+       "--min-nodes", "1", "--max-nodes", "2", "-g", group, "-c", "local1", timeout=120)
     assert arm.kube.get("elastic.pytorch.org/v1alpha1", "ElasticJob", name, NAMESPACE) is not None
     seen = _cluster_requests(arm, "local1")
     assert seen and all(r["auth"] == "certificate" and r["status"] != 401 for r in seen), seen
