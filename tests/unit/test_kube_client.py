@@ -334,7 +334,7 @@ def test_watch_sees_the_object_then_its_changes_until_the_timeout(api, client) -
 def test_a_followed_log_that_goes_silent_is_opened_again_without_repeating_lines(api, client, monkeypatch) -> None:
     monkeypatch.setattr(kube_module, "FOLLOW_READ_TIMEOUT_S", 0.5)
     api.logs[("elastictrain", "job-worker-0", None)] = "".join(f"line {i}\n" for i in range(7))
-    api.log_stall = 2.0  # the first connection sends the lines, then nothing
+    api.log_stall = 6.0  # the first connection sends the lines, then nothing (far past the read timeout)
     lines = client.pod_logs("job-worker-0", "elastictrain", follow=True)
     first = [next(lines) for _ in range(7)]
     api.logs[("elastictrain", "job-worker-0", None)] += "line 7\nline 8\n"
