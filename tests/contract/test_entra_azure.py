@@ -121,6 +121,7 @@ def test_job_run_show_logs_and_wait_on_an_entra_cluster(az, arm, entra_cluster):
         "rank1 step 1", "rank1 step 2"]
     waited = az("elastictrain", "job", "wait", "-n", name, *where, "--step", "10", "--timeout", "2", check=False)
     assert waited.returncode == 1 and "timed out" in waited.stderr and "Traceback" not in waited.stderr
+    assert ("ElasticJob", name) in arm.kube_watches, "between two looks, wait watches the job"
     seen = _cluster_requests(arm, "entra1")
     assert any(r["method"] == "PATCH" for r in seen) and any(r["path"].endswith("/log") for r in seen)
     assert all(r["auth"] == "token" and r["status"] != 401 for r in seen), [r for r in seen if r["auth"] != "token"]

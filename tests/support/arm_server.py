@@ -188,6 +188,7 @@ class ArmServer:
         self.kube = FakeKube()
         self.kube_requests: list[dict] = []  # method, path, cluster, auth ("token"/"certificate"/None), jti, status
         self.kube_token_uses: int | None = None  # an Entra ID token is refused after this many requests
+        self.kube_watches: list[tuple[str, str]] = []  # (kind, name) of each watch asked for
         self._token_uses: dict[str, int] = {}
         self._kube_ca_key, self._kube_ca = _kube_ca()
         self.skus: dict[str, list[dict]] = {}  # location -> Resource SKUs entries (reset_regions)
@@ -877,6 +878,13 @@ class ArmServer:
                     self.violations.append(f"kube apply to {path}: the body is {obj.get('kind')} "
                                            f"{(obj.get('metadata') or {}).get('name')}")
                 return 200, {}, self.kube.apply(obj)
+            if method == "GET" and query.get("watch") in ("true", "True", "1"):
+                # a watch answers the object as it is (ADDED) and ends: an API server may end a watch at any
+                # time, and this server holds one lock for every request
+                wanted = (query.get("fieldSelector") or "").partition("metadata.name=")[2]
+                found = self.kube.get(api_version, kind, wanted, namespace) if wanted else None
+                self.kube_watches.append((kind, wanted))
+                return 200, {}, (json.dumps({"type": "ADDED", "object": found}).encode() + b"\n" if found else b"")
             if method == "GET" and name:
                 found = self.kube.get(api_version, kind, name, namespace)
                 return (200, {}, found) if found else (404, {}, {"kind": "Status", "reason": "NotFound"})

@@ -71,3 +71,50 @@ def test_a_403_that_lasts_is_an_error(admin) -> None:
     assert caught.value.status == 403
     if admin is None:  # no role was assigned by this create: nothing to wait for
         assert kube.refusals == 10**6 - 1
+
+
+class _Session:
+    def __init__(self, kube) -> None:
+        self._kube = kube
+
+    def kube(self):
+        return self._kube
+
+    def site(self):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(spec=SimpleNamespace(namespace="elastictrain"))
+
+
+class Watched(FakeKube):
+    """A FakeKube that also watches: the job as it is, then (after ``change_after`` s) a change."""
+
+    def __init__(self, change_after: float | None) -> None:
+        super().__init__()
+        self.change_after, self.watched = change_after, []
+
+    def watch(self, api_version, kind, name, namespace=None, timeout=60.0):
+        import time
+
+        self.watched.append((kind, name, timeout))
+        yield "ADDED", self.get(api_version, kind, name, namespace)
+        if self.change_after is not None and self.change_after < timeout:
+            time.sleep(self.change_after)
+            yield "MODIFIED", self.get(api_version, kind, name, namespace)
+        else:
+            time.sleep(timeout)
+
+
+@pytest.mark.parametrize("change_after, least, most", [(0.2, 0.15, 1.5), (None, 1.9, 4)])
+def test_job_wait_sleeps_until_the_job_changes_or_the_interval_ends(change_after, least, most) -> None:
+    import time
+
+    from azext_elastictrain.backends.aks.jobs import AksJobs
+
+    kube = Watched(change_after)
+    kube.seed({"apiVersion": "elastic.pytorch.org/v1alpha1", "kind": "ElasticJob",
+               "metadata": {"name": "cifar", "namespace": "elastictrain"}})
+    started = time.monotonic()
+    AksJobs(_Session(kube)).wait_for_change("cifar", 2.0)
+    assert least <= time.monotonic() - started <= most
+    assert kube.watched == [("ElasticJob", "cifar", 2.0)]
