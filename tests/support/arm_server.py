@@ -145,19 +145,19 @@ def _kube_status(code: int, reason: str, message: str) -> dict:
 
 def _kube_ca():
     """The CA of the (one) Kubernetes cluster this server fronts: it signs local-account client certificates."""
-    from tests.support.kube_apiserver import _certificate
+    from tests.support.kube_apiserver import certificate
 
-    return _certificate("cluster-ca", None, None, ca=True)
+    return certificate("cluster-ca", None, None, ca=True)
 
 
 def _signed_certificate(name: str, ca_key, ca_cert):
-    from tests.support.kube_apiserver import _certificate
+    from tests.support.kube_apiserver import certificate
 
-    return _certificate(name, ca_key, ca_cert)
+    return certificate(name, ca_key, ca_cert)
 
 
 def _pem(item) -> bytes:
-    from tests.support.kube_apiserver import _pem as pem
+    from tests.support.kube_apiserver import pem
 
     return pem(item)
 

@@ -352,11 +352,11 @@ def serve_kube_api(token: str | None = "test-token", *, tls_dir: Path | None = N
 
 
 def _serve_tls(server: ThreadingHTTPServer, api: KubeApi, folder: Path) -> None:
-    ca_key, ca_cert = _certificate("test-ca", None, None, ca=True)
-    server_key, server_cert = _certificate("127.0.0.1", ca_key, ca_cert, ip="127.0.0.1")
-    client_key, client_cert = _certificate("test-user", ca_key, ca_cert)
-    api.ca_pem, api.client_cert_pem, api.client_key_pem = _pem(ca_cert), _pem(client_cert), _pem(client_key)
-    (folder / "server.pem").write_bytes(_pem(server_cert) + _pem(server_key))
+    ca_key, ca_cert = certificate("test-ca", None, None, ca=True)
+    server_key, server_cert = certificate("127.0.0.1", ca_key, ca_cert, ip="127.0.0.1")
+    client_key, client_cert = certificate("test-user", ca_key, ca_cert)
+    api.ca_pem, api.client_cert_pem, api.client_key_pem = pem(ca_cert), pem(client_cert), pem(client_key)
+    (folder / "server.pem").write_bytes(pem(server_cert) + pem(server_key))
     (folder / "ca.pem").write_bytes(api.ca_pem)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(folder / "server.pem")
@@ -365,7 +365,7 @@ def _serve_tls(server: ThreadingHTTPServer, api: KubeApi, folder: Path) -> None:
     server.socket = context.wrap_socket(server.socket, server_side=True)
 
 
-def _certificate(name: str, issuer_key, issuer_cert, *, ca: bool = False, ip: str | None = None):
+def certificate(name: str, issuer_key, issuer_cert, *, ca: bool = False, ip: str | None = None):
     import ipaddress
 
     from cryptography import x509
@@ -396,7 +396,7 @@ def _certificate(name: str, issuer_key, issuer_cert, *, ca: bool = False, ip: st
     return key, builder.sign(issuer_key or key, hashes.SHA256())
 
 
-def _pem(item) -> bytes:
+def pem(item) -> bytes:
     from cryptography.hazmat.primitives import serialization
 
     if hasattr(item, "private_bytes"):
