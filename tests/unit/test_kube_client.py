@@ -6,7 +6,6 @@ import base64
 import json
 import os
 import socket
-import sys
 import tempfile
 from pathlib import Path
 
