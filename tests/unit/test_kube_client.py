@@ -7,10 +7,9 @@ import json
 import os
 import socket
 import tempfile
-from pathlib import Path
-
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
