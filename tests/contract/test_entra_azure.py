@@ -119,7 +119,7 @@ def test_job_run_show_logs_and_wait_on_an_entra_cluster(az, arm, entra_cluster):
     assert shown["name"] == name and [n["pod"] for n in shown["nodes"]] == [f"{name}-worker-0", f"{name}-worker-1"]
     assert az("elastictrain", "job", "logs", "-n", name, *where, "--rank", "1").stdout.splitlines() == [
         "rank1 step 1", "rank1 step 2"]
-    waited = az("elastictrain", "job", "wait", "-n", name, *where, "--step", "10", "--timeout", "2", check=False)
+    waited = az("elastictrain", "job", "wait", "-n", name, *where, "--step", "10", "--timeout", "12", check=False)
     assert waited.returncode == 1 and "timed out" in waited.stderr and "Traceback" not in waited.stderr
     assert ("ElasticJob", name) in arm.kube_watches, "between two looks, wait watches the job"
     seen = _cluster_requests(arm, "entra1")
