@@ -664,9 +664,6 @@ class ArmServer:
                       ("system pool enableEncryptionAtHost", system.get("enableEncryptionAtHost"),
                        e["encryption_at_host"]),
                       ("identity.type", (body.get("identity") or {}).get("type") in ("SystemAssigned",
-<<<<<<< HEAD
-                                                                                     "UserAssigned"), True)]
-=======
                                                                                        "UserAssigned"), True)]
             aad = props.get("aadProfile") or {}
             if e.get("local_accounts"):
@@ -675,7 +672,6 @@ class ArmServer:
                 wants += [("aadProfile.managed", aad.get("managed"), True),
                           ("aadProfile.enableAzureRBAC", aad.get("enableAzureRBAC"), True),
                           ("disableLocalAccounts", props.get("disableLocalAccounts"), True)]
->>>>>>> a43da27 (Official kubernetes client behind KubeClient: Entra ID token for the AKS server app from the login (renewed once on 401), SSA without force, watch, followed logs that reopen after silence; memfd client certs kept; Entra ID-only AKS body and cluster admin role (WIP: contract tests next))
         elif kind == "agent_pool":
             wants += [("mode", props.get("mode"), "User"), ("vmSize", props.get("vmSize"), e["gpu_vm_size"]),
                       ("scaleSetPriority", props.get("scaleSetPriority"), "Spot"),
@@ -701,22 +697,8 @@ class ArmServer:
         elif kind == "role_assignment":
             scope, _, name = rid.partition("/providers/Microsoft.Authorization/roleAssignments/")
             group = rid.lower().split("/providers/")[0]
-<<<<<<< HEAD
-            identity = next((r for k, r in self.resources.items() if r["type"] == _TYPE["identity"]
-                             and k.startswith(group + "/")), None)
-            container_scope = (r"/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.Storage/"
-                               r"storageAccounts/[a-z0-9]{3,24}/blobServices/default/containers/[a-z0-9-]{3,63}")
-            wants += [("scope is the checkpoint container", bool(re.fullmatch(container_scope, scope)), True),
-                      ("name is a GUID", bool(re.fullmatch(r"[0-9a-f-]{36}", name)), True),
-                      ("roleDefinitionId", props.get("roleDefinitionId"),
-                       f"{rid[:rid.lower().index('/resourcegroups/')]}/providers/Microsoft.Authorization/"
-                       f"roleDefinitions/"
-                       f"{BLOB_DATA_CONTRIBUTOR}"),
-                      ("principalId", props.get("principalId"),
-                       ((identity or {}).get("properties") or {}).get("principalId")),
-                      ("principalType", props.get("principalType"), "ServicePrincipal")]
-=======
-            role_base = f"{rid[:rid.lower().index('/resourcegroups/')]}/providers/Microsoft.Authorization/roleDefinitions/"
+            role_base = (f"{rid[:rid.lower().index('/resourcegroups/')]}/providers/Microsoft.Authorization/"
+                         "roleDefinitions/")
             wants.append(("name is a GUID", bool(re.fullmatch(r"[0-9a-f-]{36}", name)), True))
             if props.get("roleDefinitionId") == role_base + AKS_RBAC_CLUSTER_ADMIN:
                 cluster = self.resources.get(scope.lower())
@@ -731,14 +713,13 @@ class ArmServer:
             else:
                 identity = next((r for k, r in self.resources.items() if r["type"] == _TYPE["identity"]
                                  and k.startswith(group + "/")), None)
-                wants += [("scope is the checkpoint container", bool(re.fullmatch(
-                              r"/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.Storage/storageAccounts/"
-                              r"[a-z0-9]{3,24}/blobServices/default/containers/[a-z0-9-]{3,63}", scope)), True),
+                container_scope = (r"/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.Storage/"
+                                   r"storageAccounts/[a-z0-9]{3,24}/blobServices/default/containers/[a-z0-9-]{3,63}")
+                wants += [("scope is the checkpoint container", bool(re.fullmatch(container_scope, scope)), True),
                           ("roleDefinitionId", props.get("roleDefinitionId"), role_base + BLOB_DATA_CONTRIBUTOR),
                           ("principalId", props.get("principalId"),
                            ((identity or {}).get("properties") or {}).get("principalId")),
                           ("principalType", props.get("principalType"), "ServicePrincipal")]
->>>>>>> a43da27 (Official kubernetes client behind KubeClient: Entra ID token for the AKS server app from the login (renewed once on 401), SSA without force, watch, followed logs that reopen after silence; memfd client certs kept; Entra ID-only AKS body and cluster admin role (WIP: contract tests next))
         return [f"{field} is {got!r}, expected {want!r}" for field, got, want in wants if got != want]
 
     # ------------------------------------------------------------------ the rest of ARM
