@@ -247,7 +247,7 @@ class _PrivateFiles:
 
     def __init__(self) -> None:
         self._fds: list[int] = []
-        self._folder: Any = None
+        self._folder: str | None = None
 
     def add(self, name: str, data: bytes) -> str:
         if hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd"):
@@ -258,8 +258,8 @@ class _PrivateFiles:
         import tempfile
 
         if self._folder is None:
-            self._folder = tempfile.TemporaryDirectory(prefix="elastictrain-")  # mode 0700
-        path = os.path.join(self._folder.name, name + ".pem")
+            self._folder = tempfile.mkdtemp(prefix="elastictrain-")  # mode 0700
+        path = os.path.join(self._folder, name + ".pem")
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as file:
             file.write(data)
@@ -270,7 +270,9 @@ class _PrivateFiles:
             os.close(fd)
         self._fds.clear()
         if self._folder is not None:
-            self._folder.cleanup()
+            import shutil
+
+            shutil.rmtree(self._folder, ignore_errors=True)
             self._folder = None
 
 
@@ -284,7 +286,6 @@ class OfficialKubeClient:
 
         from kubernetes import client as k8s
 
-        self._server = configuration.host
         self._tokens, self._files, self._secrets = tokens, files, list(secrets)
         self._api = k8s.ApiClient(configuration)
         self._api.user_agent = "az-elastictrain"
@@ -294,6 +295,10 @@ class OfficialKubeClient:
         self._cleanup = weakref.finalize(self, shutil.rmtree, self._discovery_folder, True)
         weakref.finalize(self, files.close)
         self._dynamic: Any = None
+
+    @property
+    def _server(self) -> str:
+        return self._api.configuration.host
 
     def __repr__(self) -> str:  # never the credentials
         return f"OfficialKubeClient({self._server!r})"
@@ -382,7 +387,8 @@ class OfficialKubeClient:
     def pod_logs(self, name: str, namespace: str, container: str | None = None, follow: bool = False,
                  tail: int | None = None) -> Iterator[str]:
         what = f"read the log of {_describe('Pod', name, namespace)}"
-        response = self._call(what, lambda: self._open_log(name, namespace, container, follow, tail, None))
+        response = self._call(what, lambda: self._open_log(name, namespace, container, follow=follow,
+                                                           tail=tail, since=None))
         if not follow:
             return _lines(response)
         return self._followed(response, name, namespace, container)
@@ -417,7 +423,7 @@ class OfficialKubeClient:
                 raise self._kube_error(action, ex) from None
             yield item
 
-    def _open_log(self, name: str, namespace: str, container: str | None, follow: bool, tail: int | None,
+    def _open_log(self, name: str, namespace: str, container: str | None, *, follow: bool, tail: int | None,
                   since: int | None):
         from kubernetes import client as k8s
 
@@ -460,7 +466,8 @@ class OfficialKubeClient:
             skip_before, skip_same = last, count
             since = _seconds_since(last) if last else None
             response = self._call(f"read the log of {_describe('Pod', name, namespace)}",
-                                  lambda: self._open_log(name, namespace, container, True, None, since))
+                                  lambda: self._open_log(name, namespace, container, follow=True, tail=None,
+                                                         since=since))
 
     def _resource(self, api_version: str, kind: str, namespace: str | None = None, name: str | None = None):
         """The kind's discovered resource, or None where the cluster does not serve it (a CRD may be on its way:

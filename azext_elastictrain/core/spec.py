@@ -344,13 +344,17 @@ class ClusterSpec:  # pylint: disable=too-many-instance-attributes  # one field 
             raise SpecError(f"unknown engine {self.engine!r}: use one of {', '.join(ENGINES)}")
         if self.engine == ENGINE_K8S_JOB and self.kubernetes_version:
             check_engine_supported(self.engine, self.kubernetes_version)
+        self._validate_access()
+        return self
+
+    def _validate_access(self) -> None:
+        """--admin-principal and --local-accounts; raises SpecError."""
         if self.admin_principal and not _GUID.fullmatch(self.admin_principal):
             raise SpecError(f"invalid --admin-principal {self.admin_principal!r}: give the Entra ID object id (a "
                             "GUID) of a user, group or service principal ('az ad signed-in-user show --query id')")
         if self.admin_principal and self.local_accounts:
             raise SpecError("--admin-principal gives a Kubernetes role through Entra ID, which --local-accounts "
                             "turns off: pass one of them")
-        return self
 
     def _validate_network(self) -> None:
         """--storage-allow, --vnet-subnet-id, --api-server-authorized-ips; raises SpecError."""

@@ -664,7 +664,7 @@ class ArmServer:
                       ("system pool enableEncryptionAtHost", system.get("enableEncryptionAtHost"),
                        e["encryption_at_host"]),
                       ("identity.type", (body.get("identity") or {}).get("type") in ("SystemAssigned",
-                                                                                       "UserAssigned"), True)]
+                                                                                     "UserAssigned"), True)]
             aad = props.get("aadProfile") or {}
             if e.get("local_accounts"):
                 wants += [("disableLocalAccounts", props.get("disableLocalAccounts", False), False)]
@@ -702,9 +702,10 @@ class ArmServer:
             wants.append(("name is a GUID", bool(re.fullmatch(r"[0-9a-f-]{36}", name)), True))
             if props.get("roleDefinitionId") == role_base + AKS_RBAC_CLUSTER_ADMIN:
                 cluster = self.resources.get(scope.lower())
-                wants += [("scope is an AKS cluster", bool(re.fullmatch(
-                              r"/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.ContainerService/"
-                              r"managedClusters/[^/]+", scope)) and cluster is not None, True),
+                cluster_scope = (r"/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.ContainerService/"
+                                 r"managedClusters/[^/]+")
+                wants += [("scope is an AKS cluster", bool(re.fullmatch(cluster_scope, scope)) and cluster is not None,
+                           True),
                           ("the cluster has Azure RBAC", ((cluster or {}).get("properties", {}).get("aadProfile")
                                                           or {}).get("enableAzureRBAC"), True),
                           ("principalId", props.get("principalId"), e.get("admin_principal", self._caller)),
