@@ -11,9 +11,10 @@ CLASSIFIERS = [
     "License :: OSI Approved :: MIT License",
 ]
 
-# The CLI side runs in az's own Python and uses only what azure-cli ships
-# (azure-storage-blob among it), so it declares nothing here.
-DEPENDENCIES: list = []
+# The CLI side runs in az's own Python: besides what azure-cli ships (azure-storage-blob among it) it needs the
+# official Kubernetes client, which 'az extension add' installs from here. 37.x is the client of Kubernetes 1.37;
+# its API objects and the calls we make (server-side apply, watch, logs) are those of every AKS-supported version.
+DEPENDENCIES: list = ["kubernetes==37.0.2"]
 
 EXTRAS = {
     # What training scripts need inside the job (the runtime).

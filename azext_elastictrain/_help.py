@@ -120,16 +120,20 @@ long-summary: >
     On Azure the plan is, in order: the resource group (if missing); a StorageV2 account (HTTPS only,
     TLS 1.2, no public blob access, shared-key access off; its network closed to all but --storage-allow
     where given) and a private container for checkpoints; a user-assigned managed identity; the AKS
-    cluster (system pool autoscaled 1-3, OIDC issuer and workload identity on, node images upgraded
+    cluster (system pool autoscaled 1-3, OIDC issuer and workload identity on, Entra ID only: Azure
+    RBAC, local accounts off; node images upgraded
     weekly and Kubernetes by --upgrade-channel); the GPU Spot pool (taint sku=gpu:NoSchedule, autoscaled
     --min-count to --max-count); with --maintenance-window, the weekly window for AKS's upgrades; a
     federated credential for the training service account and a Storage Blob Data
-    Contributor role assignment on the container; then, through the Kubernetes API, the namespace,
+    Contributor role assignment on the container; 'Azure Kubernetes Service RBAC Cluster Admin' on
+    the cluster for you (or --admin-principal); then, through the Kubernetes API, the namespace,
     service account, NVIDIA device plugin, etcd, operator and settings. Each step first checks what is
     there: a re-run after a failure finishes the plan and changes nothing that is already right.
     The region's Resource SKUs decide each pool's OS disk (ephemeral, on the host, where the size has
     the room) and host encryption (where the size and the subscription support it).
-    The cluster credentials stay in memory. With --engine k8s-job no operator is installed: jobs run
+    The CLI reaches the API server with your login's Entra ID token for the AKS server application
+    (users, service principals and managed identities alike; no kubelogin), kept in memory. With
+    --engine k8s-job no operator is installed: jobs run
     as batch/v1 Indexed Jobs (Kubernetes 1.31+), and 'job run' uses that engine by default.
 examples:
   - name: Create a cluster on Azure with up to 4 T4 Spot nodes.
@@ -144,6 +148,10 @@ examples:
     text: az elastictrain cluster create -g ml-rg -n spot-train -l eastus --storage-sku Standard_ZRS --maintenance-window "Sunday 02:00 4" --api-server-authorized-ips 203.0.113.7
   - name: Nodes on your subnet, checkpoint storage reachable from it and from your address only.
     text: az elastictrain cluster create -g ml-rg -n spot-train -l eastus --vnet-subnet-id /subscriptions/SUB/resourceGroups/net-rg/providers/Microsoft.Network/virtualNetworks/vnet/subnets/nodes --storage-allow 203.0.113.7
+  - name: Make a colleague's group the cluster's Kubernetes admins instead of you.
+    text: az elastictrain cluster create -g ml-rg -n spot-train -l eastus --admin-principal 00000000-0000-0000-0000-000000000000
+  - name: Keep local accounts (client-certificate credentials, no Entra ID) - not recommended.
+    text: az elastictrain cluster create -g ml-rg -n spot-train -l eastus --local-accounts
   - name: Create it and use it with kubectl afterwards.
     text: az elastictrain cluster create -g ml-rg -n spot-train -l eastus --merge-kubeconfig
   - name: Start creating and return; wait; then finish the plan.

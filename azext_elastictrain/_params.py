@@ -127,6 +127,13 @@ def load_arguments(self, _):  # pylint: disable=too-many-statements  # one state
                    help="Also merge the cluster's user credentials into your kubeconfig (first file of "
                         "$KUBECONFIG, else ~/.kube/config) and make it the current context. Default: the "
                         "credentials stay in memory.")
+        c.argument("local_accounts", arg_type=get_three_state_flag(), options_list=["--local-accounts"],
+                   help="Keep AKS local accounts and leave Entra ID out: the credentials become client "
+                        "certificates (unaudited, not revocable one by one). Default: Entra ID only - Azure RBAC "
+                        "decides, local accounts are off, and the CLI uses your login's token.")
+        c.argument("admin_principal", options_list=["--admin-principal"],
+                   help="Object id of the user, group or service principal that gets 'Azure Kubernetes Service "
+                        "RBAC Cluster Admin' on the cluster. Default: the signed-in identity.")
     with self.argument_context("elastictrain cluster list") as c:
         c.argument("resource_group_name", options_list=["--resource-group", "-g"],
                    help="Only the AKS clusters of this resource group (default: the whole subscription).")

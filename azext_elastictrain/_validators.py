@@ -84,6 +84,11 @@ class LoginCredential:  # pylint: disable=too-few-public-methods  # azure-core's
     def get_token(self, *scopes: str, **kwargs: Any) -> Any:
         return self._login().get_token(*scopes, **kwargs)
 
+    def renew(self) -> None:
+        """Forget the login's credential object, and the tokens it cached in memory: the next get_token asks
+        Entra ID (or the managed-identity endpoint) again. For a token a service refused before it expired."""
+        self._credential = None
+
 
 def resolve_target(*, local: bool = False, resource_group: str | None = None, cluster: str | None = None,
                    job: str | None = None, what: str = "job") -> Target:

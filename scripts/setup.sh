@@ -11,7 +11,8 @@
 #   azurite   azurite@3.37.0 into .tools/ with npm
 #   checkov   checkov (pinned) in its own venv .tools/checkov: it pins many packages azure-cli pins otherwise
 #             (86 s and 290 MB once here; then "ok"). Scans the planned ARM bodies in the contract tests.
-#   pip       azure-cli, torch (CPU wheel pinned), this package editable with [train,test];
+#   pip       azure-cli, torch (CPU wheel pinned), this package editable with [train,test] (and its
+#             DEPENDENCIES from setup.py: the pinned official kubernetes client);
 #             skipped while .venv/.elastictrain-stamp matches setup.py + the requirement line
 #   lint      the gates azure-cli-extensions CI runs, pinned: azdev (its linter rules and style configs),
 #             pylint, flake8 (tests/unit/test_publish_gates.py runs them)

@@ -143,6 +143,23 @@ class AzureArm:
             raise ArmError(404, "NoCredentials", f"AKS returned no user credentials for cluster {cluster!r}")
         return base64.b64decode(configs[0]["value"])
 
+    def signed_in_principal(self) -> tuple[str, str | None]:
+        """The Entra ID object id of the login (user, service principal or managed identity) and its principal
+        type, read from the claims of the login's ARM token ('az ad signed-in-user show' without Graph, and it
+        works for service principals too). A delegated token (a ``scp`` claim) is a user's; an app token is a
+        service principal's (managed identities are service principals)."""
+        from azure.cli.core._profile import Profile
+
+        from azext_elastictrain.core.errors import ArmError
+
+        credential = Profile(cli_ctx=self._cli_ctx).get_login_credentials(subscription_id=self.subscription)[0]
+        scope = self._cli_ctx.cloud.endpoints.active_directory_resource_id.rstrip("/") + "/.default"
+        claims = _token_claims(credential.get_token(scope).token)
+        if not claims.get("oid"):
+            raise ArmError(401, "NoObjectId", "the login's token names no object id (oid claim): pass "
+                                              "--admin-principal OBJECT_ID")
+        return str(claims["oid"]), "User" if "scp" in claims else "ServicePrincipal"
+
     # -- the region preflight (core.preflight): GETs on the compute provider -------------------------------------
 
     def resource_skus(self, location: str) -> list[dict]:
@@ -221,6 +238,15 @@ def logged_in(cli_ctx) -> bool:
     from azure.cli.core._profile import Profile
 
     return bool(Profile(cli_ctx=cli_ctx).load_cached_subscriptions())
+
+
+def _token_claims(token: str) -> dict:
+    """The claims (payload) of a JWT access token, unverified: our own login's token, read for who we are."""
+    try:
+        payload = token.split(".")[1]
+        return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    except (IndexError, ValueError):
+        return {}  # not a JWT (some clouds' tokens are opaque): the caller says what to do
 
 
 def _wire(model) -> dict:

@@ -13,6 +13,8 @@ from azext_elastictrain.core.spec import GPU_TAINT, NODE_OS_UPGRADE_CHANNEL, SYS
 
 #: Built-in role: read, write and delete blobs and containers (no keys, no account management).
 STORAGE_BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
+#: Built-in role: every Kubernetes action in the whole cluster, through Azure RBAC (the Entra ID clusters' admin).
+AKS_RBAC_CLUSTER_ADMIN = "b1ff04bb-8a4e-4dc4-8eb5-8693973ce19b"
 #: The audience Entra ID expects in a Kubernetes service account token exchanged by workload identity.
 TOKEN_EXCHANGE_AUDIENCE = "api://AzureADTokenExchange"
 #: Marks the resources this extension made, so list and delete find only those.
@@ -74,9 +76,8 @@ def cluster_id(subscription: str, spec: ClusterSpec) -> str:
             f"{spec.name}")
 
 
-def role_definition_id(subscription: str) -> str:
-    return f"/subscriptions/{subscription}/providers/Microsoft.Authorization/roleDefinitions/" \
-           f"{STORAGE_BLOB_DATA_CONTRIBUTOR}"
+def role_definition_id(subscription: str, role: str = STORAGE_BLOB_DATA_CONTRIBUTOR) -> str:
+    return f"/subscriptions/{subscription}/providers/Microsoft.Authorization/roleDefinitions/{role}"
 
 
 def role_assignment_name(scope: str, principal_id: str, role: str = STORAGE_BLOB_DATA_CONTRIBUTOR) -> str:
@@ -201,6 +202,7 @@ def managed_cluster(spec: ClusterSpec, hardware: NodeHardware | None = None) -> 
         properties["kubernetesVersion"] = spec.kubernetes_version
     if spec.api_server_authorized_ips:
         properties["apiServerAccessProfile"] = {"authorizedIPRanges": list(spec.api_server_authorized_ips)}
+    properties.update(access_profile(spec))
     return {
         "location": spec.location,
         # the names of the cluster's storage account and identity, for show and delete to find them; the engine
@@ -211,6 +213,16 @@ def managed_cluster(spec: ClusterSpec, hardware: NodeHardware | None = None) -> 
         "sku": {"name": "Base", "tier": "Free"},
         "properties": properties,
     }
+
+
+def access_profile(spec: ClusterSpec) -> dict:
+    """Who may reach the Kubernetes API. Default: Entra ID only - AKS-managed Entra ID with Azure RBAC deciding
+    what each identity may do, and local accounts (the static client-certificate credentials, an unaudited
+    admin back door) off. ``--local-accounts``: Kubernetes RBAC with local accounts, as without Entra ID.
+    Field names as in the official example ManagedClustersCreate_UpdateWithEnableAzureRBAC (2025-10-01)."""
+    if spec.local_accounts:
+        return {"disableLocalAccounts": False}
+    return {"aadProfile": {"managed": True, "enableAzureRBAC": True}, "disableLocalAccounts": True}
 
 
 def gpu_agent_pool(spec: ClusterSpec, hardware: NodeHardware | None = None) -> dict:
@@ -260,6 +272,17 @@ def federated_credential(spec: ClusterSpec, issuer: str) -> dict:
 def role_assignment(subscription: str, principal_id: str) -> dict:
     return {"properties": {"roleDefinitionId": role_definition_id(subscription), "principalId": principal_id,
                            "principalType": "ServicePrincipal"}}
+
+
+def cluster_admin_assignment(subscription: str, principal_id: str, principal_type: str | None) -> dict:
+    """'Azure Kubernetes Service RBAC Cluster Admin' on the cluster for its creator (or --admin-principal).
+    ``principal_type`` (User, ServicePrincipal) where known: it spares Azure a directory lookup that fails for a
+    principal created moments ago; left out for an --admin-principal of unknown type."""
+    properties = {"roleDefinitionId": role_definition_id(subscription, AKS_RBAC_CLUSTER_ADMIN),
+                  "principalId": principal_id}
+    if principal_type:
+        properties["principalType"] = principal_type
+    return {"properties": properties}
 
 
 # --------------------------------------------------------------------------- is what is there right?

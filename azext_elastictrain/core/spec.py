@@ -150,6 +150,7 @@ ENGINE_K8S_JOB = "k8s-job"
 ENGINES = (ENGINE_TORCHELASTIC, ENGINE_K8S_JOB)
 K8S_JOB_MIN_KUBERNETES = (1, 31)
 
+_GUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 _AKS_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_-]{0,61}[A-Za-z0-9])?")
 _RESOURCE_GROUP = re.compile(r"[-\w._()]{0,89}[-\w_()]", re.UNICODE)
 _STORAGE_ACCOUNT = re.compile(r"[a-z0-9]{3,24}")
@@ -235,6 +236,11 @@ class ClusterSpec:  # pylint: disable=too-many-instance-attributes  # one field 
     vnet_subnet: str = ""  # the subnet both pools' nodes use; empty: AKS makes a virtual network of its own
     api_server_authorized_ips: tuple[str, ...] = ()  # IPv4 addresses/ranges; empty: any address (Entra ID still)
     encryption_at_host: bool | None = None  # None: where the size and the subscription support it
+    # Entra ID only (local accounts off, Azure RBAC) unless True: then Kubernetes RBAC with local accounts and
+    # a client-certificate kubeconfig, as AKS makes without Entra ID integration.
+    local_accounts: bool = False
+    # Object id that gets 'Azure Kubernetes Service RBAC Cluster Admin' on the cluster (default: the signed-in one)
+    admin_principal: str = ""
 
     @property
     def storage_account_name(self) -> str:
@@ -338,7 +344,17 @@ class ClusterSpec:  # pylint: disable=too-many-instance-attributes  # one field 
             raise SpecError(f"unknown engine {self.engine!r}: use one of {', '.join(ENGINES)}")
         if self.engine == ENGINE_K8S_JOB and self.kubernetes_version:
             check_engine_supported(self.engine, self.kubernetes_version)
+        self._validate_access()
         return self
+
+    def _validate_access(self) -> None:
+        """--admin-principal and --local-accounts; raises SpecError."""
+        if self.admin_principal and not _GUID.fullmatch(self.admin_principal):
+            raise SpecError(f"invalid --admin-principal {self.admin_principal!r}: give the Entra ID object id (a "
+                            "GUID) of a user, group or service principal ('az ad signed-in-user show --query id')")
+        if self.admin_principal and self.local_accounts:
+            raise SpecError("--admin-principal gives a Kubernetes role through Entra ID, which --local-accounts "
+                            "turns off: pass one of them")
 
     def _validate_network(self) -> None:
         """--storage-allow, --vnet-subnet-id, --api-server-authorized-ips; raises SpecError."""

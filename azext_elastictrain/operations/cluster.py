@@ -18,7 +18,8 @@ def create_cluster(cmd, *, local: bool = False, name: str | None = None, resourc
                    labels: list[str] | None = None, engine: str | None = None, upgrade_channel: str | None = None,
                    maintenance_window: str | None = None, storage_allow: list[str] | None = None,
                    vnet_subnet: str | None = None, api_server_authorized_ips: list[str] | None = None,
-                   encryption_at_host: bool | None = None, merge_kubeconfig: bool = False, dry_run: bool = False,
+                   encryption_at_host: bool | None = None, merge_kubeconfig: bool = False,
+                   local_accounts: bool = False, admin_principal: str | None = None, dry_run: bool = False,
                    no_wait: bool = False):
     target = resolve_cluster(local=local, resource_group=resource_group_name, name=name)
     azure_only = {"--location": location, "--storage-account": storage_account, "--storage-sku": storage_sku,
@@ -28,7 +29,8 @@ def create_cluster(cmd, *, local: bool = False, name: str | None = None, resourc
                   "--engine": engine, "--upgrade-channel": upgrade_channel, "--maintenance-window": maintenance_window,
                   "--storage-allow": storage_allow, "--vnet-subnet-id": vnet_subnet,
                   "--api-server-authorized-ips": api_server_authorized_ips, "--encryption-at-host": encryption_at_host,
-                  "--merge-kubeconfig": merge_kubeconfig or None, "--no-wait": no_wait or None}
+                  "--merge-kubeconfig": merge_kubeconfig or None, "--no-wait": no_wait or None,
+                  "--local-accounts": local_accounts or None, "--admin-principal": admin_principal}
     if target.kind == "local":
         from azext_elastictrain.core.spec import LocalClusterSpec
 
@@ -42,9 +44,17 @@ def create_cluster(cmd, *, local: bool = False, name: str | None = None, resourc
                              upgrade_channel=upgrade_channel, maintenance_window=maintenance_window,
                              storage_allow=tuple(storage_allow or ()), vnet_subnet=vnet_subnet,
                              api_server_authorized_ips=tuple(api_server_authorized_ips or ()),
-                             encryption_at_host=encryption_at_host)
+                             encryption_at_host=encryption_at_host, local_accounts=bool(local_accounts),
+                             admin_principal=admin_principal)
     with az_errors(target):
         spec.validate()  # bad input fails before any request, login included
+        if local_accounts and target.kind == "aks":
+            from knack.log import get_logger
+
+            get_logger(__name__).warning(
+                "--local-accounts: the cluster keeps local accounts and no Entra ID: its credentials are client "
+                "certificates that anyone holding them can use, unaudited, and that cannot be revoked one by one. "
+                "Leave it out for an Entra ID-only cluster (Azure RBAC, audited, revocable).")
         with target.opened(cmd, signed_out=_dry_run_signed_out(cmd, target, dry_run)) as backend:
             if dry_run:
                 return backend.plan_cluster(spec).shown

@@ -24,6 +24,7 @@ PLAN = [  # (method, what) in the order the issue asks for
     ("PUT", "resourcegroups"), ("PUT", "storageaccounts"), ("PUT", "containers"),
     ("PUT", "userassignedidentities"), ("PUT", "managedclusters"), ("PUT", "agentpools"),
     ("PUT", "federatedidentitycredentials"), ("PUT", "roleassignments"),
+    ("PUT", "roleassignments"),  # Azure Kubernetes Service RBAC Cluster Admin on the cluster, for the creator
 ]
 
 
@@ -45,7 +46,7 @@ def test_create_runs_the_plan_in_order_and_a_rerun_changes_nothing(az, arm, grou
     result = _create(az, group, "spot1", "--max-count", "4", "--max-price", "0.35", "--eviction-policy",
                      "Deallocate", "--labels", "team=vision", "-o", "json")
     assert _writes(arm) == PLAN
-    assert "[5/9] AKS cluster: creating" in result.stderr  # progress on the long steps
+    assert "[5/10] AKS cluster: creating" in result.stderr  # progress on the long steps
     in_group = f"/resourcegroups/{group}/providers"  # the session's server also holds other tests' clusters
     pool = arm.find(f"{in_group}/microsoft.containerservice/managedclusters/spot1/agentpools/gpu")
     assert pool["properties"]["nodeLabels"]["team"] == "vision" and pool["properties"]["count"] == 0
@@ -70,7 +71,7 @@ def test_create_runs_the_plan_in_order_and_a_rerun_changes_nothing(az, arm, grou
         "resource group": "unchanged", "storage account": "unchanged", "checkpoint container": "unchanged",
         "managed identity": "unchanged", "AKS cluster": "unchanged", "GPU Spot pool": "unchanged",
         "federated credential": "unchanged", "role assignment": "unchanged",
-        "Kubernetes components": "unchanged"}
+        "Kubernetes admin role": "unchanged", "Kubernetes components": "unchanged"}
     gpu = next(p for p in again["pools"] if p["name"] == "gpu")
     assert (gpu["priority"], gpu["evictionPolicy"], gpu["spotMaxPrice"], gpu["minCount"], gpu["maxCount"]) == (
         "Spot", "Deallocate", 0.35, 0, 4)
@@ -167,7 +168,7 @@ def test_dry_run_prints_every_request_and_calls_nothing(az, arm, group):
     assert asked and all("/providers/microsoft.compute/" in p for p in asked), asked
     assert [r["step"] for r in plan["arm"]] == [
         "resource group", "storage account", "checkpoint container", "managed identity", "AKS cluster",
-        "GPU Spot pool", "federated credential", "role assignment"]
+        "GPU Spot pool", "federated credential", "role assignment", "Kubernetes admin role"]
     bodies = {r["step"]: r["body"] for r in plan["arm"]}
     assert bodies["GPU Spot pool"]["properties"]["scaleSetPriority"] == "Spot"
     assert bodies["storage account"]["properties"]["allowSharedKeyAccess"] is False
@@ -189,7 +190,8 @@ def test_subscription_argument_places_the_plan_and_every_request_in_that_subscri
     assert _writes(arm) == PLAN
     sent = [path for _, path in arm.requests if path.startswith("/subscriptions/")]
     assert sent and all(path.startswith(other) for path in sent), sent  # reads too, not only the writes
-    [assignment] = [rid for rid in arm.resources if "/roleassignments/" in rid and f"/resourcegroups/{group}/" in rid]
+    [assignment] = [rid for rid in arm.resources if "/roleassignments/" in rid and f"/resourcegroups/{group}/" in rid
+                    and "/containers/" in rid]
     assert assignment.startswith(other.lower()), assignment  # the scope: the container in that subscription
     assert arm.resources[assignment]["properties"]["roleDefinitionId"].startswith(other)
 
@@ -283,8 +285,10 @@ def test_credentials_reach_a_kubeconfig_only_when_asked(az, arm, group, tmp_path
     assert not kubeconfig.exists() and not (az.config_dir / ".kube").exists(), "credentials stay in memory"
     result = az.json("elastictrain", "cluster", "create", "-g", group, "-n", "spot9", "--merge-kubeconfig", env=env)
     assert result["kubeconfig"] == {"path": str(kubeconfig), "context": "spot9"}
-    assert KUBE_TOKEN in kubeconfig.read_text() and oct(kubeconfig.stat().st_mode & 0o777) == "0o600"
-    assert KUBE_TOKEN not in json_text(result)
+    written = kubeconfig.read_text()  # an Entra ID-only cluster's: kubelogin for kubectl, no secret in it
+    assert "kubelogin" in written and "6dae42f8-4368-4678-94ff-3960e28e3630" in written
+    assert "client-key-data" not in written and oct(kubeconfig.stat().st_mode & 0o777) == "0o600"
+    assert "kubelogin" not in json_text(result)
 
 
 def json_text(value) -> str:

@@ -14,7 +14,8 @@ from tests.support.arm_server import SUBSCRIPTION
 SUBNET = (f"/subscriptions/{SUBSCRIPTION}/resourceGroups/net-rg/providers/Microsoft.Network/virtualNetworks/"
           "train-vnet/subnets/nodes")
 PLAN = ["resourcegroups", "storageaccounts", "containers", "userassignedidentities", "managedclusters", "agentpools",
-        "maintenanceconfigurations", "maintenanceconfigurations", "federatedidentitycredentials", "roleassignments"]
+        "maintenanceconfigurations", "maintenanceconfigurations", "federatedidentitycredentials", "roleassignments",
+        "roleassignments"]  # the last: Azure Kubernetes Service RBAC Cluster Admin on the cluster, for the creator
 
 
 def _puts(arm) -> list[str]:

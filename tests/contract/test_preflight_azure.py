@@ -99,4 +99,6 @@ def test_a_dry_run_without_a_login_skips_the_region_checks_and_says_so(arm, arm_
     assert "Not logged in: the region preflight is skipped" in result.stderr
     plan = json.loads(result.stdout)
     assert "not logged in" in plan["preflight"]["skipped"]
-    assert len(plan["arm"]) == 8 and arm.requests == [], "without a login nothing is asked"
+    assert len(plan["arm"]) == 9 and arm.requests == [], "without a login nothing is asked"
+    admin = next(r for r in plan["arm"] if r["step"] == "Kubernetes admin role")  # who: known once logged in
+    assert admin["body"]["properties"]["principalId"].startswith("<object id of the signed-in identity")

@@ -21,9 +21,17 @@ The real ``az`` (and the SDK clients inside it) talk to it exactly as to Azure:
   and the pods bound to it, as the cloud node manager and pod garbage collection do.
   A token for ``https://storage.azure.com`` passes Azurite's OAuth check: with ``blob_endpoint`` set to an
   HTTPS Azurite, the storage accounts' ``primaryEndpoints.blob`` send blob reads there.
-* **Kubernetes**: ``listClusterUserCredential`` returns a kubeconfig whose server is ``/kube`` on this server
-  (CA: this server's certificate; a bearer token); ``/kube`` is a REST front for ``tests.support.fake_kube``
-  (discovery, server-side apply, get, list, delete), so the real ``clients.kube.connect`` talks to it.
+* **Kubernetes**: ``listClusterUserCredential`` returns the kubeconfig AKS gives, whose server is
+  ``/kube/<group>/<cluster>`` on this server (CA: this server's certificate). For an Entra ID-only cluster
+  (``aadProfile.managed`` and ``disableLocalAccounts``) its user is the ``kubelogin`` exec plugin and
+  ``listClusterAdminCredential`` is refused with Azure's error; for a local-accounts cluster the user is a client
+  certificate (signed by the cluster CA this server trusts) and a token. The front is a REST server for
+  ``tests.support.fake_kube`` (discovery, server-side apply, get, list, delete, logs) that authenticates as the
+  API server of that cluster: an Entra ID-only one takes only a bearer JWT of this tenant whose audience is the
+  AKS server application and that has not expired - a client certificate, a missing token or another audience is
+  a 401 ``Status`` - and a local-accounts one its client certificate or static token. ``kube_token_uses`` makes
+  every Entra ID token expire after that many requests (a token expiring in the middle of a command); each
+  request is recorded in ``kube_requests`` with how it authenticated.
 
 Everything listens on 127.0.0.1 and stops on ``close()``.
 """
@@ -53,6 +61,12 @@ TENANT = "72f988bf-0000-4000-8000-000000000001"
 IDENTITY_HEADER = "test-identity-header"
 ACCESS_TOKEN_SECRET = "arm-access-token-signature-SECRET"  # base64url-encoded into the JWT's signature  # what a leak scan looks for
 KUBE_TOKEN = "kube-user-token-SECRET-do-not-print"
+#: The application every AKS API server of AKS-managed Entra ID accepts tokens for (the audience it checks).
+AKS_SERVER_APP = "6dae42f8-4368-4678-94ff-3960e28e3630"
+#: Azure's answer to listClusterAdminCredential (and other static credentials) on a cluster with local accounts
+#: disabled (status 400, as reported from real clusters, e.g. hashicorp/terraform-provider-azurerm#15489).
+STATIC_CREDENTIAL_REFUSED = ("Getting static credential is not allowed because this cluster is set to disable "
+                             "local accounts.")
 STORAGE_KEY = "c3RvcmFnZS1hY2NvdW50LWtleS1TRUNSRVQ="  # never asked for: shared keys are off
 
 #: api-version each provider's SDK sends, as azure-cli 2.91 builds its clients (profile 'latest' or the SDK's
@@ -70,6 +84,8 @@ API_VERSIONS = {
     "Microsoft.Features": "2021-07-01",  # features: azure-cli's profile for MGMT_RESOURCE_FEATURES
 }
 BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
+AKS_RBAC_CLUSTER_ADMIN = "b1ff04bb-8a4e-4dc4-8eb5-8693973ce19b"  # Azure Kubernetes Service RBAC Cluster Admin
+LOGIN_OBJECT_ID = "11111111-2222-3333-4444-555555555555"  # the oid of the managed identity az logs in with
 LRO_POLLS = 2  # InProgress answers before Succeeded
 
 
@@ -108,6 +124,44 @@ def _jwt(claims: dict) -> str:
     return f"{part({'alg': 'RS256', 'typ': 'JWT'})}.{part(claims)}.{signature}"
 
 
+def _claims(token: str) -> dict:
+    """A JWT's payload, unverified (the test server issued it)."""
+    try:
+        part = token.split(".")[1]
+        return json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
+    except (IndexError, ValueError, AttributeError):
+        return {}
+
+
+def _entra_only(cluster: dict) -> bool:
+    props = cluster.get("properties") or {}
+    return bool((props.get("aadProfile") or {}).get("managed") and props.get("disableLocalAccounts"))
+
+
+def _kube_status(code: int, reason: str, message: str) -> dict:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
+            "reason": reason, "code": code}
+
+
+def _kube_ca():
+    """The CA of the (one) Kubernetes cluster this server fronts: it signs local-account client certificates."""
+    from tests.support.kube_apiserver import certificate
+
+    return certificate("cluster-ca", None, None, ca=True)
+
+
+def _signed_certificate(name: str, ca_key, ca_cert):
+    from tests.support.kube_apiserver import certificate
+
+    return certificate(name, ca_key, ca_cert)
+
+
+def _pem(item) -> bytes:
+    from tests.support.kube_apiserver import pem
+
+    return pem(item)
+
+
 def _same_value(a: Any, b: Any) -> bool:
     if isinstance(a, str) and isinstance(b, str):
         return a.lower() == b.lower()
@@ -132,6 +186,11 @@ class ArmServer:
         self.expect: dict[str, Any] = {}
         self.reset_expect()
         self.kube = FakeKube()
+        self.kube_requests: list[dict] = []  # method, path, cluster, auth ("token"/"certificate"/None), jti, status
+        self.kube_token_uses: int | None = None  # an Entra ID token is refused after this many requests
+        self.kube_watches: list[tuple[str, str]] = []  # (kind, name) of each watch asked for
+        self._token_uses: dict[str, int] = {}
+        self._kube_ca_key, self._kube_ca = _kube_ca()
         self.skus: dict[str, list[dict]] = {}  # location -> Resource SKUs entries (reset_regions)
         self.usages: dict[str, list[dict]] = {}  # location -> compute usages
         #: the subscription's preview features (Microsoft.Features): lower-case "namespace/name" -> state
@@ -140,11 +199,15 @@ class ArmServer:
         #: primaryEndpoints.blob of the storage accounts it creates (None: Azure's); tests point it at Azurite
         self.blob_endpoint: str | None = None
         self._faults: list[tuple[str, str, int, str, str]] = []
+        self._caller: str | None = None  # the object id in the token of the ARM request being handled
         self._lock = threading.RLock()
         self._ids = itertools.count(1)
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(self.cert, self._key)
+        # Kubernetes clients of local-account clusters present a certificate of the cluster CA; nothing else does
+        context.verify_mode = ssl.CERT_OPTIONAL
+        context.load_verify_locations(cadata=_pem(self._kube_ca).decode())
         self._httpd.socket = context.wrap_socket(self._httpd.socket, server_side=True)
         self.port = self._httpd.server_address[1]
         self.url = f"https://127.0.0.1:{self.port}"
@@ -198,6 +261,11 @@ class ArmServer:
     def spot_quota(self, location: str) -> dict:
         return next(u for u in self.usages[location] if u["name"]["value"] == "lowPriorityCores")
 
+    def client_certificate(self, name: str = "clusterAdmin") -> bytes:
+        """A client certificate (and its key, PEM) of the cluster CA: what a local account presents."""
+        key, cert = _signed_certificate(name, self._kube_ca_key, self._kube_ca)
+        return _pem(cert) + _pem(key)
+
     def find(self, suffix: str) -> dict | None:
         return next((r for rid, r in self.resources.items() if rid.endswith(suffix.lower())), None)
 
@@ -214,14 +282,15 @@ class ArmServer:
 
     # ------------------------------------------------------------------ handling
 
-    def handle(self, method: str, raw_path: str, headers: dict, body: bytes) -> tuple[int, dict, Any]:
+    def handle(self, method: str, raw_path: str, headers: dict, body: bytes,
+               peer: str | None = None) -> tuple[int, dict, Any]:
         with self._lock:
             self.requests.append((method, raw_path))
             self.timeline.append((time.monotonic(), method, raw_path))
             parts = urlsplit(raw_path)
             path, query = parts.path, {k: v[0] for k, v in parse_qs(parts.query).items()}
-            if path.startswith("/kube/") or path == "/kube":
-                return self._kube(method, path[len("/kube"):], query, body)
+            if path.startswith("/kube/"):
+                return self._kube_front(method, path[len("/kube"):], query, headers, body, peer)
             if path == "/msi/token":
                 return self._token(headers, query)
             if path.startswith("/metadata/"):  # az cloud register asks; the test registers every endpoint
@@ -232,6 +301,7 @@ class ArmServer:
                     return status, {}, _error(code, message)
             if not headers.get("authorization", "").startswith("Bearer "):
                 return 401, {}, _error("AuthenticationFailed", "no bearer token")
+            self._caller = _claims(headers["authorization"][len("Bearer "):]).get("oid")
             if path.startswith("/operations/"):
                 return self._operation(path.split("/")[2])
             try:
@@ -250,8 +320,8 @@ class ArmServer:
         resource = query.get("resource", "")
         expires = int(datetime.datetime.now(datetime.timezone.utc).timestamp()) + 3600
         issued = expires - 3600 - 300  # nbf and iat: Azurite's OAuth check wants both
-        token = _jwt({"aud": resource, "tid": TENANT, "nbf": issued, "iat": issued,
-                      "oid": "11111111-2222-3333-4444-555555555555",
+        token = _jwt({"aud": resource, "tid": TENANT, "nbf": issued, "iat": issued, "jti": str(uuid.uuid4()),
+                      "oid": LOGIN_OBJECT_ID,
                       "appid": "66666666-7777-8888-9999-000000000000", "exp": expires,
                       "iss": f"https://sts.windows.net/{TENANT}/"})
         return 200, {}, {"access_token": token, "expires_on": str(expires), "resource": resource,
@@ -290,8 +360,8 @@ class ArmServer:
             return self._vmss_vm(kind, method, rid)
         if kind.endswith("_list"):
             return self._list(kind, path)
-        if kind == "credentials":
-            return self._credentials(method, rid)
+        if kind in ("credentials", "admin_credentials"):
+            return self._credentials(method, rid, admin=kind == "admin_credentials")
         if method == "GET":
             pending = next((op for op, r in self.operations.items() if r["id"] == key and not r.get("done")), None)
             if pending:  # Azure finishes on its own time, polled or not: a GET moves it along too
@@ -347,6 +417,10 @@ class ArmServer:
             if cluster["properties"]["provisioningState"] != "Succeeded":
                 return 409, {}, _error("OperationNotAllowed", "Operation is not allowed: another operation "
                                                               "(Creating) is in progress on the cluster")
+        if kind == "cluster" and (body.get("properties") or {}).get("disableLocalAccounts") and not (
+                (body.get("properties") or {}).get("aadProfile") or {}).get("managed"):
+            return 400, {}, _error("BadRequest", "DisableLocalAccounts requires AKS-managed Azure Active Directory "
+                                                 "integration (aadProfile.managed).")
         if kind == "agent_pool" and existing is not None:
             changed = [f for f in IMMUTABLE_POOL_FIELDS if not _same_value(
                 (body.get("properties") or {}).get(f), existing["properties"].get(f))]
@@ -434,6 +508,8 @@ class ArmServer:
             props["agentPoolProfiles"] = list(pools.values())
             props.update({"powerState": {"code": "Running"}, "azurePortalFQDN": props["fqdn"],
                           "enablePodSecurityPolicy": False})
+            if props.get("aadProfile"):  # as the example answers it: the tenant filled in, no admin groups
+                props["aadProfile"] = {"adminGroupObjectIDs": None, "tenantID": TENANT, **props["aadProfile"]}
             resource["id"] = _arm_casing(rid)
             resource["identity"] = {"type": "SystemAssigned", "principalId": str(uuid.uuid4()), "tenantId": TENANT}
         elif kind == "agent_pool":
@@ -589,6 +665,13 @@ class ArmServer:
                        e["encryption_at_host"]),
                       ("identity.type", (body.get("identity") or {}).get("type") in ("SystemAssigned",
                                                                                      "UserAssigned"), True)]
+            aad = props.get("aadProfile") or {}
+            if e.get("local_accounts"):
+                wants += [("disableLocalAccounts", props.get("disableLocalAccounts", False), False)]
+            else:  # Entra ID only, the default (ManagedClustersCreate_UpdateWithEnableAzureRBAC.json's fields)
+                wants += [("aadProfile.managed", aad.get("managed"), True),
+                          ("aadProfile.enableAzureRBAC", aad.get("enableAzureRBAC"), True),
+                          ("disableLocalAccounts", props.get("disableLocalAccounts"), True)]
         elif kind == "agent_pool":
             wants += [("mode", props.get("mode"), "User"), ("vmSize", props.get("vmSize"), e["gpu_vm_size"]),
                       ("scaleSetPriority", props.get("scaleSetPriority"), "Spot"),
@@ -614,19 +697,30 @@ class ArmServer:
         elif kind == "role_assignment":
             scope, _, name = rid.partition("/providers/Microsoft.Authorization/roleAssignments/")
             group = rid.lower().split("/providers/")[0]
-            identity = next((r for k, r in self.resources.items() if r["type"] == _TYPE["identity"]
-                             and k.startswith(group + "/")), None)
-            container_scope = (r"/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.Storage/"
-                               r"storageAccounts/[a-z0-9]{3,24}/blobServices/default/containers/[a-z0-9-]{3,63}")
-            wants += [("scope is the checkpoint container", bool(re.fullmatch(container_scope, scope)), True),
-                      ("name is a GUID", bool(re.fullmatch(r"[0-9a-f-]{36}", name)), True),
-                      ("roleDefinitionId", props.get("roleDefinitionId"),
-                       f"{rid[:rid.lower().index('/resourcegroups/')]}/providers/Microsoft.Authorization/"
-                       f"roleDefinitions/"
-                       f"{BLOB_DATA_CONTRIBUTOR}"),
-                      ("principalId", props.get("principalId"),
-                       ((identity or {}).get("properties") or {}).get("principalId")),
-                      ("principalType", props.get("principalType"), "ServicePrincipal")]
+            role_base = (f"{rid[:rid.lower().index('/resourcegroups/')]}/providers/Microsoft.Authorization/"
+                         "roleDefinitions/")
+            wants.append(("name is a GUID", bool(re.fullmatch(r"[0-9a-f-]{36}", name)), True))
+            if props.get("roleDefinitionId") == role_base + AKS_RBAC_CLUSTER_ADMIN:
+                cluster = self.resources.get(scope.lower())
+                cluster_scope = (r"/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.ContainerService/"
+                                 r"managedClusters/[^/]+")
+                wants += [("scope is an AKS cluster", bool(re.fullmatch(cluster_scope, scope)) and cluster is not None,
+                           True),
+                          ("the cluster has Azure RBAC", ((cluster or {}).get("properties", {}).get("aadProfile")
+                                                          or {}).get("enableAzureRBAC"), True),
+                          ("principalId", props.get("principalId"), e.get("admin_principal", self._caller)),
+                          ("principalType", props.get("principalType"),
+                           None if e.get("admin_principal") else "ServicePrincipal")]
+            else:
+                identity = next((r for k, r in self.resources.items() if r["type"] == _TYPE["identity"]
+                                 and k.startswith(group + "/")), None)
+                container_scope = (r"/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.Storage/"
+                                   r"storageAccounts/[a-z0-9]{3,24}/blobServices/default/containers/[a-z0-9-]{3,63}")
+                wants += [("scope is the checkpoint container", bool(re.fullmatch(container_scope, scope)), True),
+                          ("roleDefinitionId", props.get("roleDefinitionId"), role_base + BLOB_DATA_CONTRIBUTOR),
+                          ("principalId", props.get("principalId"),
+                           ((identity or {}).get("properties") or {}).get("principalId")),
+                          ("principalType", props.get("principalType"), "ServicePrincipal")]
         return [f"{field} is {got!r}, expected {want!r}" for field, got, want in wants if got != want]
 
     # ------------------------------------------------------------------ the rest of ARM
@@ -653,23 +747,76 @@ class ArmServer:
         items = [r for rid, r in self.resources.items() if r["type"] == _TYPE["cluster"] and rid.startswith(prefix)]
         return 200, {}, {"value": items}
 
-    def _credentials(self, method: str, rid: str) -> tuple[int, dict, Any]:
+    def _credentials(self, method: str, rid: str, admin: bool = False) -> tuple[int, dict, Any]:
+        """listClusterUserCredential / listClusterAdminCredential, as AKS answers them: an Entra ID-only cluster's
+        user kubeconfig runs kubelogin (exec, the format AKS gives from Kubernetes 1.24) and its admin one is
+        refused; a local-accounts cluster's carries a client certificate of the cluster CA and a token."""
+        what = "listClusterAdminCredential" if admin else "listClusterUserCredential"
         if method != "POST":
-            return self._violation(f"{method} {rid}: listClusterUserCredential is a POST")
+            return self._violation(f"{method} {rid}: {what} is a POST")
         cluster = self.resources.get(rid.lower().rsplit("/", 1)[0])
         if cluster is None:
             return 404, {}, _error("ResourceNotFound", "no such cluster")
+        entra = _entra_only(cluster)
+        if admin and entra:
+            return 400, {}, _error("BadRequest", STATIC_CREDENTIAL_REFUSED)
+        name, group = cluster["name"], rid.split("/")[4]
         ca = base64.b64encode(self.cert.read_bytes()).decode()
-        name = cluster["name"]
-        kubeconfig = (
-            "apiVersion: v1\nkind: Config\n"
-            f"clusters:\n- name: {name}\n  cluster:\n    server: {self.url}/kube\n"
-            f"    certificate-authority-data: {ca}\n"
-            f"users:\n- name: clusterUser_{name}\n  user:\n    token: {KUBE_TOKEN}\n"
-            f"contexts:\n- name: {name}\n  context:\n    cluster: {name}\n    user: clusterUser_{name}\n"
-            f"current-context: {name}\n")
-        return 200, {}, {"kubeconfigs": [{"name": "clusterUser",
-                                          "value": base64.b64encode(kubeconfig.encode()).decode()}]}
+        user_name = f"cluster{'Admin' if admin else 'User'}_{group}_{name}"
+        if entra:
+            user = {"exec": {"apiVersion": "client.authentication.k8s.io/v1beta1", "command": "kubelogin",
+                             "args": ["get-token", "--environment", "AzurePublicCloud", "--server-id", AKS_SERVER_APP,
+                                      "--client-id", "80faf920-1908-4b52-b5ef-a8e7bedfc67a", "--tenant-id", TENANT,
+                                      "--login", "devicecode"],
+                             "env": None, "installHint": "kubelogin is not installed ...",
+                             "interactiveMode": "IfAvailable", "provideClusterInfo": False}}
+        else:
+            key, cert = _signed_certificate(user_name, self._kube_ca_key, self._kube_ca)
+            user = {"client-certificate-data": base64.b64encode(_pem(cert)).decode(),
+                    "client-key-data": base64.b64encode(_pem(key)).decode(), "token": KUBE_TOKEN}
+        kubeconfig = {"apiVersion": "v1", "kind": "Config", "preferences": {}, "current-context": name,
+                      "clusters": [{"name": name, "cluster": {"server": f"{self.url}/kube/{group.lower()}/"
+                                                                        f"{name.lower()}",
+                                                              "certificate-authority-data": ca}}],
+                      "users": [{"name": user_name, "user": user}],
+                      "contexts": [{"name": name, "context": {"cluster": name, "user": user_name}}]}
+        import yaml
+
+        value = base64.b64encode(yaml.safe_dump(kubeconfig).encode()).decode()
+        return 200, {}, {"kubeconfigs": [{"name": "clusterAdmin" if admin else "clusterUser", "value": value}]}
+
+    def _kube_front(self, method: str, path: str, query: dict, headers: dict, body: bytes,
+                    peer: str | None) -> tuple[int, dict, Any]:
+        """/kube/<group>/<cluster>/<Kubernetes path>: authenticate as that cluster's API server, then serve."""
+        group, _, rest = path.lstrip("/").partition("/")
+        name, _, rest = rest.partition("/")
+        cluster = next((r for r in self.resources.values() if r["type"] == _TYPE["cluster"]
+                        and r["id"].lower().endswith(f"/resourcegroups/{group}/providers/microsoft.containerservice/"
+                                                     f"managedclusters/{name}")), None)
+        record = {"method": method, "path": "/" + rest, "cluster": name, "auth": None, "jti": None}
+        self.kube_requests.append(record)
+        if cluster is None:
+            record["status"] = 404
+            return 404, {}, _kube_status(404, "NotFound", f"no cluster {group}/{name}")
+        bearer = headers.get("authorization", "")
+        token = bearer[len("Bearer "):] if bearer.startswith("Bearer ") else None
+        if _entra_only(cluster):
+            claims = _claims(token) if token else {}
+            record["jti"] = claims.get("jti")
+            uses = self._token_uses[claims.get("jti")] = self._token_uses.get(claims.get("jti"), 0) + 1
+            ok = (claims.get("aud") in (AKS_SERVER_APP, f"spn:{AKS_SERVER_APP}") and claims.get("tid") == TENANT
+                  and claims.get("exp", 0) > time.time() and claims.get("oid")
+                  and (self.kube_token_uses is None or uses <= self.kube_token_uses))
+            record["auth"] = "token" if ok else None
+        else:  # local accounts: the cluster CA's client certificate, or the kubeconfig's static token
+            ok = bool(peer) or token == KUBE_TOKEN
+            record["auth"] = "certificate" if peer else "token" if ok else None
+        if not ok:
+            record["status"] = 401
+            return 401, {}, _kube_status(401, "Unauthorized", "Unauthorized")
+        status, extra, payload = self._kube(method, "/" + rest, query, body)
+        record["status"] = status
+        return status, extra, payload
 
     # ------------------------------------------------------------------ Kubernetes
 
@@ -679,6 +826,8 @@ class ArmServer:
         log = re.fullmatch(r"/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/]+)/log", path)
         if log and method == "GET":
             return self._kube_log(log["ns"], log["name"], query)
+        if method == "GET" and path in ("/version", "/api", "/apis"):
+            return 200, {}, _kube_discovery_root(path)
         if not m:
             return 404, {}, {"kind": "Status", "reason": "NotFound", "message": path}
         api_version = "v1" if m["core"] else f"{m['group']}/{m['version']}"
@@ -688,8 +837,12 @@ class ArmServer:
         if plural is None:
             if method != "GET":
                 return 405, {}, {}
+            if api_version not in _KUBE_KINDS:
+                return 404, {}, _kube_status(404, "NotFound", "the server could not find the requested resource")
             return 200, {}, {"kind": "APIResourceList", "groupVersion": api_version,
-                             "resources": [{"name": _plural(k), "kind": k, "namespaced": k not in CLUSTER_SCOPED}
+                             "resources": [{"name": _plural(k), "singularName": k.lower(), "kind": k,
+                                            "namespaced": k not in CLUSTER_SCOPED,
+                                            "verbs": ["create", "delete", "get", "list", "patch", "watch"]}
                                            for k in _KUBE_KINDS.get(api_version, ())]}
         kind = next((k for k in _KUBE_KINDS.get(api_version, ()) if _plural(k) == plural), None)
         if kind is None:
@@ -701,16 +854,25 @@ class ArmServer:
                 obj = json.loads(body)
                 if query.get("fieldManager") != "elastictrain":
                     self.violations.append(f"kube apply {kind}/{name}: fieldManager {query.get('fieldManager')}")
+                if "force" in query:  # taking fields over from another manager is the user's call, never ours
+                    self.violations.append(f"kube apply {kind}/{name}: force={query['force']}")
                 if (obj.get("kind"), (obj.get("metadata") or {}).get("name")) != (kind, name):
                     self.violations.append(f"kube apply to {path}: the body is {obj.get('kind')} "
                                            f"{(obj.get('metadata') or {}).get('name')}")
                 return 200, {}, self.kube.apply(obj)
+            if method == "GET" and query.get("watch") in ("true", "True", "1"):
+                # a watch answers the object as it is (ADDED) and ends: an API server may end a watch at any
+                # time, and this server holds one lock for every request
+                wanted = (query.get("fieldSelector") or "").partition("metadata.name=")[2]
+                found = self.kube.get(api_version, kind, wanted, namespace) if wanted else None
+                self.kube_watches.append((kind, wanted))
+                return 200, {}, (json.dumps({"type": "ADDED", "object": found}).encode() + b"\n" if found else b"")
             if method == "GET" and name:
                 found = self.kube.get(api_version, kind, name, namespace)
                 return (200, {}, found) if found else (404, {}, {"kind": "Status", "reason": "NotFound"})
             if method == "GET":
-                return 200, {}, {"items": self.kube.list(api_version, kind, namespace, query.get("labelSelector")),
-                                 "metadata": {}}
+                return 200, {}, {"kind": f"{kind}List", "apiVersion": api_version, "metadata": {"resourceVersion": "1"},
+                                 "items": self.kube.list(api_version, kind, namespace, query.get("labelSelector"))}
             if method == "DELETE":
                 gone = self.kube.delete(api_version, kind, name, namespace)
                 return (200, {}, {"kind": "Status", "status": "Success"}) if gone else (404, {}, {})
@@ -728,6 +890,8 @@ class ArmServer:
                                             int(tail) if tail is not None else None))
         except KubeError as ex:
             return ex.status or 500, {}, {"kind": "Status", "reason": ex.reason, "message": str(ex)}
+        if query.get("timestamps") == "true":  # RFC 3339 with nanoseconds, as the kubelet writes them
+            lines = [f"2026-01-01T00:00:{i // 1000:02d}.{i % 1000:09d}Z {line}" for i, line in enumerate(lines)]
         return 200, {}, "".join(line + "\n" for line in lines).encode()
 
     # ------------------------------------------------------------------ what a region offers (preflight)
@@ -997,6 +1161,21 @@ _KUBE_KINDS = {
 }
 
 
+def _kube_discovery_root(path: str) -> dict:
+    """GET /version, /api and /apis: what API discovery asks first."""
+    if path == "/version":
+        return {"major": "1", "minor": "33", "gitVersion": "v1.33.2", "platform": "linux/amd64"}
+    if path == "/api":
+        return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
+    groups = {}
+    for group_version in _KUBE_KINDS:
+        if "/" in group_version:
+            group, version = group_version.split("/")
+            groups.setdefault(group, []).append({"groupVersion": group_version, "version": version})
+    return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
+        {"name": name, "versions": versions, "preferredVersion": versions[0]} for name, versions in groups.items()]}
+
+
 def _plural(kind: str) -> str:
     lower = kind.lower()
     return lower[:-1] + "ies" if lower.endswith("y") else lower + ("es" if lower.endswith("s") else "s")
@@ -1021,6 +1200,8 @@ _PATTERNS = [  # (kind, path regex after /subscriptions/{sub})
     ("maintenance_configuration", r"/resourcegroups/[^/]+/providers/microsoft\.containerservice/managedclusters/"
                                   r"[^/]+/maintenanceconfigurations/[^/]+"),
     ("feature", r"/providers/microsoft\.features/providers/[^/]+/features/[^/]+"),
+    ("admin_credentials", r"/resourcegroups/[^/]+/providers/microsoft\.containerservice/managedclusters/[^/]+/"
+                          r"listclusteradmincredential"),
     ("role_assignment", r"/.+/providers/microsoft\.authorization/roleassignments/[^/]+"),
     ("vmss_vm_list", r"/resourcegroups/[^/]+/providers/microsoft\.compute/virtualmachinescalesets/[^/]+/"
                      r"virtualmachines"),
@@ -1033,7 +1214,8 @@ _PROVIDER = {"resource_group": "Microsoft.Resources", "storage_account": "Micros
              "container": "Microsoft.Storage", "identity": "Microsoft.ManagedIdentity",
              "federated_credential": "Microsoft.ManagedIdentity", "cluster": "Microsoft.ContainerService",
              "cluster_list": "Microsoft.ContainerService", "agent_pool": "Microsoft.ContainerService",
-             "credentials": "Microsoft.ContainerService", "role_assignment": "Microsoft.Authorization",
+             "credentials": "Microsoft.ContainerService", "admin_credentials": "Microsoft.ContainerService",
+             "role_assignment": "Microsoft.Authorization",
              "maintenance_configuration": "Microsoft.ContainerService", "feature": "Microsoft.Features",
              "skus": "Microsoft.Compute/skus", "usages": "Microsoft.Compute/usages",
              "vmss_vm_list": "Microsoft.Compute", "vmss_vm": "Microsoft.Compute", "vmss_vm_eviction": "Microsoft.Compute"}
@@ -1067,8 +1249,10 @@ def _handler(server: ArmServer):
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else b""
             headers = {k.lower(): v for k, v in self.headers.items()}
+            cert = self.connection.getpeercert() if isinstance(self.connection, ssl.SSLSocket) else None
+            peer = dict(x[0] for x in cert["subject"]).get("commonName") if cert else None
             try:
-                status, extra, payload = server.handle(self.command, self.path, headers, body)
+                status, extra, payload = server.handle(self.command, self.path, headers, body, peer)
             except Exception as ex:  # noqa: BLE001  a bug in the test server: make it visible
                 server.violations.append(f"test server error on {self.command} {self.path}: {ex!r}")
                 status, extra, payload = 500, {}, _error("TestServerError", repr(ex))

@@ -1,9 +1,16 @@
 """A tiny Kubernetes API server on loopback, for testing ``clients.kube``'s real client.
 
-It speaks the REST shapes the client uses — discovery (``/api/v1``, ``/apis/<group>/<version>``), server-side
-apply (PATCH ``application/apply-patch+yaml``), get, list (label selector, ``limit``/``continue`` paging),
-delete, and ``Status`` bodies for errors — over HTTP, or HTTPS with a throw-away CA that can also require a
-client certificate. Started and stopped by a context manager; every request is recorded.
+It speaks the REST shapes the official client uses — discovery (``/version``, ``/api``, ``/apis``, ``/api/v1``,
+``/apis/<group>/<version>``), server-side apply (PATCH ``application/apply-patch+yaml``; a field another manager
+owns is a 409 conflict unless ``force``, as the API server does), get, list (label selector,
+``limit``/``continue`` paging), delete, watch (one object, until ``timeoutSeconds``), pod logs (``tailLines``,
+``timestamps``), and ``Status`` bodies for errors — over HTTP, or HTTPS with a throw-away CA that can also
+take a client certificate. Started and stopped by a context manager; every request is recorded.
+
+Authentication, as an API server: a static ``token`` (or a client certificate of its CA), or with ``entra=True``
+as an AKS Entra ID-only API server: only a bearer JWT whose audience is the AKS server application and which has
+not expired (``expire_after_uses`` ends each token after that many requests); a client certificate, a missing
+token or another audience is a 401.
 
     with serve_kube_api(token="t0k3n") as api:
         client = connect(api.kubeconfig())
@@ -21,6 +28,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Iterator
 from urllib.parse import parse_qs, urlsplit
+
+from requests.structures import CaseInsensitiveDict
 
 # kind -> (apiVersion, plural, namespaced): what discovery answers.
 RESOURCES = {
@@ -45,6 +54,7 @@ class Request:
     headers: dict
     body: bytes
     client_cert_subject: str | None = None
+    status: int | None = None
 
 
 @dataclass
@@ -61,6 +71,11 @@ class KubeApi:
     failures: dict = field(default_factory=dict)  # (method, path) -> (status, Status body)
     page_size_cap: int | None = None  # answer lists in pages of at most this many items
     logs: dict = field(default_factory=dict)  # (namespace, pod, container or None) -> log text
+    entra: bool = False  # an AKS Entra ID-only API server: Entra ID tokens for the AKS server application only
+    expire_after_uses: int | None = None  # Entra ID: each token is refused after this many requests
+    owners: dict = field(default_factory=dict)  # path -> {field: manager}: fields another manager owns
+    log_stall: float = 0.0  # a followed log: seconds of silence after the stored text, then the stream ends
+    _uses: dict = field(default_factory=dict)
     _version: int = 0
 
     def fail(self, method: str, path: str, status: int, reason: str, message: str) -> None:
@@ -108,17 +123,105 @@ def _handler(api: KubeApi):
             body = self.rfile.read(length) if length else b""
             cert = self.connection.getpeercert() if isinstance(self.connection, ssl.SSLSocket) else None
             subject = dict(x[0] for x in cert["subject"]).get("commonName") if cert else None
-            request = Request(self.command, parts.path, parse_qs(parts.query), dict(self.headers), body, subject)
+            request = Request(self.command, parts.path, parse_qs(parts.query), CaseInsensitiveDict(self.headers.items()),
+                              body, subject)
             api.requests.append(request)
-            if api.token and self.headers.get("Authorization") != f"Bearer {api.token}" and not subject:
+            if not _authenticated(api, self.headers.get("Authorization") or "", subject):
+                request.status = 401
                 return self._answer(401, _status(401, "Unauthorized", "Unauthorized"))
             if (self.command, parts.path) in api.failures:
+                request.status = api.failures[(self.command, parts.path)][0]
                 return self._answer(*api.failures[(self.command, parts.path)])
-            return self._answer(*_route(api, request))
+            if request.query.get("watch") in (["true"], ["True"], ["1"]):
+                request.status = 200
+                return self._watch(request)
+            status, body = _route(api, request)
+            request.status = status
+            if isinstance(body, bytes) and request.query.get("follow") == ["true"] and api.log_stall:
+                return self._stalled_log(body)
+            return self._answer(status, body)
+
+        def _watch(self, request: Request) -> None:
+            """A watch of one object (fieldSelector metadata.name=...): ADDED as it is, then MODIFIED when its
+            resourceVersion changes, DELETED when it goes, until timeoutSeconds."""
+            import time
+
+            name = (request.query.get("fieldSelector") or [""])[0].partition("metadata.name=")[2]
+            path = request.path.rstrip("/") + "/" + name
+            deadline = time.monotonic() + float((request.query.get("timeoutSeconds") or ["5"])[0])
+            self.send_response(200)  # HTTP/1.0: the body is what comes until the connection closes
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+
+            def send(kind: str, obj: dict) -> None:
+                self.wfile.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
+                self.wfile.flush()
+
+            seen = api.objects.get(path)
+            if seen is not None:
+                send("ADDED", seen)
+            while time.monotonic() < deadline:
+                time.sleep(0.02)
+                now = api.objects.get(path)
+                if now is None and seen is not None:
+                    send("DELETED", seen)
+                elif now is not None and (seen is None or now["metadata"]["resourceVersion"] !=
+                                          seen["metadata"]["resourceVersion"]):
+                    send("ADDED" if seen is None else "MODIFIED", now)
+                seen = now
+
+        def _stalled_log(self, body: bytes) -> None:
+            """The stored log, then silence for ``log_stall`` seconds (a connection gone quiet), then the end."""
+            import time
+
+            self.send_response(200)  # HTTP/1.0: the body is what comes until the connection closes
+            self.send_header("Content-Type", "text/plain")
+            self.end_headers()
+            self.wfile.write(body)
+            self.wfile.flush()
+            time.sleep(api.log_stall)
 
         do_GET = do_PATCH = do_DELETE = _handle
 
     return Handler
+
+
+AKS_SERVER_APP = "6dae42f8-4368-4678-94ff-3960e28e3630"
+
+
+def entra_token(audience: str = AKS_SERVER_APP, *, lifetime: float = 3600, oid: str = "11111111-2222-3333-4444-"
+                "555555555555") -> str:
+    """An Entra ID-shaped access token (a JWT; the signature is not checked here) with a unique ``jti``."""
+    import time
+    import uuid
+
+    def part(obj: dict) -> str:
+        return base64.urlsafe_b64encode(json.dumps(obj).encode()).decode().rstrip("=")
+
+    now = int(time.time())
+    claims = {"aud": audience, "iss": "https://sts.windows.net/tenant/", "iat": now, "nbf": now,
+              "exp": now + int(lifetime), "oid": oid, "jti": str(uuid.uuid4())}
+    return f"{part({'alg': 'RS256', 'typ': 'JWT'})}.{part(claims)}.c2lnbmF0dXJl"
+
+
+def token_claims(token: str) -> dict:
+    try:
+        part = token.split(".")[1]
+        return json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
+    except (IndexError, ValueError):
+        return {}
+
+
+def _authenticated(api: KubeApi, authorization: str, subject: str | None) -> bool:
+    import time
+
+    token = authorization[len("Bearer "):] if authorization.startswith("Bearer ") else None
+    if api.entra:  # client certificates are not accepted: local accounts are off
+        claims = token_claims(token) if token else {}
+        api._uses[claims.get("jti")] = uses = api._uses.get(claims.get("jti"), 0) + 1
+        return (claims.get("aud") in (AKS_SERVER_APP, f"spn:{AKS_SERVER_APP}") and claims.get("exp", 0) > time.time()
+                and (api.expire_after_uses is None or uses <= api.expire_after_uses))
+    return not api.token or token == api.token or bool(subject)
 
 
 def _status(code: int, reason: str, message: str) -> dict:
@@ -135,6 +238,15 @@ def _discovery(group_version: str) -> dict | None:
 
 
 def _route(api: KubeApi, request: Request) -> tuple[int, dict]:
+    if request.path == "/version":
+        return 200, {"major": "1", "minor": "33", "gitVersion": "v1.33.2"}
+    if request.path == "/api":
+        return 200, {"kind": "APIVersions", "versions": ["v1"]}
+    if request.path == "/apis":
+        groups = sorted({gv for gv, _, _ in RESOURCES.values() if "/" in gv})
+        return 200, {"kind": "APIGroupList", "groups": [
+            {"name": gv.split("/")[0], "versions": [{"groupVersion": gv, "version": gv.split("/")[1]}],
+             "preferredVersion": {"groupVersion": gv, "version": gv.split("/")[1]}} for gv in groups]}
     segments = request.path.strip("/").split("/")
     group_version = "v1" if segments[0] == "api" else "/".join(segments[1:3])
     rest = segments[2:] if segments[0] == "api" else segments[3:]
@@ -157,9 +269,12 @@ def _log(api: KubeApi, request: Request, namespace: str, pod: str) -> tuple[int,
     if text is None:
         return 404, _status(404, "NotFound", f'pods "{pod}" not found')
     lines = text.splitlines(keepends=True)
+    stamps = [f"2026-01-01T00:00:{i // 3:02d}.{i % 3:09d}Z " for i in range(len(lines))]  # 3 lines a second
     if request.query.get("tailLines"):
         count = int(request.query["tailLines"][0])
-        lines = lines[max(0, len(lines) - count):]
+        lines, stamps = lines[max(0, len(lines) - count):], stamps[max(0, len(stamps) - count):]
+    if request.query.get("timestamps") == ["true"]:
+        lines = [stamp + line for stamp, line in zip(stamps, lines)]
     return 200, "".join(lines).encode()
 
 
@@ -191,6 +306,12 @@ def _one(api: KubeApi, request: Request) -> tuple[int, dict]:
         del api.objects[request.path]
         return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success"}
     applied = json.loads(request.body)
+    owned = api.owners.get(request.path) or {}
+    taken = [f for f, manager in owned.items() if manager != (request.query.get("fieldManager") or [""])[0]
+             and _field(applied, f) is not None and _field(applied, f) != _field(current or {}, f)]
+    if taken and request.query.get("force") != ["true"]:
+        return 409, _status(409, "Conflict", f"Apply failed with {len(taken)} conflict: " + "; ".join(
+            f'conflict with "{owned[f]}": .{f}' for f in taken))
     if current is None:
         applied["metadata"].update(resourceVersion=api.next_version(), uid=f"uid-{name}")
         api.objects[request.path] = applied
@@ -203,12 +324,20 @@ def _one(api: KubeApi, request: Request) -> tuple[int, dict]:
     return 200, api.objects[request.path]
 
 
+def _field(obj: dict, dotted: str):
+    for part in dotted.split("."):
+        obj = obj.get(part) if isinstance(obj, dict) else None
+    return obj
+
+
 @contextlib.contextmanager
-def serve_kube_api(token: str | None = "test-token", *, tls_dir: Path | None = None) -> Iterator[KubeApi]:
+def serve_kube_api(token: str | None = "test-token", *, tls_dir: Path | None = None,
+                   entra: bool = False) -> Iterator[KubeApi]:
     """Serve on a free loopback port (HTTPS when ``tls_dir`` is given: certificates are written there)."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
+    server.daemon_threads = True
     scheme = "https" if tls_dir else "http"
-    api = KubeApi(url=f"{scheme}://127.0.0.1:{server.server_address[1]}", token=token)
+    api = KubeApi(url=f"{scheme}://127.0.0.1:{server.server_address[1]}", token=token, entra=entra)
     server.RequestHandlerClass = _handler(api)
     if tls_dir:
         _serve_tls(server, api, tls_dir)
@@ -223,11 +352,11 @@ def serve_kube_api(token: str | None = "test-token", *, tls_dir: Path | None = N
 
 
 def _serve_tls(server: ThreadingHTTPServer, api: KubeApi, folder: Path) -> None:
-    ca_key, ca_cert = _certificate("test-ca", None, None, ca=True)
-    server_key, server_cert = _certificate("127.0.0.1", ca_key, ca_cert, ip="127.0.0.1")
-    client_key, client_cert = _certificate("test-user", ca_key, ca_cert)
-    api.ca_pem, api.client_cert_pem, api.client_key_pem = _pem(ca_cert), _pem(client_cert), _pem(client_key)
-    (folder / "server.pem").write_bytes(_pem(server_cert) + _pem(server_key))
+    ca_key, ca_cert = certificate("test-ca", None, None, ca=True)
+    server_key, server_cert = certificate("127.0.0.1", ca_key, ca_cert, ip="127.0.0.1")
+    client_key, client_cert = certificate("test-user", ca_key, ca_cert)
+    api.ca_pem, api.client_cert_pem, api.client_key_pem = pem(ca_cert), pem(client_cert), pem(client_key)
+    (folder / "server.pem").write_bytes(pem(server_cert) + pem(server_key))
     (folder / "ca.pem").write_bytes(api.ca_pem)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(folder / "server.pem")
@@ -236,7 +365,7 @@ def _serve_tls(server: ThreadingHTTPServer, api: KubeApi, folder: Path) -> None:
     server.socket = context.wrap_socket(server.socket, server_side=True)
 
 
-def _certificate(name: str, issuer_key, issuer_cert, *, ca: bool = False, ip: str | None = None):
+def certificate(name: str, issuer_key, issuer_cert, *, ca: bool = False, ip: str | None = None):
     import ipaddress
 
     from cryptography import x509
@@ -267,7 +396,7 @@ def _certificate(name: str, issuer_key, issuer_cert, *, ca: bool = False, ip: st
     return key, builder.sign(issuer_key or key, hashes.SHA256())
 
 
-def _pem(item) -> bytes:
+def pem(item) -> bytes:
     from cryptography.hazmat.primitives import serialization
 
     if hasattr(item, "private_bytes"):

@@ -194,3 +194,36 @@ def test_differences_ignore_what_azure_adds_and_name_what_is_wrong():
                                                                "allowSharedKeyAccess": None}}
     assert arm.differences(wanted, actual) == ["properties.agentPoolProfiles[s].maxCount",
                                                "properties.allowSharedKeyAccess"]
+
+
+def test_managed_cluster_is_entra_id_only_by_default():
+    """As the official example ManagedClustersCreate_UpdateWithEnableAzureRBAC.json (aks/stable/2025-10-01) sends
+    it - ``aadProfile: {managed: true, enableAzureRBAC: true}`` - with local accounts off; field names also checked
+    against the installed SDK's models (a misspelt one would be ignored by Azure, silently)."""
+    from dataclasses import replace
+
+    body = arm.managed_cluster(SPEC)
+    props = body["properties"]
+    assert props["aadProfile"] == {"managed": True, "enableAzureRBAC": True}
+    assert props["disableLocalAccounts"] is True and props["enableRBAC"] is True
+    assert_named_like_azure(body, ("ManagedClustersCreate_Update.json", "ManagedClustersGet.json"),
+                            "azure.mgmt.containerservice")
+    local = arm.managed_cluster(replace(SPEC, local_accounts=True))["properties"]
+    assert local["disableLocalAccounts"] is False and "aadProfile" not in local
+
+
+def test_cluster_admin_role_is_the_aks_rbac_cluster_admin_on_the_cluster_with_a_stable_name():
+    scope = arm.cluster_id(SUB, SPEC)
+    principal = str(uuid.uuid4())
+    body = arm.cluster_admin_assignment(SUB, principal, "User")
+    assert body == {"properties": {
+        "roleDefinitionId": f"/subscriptions/{SUB}/providers/Microsoft.Authorization/roleDefinitions/"
+                            "b1ff04bb-8a4e-4dc4-8eb5-8693973ce19b",  # Azure Kubernetes Service RBAC Cluster Admin
+        "principalId": principal, "principalType": "User"}}
+    assert "principalType" not in arm.cluster_admin_assignment(SUB, principal, None)["properties"]
+    name = arm.role_assignment_name(scope, principal, arm.AKS_RBAC_CLUSTER_ADMIN)
+    assert name == arm.role_assignment_name(scope.upper(), principal.upper(), arm.AKS_RBAC_CLUSTER_ADMIN)
+    assert name != arm.role_assignment_name(scope, principal), "another role on the same scope: another name"
+    assert uuid.UUID(name).version == 5
+    ex = example("RoleAssignments_CreateForResource.json")["parameters"]["parameters"]
+    assert set(body["properties"]) <= set(ex["properties"]) | {"principalType"}

@@ -99,3 +99,15 @@ def test_k8s_job_clusters_need_kubernetes_1_31_when_a_version_is_asked():
     ClusterSpec("c", "rg", kubernetes_version="1.30").validate()  # the operator runs on it
     with pytest.raises(SpecError, match="needs Kubernetes 1.31 or later, and the cluster runs 1.30"):
         ClusterSpec("c", "rg", engine="k8s-job", kubernetes_version="1.30").validate()
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"admin_principal": "alice@contoso.com"}, "invalid --admin-principal"),
+    ({"admin_principal": "00000000-0000-0000-0000-000000000001", "local_accounts": True}, "pass one of them"),
+])
+def test_access_options_are_checked(fields, message):
+    from azext_elastictrain.core.spec import ClusterSpec, SpecError
+
+    with pytest.raises(SpecError, match=message):
+        ClusterSpec("c1", "rg1", **fields).validate()
+    assert ClusterSpec("c1", "rg1", admin_principal="00000000-0000-0000-0000-000000000001").validate()

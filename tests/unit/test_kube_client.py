@@ -1,18 +1,22 @@
-"""clients.kube's real client against a tiny Kubernetes API server on loopback (tests/support/kube_apiserver.py)."""
+"""clients.kube (the official kubernetes client behind our KubeClient) against a tiny Kubernetes API server on
+loopback (tests/support/kube_apiserver.py), as a static-token, client-certificate or Entra ID-only API server."""
 from __future__ import annotations
 
 import base64
 import json
 import os
 import socket
-import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from azext_elastictrain.clients.kube import FIELD_MANAGER, KubeError, connect
-from tests.support.kube_apiserver import serve_kube_api
+from azext_elastictrain.clients import kube as kube_module
+from azext_elastictrain.clients.kube import AKS_SCOPE, FIELD_MANAGER, KubeError, connect
+from tests.support.kube_apiserver import entra_token, serve_kube_api, token_claims
 
 TOKEN = "eyJhbGciOiJSUzI1NiJ9.c2VjcmV0LXRva2VuLWZvci10ZXN0cw.c2lnbmF0dXJl"
 
@@ -30,7 +34,8 @@ def api():
 
 @pytest.fixture
 def client(api):
-    return connect(api.kubeconfig())
+    with connect(api.kubeconfig()) as opened:
+        yield opened
 
 
 def test_apply_creates_then_updates_with_server_side_apply(api, client) -> None:
@@ -42,7 +47,7 @@ def test_apply_creates_then_updates_with_server_side_apply(api, client) -> None:
     assert same["metadata"]["resourceVersion"] == updated["metadata"]["resourceVersion"]
     patches = [r for r in api.requests if r.method == "PATCH"]
     assert [r.path for r in patches] == ["/api/v1/namespaces/elastictrain/configmaps/settings"] * 3
-    assert patches[0].query == {"fieldManager": [FIELD_MANAGER], "force": ["true"]}
+    assert patches[0].query == {"fieldManager": [FIELD_MANAGER]}  # never force: conflicts are the user's to see
     assert patches[0].headers["Content-Type"] == "application/apply-patch+yaml"
     assert patches[0].headers["Authorization"] == f"Bearer {TOKEN}"
     assert json.loads(patches[0].body)["data"] == {"a": "1"}
@@ -169,10 +174,12 @@ def test_a_client_certificate_authenticates_and_leaves_no_file(tmp_path, private
     elif not hasattr(os, "memfd_create"):
         pytest.skip("no memfd_create on this OS")
     with serve_kube_api(token=TOKEN, tls_dir=_server_folder(tmp_path)) as api:
-        client = connect(api.kubeconfig(use_token=False, client_cert=True))
-        client.apply(_configmap("settings", {"a": "1"}))
-        assert api.requests[-1].client_cert_subject == "test-user"
-        assert "Authorization" not in api.requests[-1].headers
+        with connect(api.kubeconfig(use_token=False, client_cert=True)) as client:
+            client.apply(_configmap("settings", {"a": "1"}))
+            assert api.requests[-1].client_cert_subject == "test-user"
+            assert "Authorization" not in api.requests[-1].headers
+            if memfd:  # the key never reached a file system
+                assert not any(p.is_file() for p in private_tempdir.rglob("*.pem"))
     assert list(private_tempdir.iterdir()) == []
 
 
@@ -187,25 +194,153 @@ def test_a_server_certificate_from_another_ca_is_refused(tmp_path: Path) -> None
     assert caught.value.status is None and "SSL" in str(caught.value) and TOKEN not in str(caught.value)
 
 
-def test_a_credential_plugin_gives_the_token(api, tmp_path: Path) -> None:
-    plugin = tmp_path / "plugin.py"
-    plugin.write_text("import json, os\n"
-                      "assert json.loads(os.environ['KUBERNETES_EXEC_INFO'])['kind'] == 'ExecCredential'\n"
-                      "print(json.dumps({'kind': 'ExecCredential', 'status': {'token': os.environ['T']}}))\n")
-    kubeconfig = json.loads(api.kubeconfig(use_token=False))
-    kubeconfig["users"][0]["user"] = {"exec": {"apiVersion": "client.authentication.k8s.io/v1beta1",
-                                               "command": sys.executable, "args": [str(plugin)],
-                                               "env": [{"name": "T", "value": TOKEN}]}}
-    client = connect(json.dumps(kubeconfig).encode())
+def test_a_field_another_manager_owns_is_a_clear_conflict_not_taken_over(api, client) -> None:
     client.apply(_configmap("settings", {"a": "1"}))
-    assert api.requests[-1].headers["Authorization"] == f"Bearer {TOKEN}"
+    api.owners["/api/v1/namespaces/elastictrain/configmaps/settings"] = {"data.a": "kubectl-edit"}
+    with pytest.raises(KubeError) as caught:
+        client.apply(_configmap("settings", {"a": "2"}))
+    assert caught.value.status == 409 and "kubectl-edit" in str(caught.value) and "nothing was changed" in str(
+        caught.value)
+    assert client.get("v1", "ConfigMap", "settings", "elastictrain")["data"] == {"a": "1"}
+    assert all("force" not in r.query for r in api.requests if r.method == "PATCH")
 
 
-def test_a_failing_credential_plugin_is_a_kube_error(api, tmp_path: Path) -> None:
+# -- Entra ID-only clusters: the login's token for the AKS server application ------------------------------------
+
+class _Login:
+    """A TokenCredential like the CLI's login: a cached token until renew() (or its expiry); records each ask."""
+
+    def __init__(self, lifetime: float = 3600, audience: str | None = None) -> None:
+        self.asked: list[tuple] = []
+        self.renewed = 0
+        self._lifetime, self._audience, self._cached = lifetime, audience, None
+
+    def get_token(self, *scopes, **kwargs):
+        self.asked.append(scopes)
+        if self._cached is None or self._cached.expires_on - 300 <= time.time():
+            audience = self._audience or scopes[0].removesuffix("/.default")
+            self._cached = SimpleNamespace(token=entra_token(audience, lifetime=self._lifetime),
+                                           expires_on=int(time.time() + self._lifetime))
+        return self._cached
+
+    def renew(self) -> None:
+        self.renewed += 1
+        self._cached = None
+
+
+def _exec_kubeconfig(api) -> bytes:
+    """What listClusterUserCredential gives for an Entra ID-only cluster: kubelogin, which is not installed here."""
     kubeconfig = json.loads(api.kubeconfig(use_token=False))
-    kubeconfig["users"][0]["user"] = {"exec": {"command": str(tmp_path / "kubelogin-not-installed")}}
-    with pytest.raises(KubeError, match="kubelogin"):
-        connect(json.dumps(kubeconfig).encode())
+    kubeconfig["users"][0]["user"] = {"exec": {
+        "apiVersion": "client.authentication.k8s.io/v1beta1", "command": "kubelogin-not-installed",
+        "args": ["get-token", "--server-id", "6dae42f8-4368-4678-94ff-3960e28e3630", "--login", "devicecode"]}}
+    return json.dumps(kubeconfig).encode()
+
+
+@pytest.fixture
+def entra_api(tmp_path):
+    with serve_kube_api(token=None, tls_dir=_server_folder(tmp_path), entra=True) as server:
+        yield server
+
+
+def test_an_entra_cluster_is_reached_with_the_logins_token_for_the_aks_server_app(entra_api) -> None:
+    login = _Login()
+    with connect(_exec_kubeconfig(entra_api), credential=login) as client:
+        client.apply(_configmap("settings", {"a": "1"}))
+        assert client.get("v1", "ConfigMap", "settings", "elastictrain")["data"] == {"a": "1"}
+    assert AKS_SCOPE == "6dae42f8-4368-4678-94ff-3960e28e3630/.default"
+    assert login.asked and set(login.asked) == {(AKS_SCOPE,)}
+    sent = {token_claims(r.headers["Authorization"].split()[1])["aud"] for r in entra_api.requests}
+    assert sent == {"6dae42f8-4368-4678-94ff-3960e28e3630"}
+    assert all(r.status != 401 for r in entra_api.requests)
+
+
+def test_an_entra_cluster_without_a_login_is_a_clear_error_and_runs_no_plugin(entra_api) -> None:
+    with pytest.raises(KubeError, match="az login"):
+        connect(_exec_kubeconfig(entra_api))
+
+
+@pytest.mark.parametrize("how", ["client certificate", "no token", "another audience"])
+def test_the_entra_api_server_refuses_what_is_not_an_aks_token(entra_api, how) -> None:
+    if how == "client certificate":
+        kubeconfig, login = entra_api.kubeconfig(use_token=False, client_cert=True), None
+    elif how == "no token":
+        kubeconfig, login = entra_api.kubeconfig(use_token=False), None
+    else:
+        kubeconfig, login = _exec_kubeconfig(entra_api), _Login(audience="https://management.azure.com")
+    with connect(kubeconfig, credential=login) as client, pytest.raises(KubeError) as caught:
+        client.get("v1", "ConfigMap", "settings", "elastictrain")
+    assert caught.value.status == 401
+    assert [r.status for r in entra_api.requests] == [401] * len(entra_api.requests)
+
+
+def test_a_token_the_server_stops_taking_is_renewed_once_and_the_call_goes_on(entra_api) -> None:
+    entra_api.expire_after_uses = 3
+    login = _Login()
+    with connect(_exec_kubeconfig(entra_api), credential=login) as client:
+        for i in range(4):
+            client.apply(_configmap(f"cm-{i}", {"i": str(i)}))
+        assert len(client.list("v1", "ConfigMap", "elastictrain")) == 4
+    statuses = [r.status for r in entra_api.requests]
+    tokens = [token_claims(r.headers["Authorization"].split()[1])["jti"] for r in entra_api.requests]
+    refused = [i for i, status in enumerate(statuses) if status == 401]
+    assert refused and all(tokens[i] != tokens[i + 1] and statuses[i + 1] != 401 for i in refused)
+    assert login.renewed == len(refused) and all(tokens.count(t) <= 4 for t in set(tokens))
+
+
+def test_a_second_401_after_a_renewed_token_is_an_error(entra_api) -> None:
+    entra_api.expire_after_uses = 0  # no token is ever taken
+    login = _Login()
+    with connect(_exec_kubeconfig(entra_api), credential=login) as client, pytest.raises(KubeError) as caught:
+        client.get("v1", "ConfigMap", "settings", "elastictrain")
+    assert caught.value.status == 401 and login.renewed == 1
+    assert [r.status for r in entra_api.requests] == [401, 401]
+    assert all(token_claims(r.headers["Authorization"].split()[1])["jti"] not in str(caught.value)
+               for r in entra_api.requests)
+
+
+def test_a_token_about_to_expire_is_replaced_before_it_is_sent(entra_api) -> None:
+    login = _Login(lifetime=240)  # inside the 5-minute margin: asked again for every request
+    with connect(_exec_kubeconfig(entra_api), credential=login) as client:
+        client.get("v1", "ConfigMap", "a", "elastictrain")
+        client.get("v1", "ConfigMap", "b", "elastictrain")
+    jtis = {token_claims(r.headers["Authorization"].split()[1])["jti"] for r in entra_api.requests}
+    assert len(jtis) == len(entra_api.requests) and all(r.status != 401 for r in entra_api.requests)
+
+
+# -- watch and followed logs -------------------------------------------------------------------------------------
+
+def test_watch_sees_the_object_then_its_changes_until_the_timeout(api, client) -> None:
+    client.apply(_configmap("settings", {"a": "1"}))
+
+    def change_later() -> None:
+        time.sleep(0.3)
+        with connect(api.kubeconfig()) as other:
+            other.apply(_configmap("settings", {"a": "2"}))
+
+    threading.Thread(target=change_later, daemon=True).start()
+    started = time.monotonic()
+    events = [(kind, obj["data"]["a"]) for kind, obj in client.watch("v1", "ConfigMap", "settings", "elastictrain",
+                                                                     timeout=2)]
+    assert events[:2] == [("ADDED", "1"), ("MODIFIED", "2")]
+    assert 1.5 < time.monotonic() - started < 10
+    watched = [r for r in api.requests if r.query.get("watch")]
+    assert watched[0].query["fieldSelector"] == ["metadata.name=settings"]
+    assert watched[0].query["timeoutSeconds"] == ["2"]
+
+
+def test_a_followed_log_that_goes_silent_is_opened_again_without_repeating_lines(api, client, monkeypatch) -> None:
+    monkeypatch.setattr(kube_module, "FOLLOW_READ_TIMEOUT_S", 0.5)
+    api.logs[("elastictrain", "job-worker-0", None)] = "".join(f"line {i}\n" for i in range(7))
+    api.log_stall = 6.0  # the first connection sends the lines, then nothing (far past the read timeout)
+    lines = client.pod_logs("job-worker-0", "elastictrain", follow=True)
+    first = [next(lines) for _ in range(7)]
+    api.logs[("elastictrain", "job-worker-0", None)] += "line 7\nline 8\n"
+    api.log_stall = 0.0
+    assert first + list(lines) == [f"line {i}" for i in range(9)]
+    logs = [r for r in api.requests if r.path.endswith("/log")]
+    assert len(logs) == 2 and int(logs[1].query["sinceSeconds"][0]) > 0
+    assert all(r.query["timestamps"] == ["true"] for r in logs)
 
 
 def test_pod_logs_stream_the_lines_of_a_container(api, client) -> None:
@@ -220,7 +355,7 @@ def test_pod_logs_stream_the_lines_of_a_container(api, client) -> None:
 def test_pod_logs_ask_for_the_tail_and_to_follow(api, client) -> None:
     api.logs[("elastictrain", "job-worker-1", None)] = "".join(f"line {i}\n" for i in range(10))
     assert list(client.pod_logs("job-worker-1", "elastictrain", follow=True, tail=2)) == ["line 8", "line 9"]
-    assert api.requests[-1].query == {"follow": ["true"], "tailLines": ["2"]}
+    assert api.requests[-1].query == {"follow": ["true"], "tailLines": ["2"], "timestamps": ["true"]}
 
 
 def test_the_log_of_a_missing_pod_is_a_404_kube_error_at_the_call(api, client) -> None:

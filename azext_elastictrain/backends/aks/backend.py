@@ -117,6 +117,7 @@ class AksBackend:  # pylint: disable=too-many-public-methods  # the Backend prot
     def wait_job(self, name: str, until: WaitFor) -> dict:
         return wait_for_job(lambda: self.describe_job(name), name, state=until.state, step=until.step,
                             world_size=until.world_size, timeout=until.timeout, interval=WAIT_INTERVAL,
+                            sleep=lambda seconds: self.jobs.wait_for_change(name, seconds),
                             logs_hint=f"az elastictrain job logs -g {self.resource_group} -c {self.cluster} "
                                       f"--name {name} --tail 50")
 

@@ -60,6 +60,9 @@ class Arm(Protocol):
     def resource_skus(self, location: str) -> list[dict]:
         ...  # Microsoft.Compute/skus of the location
 
+    def signed_in_principal(self) -> tuple[str, str | None]:
+        ...  # (object id, User|ServicePrincipal) of the login
+
     def usages(self, location: str) -> list[dict]:
         ...  # Microsoft.Compute/locations/{location}/usages
 
@@ -88,6 +91,7 @@ class _Context:
     found: dict = field(default_factory=dict)  # kind -> the resource as ARM returned it
     placeholders: bool = False  # dry run: values only Azure knows become "<...>"
     hardware: arm.NodeHardware = field(default_factory=arm.NodeHardware)  # from the region preflight
+    admin: tuple[str, str | None] | None = None  # who gets the cluster's Kubernetes admin role (Entra ID only)
 
     def identity(self, key: str) -> str:
         value = ((self.found.get("identity") or {}).get("properties") or {}).get(key)
@@ -103,6 +107,7 @@ def plan_steps(spec: ClusterSpec, subscription: str) -> list[Step]:
     """The create plan, in the order the resources depend on each other."""
     rg = spec.resource_group
     container_scope = arm.container_id(subscription, spec)
+    cluster_scope = arm.cluster_id(subscription, spec)
 
     def role_ref(c: _Context) -> dict:
         return {"scope": container_scope,
@@ -129,7 +134,15 @@ def plan_steps(spec: ClusterSpec, subscription: str) -> list[Step]:
              lambda c: arm.federated_credential(c.spec, c.issuer())),
         Step("role assignment", "role_assignment", role_ref,
              lambda c: arm.role_assignment(c.subscription, c.identity("principalId"))),
-    ]
+    ] + ([] if spec.local_accounts else [
+        Step("Kubernetes admin role", "role_assignment", lambda c: _admin_ref(c, cluster_scope),
+             lambda c: arm.cluster_admin_assignment(c.subscription, *c.admin)),
+    ])
+
+
+def _admin_ref(ctx: "_Context", scope: str) -> dict:
+    principal = ctx.admin[0] if ctx.admin else ""
+    return {"scope": scope, "name": arm.role_assignment_name(scope, principal, arm.AKS_RBAC_CLUSTER_ADMIN)}
 
 
 def _maintenance(spec: ClusterSpec) -> list[tuple[str, str]]:
@@ -166,13 +179,14 @@ class AksClusters:
 
     def __init__(self, arm_client: Arm, *, kube_connect: Callable[[bytes], object] | None = None,
                  progress: Callable[[str], None] | None = None, poll_seconds: float = 10.0,
-                 poll_timeout: float = 3600.0, session: Any = None) -> None:
+                 poll_timeout: float = 3600.0, session: Any = None, rbac_wait: float = 300.0) -> None:
         self.arm = arm_client
         self.session = session  # the command's AksSession, when it has one
         self._kube_connect = kube_connect
         self._progress = progress or (lambda message: None)
         self._poll_seconds = poll_seconds
         self._poll_timeout = poll_timeout
+        self._rbac_wait = rbac_wait
 
     # ------------------------------------------------------------------ create
 
@@ -185,7 +199,7 @@ class AksClusters:
         checked = self._preflight(spec) if live_checks else None
         spec = replace(spec, location=_needs_location(spec))
         ctx = _Context(spec, self.arm.subscription, self.arm.tenant, placeholders=True,
-                       hardware=_hardware(spec, checked))
+                       hardware=_hardware(spec, checked), admin=self._admin(spec, live_checks))
         requests = []
         for step in plan_steps(spec, ctx.subscription):
             ref = _ref(step, ctx)
@@ -212,7 +226,8 @@ class AksClusters:
     def create(self, spec: ClusterSpec, *, no_wait: bool = False, install: bool = True) -> dict:
         """Run the plan: every step whose resource is missing or not right; stop at the first failure."""
         checked = self._preflight(spec.validate())  # before anything is created
-        ctx = _Context(spec, self.arm.subscription, self.arm.tenant, hardware=_hardware(spec, checked))
+        ctx = _Context(spec, self.arm.subscription, self.arm.tenant, hardware=_hardware(spec, checked),
+                       admin=self._admin(spec, True))
         done: list[str] = []
         changes: list[dict] = []
         steps = plan_steps(spec, ctx.subscription)
@@ -251,6 +266,17 @@ class AksClusters:
         for warning in checked.warnings if checked else []:
             self._progress(warning)
         return checked
+
+    def _admin(self, spec: ClusterSpec, signed_in: bool) -> tuple[str, str | None] | None:
+        """Who gets 'Azure Kubernetes Service RBAC Cluster Admin': --admin-principal, else the signed-in identity
+        (its object id from the login's token); None where local accounts are on (no Entra ID)."""
+        if spec.local_accounts:
+            return None
+        if spec.admin_principal:
+            return spec.admin_principal, None
+        if not signed_in:
+            return "<object id of the signed-in identity: az login>", None
+        return self.arm.signed_in_principal()
 
     def _resource_group(self, step: Step, ctx: _Context, changes: list, title: str) -> ClusterSpec:
         found = self.arm.get("resource_group", step.ref)
@@ -334,14 +360,28 @@ class AksClusters:
         if session is None or (session.resource_group, session.cluster) != (spec.resource_group, spec.name):
             from azext_elastictrain.backends.aks.session import AksSession
 
-            session = AksSession(self.arm, spec.resource_group, spec.name, kube_connect=self._kube_connect)
+            session = AksSession(self.arm, spec.resource_group, spec.name, kube_connect=self._kube_connect,
+                                 credential=getattr(self.session, "_credential", None))
         return session.kube()
 
     def _install(self, ctx: _Context) -> list[dict]:
         from azext_elastictrain.backends.aks import incluster
 
-        return incluster.install(self._kube(ctx.spec), self._incluster_spec(ctx),
-                                 progress=lambda line: self._progress(f"  {line}"))
+        from azext_elastictrain.clients.kube import KubeError
+
+        # Azure documents up to 5 minutes before a new role assignment reaches the cluster's authorizer: a 403
+        # right after the Kubernetes admin role was assigned is waited out, up to rbac_wait seconds.
+        deadline = time.monotonic() + (self._rbac_wait if ctx.admin else 0)
+        while True:
+            try:
+                return incluster.install(self._kube(ctx.spec), self._incluster_spec(ctx),
+                                         progress=lambda line: self._progress(f"  {line}"))
+            except KubeError as ex:
+                if ex.status != 403 or time.monotonic() > deadline:
+                    raise
+                self._progress("  the Kubernetes admin role has not reached the cluster yet (Azure RBAC takes up "
+                               "to 5 minutes): trying again")
+                time.sleep(self._poll_seconds)
 
     def _summary(self, ctx: _Context, changes: list, pending: list[str] | None = None) -> dict:
         if not pending:  # the GPU pool came after the cluster was read: read it again, pools and all
@@ -411,6 +451,9 @@ class AksClusters:
             "workloadIdentity": ((props.get("securityProfile") or {}).get("workloadIdentity") or {}).get("enabled"),
             "upgrades": props.get("autoUpgradeProfile") or {},
             "apiServerAuthorizedIpRanges": (props.get("apiServerAccessProfile") or {}).get("authorizedIPRanges") or [],
+            "entraId": bool((props.get("aadProfile") or {}).get("managed")),
+            "azureRbac": bool((props.get("aadProfile") or {}).get("enableAzureRBAC")),
+            "localAccounts": not props.get("disableLocalAccounts", False),
             "pools": [_pool(p) for p in props.get("agentPoolProfiles") or []],
             "storage": {"account": spec.storage_account_name, "container": spec.container,
                         "checkpointUrl": self._checkpoint_url(spec, account)},

@@ -144,6 +144,29 @@ class AksJobs:
         return [(f"{p['pod']} (rank {p['rank']})", kube.pod_logs(p["pod"], namespace, p["container"], follow, tail))
                 for p in started]
 
+    def wait_for_change(self, name: str, seconds: float) -> None:
+        """Sleep up to ``seconds`` between two looks of ``job wait``, woken as soon as the job's Kubernetes object
+        changes (a watch on it, with the API server's timeout): a job that fails or finishes is seen at once,
+        not at the next look. Where the cluster cannot be watched, a plain sleep."""
+        import time
+
+        started = time.monotonic()
+        kube, namespace = self.session.kube(), self.session.site().spec.namespace
+        watch = getattr(kube, "watch", None)
+        if watch is not None and seconds >= 1:
+            from azext_elastictrain.clients.kube import KubeError
+
+            try:
+                obj = self._elastic_job(name)
+                for kind, _ in watch(obj["apiVersion"], obj["kind"], name, namespace, timeout=seconds):
+                    if kind != "ADDED":  # ADDED: the object as it is when the watch starts
+                        return
+            except KubeError:
+                pass  # the next look asks again (and renews a token the server stopped taking)
+        left = seconds - (time.monotonic() - started)
+        if left > 0:
+            time.sleep(left)
+
     def _elastic_job(self, name: str) -> dict:
         """The job object (ElasticJob or k8s-job's batch/v1 Job) of ``name``."""
         return describe.find_job(self.session.kube(), name, self.session.site().spec.namespace)

@@ -81,13 +81,17 @@ class AksSession:  # pylint: disable=too-many-instance-attributes  # clients res
         return self._site
 
     def kube(self) -> Any:
-        """The cluster's Kubernetes API with the user's credentials (fetched once, kept in memory)."""
+        """The cluster's Kubernetes API: its address and CA from the user kubeconfig (fetched once, kept in
+        memory), reached with the login's Entra ID token (or, on a local-accounts cluster, the kubeconfig's own
+        credentials)."""
         if self._kube is None:
             kubeconfig = self.arm.user_kubeconfig(self.resource_group, self.cluster)
-            connect = self._kube_connect
-            if connect is None:
+            if self._kube_connect is not None:
+                self._kube = self._kube_connect(kubeconfig)
+            else:
                 from azext_elastictrain.clients.kube import connect
-            self._kube = connect(kubeconfig)
+
+                self._kube = connect(kubeconfig, credential=self._credential)
         return self._kube
 
     def events(self) -> EventReader:
@@ -97,6 +101,9 @@ class AksSession:  # pylint: disable=too-many-instance-attributes  # clients res
         return self._events
 
     def close(self) -> None:
+        if self._kube is not None and hasattr(self._kube, "close"):
+            self._kube.close()
+            self._kube = None
         if self._events is not None:
             self._events.close()
             self._events = None
