@@ -218,7 +218,8 @@ def resolve_schedule(*, schedule: bool, job: str | None, rate: float | None, dur
     if not schedule:
         given = [flag for flag, value in only.items() if value is not None]
         if given:
-            raise ArgumentUsageError(f"{', '.join(given)} shape an eviction schedule: add --schedule",
+            raise ArgumentUsageError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for an eviction "
+                                     "schedule: add --schedule",
                                      recommendation="e.g. az elastictrain evict simulate --local --job cifar "
                                                     "--schedule --rate 1 --duration 600 --dry-run")
         return None
