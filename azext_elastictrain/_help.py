@@ -380,8 +380,9 @@ long-summary: |
     (exactly, the seed choosing which) get a --notice-seconds notice and capacity comes back
     --replace-after seconds after each; on AKS each is a simulateEviction with Azure's notice and
     the autoscaler brings capacity back. An eviction that would leave the job under its minimum
-    number of nodes is skipped. Each eviction's recovery (seconds, steps lost, from the job's
-    events) is printed as it comes, and the job's goodput at the end. --seed makes a schedule
+    number of nodes is skipped; one due while the one before is still followed comes right
+    after it (atSeconds says when). Each eviction's recovery (seconds, steps lost, from the
+    job's events) is printed as it comes, and the job's goodput at the end. --seed makes a schedule
     again; --dry-run prints it. Ctrl-C stops between steps: an eviction under way finishes, its
     capacity comes back at once (locally), and the report so far is printed.
 examples:
