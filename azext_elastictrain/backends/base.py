@@ -8,8 +8,8 @@ be done and changes nothing (``--dry-run`` prints ``Plan.shown``; a destructive 
 OUR interfaces, and one command resolves its clients once.
 
 Call order for a command: ``plan_*`` -> (confirm) -> the matching send (``submit_job``, ``delete_job``,
-``delete_cluster``, ``evict``, ``run_schedule``). Describing (``describe_job``, ``list_jobs``, ``wait_job``, ``job_logs``,
-``show_cluster``) changes nothing.
+``delete_cluster``, ``evict``, ``run_schedule``). Describing (``describe_job``, ``list_jobs``, ``wait_job``,
+``job_logs``, ``show_cluster``) changes nothing.
 """
 from __future__ import annotations
 
@@ -108,7 +108,7 @@ class CheckpointLocation:
     unreachable: str | None = None
 
 
-class Backend(Protocol):
+class Backend(Protocol):  # pylint: disable=too-many-public-methods  # one per command step, as torchx's
     """One cluster (local, or AKS) as every command sees it."""
 
     kind: str  # "local" | "aks"

@@ -178,7 +178,7 @@ def stop_on_interrupt() -> Iterator[threading.Event]:
         yield stop
         return
 
-    def handle(signum: int, frame: Any) -> None:
+    def handle(_signum: int, _frame: Any) -> None:
         if stop.is_set():
             raise KeyboardInterrupt
         stop.set()
@@ -215,9 +215,9 @@ def run_schedule(schedule: Schedule, evictor: ScheduleEvictor, *, stop: threadin
         say(f"eviction {item.index}/{total} at +{record['atSeconds']:.0f}s: {eviction['node']} "
             + _how(item, eviction))
         if not stop.is_set():
-            record["recovery"] = _follow(lambda: evictor.recovery(eviction, stop))
+            record["recovery"] = _follow(evictor.recovery, eviction, stop)
             say(f"  {_recovery_line(record['recovery'])}")
-        back = _follow(lambda: evictor.capacity_back(item, eviction, stop))
+        back = _follow(evictor.capacity_back, item, eviction, stop)
         if back is not None:
             record["capacityBack"] = back
             say(f"  {_capacity_line(back)}")
@@ -227,7 +227,7 @@ def run_schedule(schedule: Schedule, evictor: ScheduleEvictor, *, stop: threadin
               "ranSeconds": round(clock() - start, 2), "evictions": done}
     try:
         result["goodput"] = goodput(evictor.events())
-    except Exception as ex:  # noqa: BLE001 - the evictions happened; say why their goodput is unknown
+    except Exception as ex:  # pylint: disable=broad-exception-caught  # evicted: say why the goodput is unknown
         result["goodput"], result["goodputError"] = None, f"the job's events cannot be read: {ex}"
     result["summary"] = summarize(done)
     say(goodput_line(result))
@@ -244,12 +244,12 @@ def _shown(eviction: dict) -> dict:
     return shown
 
 
-def _follow(step: Callable[[], dict | None]) -> dict | None:
+def _follow(step: Callable[..., dict | None], *args: Any) -> dict | None:
     try:
-        return step()
+        return step(*args)
     except FollowStopped:
         return {"stopped": True}
-    except Exception as ex:  # noqa: BLE001 - one eviction's recovery not seen must not end the schedule
+    except Exception as ex:  # pylint: disable=broad-exception-caught  # one recovery not seen ends no schedule
         return {"error": str(ex)}
 
 

@@ -49,7 +49,7 @@ def follow_recovery(read_events: Any, job: str, eviction: dict, timeout: float =
 
 
 def follow_world_size(read_events: Any, job: str, world_size: int, since: float,
-                      timeout: float = RECOVERY_TIMEOUT, sleep: Callable[[float], None] = time.sleep) -> dict:
+                      timeout: float = RECOVERY_TIMEOUT, *, sleep: Callable[[float], None] = time.sleep) -> dict:
     """After capacity came back: seconds from the replacement's start until the job trains at ``world_size``
     again, and the scale-up as its events measure it (seconds from the node joining to training at full size,
     seconds of no training, steps lost, where the grown world restored from)."""

@@ -12,6 +12,7 @@ from azext_elastictrain._errors import az_errors
 from azext_elastictrain._validators import resolve_eviction, resolve_schedule
 
 
+# pylint: disable-next=too-many-locals  # one parameter per option of the command
 def simulate_eviction(cmd, *, job: str | None = None, local: bool = False, cluster: str | None = None,
                       node: str | None = None, count: int | None = None, notice_seconds: float | None = None,
                       replace_after: float | None = None, wait: bool = False, dry_run: bool = False,

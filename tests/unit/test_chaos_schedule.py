@@ -156,8 +156,8 @@ class FakeEvictor:
 
     def capacity_back(self, item, eviction, stop):
         self.calls.append(("back", item.index, stop.is_set()))
-        return {"replacements": [{"node": "job-node-9"}], **({"stopped": True} if stop.is_set() else
-                                                              {"fullSize": {"worldSize": 2, "seconds": 3.25}})}
+        back = {"stopped": True} if stop.is_set() else {"fullSize": {"worldSize": 2, "seconds": 3.25}}
+        return {"replacements": [{"node": "job-node-9"}], **back}
 
     def events(self):
         return [{"time": 100.0, "event": "started"}, {"time": 101.0, "event": "restored", "step": 0, "world_size": 2},

@@ -21,10 +21,8 @@ class AksScheduleEvictor:
     def __init__(self, session: Any, job: str, min_nodes: int, pools: list[str], *,
                  events: Callable[[], list[dict]], progress: Callable[[str], None] = lambda line: None) -> None:
         self.session, self.job, self.min_nodes, self.pools = session, job, min_nodes, pools
-        self._job_events = events
-        self._progress = progress
-        self._read_events: Any = None
-        self._events_error: str | None = None
+        self._job_events, self._progress = events, progress
+        self._reader: dict = {}  # "read": the event reader, or "error": why there is none
 
     def evict(self, item: ScheduledEviction) -> dict:
         try:
@@ -37,25 +35,25 @@ class AksScheduleEvictor:
         node = item.choose([t.node for t in found.targets])
         one = replace(found, by={"job": self.job, "node": node},
                       targets=tuple(t for t in found.targets if t.node == node))
-        [eviction] = aks_evict.evict(self.session.arm, one, progress=self._progress)
-        return eviction
+        return aks_evict.evict(self.session.arm, one, progress=self._progress)[0]
 
     def recovery(self, eviction: dict, stop: threading.Event) -> dict:
         read_events = self._events()
         aks_evict.follow(self.session.kube(), self.session.arm, [eviction], read_events,
-                         events_error=self._events_error, sleep=sleeper(stop), progress=self._progress)
+                         events_error=self._reader.get("error"), sleep=sleeper(stop), progress=self._progress)
         return eviction["recovery"]
 
     def capacity_back(self, item: ScheduledEviction, eviction: dict, stop: threading.Event) -> dict | None:
-        return None  # the cluster autoscaler's, when Spot capacity is there
+        """None: the cluster autoscaler brings capacity back, when Azure has Spot capacity."""
+        del item, eviction, stop
 
     def events(self) -> list[dict]:
         return self._job_events()
 
     def _events(self) -> Any:
-        if self._read_events is None and self._events_error is None:
+        if not self._reader:
             try:
-                self._read_events = self.session.events()
-            except Exception as ex:  # noqa: BLE001 - evictions go on; their recovery is not measured
-                self._events_error = f"the job's events in the cluster's blob storage cannot be read: {ex}"
-        return self._read_events
+                self._reader["read"] = self.session.events()
+            except Exception as ex:  # pylint: disable=broad-exception-caught  # evictions go on, not measured
+                self._reader["error"] = f"the job's events in the cluster's blob storage cannot be read: {ex}"
+        return self._reader.get("read")
