@@ -277,7 +277,9 @@ def _capacity_line(back: dict) -> str:
     nodes = ", ".join(r["node"] for r in back.get("replacements") or [])
     full = back.get("fullSize") or {}
     if "seconds" in full:
-        return f"capacity back: {nodes} joined; full size {full['worldSize']} again after {full['seconds']:g}s"
+        idle = full.get("noTrainingSeconds")
+        return (f"capacity back: {nodes} joined; full size {full['worldSize']} again after {full['seconds']:g}s"
+                + (f" ({idle:g}s without training)" if isinstance(idle, (int, float)) else ""))
     return f"capacity back: {nodes} joined" + (" (stopped before the job grew)" if back.get("stopped") else "")
 
 
@@ -297,6 +299,9 @@ def summarize(done: list[dict]) -> dict:
     ups = [r["capacityBack"]["fullSize"]["seconds"] for r in done
            if isinstance(((r.get("capacityBack") or {}).get("fullSize") or {}).get("seconds"), (int, float))]
     out["fullSizeAgainSeconds"] = ups
+    out["scaleUpNoTrainingSeconds"] = [r["capacityBack"]["fullSize"]["noTrainingSeconds"] for r in done
+                                       if isinstance(((r.get("capacityBack") or {}).get("fullSize") or {})
+                                                     .get("noTrainingSeconds"), (int, float))]
     return out
 
 

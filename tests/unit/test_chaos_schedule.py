@@ -156,7 +156,8 @@ class FakeEvictor:
 
     def capacity_back(self, item, eviction, stop):
         self.calls.append(("back", item.index, stop.is_set()))
-        back = {"stopped": True} if stop.is_set() else {"fullSize": {"worldSize": 2, "seconds": 3.25}}
+        back = {"stopped": True} if stop.is_set() else {
+            "fullSize": {"worldSize": 2, "seconds": 3.25, "noTrainingSeconds": 1.5}}
         return {"replacements": [{"node": "job-node-9"}], **back}
 
     def events(self):
@@ -189,7 +190,8 @@ def test_each_eviction_is_evicted_followed_and_given_back_in_time_and_the_goodpu
     assert result["summary"]["withoutNotice"]["stepsLost"] == [1]
     assert lines[0].startswith("eviction 1/3 at +0s: job-node-")
     assert "trained again after 7.5s at world size 1, 1 step(s) lost (resumed from step 99)" in lines[1]
-    assert "full size 2 again after 3.25s" in lines[2]
+    assert "full size 2 again after 3.25s (1.5s without training)" in lines[2]
+    assert result["summary"]["scaleUpNoTrainingSeconds"] == [1.5, 1.5, 1.5]
     assert lines[-1] == ("goodput 90.9% of the job's node-seconds (0 step(s) retrained; rank-seconds lost: "
                          "starting 2)")
 
