@@ -99,6 +99,8 @@ TABLE: list[_Row] = [
         f"'az elastictrain cluster create -g {t.resource_group} -n {t.cluster} --engine torchelastic'."))),
     (f"{_AKS}.jobs:JobExists", lambda t, ex: az.ValidationError(
         str(ex), recommendation=f"'az elastictrain job delete {t.where} -n NAME', or pick another name.")),
+    (f"{_CORE}.chaos:ScheduleError", lambda t, ex: az.InvalidArgumentValueError(str(ex), recommendation=(
+        "Add --dry-run to print the schedule those values make, and evict nothing."))),
     (f"{_CORE}.spec:SpecError", lambda t, ex: az.InvalidArgumentValueError(str(ex))),
     # the region cannot run the GPU Spot pool (raised before anything is created)
     (f"{_CORE}.preflight:PreflightError", lambda t, ex: az.InvalidArgumentValueError(

@@ -164,6 +164,8 @@ def aks_job_delete_table(result) -> list:
 
 
 def eviction_table(result) -> list:
+    if "seed" in result or "schedule" in result:
+        return schedule_table(result)
     if result.get("type") == "aks":
         return aks_eviction_table(result)
     recovery = (result.get("recovery") or [{}])[-1]
@@ -182,6 +184,33 @@ def eviction_table(result) -> list:
         ])
         for e in result.get("evictions", [])
     ] or [OrderedDict([("Node", n["node"]), ("Pid", n["pid"]), ("Action", "would evict")]) for n in result["nodes"]]
+
+
+def schedule_table(result) -> list:
+    """An eviction schedule: one row per eviction, planned (dry run) or carried out, and the goodput after."""
+    if "schedule" not in result:  # --dry-run: the plan
+        return [OrderedDict([("Eviction", e["index"]), ("AtSeconds", e["atSeconds"]),
+                             ("Notice", f"{e['noticeSeconds']:g}s" if e["noticeSeconds"] else "none"),
+                             ("CapacityBackAfter", "" if e["replaceAfterSeconds"] is None
+                              else f"{e['replaceAfterSeconds']:g}s")]) for e in result["evictions"]]
+    rows = []
+    for e in result["evictions"]:
+        recovery, back = e.get("recovery") or {}, e.get("capacityBack") or {}
+        rows.append(OrderedDict([
+            ("Eviction", e["index"]), ("AtSeconds", e["atSeconds"]), ("Node", e.get("node") or ""),
+            ("Notice", f"{e['noticeSeconds']:g}s" if e["noticeSeconds"] else "none"),
+            ("RecoverySeconds", recovery.get("recoverySeconds", "")), ("StepsLost", recovery.get("stepsLost", "")),
+            ("FullSizeAfterSeconds", (back.get("fullSize") or {}).get("seconds", "")),
+            ("Note", e.get("skipped") or recovery.get("error") or recovery.get("eventsError")
+             or ("stopped" if recovery.get("stopped") else "")),
+        ]))
+    found = result.get("goodput") or {}
+    rows.append(OrderedDict([("Eviction", "goodput"), ("AtSeconds", result.get("ranSeconds")), ("Node", ""),
+                             ("Notice", ""), ("RecoverySeconds", ""), ("StepsLost", found.get("stepsLost", "")),
+                             ("FullSizeAfterSeconds", ""),
+                             ("Note", f"{found['goodput']:.1%}" if found.get("goodput") is not None
+                              else result.get("goodputError") or "unknown")]))
+    return rows
 
 
 def aks_eviction_table(result) -> list:

@@ -383,11 +383,27 @@ long-summary: |
     to the first step at the smaller world size) and the steps lost. With --replace-after S, Spot
     capacity comes back S seconds after the eviction (with --wait: once the job recovered, at the
     earliest): a new node joins, and --wait follows the job back to its full world size.
+    With --schedule --rate R --duration D (either cluster): chaos on purpose. A node of --job goes
+    every 60/R seconds for D seconds, the first 60/R seconds in; locally --notice-share of them
+    (exactly, the seed choosing which) get a --notice-seconds notice and capacity comes back
+    --replace-after seconds after each; on AKS each is a simulateEviction with Azure's notice and
+    the autoscaler brings capacity back. An eviction that would leave the job under its minimum
+    number of nodes is skipped; one due while the one before is still followed comes right
+    after it (atSeconds says when). Each eviction's recovery (seconds, steps lost, from the
+    job's events) is printed as it comes, and the job's goodput at the end. --seed makes a schedule
+    again; --dry-run prints it. Ctrl-C stops between steps: an eviction under way finishes, its
+    capacity comes back at once (locally), and the report so far is printed.
 examples:
   - name: Evict the newest node of job 'cifar' with Azure's 30 s notice and follow the recovery.
     text: az elastictrain evict simulate --local --job cifar --wait --yes -o table
   - name: Evict node cifar-node-0 without notice; capacity returns 5 s later; follow both.
     text: az elastictrain evict simulate --local --job cifar --node cifar-node-0 --notice-seconds 0 --replace-after 5 --wait --yes
+  - name: Chaos for 10 minutes, one eviction a minute, half of them with a 30 s notice, capacity back after 30 s.
+    text: az elastictrain evict simulate --local --job cifar --schedule --rate 1 --duration 600 --notice-share 0.5 --replace-after 30 --seed 7 --yes
+  - name: Print the schedule those values make, and evict nothing.
+    text: az elastictrain evict simulate --local --job cifar --schedule --rate 1 --duration 600 --seed 7 --dry-run -o table
+  - name: On AKS, evict a Spot node of job 'cifar' every 10 minutes for an hour through simulateEviction.
+    text: az elastictrain evict simulate -g ml-rg -c spot-train --job cifar --schedule --rate 0.1 --duration 3600 --yes -o table
   - name: On AKS, evict the Spot node of rank 1 of job 'cifar' and follow it out of the cluster.
     text: az elastictrain evict simulate -g ml-rg -c spot-train --job cifar --rank 1 --wait --yes -o table
   - name: On AKS, evict one Spot node by name.

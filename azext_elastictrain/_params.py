@@ -236,10 +236,11 @@ def load_arguments(self, _):  # pylint: disable=too-many-statements  # one state
         c.argument("notice_seconds", type=float, options_list=["--notice-seconds"],
                    help="Local cluster: seconds of Preempt notice before the node goes (Azure gives at least 30; "
                         "default 30); 0: no notice. The node goes as soon as the runtime acknowledges (its "
-                        "checkpoint is durable).")
+                        "checkpoint is durable). With --schedule: the notice of those evictions that get one.")
         c.argument("replace_after", type=float, options_list=["--replace-after"],
                    help="Spot capacity comes back: start a replacement node this many seconds after the eviction "
-                        "(with --wait: after the job recovered, at the earliest).")
+                        "(with --wait: after the job recovered, at the earliest). With --schedule: after each "
+                        "eviction (default 30).")
         c.argument("wait", arg_type=get_three_state_flag(), options_list=["--wait"],
                    help="Follow the job until it trains again; report recovery seconds and steps lost. On AKS: "
                         "first until each evicted node left the cluster and its VM is gone "
@@ -255,6 +256,22 @@ def load_arguments(self, _):  # pylint: disable=too-many-statements  # one state
                    help="AKS, with --job: the worker (replica index) whose node goes.")
         c.argument("pool", options_list=["--pool"],
                    help="AKS: evict --count Spot nodes of this node pool (e.g. gpu).")
+        c.argument("schedule", arg_type=get_three_state_flag(), options_list=["--schedule"],
+                   help="Evict nodes of --job at --rate for --duration instead of once: each eviction's recovery "
+                        "is printed as it comes, the job's goodput at the end. Ctrl-C stops it (locally the "
+                        "capacity of an eviction under way is given back first) and prints the report so far.")
+        c.argument("rate", type=float, options_list=["--rate"],
+                   help="With --schedule: evictions per minute, more than 0 (one every 60/RATE seconds, the first "
+                        "60/RATE seconds in).")
+        c.argument("duration", type=float, options_list=["--duration"],
+                   help="With --schedule: seconds the schedule runs; at least one interval (60/RATE).")
+        c.argument("notice_share", type=float, options_list=["--notice-share"],
+                   help="With --schedule, local cluster: the share of evictions (0 to 1; default 0.5) that get a "
+                        "--notice-seconds Preempt notice first; the others come without notice. On AKS every "
+                        "simulated eviction gets Azure's notice.")
+        c.argument("seed", type=int, options_list=["--seed"],
+                   help="With --schedule: the seed that chooses which evictions get a notice and which node each "
+                        "takes; the same seed makes the same schedule. Default: a new one, printed.")
 
     # Jobs and checkpoints on AKS: -g RG -c CLUSTER instead of --local.
     # not resource_group_name_type: a configured default group must not turn --local commands into Azure ones

@@ -206,3 +206,43 @@ def _check_names(cluster: str | None, job: str | None) -> str:
     except (SpecError, ValueError) as ex:
         raise InvalidArgumentValueError(str(ex)) from ex
     return cluster
+
+
+def resolve_schedule(*, schedule: bool, job: str | None, rate: float | None, duration: float | None,
+                     notice_share: float | None, notice_seconds: float | None, replace_after: float | None,
+                     seed: int | None, node: str | None = None, count: int | None = None, rank: int | None = None,
+                     pool: str | None = None, wait: bool = False) -> Any:
+    """`evict simulate --schedule`'s request (a ``backends.base.ScheduleRequest``), or None without --schedule.
+
+    Its values are checked here, before any cluster is looked at (``core.chaos.ScheduleSpec.validate``, whose
+    ScheduleError leaves through ``_errors``); the backend's plan fills its own defaults and checks again."""
+    from azext_elastictrain.backends.base import ScheduleRequest
+    from azext_elastictrain.core.chaos import ScheduleSpec
+
+    only = {"--rate": rate, "--duration": duration, "--notice-share": notice_share, "--seed": seed}
+    if not schedule:
+        given = [flag for flag, value in only.items() if value is not None]
+        if given:
+            raise ArgumentUsageError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for an eviction "
+                                     "schedule: add --schedule",
+                                     recommendation="e.g. az elastictrain evict simulate --local --job cifar "
+                                                    "--schedule --rate 1 --duration 600 --dry-run")
+        return None
+    chosen = [flag for flag, value in (("--node", node), ("--count", count), ("--rank", rank), ("--pool", pool),
+                                       ("--wait", wait or None)) if value is not None]
+    if chosen:
+        raise MutuallyExclusiveArgumentError(
+            f"--schedule chooses each node itself and always follows the recovery: drop {', '.join(chosen)}",
+            recommendation="Give --job JOB with --rate and --duration.")
+    missing = [flag for flag, value in (("--job", job), ("--rate", rate), ("--duration", duration))
+               if value is None]
+    if missing:
+        raise RequiredArgumentMissingError(
+            f"--schedule needs {', '.join(missing)}: whose nodes go, how many a minute, for how many seconds",
+            recommendation="e.g. az elastictrain evict simulate --local --job cifar --schedule --rate 1 "
+                           "--duration 600 --yes")
+    ScheduleSpec(rate=rate, duration=duration, notice_share=0.5 if notice_share is None else notice_share,
+                 notice_seconds=30.0 if notice_seconds is None else notice_seconds, replace_after=replace_after,
+                 seed=seed).validate()
+    return ScheduleRequest(job=job, rate=rate, duration=duration, notice_share=notice_share,
+                           notice_seconds=notice_seconds, replace_after=replace_after, seed=seed)

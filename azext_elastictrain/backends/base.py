@@ -8,8 +8,8 @@ be done and changes nothing (``--dry-run`` prints ``Plan.shown``; a destructive 
 OUR interfaces, and one command resolves its clients once.
 
 Call order for a command: ``plan_*`` -> (confirm) -> the matching send (``submit_job``, ``delete_job``,
-``delete_cluster``, ``evict``). Describing (``describe_job``, ``list_jobs``, ``wait_job``, ``job_logs``,
-``show_cluster``) changes nothing.
+``delete_cluster``, ``evict``, ``run_schedule``). Describing (``describe_job``, ``list_jobs``, ``wait_job``,
+``job_logs``, ``show_cluster``) changes nothing.
 """
 from __future__ import annotations
 
@@ -84,6 +84,21 @@ class EvictionRequest:
 
 
 @dataclass(frozen=True)
+class ScheduleRequest:
+    """Evictions of ``job``'s nodes at ``rate`` a minute for ``duration`` seconds (``core.chaos``); None: the
+    backend's default (local: half with Azure's 30 s notice, capacity back after 30 s; AKS: Azure's notice on
+    every one, capacity back when the autoscaler finds it)."""
+
+    job: str
+    rate: float
+    duration: float
+    notice_share: float | None = None
+    notice_seconds: float | None = None
+    replace_after: float | None = None
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
 class CheckpointLocation:
     """Where a job's checkpoints are: the blob URL of its prefix, and how to open it (a connection string for
     Azurite; else the CLI's login). ``unreachable`` says what to check when the storage cannot be reached."""
@@ -93,7 +108,7 @@ class CheckpointLocation:
     unreachable: str | None = None
 
 
-class Backend(Protocol):
+class Backend(Protocol):  # pylint: disable=too-many-public-methods  # one per command step, as torchx's
     """One cluster (local, or AKS) as every command sees it."""
 
     kind: str  # "local" | "aks"
@@ -151,6 +166,12 @@ class Backend(Protocol):
         ...
 
     def evict(self, plan: Plan, *, wait: bool = False) -> dict:
+        ...
+
+    def plan_schedule(self, request: ScheduleRequest) -> Plan:
+        ...  # shown: the schedule; request: what run_schedule takes (core.chaos)
+
+    def run_schedule(self, plan: Plan, *, stop: Any = None, say: Any = None) -> dict:
         ...
 
     # -- checkpoints

@@ -1,11 +1,12 @@
 """How a job recovered from an eviction, read from its events: the same reading on every backend.
 
-``read_events(job)`` is the backend's event reader (``clients.blob.EventReader``). Pure but for the clock.
+``read_events(job)`` is the backend's event reader (``clients.blob.EventReader``). Pure but for the clock;
+``sleep`` is how a caller stops a wait early (``core.chaos.sleeper``).
 """
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 from azext_elastictrain.core.errors import EvictionError
 from azext_elastictrain.core.goodput import last_completed_step, scale_ups
@@ -14,7 +15,8 @@ from azext_elastictrain.core.goodput import last_completed_step, scale_ups
 RECOVERY_TIMEOUT = 240.0
 
 
-def follow_recovery(read_events: Any, job: str, eviction: dict, timeout: float = RECOVERY_TIMEOUT) -> dict:
+def follow_recovery(read_events: Any, job: str, eviction: dict, timeout: float = RECOVERY_TIMEOUT,
+                    sleep: Callable[[float], None] = time.sleep) -> dict:
     """After an eviction: seconds until the job restored and trained again, and the steps it lost:
     the last step the job completed before it broke - the step it resumed from."""
     deadline = time.time() + timeout
@@ -42,12 +44,12 @@ def follow_recovery(read_events: Any, job: str, eviction: dict, timeout: float =
                     "recoverySeconds": round(resumed[0]["time"] - evicted_at, 2),
                     "stepsLost": max(0, reached - restored[0]["step"]),
                 }
-        time.sleep(0.5)
+        sleep(0.5)
     raise EvictionError(f"job {job!r} did not train again within {timeout:.0f}s of the eviction")
 
 
 def follow_world_size(read_events: Any, job: str, world_size: int, since: float,
-                      timeout: float = RECOVERY_TIMEOUT) -> dict:
+                      timeout: float = RECOVERY_TIMEOUT, *, sleep: Callable[[float], None] = time.sleep) -> dict:
     """After capacity came back: seconds from the replacement's start until the job trains at ``world_size``
     again, and the scale-up as its events measure it (seconds from the node joining to training at full size,
     seconds of no training, steps lost, where the grown world restored from)."""
@@ -66,6 +68,6 @@ def follow_world_size(read_events: Any, job: str, world_size: int, since: float,
                     "nodeJoinedToFullSizeSeconds": up.get("nodeJoinedToFullSizeSeconds"),
                     "noTrainingSeconds": up.get("noTrainingSeconds"), "stepsLost": up.get("stepsLost"),
                     "restoreSource": up.get("restoreSource"), "ranksFromPeer": up.get("ranksFromPeer")}
-        time.sleep(0.5)
+        sleep(0.5)
     raise EvictionError(f"job {job!r} did not train at world size {world_size} within {timeout:.0f}s "
                         "of the replacement joining")

@@ -238,3 +238,62 @@ def test_an_arm_error_half_way_says_what_was_evicted_and_stops(az, arm, group):
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "OperationNotAllowed" in result.stderr and f"Evicted before it: {seeded['gpuNodes'][0]}" in result.stderr
     assert [SIMULATE.fullmatch(p)["id"] for _, p, _ in _evictions(arm)] == ["0", "1"], "it stops at the failure"
+
+
+def _eviction_times(arm, since: int = 0) -> list[tuple[float, str]]:
+    """(monotonic time, instance id) of every simulateEviction the server saw from entry ``since`` of its
+    timeline (it holds the whole module's requests), in order."""
+    from urllib.parse import urlsplit
+
+    return [(at, SIMULATE.fullmatch(urlsplit(raw).path)["id"]) for at, method, raw in arm.timeline[since:]
+            if method == "POST" and urlsplit(raw).path.lower().endswith("/simulateeviction")]
+
+
+def test_a_schedule_asks_simulate_eviction_at_its_rate_for_the_jobs_nodes_and_reports_each(az, arm, group):
+    seeded = arm.seed_aks_training(group, CLUSTER, gpu_nodes=3, workers=3)  # minReplicas 1
+    args = ["--job", "cifar", "--schedule", "--rate", "12", "--duration", "15", "--seed", "11"]
+    plan = az.json("elastictrain", "evict", "simulate", "-g", group, "-c", CLUSTER, *args, "--dry-run")
+    assert [e["atSeconds"] for e in plan["evictions"]] == [5.0, 10.0, 15.0] and plan["seed"] == 11
+    assert {e["noticeSeconds"] for e in plan["evictions"]} == {30.0}  # Azure's notice, every time
+    assert plan["minNodes"] == 1 and _evictions(arm) == []
+
+    since = len(arm.timeline)
+    result = _evict(az, group, *args, "--yes", "-o", "json")
+    report = json.loads(result.stdout)
+    posts = _eviction_times(arm, since)
+    # two of the three workers' nodes go; the third eviction would leave the job under its minimum
+    assert len(posts) == 2, posts
+    evicted = [e for e in report["evictions"] if "node" in e]
+    assert [e["instanceId"] for e in evicted] == [instance for _, instance in posts]
+    assert {e["node"] for e in evicted} < set(seeded["gpuNodes"]) and len({e["node"] for e in evicted}) == 2
+    assert all(e["vmss"] == seeded["gpuVmss"] and e["state"] == "Evicted" and len(e["ranks"]) == 1 for e in evicted)
+    # the second came one interval after the first, as planned (not as soon as the first was followed)
+    assert [e["plannedAtSeconds"] for e in report["evictions"]] == [5.0, 10.0, 15.0]
+    assert all(e["atSeconds"] >= e["plannedAtSeconds"] for e in report["evictions"]), report
+    # never before its time; one that comes late (the one before was still being followed) says so
+    gap = posts[1][0] - posts[0][0]
+    assert gap >= 5 - 0.3 and abs(gap - (evicted[1]["atSeconds"] - evicted[0]["atSeconds"])) < 1.0, (posts, report)
+    assert "its minimum of 1" in report["evictions"][2]["skipped"]
+    for eviction in evicted:  # followed out of the cluster; this cluster's storage is not served
+        assert eviction["recovery"]["instanceGone"] is True
+        assert "cannot read the job's events" in eviction["recovery"]["eventsError"]
+    assert report["goodput"] is None and report["goodputError"] and report["stopped"] is False
+    lines = result.stderr
+    assert "eviction 1/3 at +5s: aks-" in lines and re.search(r"eviction 3/3 at \+\d+s: skipped", lines), lines
+    assert "goodput unknown" in lines and "Traceback" not in lines
+    listed = az.json("vmss", "list-instances", "-g", seeded["nodeResourceGroup"], "-n", seeded["gpuVmss"])
+    assert len(listed) == 1, "the two evicted instances are gone from the scale set"
+
+
+@pytest.mark.parametrize("args, code, expected", [
+    (["--rate", "0", "--duration", "60"], 1, "--rate 0: give evictions per minute"),
+    (["--rate", "1", "--duration", "30"], 1, "too short for one eviction"),
+    (["--rate", "1", "--duration", "600", "--notice-share", "0.5"], 1, "every simulated eviction gets Azure's"),
+    (["--rate", "1", "--duration", "600", "--replace-after", "30"], 1, "autoscaler brings capacity back"),
+    (["--rate", "1", "--duration", "600", "--rank", "1"], 1, "drop --rank"),
+])
+def test_a_bad_schedule_is_an_az_error_and_evicts_nothing(az, arm, group, args, code, expected):
+    arm.seed_aks_training(group, CLUSTER)
+    result = _evict(az, group, "--job", "cifar", "--schedule", *args, "--yes", check=False)
+    assert result.returncode == code and expected in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and _evictions(arm) == []

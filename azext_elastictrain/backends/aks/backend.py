@@ -19,6 +19,7 @@ from azext_elastictrain.backends.base import (
     JobRequest,
     LogRequest,
     Plan,
+    ScheduleRequest,
     WaitFor,
 )
 from azext_elastictrain.backends.logs import merged_streams
@@ -27,6 +28,7 @@ from azext_elastictrain.core.eviction import check_selector
 from azext_elastictrain.core.spec import ClusterSpec
 from azext_elastictrain.core.view import wait_for_job
 
+AZURE_NOTICE_SECONDS = 30.0  # the least notice Azure gives a Spot VM (Scheduled Events Preempt)
 WAIT_INTERVAL = 10.0  # a look asks Kubernetes and blob storage (ARM and the credentials only once)
 
 
@@ -174,6 +176,42 @@ class AksBackend:  # pylint: disable=too-many-public-methods  # the Backend prot
             aks_evict.follow(self.session.kube(), arm, evictions, read_events, events_error=why,
                              progress=self._progress)
         return aks_evict.report(self.cluster, self.resource_group, plan.request, evictions)
+
+    def plan_schedule(self, request: ScheduleRequest) -> Plan:
+        """simulateEviction gives every eviction Azure's own notice and the autoscaler brings capacity back:
+        a share without notice, a notice's length or a replacement delay cannot be asked of Azure."""
+        from azext_elastictrain.backends.aks.describe import find_job, min_nodes
+        from azext_elastictrain.core.chaos import ScheduleSpec, plan_schedule
+        from azext_elastictrain.core.manifests import NAMESPACE
+
+        if request.notice_share not in (None, 1) or request.notice_seconds is not None \
+                or request.replace_after is not None:
+            raise OptionNotHere(
+                "--notice-share, --notice-seconds and --replace-after are for the local cluster: on AKS every "
+                "simulated eviction gets Azure's Spot notice (a Scheduled Events Preempt, >= 30 s) and the cluster "
+                "autoscaler brings capacity back when Azure has some",
+                "Drop them; run the schedule on the local cluster (--local) to choose notices and delays.")
+        spec = ScheduleSpec(rate=request.rate, duration=request.duration, notice_share=1.0,
+                            notice_seconds=AZURE_NOTICE_SECONDS, replace_after=None, seed=request.seed)
+        schedule = plan_schedule(spec)  # bad values fail here, before Azure or Kubernetes is asked
+        self._spec().validate()
+        pools = self._spot_pools()
+        least = min_nodes(find_job(self.session.kube(), request.job, NAMESPACE))
+        shown = {"type": "aks", "cluster": self.cluster, "resourceGroup": self.resource_group, "job": request.job,
+                 "dryRun": True, "minNodes": least, **schedule.to_dict()}
+        prompt = (f"Evict a Spot node of job {request.job!r} on cluster {self.cluster!r} for real (the VM is "
+                  f"deleted) every {spec.interval:g}s for {spec.duration:g}s: {len(schedule.evictions)} evictions?")
+        return Plan(shown, prompt, request=(request.job, schedule, least, pools))
+
+    def run_schedule(self, plan: Plan, *, stop: Any = None, say: Any = None) -> dict:
+        from azext_elastictrain.backends.aks.chaos import AksScheduleEvictor
+        from azext_elastictrain.core.chaos import run_schedule
+
+        job, schedule, least, pools = plan.request
+        evictor = AksScheduleEvictor(self.session, job, least, pools, events=lambda: self.jobs.job_events(job),
+                                     progress=self._progress)
+        result = run_schedule(schedule, evictor, stop=stop, say=say or (lambda line: None))
+        return {"type": "aks", "cluster": self.cluster, "resourceGroup": self.resource_group, "job": job, **result}
 
     # -- checkpoints -------------------------------------------------------------------------------------------
     def checkpoint_location(self, job: str) -> CheckpointLocation:

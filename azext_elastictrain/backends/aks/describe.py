@@ -201,6 +201,14 @@ def _shape(job: dict) -> dict:
             "nodeCount": worker.get("replicas")}
 
 
+def min_nodes(job: dict) -> int:
+    """The fewest nodes the job trains on: the ElasticJob's minReplicas, else torchrun's --nnodes low end."""
+    shape = _shape(job)
+    least = shape["minNodes"] if shape["minNodes"] is not None else \
+        _script_args(_container(shape["template"]).get("args") or [])["minNodes"]
+    return least if least is not None and least > 0 else 1
+
+
 def _as_operator_condition(c: dict) -> dict:
     """A Job's terminal conditions in the operator's words (Complete is Succeeded), for job_state."""
     return {**c, "type": _JOB_CONDITIONS.get(c.get("type"), c.get("type"))}
@@ -322,7 +330,8 @@ def wait_node_gone(kube: Any, node: str, *, timeout: float = 600.0, poll: float 
 
 
 def follow_recovery_aks(read_events: ReadEvents, job: str, evicted_at: float, *, node: str | None = None,
-                        requested_at: float | None = None, timeout: float | None = None) -> dict:
+                        requested_at: float | None = None, timeout: float | None = None,
+                        sleep: Callable[[float], None] = time.sleep) -> dict:
     """After an eviction: seconds from ``evicted_at`` (the node left, see ``wait_node_gone``) until the job
     trained again, and the steps it lost (from the Preempt notice's step, seen since ``requested_at``, the
     simulateEviction call). The same reading of the events as on the local cluster."""
@@ -330,4 +339,4 @@ def follow_recovery_aks(read_events: ReadEvents, job: str, evicted_at: float, *,
 
     eviction = {"node": node, "evictedAt": evicted_at,
                 "startedAt": evicted_at if requested_at is None else min(requested_at, evicted_at)}
-    return follow_recovery(read_events, job, eviction, RECOVERY_TIMEOUT if timeout is None else timeout)
+    return follow_recovery(read_events, job, eviction, RECOVERY_TIMEOUT if timeout is None else timeout, sleep=sleep)

@@ -111,14 +111,16 @@ def follow(kube: Any, compute: Compute, evictions: list[dict], read_events: Read
     for job in jobs:
         progress(f"following job {job!r} until it trains again")
         try:
-            found = follow_recovery_aks(read_events, job, gone_at, requested_at=asked_at, timeout=recovery_timeout)
+            found = follow_recovery_aks(read_events, job, gone_at, requested_at=asked_at, timeout=recovery_timeout,
+                                        sleep=sleep)
             recovery = {k: found.get(k) for k in ("recoverySeconds", "stepsLost", "resumedFromStep", "worldSize",
                                                   "restoreSeconds")}
         except Exception as ex:  # pylint: disable=broad-exception-caught
             # unreadable events or no recovery in time: say which
+            from azext_elastictrain.core.chaos import FollowStopped
             from azext_elastictrain.core.errors import EvictionError
 
-            if isinstance(ex, EvictionError):
+            if isinstance(ex, (EvictionError, FollowStopped)):
                 raise
             recovery = {"eventsError": f"cannot read the job's events: {ex}"}
         for eviction in evictions:

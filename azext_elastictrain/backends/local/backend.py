@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 from azext_elastictrain.backends.base import (
     CheckpointLocation,
@@ -15,18 +16,20 @@ from azext_elastictrain.backends.base import (
     JobRequest,
     LogRequest,
     Plan,
+    ScheduleRequest,
     WaitFor,
 )
 from azext_elastictrain.backends.local.cluster import COMPONENTS, LocalClusters
-from azext_elastictrain.core.errors import OptionNotHere
+from azext_elastictrain.core.errors import NotSupported, OptionNotHere
 from azext_elastictrain.core.spec import LocalClusterSpec
 from azext_elastictrain.core.view import wait_for_job
 
 WAIT_INTERVAL = 1.0  # a look reads local files and one blob
 NOTICE_SECONDS = 30.0  # Azure's Spot notice is at least 30 s
+REPLACE_AFTER_SECONDS = 30.0  # an eviction schedule's capacity comes back this long after each eviction
 
 
-class LocalBackend:
+class LocalBackend:  # pylint: disable=too-many-public-methods  # the Backend protocol (base.py), method for method
     kind = "local"
 
     def __init__(self, state_root: Path, cluster: str) -> None:
@@ -144,6 +147,38 @@ class LocalBackend:
                 since = min(r["startedAt"] for r in result["replacements"])
                 result["capacityBack"] = self.clusters.follow_world_size(self.cluster, job, world_before, since)
         return result
+
+    def plan_schedule(self, request: ScheduleRequest) -> Plan:
+        from azext_elastictrain.core.chaos import ScheduleSpec, plan_schedule
+
+        spec = ScheduleSpec(
+            rate=request.rate, duration=request.duration,
+            notice_share=0.5 if request.notice_share is None else request.notice_share,
+            notice_seconds=NOTICE_SECONDS if request.notice_seconds is None else request.notice_seconds,
+            replace_after=REPLACE_AFTER_SECONDS if request.replace_after is None else request.replace_after,
+            seed=request.seed)
+        schedule = plan_schedule(spec)  # bad values fail here, before the job is even looked at
+        shown = self.describe_job(request.job)
+        running = [n["name"] for n in shown["nodes"] if n["alive"]]
+        if not running:
+            raise NotSupported(f"job {request.job!r} has no running node to evict (state {shown.get('state')})",
+                               f"Start it again with 'az elastictrain job run --local --cluster {self.cluster} "
+                               f"--name {request.job} ...' (it resumes from its checkpoints), then run the schedule.")
+        noticed = sum(1 for e in schedule.evictions if e.notice_seconds)
+        prompt = (f"Evict a node of job {request.job!r} every {spec.interval:g}s for {spec.duration:g}s "
+                  f"({len(schedule.evictions)} evictions, {noticed} with a {spec.notice_seconds:g}s notice; "
+                  f"capacity back {spec.replace_after:g}s after each)?")
+        return Plan({"type": "local", "cluster": self.cluster, "job": request.job, "dryRun": True,
+                     "runningNodes": running, **schedule.to_dict()}, prompt, request=(request.job, schedule))
+
+    def run_schedule(self, plan: Plan, *, stop: Any = None, say: Any = None) -> dict:
+        from azext_elastictrain.backends.local.chaos import LocalScheduleEvictor
+        from azext_elastictrain.core.chaos import run_schedule
+
+        job, schedule = plan.request
+        result = run_schedule(schedule, LocalScheduleEvictor(self.clusters, self.cluster, job), stop=stop,
+                              say=say or (lambda line: None))
+        return {"type": "local", "cluster": self.cluster, "job": job, **result}
 
     # -- checkpoints -------------------------------------------------------------------------------------------
     def checkpoint_location(self, job: str) -> CheckpointLocation:

@@ -356,21 +356,22 @@ class LocalJobs:
         with self._job_lock(cluster):
             return replace_nodes(self, cluster, job, count)
 
-    def follow_recovery(self, cluster: str, job: str, eviction: dict) -> dict:
+    def follow_recovery(self, cluster: str, job: str, eviction: dict, sleep: Any = time.sleep) -> dict:
         from azext_elastictrain.core.recovery import follow_recovery
 
         read = self._event_reader(cluster)
         try:
-            return follow_recovery(read, job, eviction)
+            return follow_recovery(read, job, eviction, sleep=sleep)
         finally:
             read.close()
 
-    def follow_world_size(self, cluster: str, job: str, world_size: int, since: float) -> dict:
+    def follow_world_size(self, cluster: str, job: str, world_size: int, since: float,
+                          sleep: Any = time.sleep) -> dict:
         from azext_elastictrain.core.recovery import follow_world_size
 
         read = self._event_reader(cluster)
         try:
-            return follow_world_size(read, job, world_size, since)
+            return follow_world_size(read, job, world_size, since, sleep=sleep)
         finally:
             read.close()
 

@@ -1,0 +1,247 @@
+"""Goodput of a 2-node job under an eviction schedule, three ways side by side.
+
+    .venv/bin/python scripts/bench/goodput.py [--duration 600] [--repeats 3] [--json out.json]
+
+A real 2-node job (two torchrun agents, etcd-v2 rendezvous, Azurite, DDP on
+``scripts/train_cifar10.py``) trains under the schedule of ``evict simulate
+--schedule`` (``core.chaos``: one eviction per ``60/--rate`` s, ``--notice-share``
+of them with a ``--notice-seconds`` Scheduled Events Preempt first, capacity back
+``--replace-after`` s after each, one ``--seed`` for every config), three ways,
+interleaved per repetition:
+
+  ours        our runtime, tuned rendezvous, checkpoint every 25 steps,
+              in-memory rescue on (ELASTICTRAIN_MEMORY_RESCUE=on)
+  rescue-off  the same with ELASTICTRAIN_MEMORY_RESCUE=off (blob only)
+  baseline    plain torchrun: default rendezvous settings, a checkpoint once
+              per epoch, no notice handling (recovery.py's baseline: a notice
+              is not heeded, the node goes when it runs out)
+
+Measured from each job's event log, as ``job show`` and ``evict simulate``
+read it: goodput (core.goodput: share of node-seconds on steps the final model
+kept, the job's start included; ``goodput_running`` leaves the start out),
+steps lost per eviction without notice and recovery seconds per eviction with
+notice (core.recovery), and per scale-up the seconds without training: from
+the smaller world's last completed step to the first progress report of the
+larger world. Medians over the repetitions. Everything runs on loopback and
+is stopped at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts" / "bench"))
+
+from azext_elastictrain.backends.local.scheduled_events import ScheduledEventsServer  # noqa: E402
+from azext_elastictrain.core.blobstore import BlobStore  # noqa: E402
+from azext_elastictrain.core.chaos import (  # noqa: E402
+    FollowStopped, ScheduleSpec, Skipped, plan_schedule, run_schedule, sleeper)
+from azext_elastictrain.core.goodput import goodput, segments  # noqa: E402
+from azext_elastictrain.core.recovery import follow_recovery, follow_world_size  # noqa: E402
+from recovery import DEFAULT_RDZV_CONF, DIGITS_STEPS_PER_EPOCH  # noqa: E402
+from tests.support.elastic import TUNED_RDZV_CONF, JobConfig, Node, events_of, read_events, wait_for  # noqa: E402
+from tests.support.services import start_azurite, start_etcd  # noqa: E402
+
+CONFIGS = {
+    "ours": {"notice": True, "rdzv": TUNED_RDZV_CONF, "every": 25, "rescue": "on"},
+    "rescue-off": {"notice": True, "rdzv": TUNED_RDZV_CONF, "every": 25, "rescue": "off"},
+    "baseline": {"notice": False, "rdzv": DEFAULT_RDZV_CONF, "every": DIGITS_STEPS_PER_EPOCH, "rescue": "off"},
+}
+FULL_SIZE = 2
+
+
+class BenchEvictor:
+    """``core.chaos.ScheduleEvictor`` over ``tests.support.elastic`` nodes: the local cluster's eviction (a
+    Preempt on the Scheduled Events endpoint, then every process of the node killed once the runtime
+    acknowledged or the notice ran out) and its capacity coming back as a new node."""
+
+    def __init__(self, job: JobConfig, imds: ScheduledEventsServer, events, logs: Path) -> None:
+        self.job, self.imds, self._events, self.logs = job, imds, events, logs
+        self.nodes: list[Node] = []
+        self._lock = threading.Lock()
+
+    def start(self, count: int) -> list[Node]:
+        with self._lock:
+            started = [Node(self.job, f"{self.job.name}-n{len(self.nodes) + i}", self.logs) for i in range(count)]
+            self.nodes.extend(started)
+        return started
+
+    def evict(self, item) -> dict:
+        running = {n.name: n for n in self.nodes if n.alive()}
+        if len(running) <= self.job.min_nodes:
+            raise Skipped(f"{len(running)} node(s) running, the job's minimum")
+        node = running[item.choose(list(running))]
+        started, acked = time.time(), None
+        event_id = None
+        if item.notice_seconds:
+            event_id = self.imds.post_event([node.name], "Preempt", notice_seconds=item.notice_seconds)
+            if self.imds.wait_acknowledged(event_id, timeout=item.notice_seconds):
+                acked = round(time.time() - started, 2)
+        node.kill()
+        evicted = time.time()
+        if event_id is not None:
+            self.imds.remove_event(event_id)
+        return {"node": node.name, "startedAt": started, "evictedAt": evicted, "acknowledgedAfterSeconds": acked}
+
+    def recovery(self, eviction: dict, stop) -> dict:
+        return follow_recovery(lambda _job: self._events(), self.job.name, eviction, sleep=sleeper(stop))
+
+    def capacity_back(self, item, eviction: dict, stop) -> dict:
+        stop.wait(max(0.0, eviction["evictedAt"] + item.replace_after - time.time()))
+        since = time.time()
+        [node] = self.start(1)
+        back = {"replacements": [{"node": node.name}]}
+        try:
+            back["fullSize"] = follow_world_size(lambda _job: self._events(), self.job.name, FULL_SIZE, since,
+                                                 sleep=sleeper(stop))
+        except FollowStopped:
+            back["stopped"] = True
+        return back
+
+    def events(self) -> list[dict]:
+        return self._events()
+
+    def stop_all(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+
+def scale_up_gaps(events: list[dict]) -> list[float]:
+    """Per world larger than the one before: seconds from that one's last completed step to the first progress
+    report of the larger one (core.goodput's segments)."""
+    worlds = segments(events)
+    gaps = []
+    for before, world in zip(worlds, worlds[1:]):
+        if world.world_size <= before.world_size:
+            continue
+        first = [e["time"] for e in events_of(events, "progress") if e["time"] > world.restored
+                 and e.get("world_size") == world.world_size]
+        if first:
+            gaps.append(round(min(first) - before.last_time, 2))
+    return gaps
+
+
+def run_config(config: str, spec: ScheduleSpec, blob, etcd, imds: ScheduledEventsServer, logs: Path) -> dict:
+    cfg = CONFIGS[config]
+    name = f"gp-{config}-{uuid.uuid4().hex[:6]}"
+    job = JobConfig(
+        name=name, checkpoint_url=f"{blob.blob_endpoint}/bench/{name}", connection_string=blob.connection_string,
+        etcd_endpoint=etcd.endpoint, scheduled_events_url=imds.url if cfg["notice"] else "off",
+        rdzv_conf=cfg["rdzv"],
+        extra_env={"ELASTICTRAIN_PROGRESS_SECONDS": "0.2", "ELASTICTRAIN_MEMORY_RESCUE": cfg["rescue"]},
+        script_args=["--steps", "1000000", "--checkpoint-every", str(cfg["every"]), "--step-delay", "0.05",
+                     "--log-every", "1000"],
+    )
+    store = BlobStore.from_url(job.checkpoint_url, connection_string=blob.connection_string)
+    evictor = BenchEvictor(job, imds, lambda: read_events(store, store.prefix), logs / name)
+    try:
+        evictor.start(FULL_SIZE)
+        wait_for(lambda: [e for e in events_of(evictor.events(), "progress") if e.get("world_size") == FULL_SIZE],
+                 300, f"{config}: training at world size {FULL_SIZE}")
+        lines: list[str] = []
+        result = run_schedule(plan_schedule(spec), evictor, say=lines.append)
+        events = evictor.events()
+    finally:
+        evictor.stop_all()
+        store.close()
+    found = result["goodput"] or {}
+    lost = found.get("lostRankSeconds") or {}
+    total = found.get("usefulRankSeconds", 0) + sum(lost.values())
+    running = total - lost.get("starting", 0)
+    done = [e for e in result["evictions"] if "node" in e]
+    return {
+        "config": config, "job": name,
+        "goodput": found.get("goodput"),
+        "goodput_running": round(found["usefulRankSeconds"] / running, 4) if found and running > 0 else None,
+        "lost_rank_seconds": lost, "steps_retrained": found.get("stepsLost"),
+        "no_notice_steps_lost": [e["recovery"].get("stepsLost") for e in done
+                                 if not e["noticeSeconds"] and "recoverySeconds" in (e.get("recovery") or {})],
+        "notice_recovery_s": [e["recovery"]["recoverySeconds"] for e in done
+                              if e["noticeSeconds"] and "recoverySeconds" in (e.get("recovery") or {})],
+        "no_notice_recovery_s": [e["recovery"]["recoverySeconds"] for e in done
+                                 if not e["noticeSeconds"] and "recoverySeconds" in (e.get("recovery") or {})],
+        "scale_up_no_training_s": scale_up_gaps(events),
+        "evictions": len(done), "skipped": len(result["evictions"]) - len(done),
+        "not_measured": [e.get("recovery") for e in done if "recoverySeconds" not in (e.get("recovery") or {})],
+        "lines": lines,
+    }
+
+
+def _median(values):
+    values = [v for v in values if v is not None]
+    return round(statistics.median(values), 2) if values else None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=float, default=600.0, help="seconds of the schedule per run")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rate", type=float, default=1.0, help="evictions per minute")
+    parser.add_argument("--notice-share", type=float, default=0.5)
+    parser.add_argument("--notice-seconds", type=float, default=30.0)
+    parser.add_argument("--replace-after", type=float, default=30.0)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--configs", default=",".join(CONFIGS), help="which of " + ", ".join(CONFIGS))
+    parser.add_argument("--json", help="write every sample here")
+    args = parser.parse_args()
+    configs = [c for c in args.configs.split(",") if c]
+    spec = ScheduleSpec(rate=args.rate, duration=args.duration, notice_share=args.notice_share,
+                        notice_seconds=args.notice_seconds, replace_after=args.replace_after, seed=args.seed)
+    schedule = plan_schedule(spec)
+    print(f"schedule (seed {args.seed}): " + ", ".join(
+        f"+{e.at:g}s {'notice ' + format(e.notice_seconds, 'g') + 's' if e.notice_seconds else 'no notice'}"
+        for e in schedule.evictions) + f"; capacity back {args.replace_after:g}s after each", flush=True)
+    samples: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="elastictrain-goodput-") as tmp:
+        work = Path(tmp)
+        with start_azurite(work / "azurite") as blob, start_etcd(work / "etcd") as etcd, \
+                ScheduledEventsServer() as imds:
+            blob.blob_service_client().create_container("bench")
+            for rep in range(args.repeats):
+                order = configs[rep % len(configs):] + configs[:rep % len(configs)]  # rotate: spread drift
+                for config in order:
+                    started = time.time()
+                    sample = run_config(config, spec, blob, etcd, imds, work / "logs")
+                    sample["rep"] = rep + 1
+                    samples.append(sample)
+                    print(f"  rep {rep + 1} {config:10s} goodput {sample['goodput']}  running "
+                          f"{sample['goodput_running']}  no-notice lost {sample['no_notice_steps_lost']}  notice "
+                          f"recovery {sample['notice_recovery_s']}  scale-up gaps {sample['scale_up_no_training_s']}"
+                          f"  ({time.time() - started:.0f}s)", flush=True)
+                    for line in sample["lines"]:
+                        print(f"      {line}", flush=True)
+    print(f"\n{'config':10s} {'n':>2s} {'goodput':>8s} {'running':>8s} {'no-notice lost':>15s} "
+          f"{'notice rec s':>12s} {'no-notice rec s':>15s} {'scale-up gap s':>14s}")
+    medians = {}
+    for config in configs:
+        rows = [s for s in samples if s["config"] == config]
+        medians[config] = {
+            "goodput": _median(r["goodput"] for r in rows),
+            "goodput_running": _median(r["goodput_running"] for r in rows),
+            "no_notice_steps_lost": _median(x for r in rows for x in r["no_notice_steps_lost"]),
+            "notice_recovery_s": _median(x for r in rows for x in r["notice_recovery_s"]),
+            "no_notice_recovery_s": _median(x for r in rows for x in r["no_notice_recovery_s"]),
+            "scale_up_no_training_s": _median(x for r in rows for x in r["scale_up_no_training_s"]),
+        }
+        m = medians[config]
+        print(f"{config:10s} {len(rows):2d} {m['goodput']!s:>8s} {m['goodput_running']!s:>8s} "
+              f"{m['no_notice_steps_lost']!s:>15s} {m['notice_recovery_s']!s:>12s} "
+              f"{m['no_notice_recovery_s']!s:>15s} {m['scale_up_no_training_s']!s:>14s}")
+    print("\ngoals for ours: goodput >= 0.95, no-notice steps lost <= 1, scale-up gap <= 3 s, notice recovery <= 5 s")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "schedule": schedule.to_dict(),
+                                               "samples": samples, "medians": medians}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
