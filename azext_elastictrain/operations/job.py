@@ -23,9 +23,21 @@ def run_job(cmd, *, name: str, script: str, min_nodes: int, max_nodes: int, loca
     """Validate everything, then start the job: torchrun agents here (--local), or on AKS an ElasticJob
     (--engine torchelastic, the default) or a batch/v1 Indexed Job (--engine k8s-job)."""
     from azext_elastictrain.backends.base import JobRequest
-    from azext_elastictrain.core.spec import DEFAULT_MEMORY_TIER, JobSpec
 
     target = resolve_target(local=local, resource_group=resource_group_name, cluster=cluster, job=name)
+    spec = _job_spec(target, script_args=script_args, gpus_per_node=gpus_per_node, nproc_per_node=nproc_per_node,
+                     memory_tier=memory_tier, name=name, script=script, min_nodes=min_nodes, max_nodes=max_nodes,
+                     nodes=nodes, checkpoint_interval=checkpoint_interval, keep=keep)
+    with az_errors(target, job=name), target.opened(cmd) as backend:
+        plan = backend.plan_job(JobRequest(spec, image, gpus_per_node, engine))
+        return plan.shown if dry_run else backend.submit_job(plan)
+
+
+def _job_spec(target, *, script_args: str | None, gpus_per_node: int | None, nproc_per_node: int | None,
+              memory_tier: str | None, **fields):
+    """The job's spec from the command's values (``fields``: JobSpec's own); bad ones are az errors."""
+    from azext_elastictrain.core.spec import DEFAULT_MEMORY_TIER, JobSpec
+
     if gpus_per_node is not None and gpus_per_node < 1:
         raise InvalidArgumentValueError(f"--gpus-per-node must be a whole number of at least 1, not {gpus_per_node}",
                                         recommendation="Pass the GPUs each worker pod gets, e.g. 1.")
@@ -39,13 +51,9 @@ def run_job(cmd, *, name: str, script: str, min_nodes: int, max_nodes: int, loca
     # a worker pod runs one training process per GPU unless told otherwise; a local node one
     if nproc_per_node is None:
         nproc_per_node = (gpus_per_node or 1) if target.kind == "aks" else 1
-    spec = JobSpec(name=name, script=script, min_nodes=min_nodes, max_nodes=max_nodes, nodes=nodes,
-                   nproc_per_node=nproc_per_node, script_args=args, checkpoint_interval=checkpoint_interval, keep=keep,
+    return JobSpec(**fields, nproc_per_node=nproc_per_node, script_args=args,
                    memory_tier=memory_tier or DEFAULT_MEMORY_TIER,
                    **({"cluster": target.cluster} if target.kind == "local" else {}))
-    with az_errors(target, job=name), target.opened(cmd) as backend:
-        plan = backend.plan_job(JobRequest(spec, image, gpus_per_node, engine))
-        return plan.shown if dry_run else backend.submit_job(plan)
 
 
 def list_jobs(cmd, local: bool = False, cluster: str | None = None,

@@ -506,7 +506,8 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # restore+s
         if keeping is not None:
             try:
                 keeping.result()
-            except Exception as ex:  # noqa: BLE001 - the memory tier is an optimisation; blob stands
+            # pylint: disable-next=broad-exception-caught  # whatever the keeper thread raised: the memory
+            except Exception as ex:  # noqa: BLE001  # tier is an optimisation and blob stands, training goes on
                 log.warning("could not keep a step in memory: %s", ex)
         return self.memory_step
 
@@ -674,8 +675,9 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # restore+s
         (``ENV_NODE_LEAVING_FILE``: a pod's preStop hook, a local node's stop), and blob holds an older
         durable checkpoint: the survivors restore from their own memory and a newcomer from a peer. What
         that gives up: if every node holding the copy is lost at once without a SIGTERM of its own before
-        the next interval checkpoint, the job resumes from blob's older one. A rank whose own SIGTERM has not come yet waits for it (briefly:
-        its agent polls the same rendezvous), so no rank trains a step its peers will not.
+        the next interval checkpoint, the job resumes from blob's older one. A rank whose own SIGTERM has not
+        come yet waits for it (briefly: its agent polls the same rendezvous), so no rank trains a step its
+        peers will not.
         """
         if self.local_rank == 0:  # the node's writer says whether the node holds this step
             kept = self._keeper is not None and self.kept_in_memory() == step

@@ -34,7 +34,7 @@ from azext_elastictrain.core.events import (
 )
 
 __all__ = ["EventLog", "CHECKPOINT", "CHECKPOINT_FAILED", "FINISHED", "INTERRUPTED", "PREEMPTED", "PROGRESS",
-           "RESTORED", "STARTED", "read_events"]
+           "REFORMING", "RESTORED", "STARTED", "read_events"]
 
 log = logging.getLogger(__name__)
 
