@@ -31,6 +31,7 @@ EXTRAS = {
     "test": [
         "pytest>=8",
         "pytest-timeout",
+        "pytest-xdist==3.8.0",  # scripts/test.sh: all but the torchrun tests on every core
         "hypothesis==6.170.15",  # property tests (retention planning, ElasticSampler schedules)
         "matplotlib",  # job timeline --output-file (the demo draws with it)
         "kubernetes-validate>=1.30.0",  # rendered objects vs the official Kubernetes schemas

@@ -2,7 +2,7 @@
 # Run the test suite the way CI does: bootstrap (scripts/setup.sh, quick when
 # nothing changed), then pytest from .venv over tests/.
 #
-#   bash scripts/test.sh                       # everything (unit, integration, e2e)
+#   bash scripts/test.sh                       # everything: in parallel, then the torchrun tests alone
 #   bash scripts/test.sh -m unit               # extra arguments go to pytest
 #   bash scripts/test.sh -m "unit or e2e" -k az_cli
 #
@@ -16,9 +16,23 @@ bash scripts/setup.sh
 # shellcheck source=scripts/env.sh
 source scripts/env.sh
 
+# With no arguments (CI): everything but the torchrun tests on every core (pytest-xdist), then the torchrun tests
+# alone, one at a time: they train with several processes and assert how fast a job recovers, so they get the
+# machine to themselves. With arguments, one plain pytest run with them.
+pytest=("$ROOT/.venv/bin/python" -m pytest)
 set +e
-"$ROOT/.venv/bin/python" -m pytest "$@"
-rc=$?
+if (($#)); then
+    "${pytest[@]}" "$@"
+    rc=$?
+else
+    workers=$(nproc 2>/dev/null || echo 2)
+    ((workers < 2)) && workers=2
+    "${pytest[@]}" -n "$workers" -m "not torchrun"
+    rc=$?
+    "${pytest[@]}" -m torchrun
+    rc2=$?
+    ((rc == 0)) && rc=$rc2
+fi
 set -e
 
 case "$rc" in
