@@ -137,8 +137,9 @@ def _handler(api: KubeApi):
                 return self._watch(request)
             status, body = _route(api, request)
             request.status = status
-            if isinstance(body, bytes) and request.query.get("follow") == ["true"] and api.log_stall:
-                return self._stalled_log(body)
+            stall = api.log_stall  # as it is when the request comes: a test may change it for the next one
+            if isinstance(body, bytes) and request.query.get("follow") == ["true"] and stall:
+                return self._stalled_log(body, stall)
             return self._answer(status, body)
 
         def _watch(self, request: Request) -> None:
@@ -170,7 +171,7 @@ def _handler(api: KubeApi):
                     send("ADDED" if seen is None else "MODIFIED", now)
                 seen = now
 
-        def _stalled_log(self, body: bytes) -> None:
+        def _stalled_log(self, body: bytes, stall: float) -> None:
             """The stored log, then silence for ``log_stall`` seconds (a connection gone quiet), then the end."""
             import time
 
@@ -179,7 +180,7 @@ def _handler(api: KubeApi):
             self.end_headers()
             self.wfile.write(body)
             self.wfile.flush()
-            time.sleep(api.log_stall)
+            time.sleep(stall)
 
         do_GET = do_PATCH = do_DELETE = _handle
 
