@@ -8,7 +8,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
 cd "$ROOT"
 
-bash scripts/setup.sh
+ELASTICTRAIN_SETUP_TEST_TOOLS=0 bash scripts/setup.sh  # the demo needs no test tools (checkov, linters)
 # shellcheck source=scripts/env.sh
 source scripts/env.sh
 exec "$ROOT/.venv/bin/python" scripts/demo.py "$@"

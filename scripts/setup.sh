@@ -108,7 +108,11 @@ fi
 
 # --- checkov -----------------------------------------------------------------
 # Its own venv: checkov pins boto3, networkx, pydantic, ... at versions azure-cli's .venv must not get.
-if [ -x "$CHECKOV_VENV/bin/checkov" ] && [ "$(cat "$CHECKOV_VENV/.version" 2>/dev/null)" = "$CHECKOV_VERSION" ]; then
+# Test tools (checkov, lint) only for the tests: the demo sets ELASTICTRAIN_SETUP_TEST_TOOLS=0.
+TEST_TOOLS="${ELASTICTRAIN_SETUP_TEST_TOOLS:-1}"
+if [ "$TEST_TOOLS" = 0 ]; then
+    say checkov "skipped (test tool; ELASTICTRAIN_SETUP_TEST_TOOLS=0)"
+elif [ -x "$CHECKOV_VENV/bin/checkov" ] && [ "$(cat "$CHECKOV_VENV/.version" 2>/dev/null)" = "$CHECKOV_VERSION" ]; then
     say checkov "ok (checkov $CHECKOV_VERSION in $CHECKOV_VENV)"
 else
     command -v python3 >/dev/null 2>&1 || die "python3 not found"
@@ -166,7 +170,9 @@ fi
 
 # --- lint --------------------------------------------------------------------
 LINT_LINE="pip install ${LINT_REQUIREMENTS[*]} && pip install --no-deps $AZDEV_REQUIREMENT"
-if [ -f "$LINT_STAMP" ] && [ "$(cat "$LINT_STAMP")" = "$LINT_LINE" ] && [ "$PIP_RAN" -eq 0 ]; then
+if [ "$TEST_TOOLS" = 0 ]; then
+    say lint "skipped (test tools; ELASTICTRAIN_SETUP_TEST_TOOLS=0)"
+elif [ -f "$LINT_STAMP" ] && [ "$(cat "$LINT_STAMP")" = "$LINT_LINE" ] && [ "$PIP_RAN" -eq 0 ]; then
     say lint "ok (${LINT_REQUIREMENTS[*]} $AZDEV_REQUIREMENT)"
 else
     t0=$(now_ms)
