@@ -186,6 +186,10 @@ def load_arguments(self, _):  # pylint: disable=too-many-statements  # one state
                         "twice: give twice the model + optimizer state or more), as a Kubernetes quantity, "
                         "e.g. 8Gi; or 'off'. On AKS the sizeLimit of a memory-backed emptyDir, which counts "
                         "against the pod's memory. Locally the tier uses /dev/shm; only 'off' matters there.")
+        c.argument("warm_start", arg_type=get_three_state_flag(), options_list=["--warm-start"],
+                   help="Start each worker by forking a per-node process that has imported torch and the "
+                        "runtime once (seconds less without training at every re-form). false: every worker "
+                        "starts a new Python, as plain torchrun does.")
     with self.argument_context("elastictrain job logs") as c:
         c.argument("node", options_list=["--node"],
                    help="Only this node's log, e.g. myjob-node-0 (default: every node, lines prefixed by node).")

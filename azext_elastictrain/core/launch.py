@@ -28,6 +28,10 @@ ENV_MEMORY_DIR = "ELASTICTRAIN_MEMORY_DIR"
 # rather than left in the node's memory.
 ENV_NODE_LEAVING_FILE = "ELASTICTRAIN_NODE_LEAVING_FILE"
 ENV_PREEMPTION_HOLD_SECONDS = "ELASTICTRAIN_PREEMPTION_HOLD_SECONDS"  # after acknowledging: wait for the VM to go
+# Workers fork from a per-node process that imported torch once (runtime/warm.py); "off": each starts cold.
+ENV_WARM_START = "ELASTICTRAIN_WARM_START"
+ENV_WARM_DIR = "ELASTICTRAIN_WARM_DIR"  # where its sockets live (default: a folder of the user's own in TMPDIR)
+ENV_WARM_IMPORTS = "ELASTICTRAIN_WARM_IMPORTS"  # more modules it imports up front, comma-separated
 ENV_PREFIX = "ELASTICTRAIN_"  # a local node starts without the caller's ELASTICTRAIN_* settings
 
 # torch 2.13: an elastic scale-up hangs when the rendezvous shares its TCP store with the workers.
@@ -53,6 +57,30 @@ LOCAL_RDZV_CONF = "last_call_timeout=2,keep_alive_interval=1,keep_alive_max_atte
 # AKS: one step more margin than local: heartbeats cross a real network to etcd, and a needless re-form
 # restarts every GPU worker of the job.
 AKS_RDZV_CONF = "last_call_timeout=3,keep_alive_interval=2,keep_alive_max_attempt=3,join_timeout=300"
+
+
+# torchrun runs this module as each worker (``-m``); it starts the script warm (runtime/warm.py).
+WARM_START_MODULE = "azext_elastictrain.runtime.warm"
+
+
+def worker_entry(script: str, script_args=(), *, warm: bool = True) -> list[str]:
+    """torchrun's last arguments, the same on both backends: the script (started warm unless told not to)
+    and its arguments."""
+    return [*(["-m", WARM_START_MODULE] if warm else []), script, *script_args]
+
+
+def agent_module(*, warm: bool = True) -> list[str]:
+    """What ``python`` runs as a node's agent: torchrun, or with warm starts torchrun behind runtime/warm.py's
+    ``--agent`` (it starts the node's warm server, then becomes torchrun with the same arguments)."""
+    return ["-m", WARM_START_MODULE, "--agent"] if warm else ["-m", TORCHRUN_MODULE]
+
+
+def script_of(entry: list[str]) -> tuple[str | None, list[str], bool]:
+    """The script, its arguments and whether it starts warm, back from torchrun's last arguments."""
+    warm = entry[:2] == ["-m", WARM_START_MODULE]
+    if warm:
+        entry = entry[2:]
+    return (entry[0], list(entry[1:]), warm) if entry else (None, [], warm)
 
 
 def torchrun_options(*, rdzv_conf: str, nproc_per_node: int, rdzv_id: str | None = None) -> list[str]:

@@ -236,7 +236,7 @@ def render_elastic_job(job, cluster: InClusterSpec, image: str, *, run_id: str |
     ``gpus_per_node`` GPUs (default: one per training process).
     """
     gpus = _validate_job_inputs(job, cluster, image, gpus_per_node)
-    args = [*_torchrun_options(job, run_id), job.script, *job.script_args]
+    args = [*_torchrun_options(job, run_id), *launch.worker_entry(job.script, job.script_args, warm=job.warm_start)]
     return {
         "apiVersion": ELASTICJOB_API_VERSION, "kind": "ElasticJob",
         "metadata": {"name": job.name, "namespace": cluster.namespace,
@@ -279,7 +279,8 @@ def render_k8s_job(job, cluster: InClusterSpec, image: str, *, run_id: str | Non
     labels = _job_labels(job, ENGINE_K8S_JOB)
     args = [*_torchrun_options(job, run_id or job.name),
             f"--rdzv-endpoint={etcd_endpoint(cluster.namespace)}",
-            f"--nnodes={job.min_nodes}:{job.max_nodes}", job.script, *job.script_args]
+            f"--nnodes={job.min_nodes}:{job.max_nodes}",
+            *launch.worker_entry(job.script, job.script_args, warm=job.warm_start)]
     template = _worker_template(job, cluster, image, args, gpus=gpus, engine=ENGINE_K8S_JOB)
     template["spec"].update(restartPolicy="Never", subdomain=job.name)
     service = {
@@ -378,7 +379,9 @@ def _memory_tier_volumes(job) -> list[dict]:
 def _worker_container(job, image: str, args: list[str], gpus: int) -> dict:
     return {
         "name": WORKER_CONTAINER, "image": image,
-        "command": ["python", "-m", launch.TORCHRUN_MODULE],
+        # With warm starts the agent is torchrun behind runtime/warm.py's --agent (it execs torchrun with the
+        # same arguments, the operator's prepended ones included, after starting the node's warm server).
+        "command": ["python", *launch.agent_module(warm=job.warm_start)],
         "args": args,
         "env": _worker_env(job),
         "resources": {"limits": {"nvidia.com/gpu": gpus}},

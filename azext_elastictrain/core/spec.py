@@ -57,6 +57,9 @@ class JobSpec:  # pylint: disable=too-many-instance-attributes  # one field per 
     # The in-memory rescue tier: "off", or the node memory it may use (a Kubernetes quantity: on AKS the
     # sizeLimit of the memory-backed emptyDir it lives in).
     memory_tier: str = DEFAULT_MEMORY_TIER
+    # Workers fork from the node's warm server, which imported torch once (runtime/warm.py); False: each
+    # worker starts a new Python, as plain torchrun does.
+    warm_start: bool = True
 
     @property
     def node_count(self) -> int:

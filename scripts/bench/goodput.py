@@ -12,6 +12,8 @@ interleaved per repetition:
   ours        our runtime, tuned rendezvous, checkpoint every 25 steps,
               in-memory rescue on (ELASTICTRAIN_MEMORY_RESCUE=on)
   rescue-off  the same with ELASTICTRAIN_MEMORY_RESCUE=off (blob only)
+  cold        (only with --configs) ours with workers started cold, not
+              forked from the node's warm server (runtime/warm.py)
   baseline    plain torchrun: default rendezvous settings, a checkpoint once
               per epoch, no notice handling (recovery.py's baseline: a notice
               is not heeded, the node goes when it runs out)
@@ -52,10 +54,14 @@ from tests.support.elastic import TUNED_RDZV_CONF, JobConfig, Node, events_of, r
 from tests.support.services import start_azurite, start_etcd  # noqa: E402
 
 CONFIGS = {
-    "ours": {"notice": True, "rdzv": TUNED_RDZV_CONF, "every": 25, "rescue": "on"},
-    "rescue-off": {"notice": True, "rdzv": TUNED_RDZV_CONF, "every": 25, "rescue": "off"},
-    "baseline": {"notice": False, "rdzv": DEFAULT_RDZV_CONF, "every": DIGITS_STEPS_PER_EPOCH, "rescue": "off"},
+    "ours": {"notice": True, "rdzv": TUNED_RDZV_CONF, "every": 25, "rescue": "on", "warm": True},
+    "rescue-off": {"notice": True, "rdzv": TUNED_RDZV_CONF, "every": 25, "rescue": "off", "warm": True},
+    "baseline": {"notice": False, "rdzv": DEFAULT_RDZV_CONF, "every": DIGITS_STEPS_PER_EPOCH, "rescue": "off",
+                 "warm": False},
 }
+# Not run by default (--configs ours,cold,...): ours with every worker started cold, as plain torchrun starts them.
+CONFIGS["cold"] = dict(CONFIGS["ours"], warm=False)
+DEFAULT_CONFIGS = ("ours", "rescue-off", "baseline")
 FULL_SIZE = 2
 
 
@@ -138,6 +144,7 @@ def run_config(config: str, spec: ScheduleSpec, blob, etcd, imds: ScheduledEvent
         etcd_endpoint=etcd.endpoint, scheduled_events_url=imds.url if cfg["notice"] else "off",
         rdzv_conf=cfg["rdzv"],
         extra_env={"ELASTICTRAIN_PROGRESS_SECONDS": "0.2", "ELASTICTRAIN_MEMORY_RESCUE": cfg["rescue"]},
+        warm_start=cfg["warm"],
         script_args=["--steps", "1000000", "--checkpoint-every", str(cfg["every"]), "--step-delay", "0.05",
                      "--log-every", "1000"],
     )
@@ -190,7 +197,7 @@ def main() -> int:
     parser.add_argument("--notice-seconds", type=float, default=30.0)
     parser.add_argument("--replace-after", type=float, default=30.0)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--configs", default=",".join(CONFIGS), help="which of " + ", ".join(CONFIGS))
+    parser.add_argument("--configs", default=",".join(DEFAULT_CONFIGS), help="which of " + ", ".join(CONFIGS))
     parser.add_argument("--json", help="write every sample here")
     args = parser.parse_args()
     configs = [c for c in args.configs.split(",") if c]

@@ -52,9 +52,9 @@ DIGITS_STEPS_PER_EPOCH = 1797 // 64
 # torchrun's own defaults, spelled out (keep-alive 5 s x 3, last call 30 s).
 DEFAULT_RDZV_CONF = "last_call_timeout=30,keep_alive_interval=5,keep_alive_max_attempt=3,join_timeout=600"
 CASES = {
-    "notice": {"notice": True, "rdzv": TUNED_RDZV_CONF, "every": 25},
-    "no-notice": {"notice": False, "rdzv": TUNED_RDZV_CONF, "every": 25},
-    "baseline": {"notice": False, "rdzv": DEFAULT_RDZV_CONF, "every": DIGITS_STEPS_PER_EPOCH},
+    "notice": {"notice": True, "rdzv": TUNED_RDZV_CONF, "every": 25, "warm": True},
+    "no-notice": {"notice": False, "rdzv": TUNED_RDZV_CONF, "every": 25, "warm": True},
+    "baseline": {"notice": False, "rdzv": DEFAULT_RDZV_CONF, "every": DIGITS_STEPS_PER_EPOCH, "warm": False},
 }
 
 
@@ -64,7 +64,7 @@ def run_case(case: str, blob, etcd, imds: ScheduledEventsServer, logs: Path) -> 
     job = JobConfig(
         name=name, checkpoint_url=f"{blob.blob_endpoint}/bench/{name}", connection_string=blob.connection_string,
         etcd_endpoint=etcd.endpoint, scheduled_events_url=imds.url if cfg["notice"] else "off",
-        rdzv_conf=cfg["rdzv"], extra_env={"ELASTICTRAIN_PROGRESS_SECONDS": "0.2"},
+        rdzv_conf=cfg["rdzv"], extra_env={"ELASTICTRAIN_PROGRESS_SECONDS": "0.2"}, warm_start=cfg["warm"],
         script_args=["--steps", "100000", "--checkpoint-every", str(cfg["every"]), "--step-delay", "0.05",
                      "--log-every", "100"],
     )
@@ -209,6 +209,9 @@ def main() -> int:
     parser.add_argument("--candidate", metavar="RDZV_CONF",
                         help="also measure these rendezvous settings (cases notice* and no-notice*), "
                              "side by side with the shipped ones")
+    parser.add_argument("--cold", action="store_true",
+                        help="also measure notice and no-notice with every worker started cold (cases notice-cold "
+                             "and no-notice-cold: plain torchrun worker starts, no warm server)")
     parser.add_argument("--state-mib", type=int, nargs="+",
                         help="instead: a survivor's restore of a state this size (or sizes), from memory vs from "
                              "blob, and the per-step cost of keeping it in memory")
@@ -221,6 +224,9 @@ def main() -> int:
     if args.candidate:
         CASES["notice*"] = dict(CASES["notice"], rdzv=args.candidate)
         CASES["no-notice*"] = dict(CASES["no-notice"], rdzv=args.candidate)
+    if args.cold:
+        CASES["notice-cold"] = dict(CASES["notice"], warm=False)
+        CASES["no-notice-cold"] = dict(CASES["no-notice"], warm=False)
     samples: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="elastictrain-recovery-") as tmp:
         work = Path(tmp)
@@ -245,6 +251,10 @@ def main() -> int:
     if args.candidate:
         print(f"candidate {args.candidate}: notice* / notice recovery "
               f"{medians['notice*']['recovery_s'] / medians['notice']['recovery_s']:.2f}")
+    if args.cold:
+        for case in ("notice", "no-notice"):
+            print(f"{case}-cold / {case} recovery (warm start's gain): "
+                  f"{medians[f'{case}-cold']['recovery_s'] / medians[case]['recovery_s']:.2f}x")
     if args.json:
         Path(args.json).write_text(json.dumps({"samples": samples, "medians": medians, "ratio": ratio}, indent=1))
     return 0

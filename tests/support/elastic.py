@@ -21,6 +21,7 @@ from typing import Callable, Sequence
 import psutil
 
 # The rendezvous settings local jobs run with: one place decides them.
+from azext_elastictrain.core import launch
 from azext_elastictrain.core.launch import LOCAL_RDZV_CONF as TUNED_RDZV_CONF
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -40,6 +41,7 @@ class JobConfig:
     scheduled_events_url: str = "off"
     rdzv_conf: str = TUNED_RDZV_CONF
     extra_env: dict = field(default_factory=dict)
+    warm_start: bool = True  # workers fork from the node's warm server (runtime/warm.py); False: plain torchrun
 
 
 class Node:
@@ -65,7 +67,7 @@ class Node:
         })
         env.update(job.extra_env)
         argv = [
-            sys.executable, "-m", "torch.distributed.run",
+            sys.executable, *launch.agent_module(warm=job.warm_start),
             f"--nnodes={job.min_nodes}:{job.max_nodes}",
             f"--nproc-per-node={job.nproc_per_node}",
             "--rdzv-backend=etcd-v2",
@@ -75,18 +77,30 @@ class Node:
             "--local-addr=127.0.0.1",
             "--max-restarts=100",
             "--monitor-interval=0.5",
-            str(TRAIN_SCRIPT), *job.script_args,
+            *(launch.worker_entry(str(TRAIN_SCRIPT), job.script_args) if job.warm_start
+              else [str(TRAIN_SCRIPT), *job.script_args]),
         ]
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log,
                                      stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
     def tree(self) -> list[psutil.Process]:
+        """Every process of the node: the agent with its descendants, and its warm server and the workers
+        forked from it (runtime/warm.py: outside the agent's tree, known by the node's environment)."""
         try:
             root = psutil.Process(self.proc.pid)
-            return [root, *root.children(recursive=True)]
+            procs = [root, *root.children(recursive=True)]
         except psutil.NoSuchProcess:
-            return []
+            procs = []
+        for proc in psutil.process_iter():
+            try:
+                env = proc.environ()
+            except psutil.Error:
+                continue
+            if (env.get("ELASTICTRAIN_NODE_NAME") == self.name and proc not in procs
+                    and env.get("ELASTICTRAIN_CHECKPOINT_URL") == self.job.checkpoint_url):
+                procs.append(proc)
+        return procs
 
     def signal_agent(self, sig: int) -> None:
         """What the kubelet does on eviction: signal the agent, which signals its workers."""

@@ -213,3 +213,18 @@ def test_recovery_after_an_aks_eviction_reads_the_events_like_the_local_one() ->
     result = aj.follow_recovery_aks(lambda job: events, "cifar", gone, node=k.name_of(GPU[1]), requested_at=asked)
     assert result == {"node": k.name_of(GPU[1]), "resumedFromStep": 160, "worldSize": 1, "restoreSeconds": 10.0,
                       "recoverySeconds": 22.5, "stepsLost": 0}
+
+
+def test_the_script_is_read_back_from_a_warm_entry_and_from_a_bare_one() -> None:
+    """Jobs started before warm starts name the script right after torchrun's options; later ones after
+    ``-m azext_elastictrain.runtime.warm``: job show reads both the same."""
+    from azext_elastictrain.core import launch
+
+    options = ["--nproc-per-node=1", "--nnodes=1:3"]
+    cold = launch.worker_entry("train.py", ["--lr", "0.1"], warm=False)
+    assert cold == ["train.py", "--lr", "0.1"]
+    for entry, warm in ((launch.worker_entry("train.py", ["--lr", "0.1"]), True), (cold, False)):
+        assert launch.script_of(entry) == ("train.py", ["--lr", "0.1"], warm)
+        shown = aj._script_args([*options, *entry])  # pylint: disable=protected-access
+        assert (shown["script"], shown["scriptArgs"], shown["warmStart"], shown["maxNodes"]) == (
+            "train.py", ["--lr", "0.1"], warm, 3)

@@ -50,10 +50,21 @@ def test_the_job_rendezvous_through_our_etcd_between_min_and_max(job) -> None:
 
 def test_our_torchrun_options_come_after_the_operators_so_they_win(job) -> None:
     container = _container(job)
-    assert container["command"] == ["python", "-m", "torch.distributed.run"]
+    # torchrun behind the warm start's --agent, which execs it with every argument (the operator's first)
+    assert container["command"] == ["python", "-m", launch.WARM_START_MODULE, "--agent"]
     args = container["args"]
     assert args[:3] == ["--rdzv-backend=etcd-v2", f"--rdzv-conf={launch.AKS_RDZV_CONF}", "--rdzv-id=cifar-1a2b3c4d"]
-    assert args[-3:] == ["scripts/train_cifar10.py", "--steps", "1000"]  # the script and its own arguments last
+    # The script and its own arguments last, started warm (runtime/warm.py: torchrun's -m runs the launcher).
+    assert args[-5:] == ["-m", launch.WARM_START_MODULE, "scripts/train_cifar10.py", "--steps", "1000"]
+
+
+def test_without_warm_starts_the_script_is_torchruns_own_entry_point() -> None:
+    import dataclasses
+
+    cold = m.render_elastic_job(dataclasses.replace(JOB, warm_start=False), CLUSTER, IMAGE, run_id="cifar-1a2b3c4d")
+    args = _container(cold)["args"]
+    assert args[-3:] == ["scripts/train_cifar10.py", "--steps", "1000"] and launch.WARM_START_MODULE not in args
+    assert _container(cold)["command"] == ["python", "-m", "torch.distributed.run"]
 
 
 def test_workers_need_a_spot_gpu_node(job) -> None:

@@ -77,6 +77,7 @@ def describe_job(elastic_job: dict, pods: list[dict], nodes: list[dict], events:
         "image": container.get("image"),
         "script": args["script"],
         "scriptArgs": args["scriptArgs"],
+        "warmStart": args["warmStart"],
         "minNodes": shape["minNodes"] if shape["minNodes"] is not None else args["minNodes"],
         "maxNodes": shape["maxNodes"] if shape["maxNodes"] is not None else args["maxNodes"],
         "nodeCount": shape["nodeCount"],
@@ -177,14 +178,15 @@ def _script_args(args: list[str]) -> dict:
     options = {}
     for i, arg in enumerate(args):
         if not arg.startswith("--"):
-            script, rest = arg, list(args[i + 1:])
+            script, rest, warm = launch.script_of(args[i:])
             break
         key, _, value = arg[2:].partition("=")
         options[key.replace("_", "-")] = value
     else:
-        script, rest = None, []
+        script, rest, warm = None, [], False
     low, _, high = (options.get("nnodes") or "").partition(":")
-    return {"script": script, "scriptArgs": rest, "nprocPerNode": _int(options.get("nproc-per-node")),
+    return {"script": script, "scriptArgs": rest, "warmStart": warm,
+            "nprocPerNode": _int(options.get("nproc-per-node")),
             "rdzvId": options.get("rdzv-id"), "minNodes": _int(low), "maxNodes": _int(high or low)}
 
 

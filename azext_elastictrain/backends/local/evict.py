@@ -30,15 +30,28 @@ def _request(method: str, url: str, body: dict | None = None) -> Any:
     return json.loads(raw) if raw else None
 
 
-def _kill_node(node: dict) -> None:
-    """The VM is gone: SIGKILL the agent and every descendant (workers start sessions of their own)."""
+def _kill_node(node: dict, marker: str) -> None:
+    """The VM is gone: SIGKILL every process of the node at once. Those are the agent with every descendant
+    (workers start sessions of their own) and the processes the node started outside that tree: its warm
+    server and the workers forked from it (runtime/warm.py), known by the node's name and the job's marker
+    in their environment."""
     import psutil
+
+    from azext_elastictrain.backends.local.jobs import JOB_MARKER_ENV
+    from azext_elastictrain.core.launch import ENV_NODE_NAME
 
     try:
         root = psutil.Process(node["pid"])
         procs = [root, *root.children(recursive=True)]
     except psutil.Error:
-        return
+        procs = []
+    for proc in psutil.process_iter():
+        try:
+            env = proc.environ()
+        except psutil.Error:
+            continue
+        if env.get(ENV_NODE_NAME) == node["name"] and env.get(JOB_MARKER_ENV) == marker and proc not in procs:
+            procs.append(proc)
     for proc in procs:
         try:
             proc.kill()
@@ -108,7 +121,7 @@ def _evict_one(backend: Any, cluster: str, job: dict, target: dict, *, conn: dic
                 acked_after = round(events[event_id]["AcknowledgedAt"] - started, 2)
                 break
             time.sleep(0.2)
-    _kill_node(target)
+    _kill_node(target, str(backend.job_dir(cluster, job["name"])))
     evicted_at = time.time()
     if event_id is not None:
         _request("DELETE", f"{_admin(conn)}/{event_id}")  # the VM is gone, and its events with it
@@ -126,7 +139,7 @@ def _replace(backend: Any, cluster: str, job: dict, conn: dict) -> dict:
         name=job["name"], script=job["script"], min_nodes=job["minNodes"], max_nodes=job["maxNodes"],
         nproc_per_node=job["nprocPerNode"], script_args=tuple(job["scriptArgs"]),
         checkpoint_interval=job["checkpointInterval"], keep=job["keep"], cluster=cluster,
-        memory_tier=job.get("memoryTier", DEFAULT_MEMORY_TIER),
+        memory_tier=job.get("memoryTier", DEFAULT_MEMORY_TIER), warm_start=job.get("warmStart", True),
     )
     name = f"{job['name']}-node-{len(job['nodes'])}"
     node = backend.start_node(spec, job["script"], name, conn, job_dir=backend.job_dir(cluster, job["name"]),

@@ -147,6 +147,7 @@ class LocalJobs:
                 "nodeCount": spec.node_count,
                 "nprocPerNode": spec.nproc_per_node,
                 "checkpointInterval": spec.checkpoint_interval, "memoryTier": spec.memory_tier,
+                "warmStart": spec.warm_start,
                 "keep": spec.keep,
                 "checkpointUrl": f"{conn['blob_endpoint']}/{CHECKPOINT_CONTAINER}/{spec.name}",
                 # One rendezvous per run: torch keeps a finished run's rendezvous closed in etcd for
@@ -193,14 +194,14 @@ class LocalJobs:
         })
         env.setdefault("OMP_NUM_THREADS", "1")
         argv = [
-            sys.executable, "-m", launch.TORCHRUN_MODULE,
+            sys.executable, *launch.agent_module(warm=spec.warm_start),
             *launch.torchrun_options(rdzv_conf=launch.LOCAL_RDZV_CONF, nproc_per_node=spec.nproc_per_node,
                                      rdzv_id=rdzv_id),
             f"--nnodes={spec.min_nodes}:{spec.max_nodes}",
             f"--rdzv-endpoint={conn['etcd']}",
             "--local-addr=127.0.0.1",
             "--monitor-interval=0.5",
-            script, *spec.script_args,
+            *launch.worker_entry(script, spec.script_args, warm=spec.warm_start),
         ]
         with open(log_path, "ab") as log:
             # pylint: disable-next=consider-using-with  # a detached agent: outlives this command
@@ -308,6 +309,7 @@ class LocalJobs:
             "created": iso_time(job["created"]),
             "script": job["script"],
             "scriptArgs": job["scriptArgs"],
+            "warmStart": job.get("warmStart", False),  # jobs started before warm starts had none
             "minNodes": job["minNodes"],
             "maxNodes": job["maxNodes"],
             "nodeCount": job["nodeCount"],
