@@ -402,18 +402,29 @@ class OfficialKubeClient:
 
     # -- helpers -------------------------------------------------------------------------------------------------
     def _watched(self, resource, name: str, namespace: str | None, timeout: float) -> Iterator[tuple[str, dict]]:
+        """The watch's events. A 401 when it opens (the request goes out at the first event) is answered once
+        with a new token, as _call answers one; once events came, the stream's end is the caller's to handle."""
         from kubernetes import watch
 
-        watcher = watch.Watch()
-        stream = resource.watch(namespace=namespace, name=name, timeout=max(1, int(timeout)), watcher=watcher)
-        try:
-            for event in self._guarded(f"watch {resource.kind} {name}", stream):
-                yield event["type"], event["raw_object"]
-        finally:
-            watcher.stop()
+        for attempt in (1, 2):
+            watcher = watch.Watch()
+            stream = resource.watch(namespace=namespace, name=name, timeout=max(1, int(timeout)), watcher=watcher)
+            opened = False
+            try:
+                for event in self._guarded(f"watch {resource.kind} {name}", stream):
+                    opened = True
+                    yield event["type"], event["raw_object"]
+                return
+            except KubeError as error:
+                if (error.status == 401 and not opened and attempt == 1 and self._tokens is not None
+                        and self._tokens.renew()):
+                    continue
+                raise
+            finally:
+                watcher.stop()
 
     def _guarded(self, action: str, stream: Iterator) -> Iterator:
-        """A stream whose failures become KubeErrors (a 401 in the middle of it is not retried: it ends)."""
+        """A stream whose failures become KubeErrors."""
         while True:
             try:
                 item = next(stream)

@@ -308,6 +308,21 @@ def test_a_token_about_to_expire_is_replaced_before_it_is_sent(entra_api) -> Non
     assert len(jtis) == len(entra_api.requests) and all(r.status != 401 for r in entra_api.requests)
 
 
+def test_a_watch_opened_with_a_token_the_server_stops_taking_is_renewed_once(entra_api) -> None:
+    login = _Login()
+    with connect(_exec_kubeconfig(entra_api), credential=login) as client:
+        client.apply(_configmap("settings", {"a": "1"}))
+        entra_api.expire_after_uses = 1  # every token from now on: refused at its second request
+        client.get("v1", "ConfigMap", "settings", "elastictrain")  # the login's token's second use: renewed
+        events = [(kind, obj["data"]["a"]) for kind, obj in client.watch("v1", "ConfigMap", "settings",
+                                                                         "elastictrain", timeout=1)]
+    assert events[:1] == [("ADDED", "1")]
+    watched = [r for r in entra_api.requests if r.query.get("watch")]
+    assert [r.status for r in watched] == [401, 200] and login.renewed == 2
+    tokens = [token_claims(r.headers["Authorization"].split()[1])["jti"] for r in watched]
+    assert tokens[0] != tokens[1]
+
+
 # -- watch and followed logs -------------------------------------------------------------------------------------
 
 def test_watch_sees_the_object_then_its_changes_until_the_timeout(api, client) -> None:
