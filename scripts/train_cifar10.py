@@ -42,6 +42,11 @@ if str(REPO) not in sys.path:  # run from a checkout without installing
 
 from azext_elastictrain.runtime import Checkpointer, ElasticSampler, TrainingState  # noqa: E402
 
+try:  # the offline dataset; imported at the top so a node's warm server imports it once (runtime/warm.py)
+    from sklearn.datasets import load_digits
+except ImportError:  # only --data (CIFAR-10) then
+    load_digits = None
+
 log = logging.getLogger("train")
 
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
@@ -53,8 +58,8 @@ def load_dataset(data: str | None) -> tuple[torch.Tensor, torch.Tensor, str]:
     """(images NCHW float32 normalised, labels int64, name)."""
     if data:
         return (*_load_cifar10(data), "cifar10")
-    from sklearn.datasets import load_digits
-
+    if load_digits is None:
+        raise SystemExit("train_cifar10: without --data it trains on scikit-learn's digits: pip install scikit-learn")
     digits = load_digits()
     images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
     images = (images - 0.5) / 0.5

@@ -466,7 +466,11 @@ def warm_imports(script: str) -> list[str]:
     except (OSError, SyntaxError, ValueError):
         return names
     script_dir = Path(script).resolve().parent
-    for node in tree.body:
+    top = list(tree.body)
+    for node in tree.body:  # an optional dependency's `try: import x` / `except ImportError` counts as top level
+        if isinstance(node, ast.Try):
+            top += node.body
+    for node in top:
         if isinstance(node, ast.Import):
             found = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and node.module != "__future__":

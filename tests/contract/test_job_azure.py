@@ -149,6 +149,12 @@ def test_dry_run_prints_the_elastic_job_and_creates_nothing(az, arm, cluster):
         "resources"]["limits"] == {"nvidia.com/gpu": 1}, "one GPU per worker by default"
     assert arm.kube.get(*EJ, name, NAMESPACE) is None and _applied(arm) == []
     assert not any(p.startswith("/kube") for _, p in arm.requests), "a dry run does not touch Kubernetes"
+    worker = planned["object"]["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    assert worker["command"][-2:] == ["azext_elastictrain.runtime.warm", "--agent"], "warm starts by default"
+    cold = az.json(*_run_args(name), *_where(cluster), "--dry-run", "--warm-start", "false")
+    worker = cold["object"]["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    assert worker["command"] == ["python", "-m", "torch.distributed.run"]
+    assert "azext_elastictrain.runtime.warm" not in worker["args"]
 
 
 # ---------------------------------------------------------------------------------------------- show, list

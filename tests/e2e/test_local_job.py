@@ -97,6 +97,7 @@ def test_a_two_node_job_trains_to_the_end_and_delete_leaves_nothing(local):
     assert shown["state"] == "Succeeded" and shown["step"] == STEPS and shown["worldSize"] == 2, shown
     assert shown["lastCheckpointStep"] == STEPS and shown["lastCheckpointTime"]
     assert shown["samplesPerSecond"] > 0 and shown["evictions"] == 0 and shown["recoveries"] == 0
+    assert shown["warmStart"] is True  # workers forked from each node's warm server (runtime/warm.py)
     _error(az("elastictrain", "job", "wait", "--local", "--name", JOB, "--state", "Failed", "--timeout", "5",
               check=False), "is Succeeded", "will not reach state Failed")
 

@@ -186,12 +186,13 @@ def test_the_server_imports_installed_modules_not_the_scripts_neighbours(tmp_pat
     (tmp_path / "neighbour.py").write_text("import os\nRANK = os.environ['RANK']\n")
     script.write_text("from __future__ import annotations\nimport json, neighbour\nfrom . import x\n"
                       "from numpy import linalg\nimport not_a_module_anywhere\n"
+                      "try:\n    import wave\nexcept ImportError:\n    wave = None\n"
                       "def f():\n    import sklearn\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv(warm.ENV_WARM_IMPORTS, "decimal, csv")
     names = warm.warm_imports(str(script))
     assert names[:len(warm.BASE_IMPORTS)] == list(warm.BASE_IMPORTS)
-    assert {"decimal", "csv", "json", "numpy"} <= set(names)
+    assert {"decimal", "csv", "json", "numpy", "wave"} <= set(names)  # wave: an optional import in a try
     # Beside the script (may read the round's settings), relative, unknown, or not at the top: not imported.
     assert not {"neighbour", "not_a_module_anywhere", "sklearn", "__future__", "x"} & set(names)
 

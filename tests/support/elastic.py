@@ -21,6 +21,7 @@ from typing import Callable, Sequence
 import psutil
 
 # The rendezvous settings local jobs run with: one place decides them.
+from azext_elastictrain.backends.local.state import node_processes
 from azext_elastictrain.core import launch
 from azext_elastictrain.core.launch import LOCAL_RDZV_CONF as TUNED_RDZV_CONF
 
@@ -85,22 +86,9 @@ class Node:
                                      stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
     def tree(self) -> list[psutil.Process]:
-        """Every process of the node: the agent with its descendants, and its warm server and the workers
-        forked from it (runtime/warm.py: outside the agent's tree, known by the node's environment)."""
-        try:
-            root = psutil.Process(self.proc.pid)
-            procs = [root, *root.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            procs = []
-        for proc in psutil.process_iter():
-            try:
-                env = proc.environ()
-            except psutil.Error:
-                continue
-            if (env.get("ELASTICTRAIN_NODE_NAME") == self.name and proc not in procs
-                    and env.get("ELASTICTRAIN_CHECKPOINT_URL") == self.job.checkpoint_url):
-                procs.append(proc)
-        return procs
+        """Every process of the node, as the local backend finds them (backends/local/state.py)."""
+        return node_processes(self.proc.pid, {launch.ENV_NODE_NAME: self.name,
+                                              launch.ENV_CHECKPOINT_URL: self.job.checkpoint_url})
 
     def signal_agent(self, sig: int) -> None:
         """What the kubelet does on eviction: signal the agent, which signals its workers."""

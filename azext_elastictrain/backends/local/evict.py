@@ -13,7 +13,7 @@ import time
 import urllib.request
 from typing import Any
 
-from azext_elastictrain.backends.local.state import alive
+from azext_elastictrain.backends.local.state import alive, node_processes
 from azext_elastictrain.core.spec import DEFAULT_MEMORY_TIER, JobSpec, SpecError
 
 
@@ -31,27 +31,14 @@ def _request(method: str, url: str, body: dict | None = None) -> Any:
 
 
 def _kill_node(node: dict, marker: str) -> None:
-    """The VM is gone: SIGKILL every process of the node at once. Those are the agent with every descendant
-    (workers start sessions of their own) and the processes the node started outside that tree: its warm
-    server and the workers forked from it (runtime/warm.py), known by the node's name and the job's marker
-    in their environment."""
+    """The VM is gone: SIGKILL every process of the node at once (known by the node's name and the job's
+    marker where they are not the agent's descendants)."""
     import psutil
 
     from azext_elastictrain.backends.local.jobs import JOB_MARKER_ENV
     from azext_elastictrain.core.launch import ENV_NODE_NAME
 
-    try:
-        root = psutil.Process(node["pid"])
-        procs = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        procs = []
-    for proc in psutil.process_iter():
-        try:
-            env = proc.environ()
-        except psutil.Error:
-            continue
-        if env.get(ENV_NODE_NAME) == node["name"] and env.get(JOB_MARKER_ENV) == marker and proc not in procs:
-            procs.append(proc)
+    procs = node_processes(node["pid"], {ENV_NODE_NAME: node["name"], JOB_MARKER_ENV: marker})
     for proc in procs:
         try:
             proc.kill()

@@ -116,6 +116,27 @@ def alive(component: dict | Component) -> bool:
         return False
 
 
+def node_processes(agent_pid: int, environment: dict[str, str]) -> list:
+    """Every process of a local node: its agent with all descendants (workers start sessions of their own),
+    and any process whose environment holds all of ``environment`` (a warm server a first launcher started,
+    and the workers forked from it, live outside the agent's tree: runtime/warm.py)."""
+    import psutil
+
+    try:
+        root = psutil.Process(agent_pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        procs = []
+    for proc in psutil.process_iter():
+        try:
+            env = proc.environ()
+        except psutil.Error:
+            continue
+        if proc not in procs and all(env.get(k) == v for k, v in environment.items()):
+            procs.append(proc)
+    return procs
+
+
 class FileLock:
     """An exclusive lock on a file, across processes (one job-changing command at a time per cluster)."""
 
