@@ -78,6 +78,7 @@ SERVER_START_TIMEOUT = 180.0  # importing torch on a busy node
 REQUEST_TIMEOUT = 30.0
 AGENT_POLL_SECONDS = 0.5
 _HEADER = struct.Struct("!I")
+_SOCKET_PATH_MAX = 108  # sun_path on Linux, with its terminating NUL
 MODULE = WARM_START_MODULE  # this module's name, also when it runs as __main__
 
 
@@ -194,8 +195,12 @@ def socket_path(script: str, agent: Agent) -> Path:
         raise WarmUnavailable(f"cannot use {folder}: {ex}") from ex
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
         raise WarmUnavailable(f"{folder} is not a folder of this user's alone (mode {oct(info.st_mode & 0o777)})")
-    key = hashlib.sha256(f"{Path(script).resolve()}\0{sys.executable}".encode()).hexdigest()[:12]
-    return folder / f"{agent.pid}-{agent.started}-{key}.sock"
+    key = hashlib.sha256(f"{agent}\0{Path(script).resolve()}\0{sys.executable}".encode()).hexdigest()[:20]
+    path = folder / f"{key}.sock"
+    if len(os.fsencode(path)) >= _SOCKET_PATH_MAX:
+        raise WarmUnavailable(f"the socket path {path} is longer than a Unix socket's {_SOCKET_PATH_MAX - 1} bytes "
+                              f"(set {ENV_WARM_DIR} to a shorter folder)")
+    return path
 
 
 def _start_warm(script: str, script_args: list[str]) -> tuple[socket.socket, int]:

@@ -61,7 +61,9 @@ def _check_schedule(az) -> None:
             assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)
             time.sleep(0.2)
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the second node is gone and not replaced yet
-        out, _ = proc.communicate(timeout=120)
+        # stdout here, stderr by the reader alone (communicate() would read stderr too, and take lines from it)
+        out = proc.stdout.read()
+        proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -58,10 +60,11 @@ def probe(tmp_path):
 
 
 @pytest.fixture
-def warm_dir(tmp_path):
-    folder = tmp_path / "warm"
-    folder.mkdir(mode=0o700)
-    return folder
+def warm_dir():
+    """A short folder: a Unix socket's path has 107 bytes at most, and pytest's tmp_path can be longer."""
+    folder = Path(tempfile.mkdtemp(prefix="warm-"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def run_agent(launches: list[dict], warm_dir: Path, cwd: Path, **env) -> list[dict]:
@@ -102,7 +105,7 @@ def test_a_warm_worker_is_the_process_a_cold_start_would_be(probe, warm_dir, tmp
     (cold,) = run_agent([launch], warm_dir, tmp_path, **{warm.ENV_WARM_START: "off"})
     w1, w2, c = info(warm1), info(warm2), info(cold)
 
-    assert c["preloaded"] is False and w1["preloaded"] is True and w2["preloaded"] is True
+    assert c["preloaded"] is False and w1["preloaded"] is True and w2["preloaded"] is True, warm1["stderr"]
     for key in ("argv", "cwd", "path0", "name", "x", "rank", "stdin"):
         assert w1[key] == c[key], key
     assert w1["path0"] == str(probe.parent) and w1["name"] == "__main__" and w1["stdin"] == "from the agent"
@@ -167,6 +170,15 @@ def test_a_folder_others_could_write_is_not_used_and_the_worker_starts_cold(prob
     assert result["rc"] == 0 and info(result)["preloaded"] is False and info(result)["x"] == "cold"
     assert "warm start unavailable" in result["stderr"] and "not a folder of this user's alone" in result["stderr"]
     assert list(shared.iterdir()) == []
+
+
+def test_a_socket_path_too_long_for_unix_sockets_starts_the_worker_cold(probe, tmp_path):
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True, mode=0o700)
+    deep.chmod(0o700)
+    (result,) = run_agent([{"script": str(probe)}], deep, tmp_path)
+    assert result["rc"] == 0 and info(result)["preloaded"] is False
+    assert "longer than a Unix socket's 107 bytes" in result["stderr"]
 
 
 def test_an_import_that_starts_a_thread_makes_the_server_refuse_and_the_worker_start_cold(probe, warm_dir, tmp_path):
