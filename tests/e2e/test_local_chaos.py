@@ -62,7 +62,8 @@ def _check_schedule(az) -> None:
             time.sleep(0.2)
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the second node is gone and not replaced yet
         # stdout here, stderr by the reader alone (communicate() would read stderr too, and take lines from it)
-        out = proc.stdout.read()
+        with proc.stdout:
+            out = proc.stdout.read()
         proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
