@@ -69,6 +69,7 @@ def _check_schedule(az) -> None:
         if proc.poll() is None:
             proc.kill()
     reader.join(timeout=10)
+    proc.stderr.close()
     text = "".join(lines)
     assert proc.returncode == 0 and "Traceback" not in text, text
     report = json.loads(out)
