@@ -9,11 +9,14 @@
 #   etcd      Debian's etcd-server (etcd 3.4, has --enable-v2) unless `etcd` is on PATH
 #   venv      python3 -m venv .venv (installs python3-venv via apt if needed)
 #   azurite   azurite@3.37.0 into .tools/ with npm
+#   pip       torch (CPU wheel pinned) and uv (pinned) with pip, then with uv: azure-cli, this package editable
+#             with [train,test] (and its DEPENDENCIES from setup.py: the pinned official kubernetes client);
+#             skipped while .venv/.elastictrain-stamp matches setup.py + the requirement line.
+#             Why two installers: pip finds a machine's local torch wheel (uv does not look there, and PyPI's
+#             torch==2.13.0 is the CUDA build); uv installs azure-cli's ~200 packages in seconds where pip took
+#             ~150 s here (it compiles every module; uv leaves that to the first import). If uv fails, pip.
 #   checkov   checkov (pinned) in its own venv .tools/checkov: it pins many packages azure-cli pins otherwise
-#             (86 s and 290 MB once here; then "ok"). Scans the planned ARM bodies in the contract tests.
-#   pip       azure-cli, torch (CPU wheel pinned), this package editable with [train,test] (and its
-#             DEPENDENCIES from setup.py: the pinned official kubernetes client);
-#             skipped while .venv/.elastictrain-stamp matches setup.py + the requirement line
+#             (290 MB once; then "ok"). Scans the planned ARM bodies in the contract tests.
 #   lint      the gates azure-cli-extensions CI runs, pinned: azdev (its linter rules and style configs),
 #             pylint, flake8 (tests/unit/test_publish_gates.py runs them)
 #   egg-info  elastictrain.egg-info at the repo root (az reads a dev extension's metadata there)
@@ -32,6 +35,7 @@ cd "$ROOT"
 AZURITE_VERSION="3.37.0"
 CHECKOV_VERSION="3.3.30"
 CHECKOV_VENV=".tools/checkov"
+PIP_FIRST=(torch==2.13.0 uv==0.13.9)  # with pip (see "pip" above)
 PIP_REQUIREMENTS=(azure-cli==2.91.0 torch==2.13.0 -e ".[train,test]")
 # azdev's own requirements (sphinx==1.6.7, tox, setuptools<80, ...) are for its other commands and clash with
 # azure-cli's: its linter rules and style configs need only knack, PyYAML and requests, which azure-cli brings.
@@ -56,6 +60,22 @@ show_log_tail() { # <log> : last lines of a log, without pip's noise, on stderr
 }
 
 mkdir -p "$LOG_DIR"
+
+# uv: the system's certificate store (as pip's), copies rather than hard links (its cache may be on another disk)
+export UV_NATIVE_TLS=1 UV_LINK_MODE=copy
+# install_into <python> <args...>: uv into that interpreter's environment, or pip when uv fails (a machine
+# that reaches its package index only through pip's configuration, say)
+install_into() {
+    local python="$1"
+    shift
+    # shellcheck disable=SC2086  # ELASTICTRAIN_PIP_ARGS is meant to word-split
+    if [ -x "$VENV/bin/uv" ] && "$VENV/bin/uv" pip install --python "$python" ${ELASTICTRAIN_PIP_ARGS:-} "$@"; then
+        return 0
+    fi
+    echo "setup: uv failed; installing with pip instead"
+    # shellcheck disable=SC2086
+    "$python" -m pip install --disable-pip-version-check ${ELASTICTRAIN_PIP_ARGS:-} "$@"
+}
 
 # --- apt helpers: sudo only when not root, apt-get update only when installing
 APT_UPDATED=0
@@ -106,29 +126,6 @@ else
     say azurite "installed azurite@$AZURITE_VERSION into .tools in $(elapsed "$t0")"
 fi
 
-# --- checkov -----------------------------------------------------------------
-# Its own venv: checkov pins boto3, networkx, pydantic, ... at versions azure-cli's .venv must not get.
-# Test tools (checkov, lint) only for the tests: the demo sets ELASTICTRAIN_SETUP_TEST_TOOLS=0.
-TEST_TOOLS="${ELASTICTRAIN_SETUP_TEST_TOOLS:-1}"
-if [ "$TEST_TOOLS" = 0 ]; then
-    say checkov "skipped (test tool; ELASTICTRAIN_SETUP_TEST_TOOLS=0)"
-elif [ -x "$CHECKOV_VENV/bin/checkov" ] && [ "$(cat "$CHECKOV_VENV/.version" 2>/dev/null)" = "$CHECKOV_VERSION" ]; then
-    say checkov "ok (checkov $CHECKOV_VERSION in $CHECKOV_VENV)"
-else
-    command -v python3 >/dev/null 2>&1 || die "python3 not found"
-    t0=$(now_ms)
-    log="$LOG_DIR/checkov.log"
-    if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
-        apt_install python3-venv
-    fi
-    { python3 -m venv --clear "$CHECKOV_VENV" \
-      && "$CHECKOV_VENV/bin/python" -m pip install --disable-pip-version-check ${ELASTICTRAIN_PIP_ARGS:-} \
-             "checkov==$CHECKOV_VERSION"; } >"$log" 2>&1 \
-        || { show_log_tail "$log"; die "installing checkov==$CHECKOV_VERSION into $CHECKOV_VENV failed"; }
-    printf '%s\n' "$CHECKOV_VERSION" >"$CHECKOV_VENV/.version"
-    say checkov "installed checkov $CHECKOV_VERSION into $CHECKOV_VENV in $(elapsed "$t0")"
-fi
-
 # --- venv --------------------------------------------------------------------
 # (a venv made while ensurepip was missing has no pip: it is recreated)
 if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import pip' >/dev/null 2>&1; then
@@ -146,7 +143,7 @@ else
 fi
 
 # --- pip ---------------------------------------------------------------------
-PIP_LINE="pip install ${PIP_REQUIREMENTS[*]}"
+PIP_LINE="pip install ${PIP_FIRST[*]} && uv pip install ${PIP_REQUIREMENTS[*]}"
 WANT_STAMP="$({ cat setup.py; printf '%s\n' "$PIP_LINE"; } | sha256sum | cut -d' ' -f1)"
 PIP_RAN=0
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT_STAMP" ]; then
@@ -156,8 +153,8 @@ else
     log="$LOG_DIR/pip.log"
     printf 'setup: %-9s %s ... ' pip "$PIP_LINE (log: $log)"
     # shellcheck disable=SC2086  # ELASTICTRAIN_PIP_ARGS is meant to word-split
-    if "$VENV/bin/python" -m pip install --disable-pip-version-check ${ELASTICTRAIN_PIP_ARGS:-} \
-        "${PIP_REQUIREMENTS[@]}" >"$log" 2>&1; then
+    if { "$VENV/bin/python" -m pip install --disable-pip-version-check ${ELASTICTRAIN_PIP_ARGS:-} "${PIP_FIRST[@]}" \
+         && install_into "$VENV/bin/python" "${PIP_REQUIREMENTS[@]}"; } >"$log" 2>&1; then
         printf 'done in %s\n' "$(elapsed "$t0")"
     else
         printf 'FAILED\n'
@@ -168,8 +165,30 @@ else
     PIP_RAN=1
 fi
 
+# --- checkov -----------------------------------------------------------------
+# Its own venv: checkov pins boto3, networkx, pydantic, ... at versions azure-cli's .venv must not get.
+# Test tools (checkov, lint) only for the tests: the demo sets ELASTICTRAIN_SETUP_TEST_TOOLS=0.
+TEST_TOOLS="${ELASTICTRAIN_SETUP_TEST_TOOLS:-1}"
+if [ "$TEST_TOOLS" = 0 ]; then
+    say checkov "skipped (test tool; ELASTICTRAIN_SETUP_TEST_TOOLS=0)"
+elif [ -x "$CHECKOV_VENV/bin/checkov" ] && [ "$(cat "$CHECKOV_VENV/.version" 2>/dev/null)" = "$CHECKOV_VERSION" ]; then
+    say checkov "ok (checkov $CHECKOV_VERSION in $CHECKOV_VENV)"
+else
+    command -v python3 >/dev/null 2>&1 || die "python3 not found"
+    t0=$(now_ms)
+    log="$LOG_DIR/checkov.log"
+    if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+        apt_install python3-venv
+    fi
+    { python3 -m venv --clear "$CHECKOV_VENV" \
+      && install_into "$CHECKOV_VENV/bin/python" "checkov==$CHECKOV_VERSION"; } >"$log" 2>&1 \
+        || { show_log_tail "$log"; die "installing checkov==$CHECKOV_VERSION into $CHECKOV_VENV failed"; }
+    printf '%s\n' "$CHECKOV_VERSION" >"$CHECKOV_VENV/.version"
+    say checkov "installed checkov $CHECKOV_VERSION into $CHECKOV_VENV in $(elapsed "$t0")"
+fi
+
 # --- lint --------------------------------------------------------------------
-LINT_LINE="pip install ${LINT_REQUIREMENTS[*]} && pip install --no-deps $AZDEV_REQUIREMENT"
+LINT_LINE="uv pip install ${LINT_REQUIREMENTS[*]} && uv pip install --no-deps $AZDEV_REQUIREMENT"
 if [ "$TEST_TOOLS" = 0 ]; then
     say lint "skipped (test tools; ELASTICTRAIN_SETUP_TEST_TOOLS=0)"
 elif [ -f "$LINT_STAMP" ] && [ "$(cat "$LINT_STAMP")" = "$LINT_LINE" ] && [ "$PIP_RAN" -eq 0 ]; then
@@ -177,10 +196,8 @@ elif [ -f "$LINT_STAMP" ] && [ "$(cat "$LINT_STAMP")" = "$LINT_LINE" ] && [ "$PI
 else
     t0=$(now_ms)
     log="$LOG_DIR/pip-lint.log"
-    # shellcheck disable=SC2086  # ELASTICTRAIN_PIP_ARGS is meant to word-split
-    { "$VENV/bin/python" -m pip install --disable-pip-version-check ${ELASTICTRAIN_PIP_ARGS:-} "${LINT_REQUIREMENTS[@]}" \
-      && "$VENV/bin/python" -m pip install --disable-pip-version-check ${ELASTICTRAIN_PIP_ARGS:-} --no-deps \
-             "$AZDEV_REQUIREMENT"; } >"$log" 2>&1 \
+    { install_into "$VENV/bin/python" "${LINT_REQUIREMENTS[@]}" \
+      && install_into "$VENV/bin/python" --no-deps "$AZDEV_REQUIREMENT"; } >"$log" 2>&1 \
         || { show_log_tail "$log"; die "pip install of the lint tools failed"; }
     printf '%s\n' "$LINT_LINE" >"$LINT_STAMP"
     say lint "installed ${LINT_REQUIREMENTS[*]} $AZDEV_REQUIREMENT (no deps) in $(elapsed "$t0")"
