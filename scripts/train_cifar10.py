@@ -91,12 +91,40 @@ def _cifar_batches(source: str) -> list[dict]:
         return _from_tar(tarfile.open(path), names)
     if (path / "cifar-10-batches-py").is_dir():
         path = path / "cifar-10-batches-py"
-    return [pickle.loads((path / n).read_bytes(), encoding="bytes") for n in names]  # noqa: S301
+    return [_cifar_batch(io.BytesIO((path / n).read_bytes()), n) for n in names]
 
 
 def _from_tar(archive: tarfile.TarFile, names: list[str]) -> list[dict]:
     members = {Path(m.name).name: m for m in archive.getmembers()}
-    return [pickle.load(archive.extractfile(members[n]), encoding="bytes") for n in names]  # noqa: S301
+    return [_cifar_batch(archive.extractfile(members[n]), n) for n in names]
+
+
+# CIFAR-10's python format is pickles of numpy arrays, and the archive may come from storage: a plain pickle.load
+# would run whatever callable a tampered file names. This unpickler builds only what those files hold (dicts,
+# lists, bytes, numbers and uint8 arrays); any other global is refused before it is called (the "Restricting
+# Globals" recipe of the pickle docs).
+_CIFAR_GLOBALS = frozenset({
+    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),  # numpy 1.x / 2.x
+    ("numpy", "ndarray"), ("numpy", "dtype"),
+})
+
+
+class _CifarUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        if (module, name) not in _CIFAR_GLOBALS:
+            raise pickle.UnpicklingError(f"{module}.{name} is not part of a CIFAR-10 batch; refusing to load it")
+        return super().find_class(module, name)
+
+
+def _cifar_batch(stream, name: str) -> dict:
+    """One CIFAR-10 python batch: {b"data": uint8 (N, 3072), b"labels": N ints}, or ValueError."""
+    batch = _CifarUnpickler(stream, encoding="bytes").load()
+    data, labels = (batch.get(b"data"), batch.get(b"labels")) if isinstance(batch, dict) else (None, None)
+    if (getattr(data, "dtype", None) != "uint8" or getattr(data, "shape", (0, 0))[1:] != (3 * 32 * 32,)
+            or not isinstance(labels, list) or len(labels) != len(data)
+            or not all(isinstance(x, int) and 0 <= x < 10 for x in labels)):
+        raise ValueError(f"{name} is not a CIFAR-10 batch (uint8 rows of 3x32x32 and as many labels 0-9)")
+    return batch
 
 
 def make_loader(images: torch.Tensor, labels: torch.Tensor, global_batch: int, seed: int,

@@ -75,6 +75,32 @@ def test_cifar10_loads_from_a_folder_an_archive_and_a_blob(train, tmp_path, azur
         assert torch.equal(labels, loaded[0][1])
 
 
+class _Payload:
+    """A pickle that calls a function when loaded, as a tampered dataset in storage could."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+@pytest.mark.parametrize("bad, expected", [
+    ("payload", "is not part of a CIFAR-10 batch"),
+    ("not-a-batch", "is not a CIFAR-10 batch"),
+])
+def test_a_tampered_cifar10_archive_is_refused_and_runs_nothing(train, tmp_path, bad, expected):
+    marker = tmp_path / "ran"
+    batches = _cifar_batches()
+    batches["data_batch_3"] = pickle.dumps({b"data": _Payload(marker), b"labels": [1]} if bad == "payload"
+                                           else {b"data": np.zeros((2, 5), dtype=np.float64), b"labels": [1, 2]})
+    archive = tmp_path / "cifar-10-python.tar.gz"
+    archive.write_bytes(_tarball(batches))
+    with pytest.raises((pickle.UnpicklingError, ValueError), match=expected):
+        train.load_dataset(str(archive))
+    assert not marker.exists()
+
+
 def test_offline_digits_are_the_fallback(train):
     images, labels, name = train.load_dataset(None)
     assert name == "digits" and images.shape == (1797, 1, 8, 8) and set(labels.tolist()) == set(range(10))
