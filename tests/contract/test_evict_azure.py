@@ -249,6 +249,7 @@ def _eviction_times(arm, since: int = 0) -> list[tuple[float, str]]:
             if method == "POST" and urlsplit(raw).path.lower().endswith("/simulateeviction")]
 
 
+@pytest.mark.slow  # ~45 s: a 15 s schedule, each eviction followed out of the cluster
 def test_a_schedule_asks_simulate_eviction_at_its_rate_for_the_jobs_nodes_and_reports_each(az, arm, group):
     seeded = arm.seed_aks_training(group, CLUSTER, gpu_nodes=3, workers=3)  # minReplicas 1
     args = ["--job", "cifar", "--schedule", "--rate", "12", "--duration", "15", "--seed", "11"]

@@ -62,6 +62,7 @@ def _error(result, *expected: str) -> None:
         assert text in result.stderr, result.stderr
 
 
+@pytest.mark.slow  # ~40 s: a real 2-node job trained to its last step
 def test_a_two_node_job_trains_to_the_end_and_delete_leaves_nothing(local):
     az = local
     run = az("elastictrain", "job", "run", "--local", "--name", JOB, "--script", SCRIPT,

@@ -89,6 +89,7 @@ def user_az(tmp_path):
         proc.kill()
 
 
+@pytest.mark.slow  # ~60 s: builds the wheel, installs it into a fresh az, runs a local cluster
 def test_the_built_wheel_installs_with_az_extension_add_and_runs_a_local_cluster(tmp_path, user_az):
     wheel = _build(REPO_ROOT, tmp_path / "dist")
 

@@ -238,6 +238,7 @@ def assert_state_of_step(state: dict, step: int) -> None:
     assert state["meta"] == expected["meta"]
 
 
+@pytest.mark.slow  # ~60 s: 50 SIGKILLs, each followed by a verified restore
 def test_sigkill_at_any_moment_of_a_save_never_yields_a_partial_or_stale_restore(
     azurite: svc.AzuriteService, container_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

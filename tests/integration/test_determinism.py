@@ -11,6 +11,7 @@ from __future__ import annotations
 import signal
 import uuid
 
+import pytest
 import torch
 
 from azext_elastictrain.core.blobstore import BlobStore
@@ -35,6 +36,7 @@ def _config(azurite, etcd, container_url, final_path, name):
     )
 
 
+@pytest.mark.slow  # ~45 s: two real 2-node trainings to the end
 def test_a_run_interrupted_by_a_notice_ends_with_the_same_weights(azurite, etcd, container_url, tmp_path):
     straight = _config(azurite, etcd, container_url, tmp_path / "straight.pt", f"det-{uuid.uuid4().hex[:6]}")
     node = Node(straight, "node-a", tmp_path / "straight")

@@ -5,7 +5,7 @@ The real ``az`` (and the SDK clients inside it) talk to it exactly as to Azure:
 * **ARM**: stateful per resource id; answers like the official x-ms-examples (reference/azure-rest-api-specs):
   status codes, bodies with read-only fields (ids, provisioningState, principalId, issuer URL, ...);
   long-running operations poll through ``Azure-AsyncOperation`` (AKS PUTs) or ``Location`` (storage create,
-  AKS delete) with ``Retry-After: 1``, InProgress first, then Succeeded.
+  AKS delete) with ``Retry-After: 1``, InProgress once, then Succeeded.
 * **Checks** every request: method, path, the SDK's api-version for its provider, and body fields and values
   (Spot settings, taints, autoscale bounds, storage security settings, role and scope). A violation is
   recorded in ``violations`` (and answered 400 so the client fails loudly); tests assert there is none.
@@ -86,7 +86,7 @@ API_VERSIONS = {
 BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
 AKS_RBAC_CLUSTER_ADMIN = "b1ff04bb-8a4e-4dc4-8eb5-8693973ce19b"  # Azure Kubernetes Service RBAC Cluster Admin
 LOGIN_OBJECT_ID = "11111111-2222-3333-4444-555555555555"  # the oid of the managed identity az logs in with
-LRO_POLLS = 2  # InProgress answers before Succeeded
+LRO_POLLS = 1  # InProgress answers before Succeeded (one shows the client polls; each costs a Retry-After: 1 s)
 
 
 def make_certificate(folder: Path) -> tuple[Path, Path]:
