@@ -14,7 +14,7 @@
 #             skipped while .venv/.elastictrain-stamp matches setup.py + the requirement line.
 #             Why two installers: pip finds a machine's local torch wheel (uv does not look there, and PyPI's
 #             torch==2.13.0 is the CUDA build); uv installs azure-cli's ~200 packages in seconds where pip took
-#             ~150 s here (it compiles every module; uv leaves that to the first import). If uv fails, pip.
+#             ~150 s here (compiling included). If uv fails, pip.
 #   checkov   checkov (pinned) in its own venv .tools/checkov: it pins many packages azure-cli pins otherwise
 #             (290 MB once; then "ok"). Scans the planned ARM bodies in the contract tests.
 #   lint      the gates azure-cli-extensions CI runs, pinned: azdev (its linter rules and style configs),
@@ -63,6 +63,10 @@ mkdir -p "$LOG_DIR"
 
 # uv: the system's certificate store (as pip's), copies rather than hard links (its cache may be on another disk)
 export UV_NATIVE_TLS=1 UV_LINK_MODE=copy
+# uv compiles each module once after installing, as pip does: where PYTHONDONTWRITEBYTECODE is set (CI machines),
+# nothing else would, and every az process of the tests compiled azure-cli and the SDKs again (parallel phase 862 s
+# instead of 492 s)
+export UV_COMPILE_BYTECODE=1
 # install_into <python> <args...>: uv into that interpreter's environment, or pip when uv fails (a machine
 # that reaches its package index only through pip's configuration, say)
 install_into() {
