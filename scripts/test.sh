@@ -16,8 +16,8 @@ bash scripts/setup.sh
 # shellcheck source=scripts/env.sh
 source scripts/env.sh
 
-# With no arguments (CI): everything but the torchrun tests in parallel (pytest-xdist, a worker per core and one more), then the torchrun tests
-# alone, one at a time: they train with several processes and assert how fast a job recovers, so they get the
+# With no arguments (CI): everything but the torchrun tests in parallel (pytest-xdist, a worker per core and one
+# more), then the torchrun tests alone, one at a time: they train with several processes and assert how fast a job recovers, so they get the
 # machine to themselves. With arguments, one plain pytest run with them.
 pytest=("$ROOT/.venv/bin/python" -m pytest)
 set +e
@@ -29,6 +29,7 @@ else
     # each worker starts on a contiguous share (a module's fixtures set up once) and takes from the others at the
     # end. Measured on 2 cores, one run each: 492 s (3 workers, worksteal), 528 s (3, load), 529 s (4, load),
     # 557 s (3, load, one test at a time, slow modules first); 2 workers took 718 s (with two LRO polls then).
+    # A fresh clone's CI run with 3 workers, worksteal: 536 s.
     workers=$(( $(nproc 2>/dev/null || echo 2) + 1 ))
     ((workers < 3)) && workers=3
     "${pytest[@]}" -n "$workers" --dist worksteal -m "not torchrun"
