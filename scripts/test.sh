@@ -17,8 +17,8 @@ bash scripts/setup.sh
 source scripts/env.sh
 
 # With no arguments (CI): everything but the torchrun tests in parallel (pytest-xdist, a worker per core and one
-# more), then the torchrun tests alone, one at a time: they train with several processes and assert how fast a job recovers, so they get the
-# machine to themselves. With arguments, one plain pytest run with them.
+# more), then the torchrun tests alone, one at a time: they train with several processes and assert how fast a job
+# recovers, so they get the machine to themselves. With arguments, one plain pytest run with them.
 pytest=("$ROOT/.venv/bin/python" -m pytest)
 set +e
 if (($#)); then
