@@ -213,7 +213,15 @@ def object_key(obj: dict[str, Any]) -> str:
 # Azure gives a Spot VM >= 30 s between the Preempt notice and the eviction; a pod deleted otherwise (scale-in,
 # job delete, node drain) gets this long after SIGTERM to finish its preemption checkpoint.
 TERMINATION_GRACE_SECONDS = 120
-WORKER_CONTAINER = "worker"
+# The TorchElastic controller (kubeflow/common ReconcilePods) reads a failed pod's exit code only from the container
+# of this name (pytorch/elastic kubernetes/api/v1alpha1/constants.go DefaultContainerName); any other name leaves the
+# code at its 0xbeef placeholder, which IsRetryableExitCode treats as permanent: an OOMKilled (137) or SIGTERMed
+# (143) worker would never be re-created. The k8s-job engine's podFailurePolicy names the same container.
+WORKER_CONTAINER = "elasticjob-worker"
+# kubeflow/common ReconcileServices makes a headless Service per replica (<job>-worker-<index>) whose port is the
+# one named so on that container (GetPortFromJob; without it every reconcile fails "failed to find the port"
+# before the job's status is written). Nothing listens on it: torchrun rendezvous through etcd.
+WORKER_PORT_NAME, WORKER_PORT = "elasticjob-port", 10291
 MEMORY_TIER_VOLUME = "memory-tier"
 JOB_LABEL = "elastictrain.azure.com/job"
 # Which engine made a job: later commands find it by this label whichever engine ran it.
@@ -354,7 +362,7 @@ def _worker_template(job, cluster: InClusterSpec, image: str, args: list[str], *
             "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
                 {"matchExpressions": [{"key": "kubernetes.azure.com/scalesetpriority", "operator": "In",
                                        "values": ["spot"]}]}]}}},
-            "containers": [_worker_container(job, image, args, gpus)],
+            "containers": [_worker_container(job, image, args, gpus, engine)],
             # torch's DataLoader workers and NCCL share tensors through /dev/shm (64 MiB by default).
             "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}, *_memory_tier_volumes(job)],
         },
@@ -376,9 +384,11 @@ def _memory_tier_volumes(job) -> list[dict]:
     return [{"name": MEMORY_TIER_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": job.memory_tier}}]
 
 
-def _worker_container(job, image: str, args: list[str], gpus: int) -> dict:
+def _worker_container(job, image: str, args: list[str], gpus: int, engine: str) -> dict:
     return {
         "name": WORKER_CONTAINER, "image": image,
+        **({"ports": [{"name": WORKER_PORT_NAME, "containerPort": WORKER_PORT}]}
+           if engine == ENGINE_TORCHELASTIC else {}),
         # With warm starts the agent is torchrun behind runtime/warm.py's --agent (it execs torchrun with the
         # same arguments, the operator's prepended ones included, after starting the node's warm server).
         "command": ["python", *launch.agent_module(warm=job.warm_start)],

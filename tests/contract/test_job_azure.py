@@ -157,6 +157,35 @@ def test_dry_run_prints_the_elastic_job_and_creates_nothing(az, arm, cluster):
     assert "azext_elastictrain.runtime.warm" not in worker["args"]
 
 
+def test_an_oomkilled_worker_is_replaced_by_the_operator(az, arm, cluster):
+    """The job `job run` made, under the TorchElastic controller's own rule (tests/support/fake_operator.py): a
+    worker that ended Failed with 137 (OOMKilled) is re-created, because the controller reads the exit code from
+    the container named elasticjob-worker - with any other name it never would be."""
+    for key in [key for key in arm.kube.objects if key[1] in ("Pod", "Service", "ElasticJob")]:
+        del arm.kube.objects[key]  # the jobs of earlier tests would hold the Spot nodes
+    name = _job_name()
+    az.json(*_run_args(name), *_where(cluster))
+    arm.kube.operator.reconcile()  # the operator creates the workers, the scheduler binds them
+    arm.kube.operator.reconcile()
+    assert arm.kube.operator.errors == {}
+    victim = f"{name}-worker-1"
+    before = arm.kube.get("v1", "Pod", victim, NAMESPACE)
+    running = az.json("elastictrain", "job", "show", "-n", name, *_where(cluster))
+    assert [(n["pod"], n["phase"]) for n in running["nodes"]] == [
+        (f"{name}-worker-{i}", "Running") for i in range(3)]
+
+    arm.kube.jobs.exit(victim, NAMESPACE, 137, "OOMKilled")  # the kernel killed it at its memory limit
+    failed = az.json("elastictrain", "job", "show", "-n", name, *_where(cluster))
+    assert next(n for n in failed["nodes"] if n["pod"] == victim)["phase"] == "Failed"
+    for _ in range(3):  # deletes the Failed pod, creates it again, counts it running
+        arm.kube.operator.reconcile()
+    after = arm.kube.get("v1", "Pod", victim, NAMESPACE)
+    assert after is not None and after["metadata"]["uid"] != before["metadata"]["uid"], "the worker was replaced"
+    shown = az.json("elastictrain", "job", "show", "-n", name, *_where(cluster))
+    assert [(n["pod"], n["phase"]) for n in shown["nodes"]] == [(f"{name}-worker-{i}", "Running") for i in range(3)]
+    assert shown["operator"]["replicaStatuses"] == {"Worker": {"active": 3}}
+
+
 # ---------------------------------------------------------------------------------------------- show, list
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import copy
 
+from azext_elastictrain.core.manifests import WORKER_CONTAINER
+
 SUBSCRIPTION = "8f3a2c1e-4b5d-4e6f-9a7b-0c1d2e3f4a5b"
 NODE_RG = "MC_ml-rg_trainer_eastus"
 GPU_VMSS = "aks-gpu-31415926-vmss"
@@ -71,13 +73,13 @@ def worker_pod(job: str, index: int, node_name: str | None, *, phase: str = "Run
     state = {"waiting": {"reason": waiting}} if waiting else running
     status = {"phase": phase}
     if phase != "Pending" or waiting:
-        status["containerStatuses"] = [{"name": "worker", "ready": ready and phase == "Running",
+        status["containerStatuses"] = [{"name": WORKER_CONTAINER, "ready": ready and phase == "Running",
                                         "restartCount": restarts, "state": state}]
         status["startTime"] = CREATED
     if phase == "Pending" and node_name is None:
         status["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                                  "message": "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."}]
-    spec = {"containers": [{"name": "worker", "image": "myregistry.azurecr.io/elastictrain:0.1.0"}]}
+    spec = {"containers": [{"name": WORKER_CONTAINER, "image": "myregistry.azurecr.io/elastictrain:0.1.0"}]}
     if node_name is not None:
         spec["nodeName"] = node_name
     return {

@@ -103,21 +103,22 @@ class JobController:
             marked.append(key[3])
         return marked
 
-    def exit(self, pod_name: str, namespace: str, code: int) -> None:
-        """The pod's worker container exited with ``code`` (restartPolicy Never: the pod is terminal)."""
+    def exit(self, pod_name: str, namespace: str, code: int, reason: str = "Error") -> None:
+        """The pod's worker container exited with ``code`` (restartPolicy Never: the pod is terminal); ``reason``
+        as the kubelet writes it (``OOMKilled`` for a container the kernel killed at its memory limit)."""
         pod = self.kube.objects[("v1", "Pod", namespace, pod_name)]
         if code == 0:
             pod["status"] = {**pod.get("status", {}), "phase": "Succeeded",
-                             "containerStatuses": [_terminated("worker", 0, "Completed")]}
+                             "containerStatuses": [_terminated(container_name(pod), 0, "Completed")]}
         else:
-            _fail(pod, code, None)
+            _fail(pod, code, None, reason)
 
     # -- the Job controller -----------------------------------------------------------------------------------
     def reconcile(self) -> None:
         for key, job in list(self.kube.objects.items()):
             if key[:2] == JOB and not _finished(job):
                 self._sync(job)
-        self._schedule()
+        self.schedule()
 
     def _sync(self, job: dict) -> None:
         spec, status = job["spec"], job.setdefault("status", {})
@@ -128,8 +129,8 @@ class JobController:
             action = _failure_action(spec, pod)
             if action == "FailJob":
                 self._terminate(job, pods, "Failed", "PodFailurePolicy",
-                                f"Container worker for pod {pod['metadata']['name']} failed with exit code "
-                                f"{_exit_code(pod)} matching FailJob rule at index 1")
+                                f"Container {container_name(pod)} for pod {pod['metadata']['name']} failed with "
+                                f"exit code {_exit_code(pod)} matching FailJob rule at index 1")
             if action != "Ignore":
                 counted_failed += 1
             self._untrack(pod)
@@ -182,7 +183,8 @@ class JobController:
         return [p for k, p in self.kube.objects.items() if k[1] == "Pod" and
                 any(o.get("uid") == uid for o in p["metadata"].get("ownerReferences") or [])]
 
-    def _schedule(self) -> None:
+    def schedule(self) -> None:
+        """The scheduler: a Pending pod without a node gets a Ready Spot GPU node no running pod holds."""
         nodes = [o for k, o in self.kube.objects.items() if k[1] == "Node" and _schedulable(o)]
         pods = [o for k, o in self.kube.objects.items() if k[1] == "Pod"]
         held = {p["spec"].get("nodeName") for p in pods if p["status"].get("phase") not in _TERMINAL}
@@ -196,7 +198,7 @@ class JobController:
             pod["spec"]["nodeName"] = free["metadata"]["name"]
             pod["status"] = {"phase": "Running", "startTime": _NOW, "conditions": [
                 {"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}],
-                "containerStatuses": [{"name": "worker", "ready": True, "restartCount": 0,
+                "containerStatuses": [{"name": container_name(pod), "ready": True, "restartCount": 0,
                                        "state": {"running": {"startedAt": _NOW}}}]}
 
 
@@ -225,17 +227,24 @@ def _failure_action(spec: dict, pod: dict) -> str | None:
         if any((c["type"], c.get("status", "True")) in conditions for c in rule.get("onPodConditions") or []):
             return rule["action"]
         exits = rule.get("onExitCodes")
+        if exits and exits.get("containerName") not in (None, _failed_container(pod)):
+            continue  # the docs: containerName restricts the rule to that container's exit code
         if exits and code is not None and code != 0 and \
                 (code in exits["values"]) == (exits["operator"] == "In"):
             return rule["action"]
     return None
 
 
-def _fail(pod: dict, code: int | None, condition: dict | None) -> None:
+def container_name(pod: dict) -> str:
+    """The kubelet reports each container's state under the name the pod spec gives it."""
+    return pod["spec"]["containers"][0]["name"]
+
+
+def _fail(pod: dict, code: int | None, condition: dict | None, reason: str = "Error") -> None:
     status = pod.setdefault("status", {})
     status["phase"] = "Failed"
     if code is not None:
-        status["containerStatuses"] = [_terminated("worker", code, "Error")]
+        status["containerStatuses"] = [_terminated(container_name(pod), code, reason)]
     if condition is not None:
         status["conditions"] = [*status.get("conditions", []), {**condition, "lastTransitionTime": _NOW}]
 
@@ -243,6 +252,13 @@ def _fail(pod: dict, code: int | None, condition: dict | None) -> None:
 def _terminated(name: str, code: int, reason: str) -> dict:
     return {"name": name, "ready": False, "restartCount": 0,
             "state": {"terminated": {"exitCode": code, "reason": reason, "finishedAt": _NOW}}}
+
+
+def _failed_container(pod: dict) -> str | None:
+    for container in pod["status"].get("containerStatuses") or []:
+        if (container.get("state") or {}).get("terminated") is not None:
+            return container.get("name")
+    return None
 
 
 def _exit_code(pod: dict) -> int | None:

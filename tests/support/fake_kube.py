@@ -21,6 +21,7 @@ from typing import Any, Iterator
 
 from azext_elastictrain.clients.kube import KubeError
 from tests.support.fake_jobs import JOB, JobController, validate
+from tests.support.fake_operator import ElasticJobOperator
 
 # Kinds without a namespace; everything else must be given one.
 CLUSTER_SCOPED = frozenset({
@@ -41,6 +42,7 @@ class FakeKube:
         self._failures: dict[tuple[str, str, str | None], KubeError] = {}
         self.logs: dict[tuple[str, str], str] = {}  # (namespace, pod) -> what its worker container printed
         self.jobs = JobController(self)  # batch/v1 Jobs: admission here, the controller when a test steps it
+        self.operator = ElasticJobOperator(self)  # the TorchElastic controller, when a test steps it
 
     # -- KubeClient -----------------------------------------------------------
     def apply(self, obj: dict) -> dict:

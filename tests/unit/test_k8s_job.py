@@ -95,7 +95,7 @@ def test_evictions_are_ignored_and_a_script_error_fails_the_job_in_that_order(ob
     ignore, fail = spec["podFailurePolicy"]["rules"]
     assert ignore == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
     assert fail["action"] == "FailJob"
-    assert fail["onExitCodes"] == {"containerName": "worker", "operator": "NotIn", "values": [0]}
+    assert fail["onExitCodes"] == {"containerName": "elasticjob-worker", "operator": "NotIn", "values": [0]}
     # What the API server requires next to a podFailurePolicy.
     assert spec["template"]["spec"]["restartPolicy"] == "Never"
     assert spec["podReplacementPolicy"] == "Failed"
@@ -126,6 +126,8 @@ def test_the_pod_is_the_elastic_jobs_worker_but_for_what_a_job_needs(objects) ->
     ours = copy.deepcopy(_job(objects)["spec"]["template"])
     theirs = copy.deepcopy(worker["template"])
     assert ours["spec"].pop("restartPolicy") == "Never" and ours["spec"].pop("subdomain") == "cifar"
+    # the operator's per-worker Service port (kubeflow/common GetPortFromJob): no operator, no port
+    assert theirs["spec"]["containers"][0].pop("ports") == [{"name": "elasticjob-port", "containerPort": 10291}]
     for pod in (ours, theirs):
         pod["spec"]["containers"][0].pop("args")
         pod["metadata"]["labels"].pop(m.ENGINE_LABEL)

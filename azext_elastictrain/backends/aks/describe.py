@@ -31,6 +31,7 @@ from azext_elastictrain.core.manifests import (
     ENGINE_LABEL,
     ENGINE_TORCHELASTIC,
     NAMESPACE,
+    WORKER_CONTAINER,
     WORKER_LABELS,
 )
 from azext_elastictrain.core.errors import JobNotFound
@@ -170,7 +171,7 @@ def _condition(c: dict) -> dict:
 
 def _container(template: dict) -> dict:
     containers = (template.get("spec") or {}).get("containers") or [{}]
-    return next((c for c in containers if c.get("name") == "worker"), containers[0])
+    return next((c for c in containers if c.get("name") == WORKER_CONTAINER), containers[0])
 
 
 def _script_args(args: list[str]) -> dict:
@@ -236,7 +237,7 @@ def plan_logs(elastic_job: dict, pods: list[dict], rank: int | None = None) -> l
             ranks = ", ".join(str(r) for r, _ in workers) or "none yet"
             raise JobNotFound(f"job {name!r} has no rank {rank} (its ranks: {ranks})")
         workers = chosen
-    container = _container(_shape(elastic_job)["template"]).get("name") or "worker"
+    container = _container(_shape(elastic_job)["template"]).get("name") or WORKER_CONTAINER
     plan = [{"pod": (p.get("metadata") or {}).get("name"), "container": container, "rank": r,
              "node": pod_node(p), "phase": (p.get("status") or {}).get("phase") or UNKNOWN} for r, p in workers]
     if rank is not None and plan[0]["phase"] == PENDING and pod_node(workers[0][1]) is None:
