@@ -244,6 +244,7 @@ def render_elastic_job(job, cluster: InClusterSpec, image: str, *, run_id: str |
     ``gpus_per_node`` GPUs (default: one per training process).
     """
     gpus = _validate_job_inputs(job, cluster, image, gpus_per_node)
+    _validate_kubernetes_names(job, [f"{job.name}-worker-{job.node_count - 1}"], [])
     args = [*_torchrun_options(job, run_id), *launch.worker_entry(job.script, job.script_args, warm=job.warm_start)]
     return {
         "apiVersion": ELASTICJOB_API_VERSION, "kind": "ElasticJob",
@@ -284,6 +285,7 @@ def render_k8s_job(job, cluster: InClusterSpec, image: str, *, run_id: str | Non
       pods, e.g. an index still Pending for Spot capacity that would otherwise hold the Job open forever.
     """
     gpus = _validate_job_inputs(job, cluster, image, gpus_per_node)
+    _validate_kubernetes_names(job, [job.name], [f"{job.name}-{job.max_nodes - 1}"])
     labels = _job_labels(job, ENGINE_K8S_JOB)
     args = [*_torchrun_options(job, run_id or job.name),
             f"--rdzv-endpoint={etcd_endpoint(cluster.namespace)}",
@@ -333,6 +335,32 @@ def _validate_job_inputs(job, cluster: InClusterSpec, image: str, gpus_per_node:
         raise SpecError(f"nodes must satisfy 1 <= --min-nodes ({job.min_nodes}) <= --nodes ({job.node_count}) "
                         f"<= --max-nodes ({job.max_nodes})")
     return gpus
+
+
+# The API server's name rules (k8s.io/apimachinery pkg/util/validation): a Service's name is a DNS-1035 label
+# (ValidateServiceName), a pod's hostname a DNS-1123 label; both at most 63 characters.
+_DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+_LABEL_MAX = 63
+
+
+def _validate_kubernetes_names(job, services: list[str], hostnames: list[str]) -> None:
+    """Refuse, before anything is sent, a job name whose objects the API server would refuse (or, for the
+    operator's per-worker Services, refuse to the operator later, leaving the job without them).
+
+    ``services``: the longest Service names the job gets (the ElasticJob operator: ``<job>-worker-<index>``,
+    kubeflow/common GenGeneralName; the k8s-job engine: ``<job>``). ``hostnames``: the longest pod hostname
+    (an Indexed Job's ``<job>-<index>``, which the API server checks for the highest index at create)."""
+    room = _LABEL_MAX - max(len(n) - len(job.name) for n in services + hostnames)
+    if not job.name[:1].isalpha():
+        raise SpecError(f"job name {job.name!r} cannot be used on Kubernetes: the job's Service "
+                        f"{services[0]!r} needs a name that starts with a letter (a DNS-1035 label); "
+                        f"start the name with a letter, e.g. 'job-{job.name}'")
+    for name in services + hostnames:
+        if len(name) > _LABEL_MAX or not _DNS1035_LABEL.fullmatch(name):
+            what = "Service" if name in services else "pod hostname"
+            raise SpecError(f"job name {job.name!r} is too long for Kubernetes: its {what} {name!r} would have "
+                            f"{len(name)} characters and Kubernetes allows at most {_LABEL_MAX}; use a job name "
+                            f"of at most {room} characters")
 
 
 def _torchrun_options(job, run_id: str | None) -> list[str]:

@@ -193,6 +193,24 @@ def test_bad_input_is_an_az_error_and_creates_nothing(az, arm, cluster, gpu_node
     assert arm.kube.get(*JOB, name, NAMESPACE) is None and arm.kube.get("v1", "Service", name, NAMESPACE) is None
 
 
+@pytest.mark.parametrize("name, engine, expected", [
+    ("1cifar", "torchelastic", "the job's Service '1cifar-worker-2' needs a name that starts with a letter"),
+    ("1cifar", "k8s-job", "the job's Service '1cifar' needs a name that starts with a letter"),
+    ("k" * 62, "k8s-job", "its pod hostname '" + "k" * 62 + "-2' would have 64 characters"),
+])
+def test_a_job_name_kubernetes_would_refuse_is_an_az_error_before_anything_is_sent(az, arm, cluster, gpu_nodes,
+                                                                                   name, engine, expected):
+    """A Service's name is a DNS-1035 label (the operator makes <job>-worker-<i>, k8s-job the headless <job>); an
+    Indexed Job's last pod hostname <job>-<completions-1> is at most 63 characters. The fake API server refuses
+    them as the real one does (422 Invalid); az refuses them first, with what to do."""
+    arm.kube.calls.clear()
+    result = az("elastictrain", "job", "run", "-n", name, "--image", IMAGE, "--script", "/app/t.py",
+                "--min-nodes", "1", "--max-nodes", "3", "--engine", engine, *_where(cluster), check=False)
+    assert result.returncode == 1 and expected in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and "HTTP 422" not in result.stderr
+    assert [c for c in arm.kube.calls if c[0] == "apply"] == [], "nothing is sent"
+
+
 def test_the_fake_api_server_rejects_what_the_real_one_does(arm):
     from azext_elastictrain.clients.kube import KubeError
     from azext_elastictrain.core import manifests as m

@@ -876,8 +876,11 @@ class ArmServer:
             if method == "DELETE":
                 gone = self.kube.delete(api_version, kind, name, namespace)
                 return (200, {}, {"kind": "Status", "status": "Success"}) if gone else (404, {}, {})
-        except KubeError as ex:
-            return ex.status or 500, {}, {"kind": "Status", "reason": ex.reason, "message": str(ex)}
+        except KubeError as ex:  # the API server's Status body (details: what a 422 Invalid names)
+            return ex.status or 500, {}, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                                          "message": str(ex), "reason": ex.reason,
+                                          **({"details": ex.details} if getattr(ex, "details", None) else {}),
+                                          "code": ex.status or 500}
         return 405, {}, {}
 
     def _kube_log(self, namespace: str, pod: str, query: dict) -> tuple[int, dict, Any]:

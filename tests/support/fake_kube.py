@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import re
 import uuid
 from typing import Any, Iterator
 
@@ -50,6 +51,8 @@ class FakeKube:
         key = self._key(obj["apiVersion"], obj["kind"], meta["name"], meta.get("namespace"))
         self._record("apply", key)
         current = self.objects.get(key)
+        if current is None:
+            validate_name(obj)
         if key[:2] == JOB:
             validate(obj)
         if current is None:
@@ -147,6 +150,54 @@ class FakeKube:
 
     def _next_version(self) -> str:
         return str(next(self._versions))
+
+
+# k8s.io/apimachinery pkg/util/validation: the regexes and messages the API server answers with.
+_DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+_DNS1035_MESSAGE = ("a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an "
+                    "alphabetic character, and end with an alphanumeric character (e.g. 'my-name',  or 'abc-123', "
+                    "regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')")
+
+
+class Invalid(KubeError):
+    """HTTP 422 ``Invalid``, with the ``details`` (kind, name, causes) of the API server's Status body."""
+
+    def __init__(self, kind: str, name: str, causes: list[dict]) -> None:
+        group = {"Job": "Job.batch"}.get(kind, kind)
+        text = ", ".join(f"{c['field']}: {c['message']}" for c in causes)
+        super().__init__(f'{group} "{name}" is invalid: {text}', status=422, reason="Invalid")
+        self.details = {"name": name, **({"group": "batch"} if kind == "Job" else {}), "kind": kind,
+                        "causes": causes}
+
+
+def validate_name(obj: dict) -> None:
+    """Refuse a name as the API server's create does, for the kinds our jobs make (source: kubernetes
+    pkg/apis/core/validation ValidateService - metadata.name is a DNS-1035 label, ValidateServiceName - and
+    pkg/apis/batch/validation ValidateJob: the job-name label of its pods is at most 63 characters and, for an
+    Indexed Job, the hostname of its highest index, ``<name>-<completions-1>``, is a DNS-1123 label)."""
+    kind, name = obj.get("kind"), (obj.get("metadata") or {}).get("name") or ""
+    causes = []
+    if kind == "Service":
+        if len(name) > 63:
+            causes.append(_cause("metadata.name", name, "must be no more than 63 characters"))
+        if not _DNS1035_LABEL.fullmatch(name):
+            causes.append(_cause("metadata.name", name, _DNS1035_MESSAGE))
+    elif kind == "Job":
+        spec = obj.get("spec") or {}
+        if len(name) > 63:
+            causes.append(_cause("spec.template.labels", name, "must be no more than 63 characters"))
+        if spec.get("completionMode") == "Indexed" and (spec.get("completions") or 0) > 0:
+            hostname = f"{name}-{spec['completions'] - 1}"
+            if len(hostname) > 63 or not _DNS1123_LABEL.fullmatch(hostname):
+                causes.append(_cause("metadata.name", name, "will not able to create pod with invalid DNS label: "
+                                     + hostname))
+    if causes:
+        raise Invalid(kind, name, causes)
+
+
+def _cause(field: str, value: str, message: str) -> dict:
+    return {"reason": "FieldValueInvalid", "message": f'Invalid value: "{value}": {message}', "field": field}
 
 
 def _merge(current: dict, applied: dict) -> dict:
