@@ -140,8 +140,8 @@ examples:
     text: az elastictrain cluster create -g ml-rg -n spot-train -l eastus --max-count 4
   - name: Show every request the create would send, without sending any.
     text: az elastictrain cluster create -g ml-rg -n spot-train -l eastus --dry-run
-  - name: A100 Spot nodes at most $1.50 an hour, deallocated on eviction, with a team label.
-    text: az elastictrain cluster create -g ml-rg -n a100 --gpu-vm-size Standard_NC24ads_A100_v4 --max-price 1.5 --eviction-policy Deallocate --labels team=vision
+  - name: A100 Spot nodes at most $1.50 an hour, with a team label.
+    text: az elastictrain cluster create -g ml-rg -n a100 --gpu-vm-size Standard_NC24ads_A100_v4 --max-price 1.5 --labels team=vision
   - name: A cluster whose jobs run as Kubernetes Indexed Jobs, with no operator installed.
     text: az elastictrain cluster create -g ml-rg -n spot-train -l eastus --engine k8s-job
   - name: Zone-redundant checkpoints, AKS upgrades on Sundays 02:00-06:00 UTC only, the API server open to one address only.
@@ -374,7 +374,10 @@ long-summary: |
     cluster. Only Spot nodes can be evicted. The result names each node, its scale set
     and instance id, and the pods and ranks it hit; --dry-run shows that and evicts
     nothing. With --wait it follows each node until it left the cluster and its VM is
-    gone, then the jobs hit until they train again.
+    gone - or, in a pool with eviction policy Deallocate, until the stopped node still
+    listed is tainted out of service and its pods go - then the jobs hit until they train
+    again. Azure evicts within 30 minutes of the request (often ~3): the wait allows 40,
+    saying every 30 s what it waits for.
     On the local cluster (--local --job JOB):
     Posts an Azure Scheduled Events Preempt for the node; the training runtime checkpoints the step
     the notice arrived at on every rank and acknowledges; then the node's agent and all its workers

@@ -87,8 +87,9 @@ def load_arguments(self, _):  # pylint: disable=too-many-statements  # one state
                         "-1 (default): up to the on-demand price, evicted for capacity only.")
         c.argument("eviction_policy", arg_type=get_enum_type(["Delete", "Deallocate"]),
                    options_list=["--eviction-policy"],
-                   help="What happens to an evicted Spot node: Delete (default; no cost) or Deallocate "
-                        "(the disk stays and counts against quota).")
+                   help="What happens to an evicted Spot node: Delete (default; the node leaves the cluster, no "
+                        "cost) or Deallocate (not recommended: the stopped node stays in the cluster, its cores "
+                        "keep counting against the Spot quota and replacements may wait for quota).")
         c.argument("labels", nargs="+", options_list=["--labels"],
                    help="Extra Kubernetes labels for the GPU nodes, space-separated KEY=VALUE pairs.")
         c.argument("upgrade_channel", arg_type=get_enum_type(UPGRADE_CHANNELS), options_list=["--upgrade-channel"],
@@ -247,7 +248,8 @@ def load_arguments(self, _):  # pylint: disable=too-many-statements  # one state
                         "eviction (default 30).")
         c.argument("wait", arg_type=get_three_state_flag(), options_list=["--wait"],
                    help="Follow the job until it trains again; report recovery seconds and steps lost. On AKS: "
-                        "first until each evicted node left the cluster and its VM is gone "
+                        "first until each evicted node left the cluster and its VM is gone, or, deallocated, is "
+                        "out of service (up to 40 minutes, with progress) "
                         "(and, with --replace-after, the seconds until it trains at full size again).")
         c.argument("dry_run", arg_type=get_three_state_flag(), options_list=["--dry-run"],
                    help="Show which nodes would go; change nothing.")

@@ -128,6 +128,15 @@ def _at_least_one(flag: str, value: object) -> None:
 DEFAULT_GPU_VM_SIZE = "Standard_NC4as_T4_v3"
 DEFAULT_SYSTEM_VM_SIZE = "Standard_D4ds_v5"  # a local temp disk (150 GiB): room for an ephemeral OS disk
 EVICTION_POLICIES = ("Delete", "Deallocate")
+#: Said whenever a pool is asked for with eviction policy Deallocate (AKS's own docs: stopped-deallocated nodes
+#: "count against your compute quota and can cause issues with cluster scaling or upgrading"; cloud-provider-azure:
+#: a stopped VM's node stays, tainted shutdown, then out-of-service up to 10 minutes later).
+DEALLOCATE_WARNING = (
+    "--eviction-policy Deallocate: an evicted Spot node is stopped, not deleted. Its node stays in the cluster "
+    "(NotReady, tainted shutdown, and out of service up to 10 minutes later, when its workers are replaced) and "
+    "its cores keep counting against the region's Spot quota (lowPriorityCores), so the autoscaler may find no "
+    "quota for a replacement until the stopped instances are deleted ('az vmss delete-instances'). Checkpoints "
+    "live in blob storage: the kept disk saves nothing here. Leave the option out (Delete) unless you need it.")
 STORAGE_SKUS = ("Standard_LRS", "Standard_ZRS", "Standard_GRS", "Standard_RAGRS", "Standard_GZRS", "Standard_RAGZRS",
                 "Premium_LRS")
 #: AKS's cluster auto-upgrade channels (ManagedClusterAutoUpgradeProfile.upgradeChannel) we offer: 'node-image' is

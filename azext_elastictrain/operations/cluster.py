@@ -48,6 +48,12 @@ def create_cluster(cmd, *, local: bool = False, name: str | None = None, resourc
                              admin_principal=admin_principal)
     with az_errors(target):
         spec.validate()  # bad input fails before any request, login included
+        if eviction_policy == "Deallocate" and target.kind == "aks":
+            from knack.log import get_logger
+
+            from azext_elastictrain.core.spec import DEALLOCATE_WARNING
+
+            get_logger(__name__).warning(DEALLOCATE_WARNING)
         if local_accounts and target.kind == "aks":
             from knack.log import get_logger
 

@@ -122,6 +122,29 @@ def test_evict_a_whole_job_and_wait_until_its_nodes_left(az, arm, group):
     assert arm.kube.list("v1", "Pod", "elastictrain") == [], "pods of a lost node are collected"
 
 
+def test_a_deallocate_eviction_is_followed_until_the_node_is_out_of_service(az, arm, group):
+    """Eviction policy Deallocate: the instance stays (stopped, still counted against the Spot quota), the node
+    stays listed, NotReady with the shutdown taint, then the out-of-service taint with which PodGC deletes its
+    pods; --wait follows it to that end, saying what it waits for, where before it waited for the node to go."""
+    seeded = arm.seed_aks_training(group, CLUSTER, eviction_policy="Deallocate")
+    arm.expect["node_gone_after"] = 1.0  # stands for the ~3 minutes of a real eviction; out of service ~3 s later
+    node = seeded["gpuNodes"][1]
+    result = az("elastictrain", "evict", "simulate", "-g", group, "-c", CLUSTER, "--node", node, "--wait", "--yes",
+                "-o", "json", timeout=120)
+    (eviction,) = json.loads(result.stdout)["evictions"]
+    recovery = eviction["recovery"]
+    assert (recovery["node"], recovery["instanceGone"]) == ("Deallocated", False), recovery
+    assert recovery["nodeGoneSeconds"] >= 3.0, "followed to the out-of-service taint, not the shutdown taint"
+    assert "was deallocated" in result.stderr and "out of service" in result.stderr, result.stderr
+    listed = arm.kube.get("v1", "Node", node)
+    assert listed is not None and {t["key"] for t in listed["spec"]["taints"]} >= {
+        "node.cloudprovider.kubernetes.io/shutdown", "node.kubernetes.io/out-of-service"}
+    assert [p["metadata"]["name"] for p in arm.kube.list("v1", "Pod", "elastictrain")] == ["cifar-worker-0"], \
+        "PodGC deleted the pod of the node out of service"
+    instances = az.json("vmss", "list-instances", "-g", seeded["nodeResourceGroup"], "-n", seeded["gpuVmss"])
+    assert sorted(vm["instanceId"] for vm in instances) == ["0", "1", "2"], "a deallocated instance stays"
+
+
 def test_wait_reports_recovery_seconds_and_steps_lost_from_the_jobs_events(az, arm, group, container):
     """--wait follows the job to its recovery through the events in the cluster's blob storage, read with
     the login. The survivor's side is played here: once the node is gone, the events a re-formed job writes."""

@@ -915,7 +915,8 @@ class ArmServer:
     # ------------------------------------------------------------------ VMSS instances and Spot evictions
 
     def seed_aks_training(self, group: str, name: str, *, gpu_nodes: int = 3, gpu_pool: bool = True,
-                          job: str = "cifar", workers: int = 2, lowercase_node_group: bool = True) -> dict:
+                          job: str = "cifar", workers: int = 2, lowercase_node_group: bool = True,
+                          eviction_policy: str = "Delete") -> dict:
         """A running AKS cluster as create leaves it, with what only Azure and the cluster make: the VMSS
         instances of its pools and their Kubernetes nodes (Spot GPU nodes, one Regular system node), and an
         ElasticJob with ``workers`` worker pods on the first GPU nodes. Kubernetes nodes, pods and jobs of
@@ -936,7 +937,8 @@ class ArmServer:
                          "provisioningState": "Succeeded"}]
             if gpu_pool:
                 profiles.append({"name": "gpu", "mode": "User", "count": gpu_nodes, "vmSize": "Standard_NC4as_T4_v3",
-                                 "scaleSetPriority": "Spot", "scaleSetEvictionPolicy": "Delete", "spotMaxPrice": -1,
+                                 "scaleSetPriority": "Spot", "scaleSetEvictionPolicy": eviction_policy,
+                                 "spotMaxPrice": -1,
                                  "type": "VirtualMachineScaleSets", "provisioningState": "Succeeded"})
             self.resources[rid.lower()] = {
                 "id": rid, "name": name, "type": _TYPE["cluster"], "location": location,
@@ -996,23 +998,80 @@ class ArmServer:
         vm = self.resources.get(vm_key)
         if vm is None:
             return 404, {}, _error("NotFound", "The entity was not found in this Azure location.")
-        del self.resources[vm_key]  # eviction policy Delete: the instance goes
         provider = "azure://" + vm["id"]
+        # ``node_gone_after`` stands for the minutes a real eviction takes (a recorded one: ~3 min; Azure: within
+        # 30 min); the other delays scale with it.
         delay = float(self.expect.get("node_gone_after", 0.5))
-        timer = threading.Timer(delay, self._node_gone, args=(provider,))
+        if self._eviction_policy(vm_key) == "Deallocate":
+            # the instance stays, stopped (still counted against the Spot quota); the node stays listed
+            vm["properties"]["instanceView"] = {"statuses": [
+                {"code": "ProvisioningState/succeeded", "level": "Info", "displayStatus": "Provisioning succeeded"},
+                {"code": "PowerState/deallocated", "level": "Info", "displayStatus": "VM deallocated"}]}
+            self._later(delay, self._node_shut_down, provider)
+            self._later(delay * (1 + OUT_OF_SERVICE_AFTER / EVICTION_TAKES), self._node_out_of_service, provider)
+            return 204, {}, None
+        del self.resources[vm_key]  # eviction policy Delete: the instance goes
+        self._later(delay, self._node_gone, provider)
+        return 204, {}, None
+
+    @staticmethod
+    def _later(delay: float, action, provider: str) -> None:
+        timer = threading.Timer(delay, action, args=(provider,))
         timer.daemon = True
         timer.start()
-        return 204, {}, None
+
+    def _eviction_policy(self, vm_key: str) -> str:
+        """The policy of the pool behind a VMSS instance: the cluster whose node resource group holds it, the pool
+        its scale set is named after (aks-<pool>-<hash>-vmss)."""
+        node_group, vmss = vm_key.split("/")[4], vm_key.split("/")[8]
+        for resource in list(self.resources.values()):
+            props = resource.get("properties") or {}
+            if resource.get("type") == _TYPE["cluster"] and str(props.get("nodeResourceGroup")).lower() == node_group:
+                for pool in props.get("agentPoolProfiles") or []:
+                    if vmss.startswith(f"aks-{pool['name']}-"):
+                        return pool.get("scaleSetEvictionPolicy") or "Delete"
+        return "Delete"
+
+    def _nodes_of(self, provider: str) -> list:
+        return [key for key, obj in self.kube.objects.items() if key[1] == "Node" and
+                str((obj.get("spec") or {}).get("providerID", "")).lower() == provider.lower()]
+
+    def _node_shut_down(self, provider: str) -> None:
+        """A deallocated VM's node (cloud-provider-azure, kubernetes-sigs/cloud-provider-azure#4521): NotReady, the
+        node lifecycle controller's unreachable taints and the cloud provider's shutdown taint; it stays listed."""
+        with self._lock:
+            for key in self._nodes_of(provider):
+                node = self.kube.objects[key]
+                node["status"]["conditions"] = [{"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown",
+                                                 "message": "Kubelet stopped posting node status."}]
+                node["spec"]["taints"] = [*node["spec"].get("taints", []),
+                                          {"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"},
+                                          {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"},
+                                          {"key": "node.cloudprovider.kubernetes.io/shutdown", "effect": "NoSchedule"}]
+                self.kube.seed(node)
+
+    def _node_out_of_service(self, provider: str) -> None:
+        """Up to 10 minutes later (the cloud provider's instance cache) the out-of-service taint: PodGC then deletes
+        the node's pods (Kubernetes non-graceful node shutdown), as it does those of a node that is gone."""
+        with self._lock:
+            for key in self._nodes_of(provider):
+                node = self.kube.objects[key]
+                node["spec"]["taints"] = [*node["spec"].get("taints", []), {
+                    "key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"}]
+                self.kube.seed(node)
+                self.kube.jobs.node_gone(key[3])
 
     def _node_gone(self, provider: str) -> None:
         """The cloud node manager removes the node of a deleted VM; pod GC deletes the pods bound to it."""
         with self._lock:
-            nodes = [key for key, obj in self.kube.objects.items() if key[1] == "Node" and
-                     str((obj.get("spec") or {}).get("providerID", "")).lower() == provider.lower()]
-            for key in nodes:
+            for key in self._nodes_of(provider):
                 del self.kube.objects[key]
                 self.kube.jobs.node_gone(key[3])
 
+
+#: A real simulated eviction took ~3 minutes (Azure: within 30); a deallocated VM's node gets its out-of-service
+#: taint up to 10 minutes after it stopped. The fake's delays keep these proportions (``node_gone_after`` scales).
+EVICTION_TAKES, OUT_OF_SERVICE_AFTER = 180.0, 600.0
 
 #: What AKS puts on every Spot pool on its own (reference/README: the Spot node pool facts); a PUT without
 #: them gets them back, so a client comparing for equality sees drift that is not there.

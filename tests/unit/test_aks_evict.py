@@ -118,7 +118,69 @@ def test_wait_without_readable_events_still_follows_the_node_and_says_why(kube):
     kube.delete("v1", "Node", k.name_of(GPU[1]))
     ae.follow(kube, compute, done, None, events_error="no reader", clock=lambda: 1003.0)
     assert done[0]["recovery"] == {"nodeGoneAt": "1970-01-01T00:16:43.000Z", "nodeGoneSeconds": 3.0,
-                                   "instanceGone": True, "eventsError": "no reader"}
+                                   "node": "Deleted", "instanceGone": True, "eventsError": "no reader"}
+
+
+class Clock:
+    """Simulated time: ``sleep`` advances it and lets the cluster act at the times a test gives."""
+
+    def __init__(self, start: float, actions: dict[float, object]) -> None:
+        self.now, self.actions = start, dict(actions)
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        for at in sorted(a for a in self.actions if a <= self.now):
+            self.actions.pop(at)()
+
+
+def test_wait_allows_an_eviction_that_takes_25_minutes_and_says_it_still_waits(kube):
+    """Azure evicts within 30 minutes of simulateEviction: the default wait allows that, and says so as it goes."""
+    compute, lines = FakeCompute(), []
+    done = ae.evict(compute, ae.plan(kube, node=k.name_of(GPU[1])), clock=lambda: 1000.0)
+    clock = Clock(1000.0, {1000.0 + 25 * 60: lambda: kube.delete("v1", "Node", k.name_of(GPU[1]))})
+    ae.follow(kube, compute, done, None, clock=clock, sleep=clock.sleep, progress=lines.append)
+    assert done[0]["recovery"]["nodeGoneSeconds"] == 1500.0 and done[0]["recovery"]["node"] == "Deleted"
+    waiting = [line for line in lines if "still running" in line]
+    assert len(waiting) >= 45, "a line every 30 s while it waits"
+    assert "24m30s after the eviction was asked for" in waiting[-1] and "within 30 minutes" in waiting[-1]
+
+
+def test_a_node_that_never_goes_ends_the_wait_with_what_to_look_at(kube):
+    compute = FakeCompute()
+    done = ae.evict(compute, ae.plan(kube, node=k.name_of(GPU[1])), clock=lambda: 1000.0)
+    clock = Clock(1000.0, {})
+    with pytest.raises(TimeoutError, match="still in service 40 minutes .* within 30 minutes.*kubectl get node"):
+        ae.follow(kube, compute, done, None, clock=clock, sleep=clock.sleep)
+    assert clock.now - 1000.0 >= ae.NODE_GONE_TIMEOUT
+
+
+def _taint(kube, node: str, key: str, value: str | None, effect: str) -> None:
+    found = kube.get("v1", "Node", node)
+    found["spec"]["taints"] = [*found["spec"]["taints"], {"key": key, **({"value": value} if value else {}),
+                                                          "effect": effect}]
+    kube.seed(found)
+
+
+def test_a_deallocated_node_is_followed_until_it_is_out_of_service(kube):
+    """Eviction policy Deallocate: the VM stops and stays in the scale set, the node stays listed; the cloud
+    provider taints it shutdown, then (its cache: up to 10 min) out of service, when PodGC deletes its pods."""
+    node, lines = k.name_of(GPU[1]), []
+    compute = FakeCompute()
+    done = ae.evict(compute, ae.plan(kube, node=node), clock=lambda: 1000.0)
+    compute.gone.clear()  # deallocated, not deleted: the instance is still there
+    clock = Clock(1000.0, {
+        1180.0: lambda: _taint(kube, node, ae.SHUTDOWN_TAINT, None, "NoSchedule"),
+        1720.0: lambda: _taint(kube, node, ae.OUT_OF_SERVICE_TAINT, "nodeshutdown", "NoExecute")})
+    ae.follow(kube, compute, done, None, clock=clock, sleep=clock.sleep, progress=lines.append)
+    recovery = done[0]["recovery"]
+    assert (recovery["node"], recovery["nodeGoneSeconds"], recovery["instanceGone"]) == ("Deallocated", 720.0, False)
+    assert kube.get("v1", "Node", node) is not None
+    assert any("was deallocated" in line and "up to 10 minutes" in line for line in lines)
+    assert any("waiting for the out-of-service taint" in line for line in lines)
+    assert lines[-1].endswith("was deallocated and is out of service (still listed) after 720s")
 
 
 def test_dry_run_report_lists_the_targets():

@@ -189,22 +189,6 @@ def test_show_says_when_the_events_cannot_be_read(kube) -> None:
     assert shown["state"] == "Running" and "blob endpoint unreachable" in shown["eventsError"]
 
 
-def test_waiting_for_an_evicted_node_to_leave() -> None:
-    fake, now = FakeKube(), [100.0]
-    fake.seed(GPU[0])
-
-    def sleep(seconds):
-        now[0] += seconds
-        if now[0] >= 110:
-            fake.delete("v1", "Node", k.name_of(GPU[0]))
-
-    assert aj.wait_node_gone(fake, k.name_of(GPU[0]), poll=2, clock=lambda: now[0], sleep=sleep) == 110.0
-    fake.seed(GPU[1])
-    with pytest.raises(TimeoutError, match="still in the cluster"):
-        aj.wait_node_gone(fake, k.name_of(GPU[1]), timeout=5, clock=lambda: now[0],
-                          sleep=lambda s: now.__setitem__(0, now[0] + s))
-
-
 def test_recovery_after_an_aks_eviction_reads_the_events_like_the_local_one() -> None:
     asked, gone = T0 + 92, T0 + 130
     events = EVENTS + [_event(95, "preempted", step=160, source="scheduled_events"),

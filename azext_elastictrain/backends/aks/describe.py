@@ -1,8 +1,8 @@
 """Elastic jobs on AKS, as `job list|show|logs|wait|delete` show them: the ElasticJob's status, its worker pods
 (where they run, Spot or not, phase, restarts) and the job's event log in blob (core.events).
 
-``describe_job`` is pure over the objects the caller fetched; ``show_job``, ``list_jobs`` and
-``wait_node_gone`` are thin functions over a ``clients.kube.KubeClient``. The result has the keys of the local
+``describe_job`` is pure over the objects the caller fetched; ``show_job`` and
+``list_jobs`` are thin functions over a ``clients.kube.KubeClient``. The result has the keys of the local
 backend's job show where they mean the same (so the table formatters and `job wait` work on both), with
 ``nodes`` one entry per worker pod and ``operator`` the controller's own conditions and replica counts.
 
@@ -316,26 +316,10 @@ def list_jobs(kube: Any, read_events: ReadEvents, *, namespace: str = NAMESPACE,
     return described
 
 
-def wait_node_gone(kube: Any, node: str, *, timeout: float = 600.0, poll: float = 2.0,
-                   clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep) -> float:
-    """Block until Node ``node`` left the cluster (the evicted VM was deleted); return when that was seen.
-
-    Spot eviction gives a >= 30 s notice before the VM goes, then the cloud node manager removes the node.
-    """
-    deadline = clock() + timeout
-    while True:
-        if kube.get("v1", "Node", node) is None:
-            return clock()
-        if clock() >= deadline:
-            raise TimeoutError(f"node {node!r} is still in the cluster {timeout:.0f}s after its eviction was "
-                               "asked for; 'kubectl get node' shows its state")
-        sleep(poll)
-
-
 def follow_recovery_aks(read_events: ReadEvents, job: str, evicted_at: float, *, node: str | None = None,
                         requested_at: float | None = None, timeout: float | None = None,
                         sleep: Callable[[float], None] = time.sleep) -> dict:
-    """After an eviction: seconds from ``evicted_at`` (the node left, see ``wait_node_gone``) until the job
+    """After an eviction: seconds from ``evicted_at`` (the node left, see ``evict.wait_node_evicted``) until the job
     trained again, and the steps it lost (from the Preempt notice's step, seen since ``requested_at``, the
     simulateEviction call). The same reading of the events as on the local cluster."""
     from azext_elastictrain.core.recovery import RECOVERY_TIMEOUT, follow_recovery

@@ -7,10 +7,11 @@ Call order (each step is the caller's to take, so it can confirm between them):
 2. ``evict(compute, plan)`` asks ``simulateEviction`` of each target's VMSS instance, one after the other.
    A 404 means the instance is already gone (evicted or scaled in a moment ago; its node can stay listed
    for a while): that target counts as evicted, ``state`` AlreadyGone.
-3. ``follow(kube, compute, evictions, read_events)`` (``--wait``): waits until each node left the cluster
-   and its instance is gone from the scale set, then follows every job that was hit until it trains again
-   (recovery seconds, steps lost) from the job's event log. Where the events cannot be read, the result
-   says so in ``eventsError`` and keeps what was seen.
+3. ``follow(kube, compute, evictions, read_events)`` (``--wait``): waits until each node is out of the cluster's
+   service - gone (a pool with eviction policy Delete), or, with Deallocate, still listed but tainted out of
+   service so its pods are deleted - then follows every job that was hit until it trains again (recovery
+   seconds, steps lost) from the job's event log. Where the events cannot be read, the result says so in
+   ``eventsError`` and keeps what was seen. It says every ``PROGRESS_EVERY`` seconds that it still waits.
 
 ``Compute`` is this module's one view of the compute API; the CLI gives it ``AzureArm`` (SDK clients), tests a
 fake or the same against the local ARM test server. Kubernetes is a ``clients.kube.KubeClient``.
@@ -20,14 +21,24 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Optional, Protocol
 
-from azext_elastictrain.backends.aks.describe import follow_recovery_aks, wait_node_gone
+from azext_elastictrain.backends.aks.describe import follow_recovery_aks
 from azext_elastictrain.core.eviction import EvictionPlan, VmssInstance, plan_evictions
 from azext_elastictrain.core.manifests import NAMESPACE
 from azext_elastictrain.core.view import iso_time, parse_iso
 
 EVICTED = "Evicted"
 ALREADY_GONE = "AlreadyGone"
-NODE_GONE_TIMEOUT = 600.0  # Spot gives >= 30 s of notice, then the cloud node manager removes the node
+# Azure evicts a VM within 30 minutes of simulateEviction (its docs; a real one took ~3 min), after a >= 30 s
+# notice; a deallocated VM's node gets its out-of-service taint up to 10 minutes after the VM stopped (the cloud
+# provider's instance cache: kubernetes-sigs/cloud-provider-azure#4521). The wait allows both.
+NODE_GONE_TIMEOUT = 2400.0
+PROGRESS_EVERY = 30.0  # seconds between "still waiting" lines
+# What a deallocated (stopped) VM's node carries (cloud-provider-azure, Kubernetes non-graceful node shutdown):
+# the shutdown taint at once, the out-of-service taint with which PodGC deletes the node's pods, the workers'
+# replacements can start and the node counts as evicted.
+SHUTDOWN_TAINT = "node.cloudprovider.kubernetes.io/shutdown"
+OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"
+DELETED, DEALLOCATED = "Deleted", "Deallocated"
 RECOVERY_TIMEOUT = 600.0  # a new Spot node may have to be allocated and the image pulled
 
 ReadEvents = Callable[[str], list]
@@ -91,13 +102,17 @@ def follow(kube: Any, compute: Compute, evictions: list[dict], read_events: Read
     the jobs it hit, the recovery their events show. ``read_events`` None: events unreadable (``events_error``
     says why); the node is still followed until it is gone."""
     for eviction in evictions:
-        gone_at = wait_node_gone(kube, eviction["node"], timeout=node_timeout, poll=poll, clock=clock, sleep=sleep)
+        outcome, gone_at = wait_node_evicted(kube, eviction["node"], asked_at=eviction["requestedAt"],
+                                             timeout=node_timeout, poll=poll, clock=clock, sleep=sleep,
+                                             progress=progress)
         instance = VmssInstance(eviction["subscription"], eviction["resourceGroup"], eviction["vmss"],
                                 eviction["instanceId"])
         eviction["recovery"] = {"nodeGoneAt": iso_time(gone_at, millis=True),
                                 "nodeGoneSeconds": round(max(0.0, gone_at - eviction["requestedAt"]), 2),
-                                "instanceGone": compute.vmss_instance(instance) is None}
-        progress(f"{eviction['node']} left the cluster after {eviction['recovery']['nodeGoneSeconds']:g}s")
+                                "node": outcome, "instanceGone": compute.vmss_instance(instance) is None}
+        progress(f"{eviction['node']} " + ("left the cluster" if outcome == DELETED else
+                                           "was deallocated and is out of service (still listed)")
+                 + f" after {eviction['recovery']['nodeGoneSeconds']:g}s")
     jobs = sorted({p["job"] for e in evictions for p in e["pods"] if p.get("job")})
     if not evictions or not jobs:
         return evictions
@@ -127,6 +142,43 @@ def follow(kube: Any, compute: Compute, evictions: list[dict], read_events: Read
             if any(p.get("job") == job for p in eviction["pods"]):
                 eviction["recovery"].update({"job": job, **recovery})
     return evictions
+
+
+def wait_node_evicted(kube: Any, node: str, *, asked_at: float, timeout: float = NODE_GONE_TIMEOUT,
+                      poll: float = 2.0, clock: Callable[[], float] = time.time,
+                      sleep: Callable[[float], None] = time.sleep,
+                      progress: Callable[[str], None] = lambda line: None) -> tuple[str, float]:
+    """Block until Node ``node`` is out of service: gone (``Deleted``: the cloud node manager removed the node
+    of a deleted VM) or tainted out of service (``Deallocated``: the VM stopped, the node stays listed). Returns
+    the outcome and when it was seen; says every PROGRESS_EVERY seconds that it still waits."""
+    deadline, next_note, shutdown_seen = clock() + timeout, clock() + PROGRESS_EVERY, False
+    while True:
+        found = kube.get("v1", "Node", node)
+        now = clock()
+        if found is None:
+            return DELETED, now
+        taints = {t.get("key") for t in (found.get("spec") or {}).get("taints") or []}
+        if OUT_OF_SERVICE_TAINT in taints:
+            return DEALLOCATED, now
+        if SHUTDOWN_TAINT in taints and not shutdown_seen:
+            shutdown_seen = True
+            progress(f"{node}: its VM was deallocated (taint {SHUTDOWN_TAINT}); the node stays in the cluster "
+                     f"until Azure marks it out of service (up to 10 minutes), then its pods are replaced")
+        if now >= deadline:
+            raise TimeoutError(f"node {node!r} is still in service {timeout / 60:.0f} minutes after its eviction "
+                               "was asked for (Azure evicts within 30 minutes); 'kubectl get node "
+                               f"{node} -o yaml' shows its state and taints")
+        if now >= next_note:
+            next_note += PROGRESS_EVERY
+            state = "deallocated, waiting for the out-of-service taint" if shutdown_seen else "still running"
+            progress(f"{node}: {state}, {_minutes(now - asked_at)} after the eviction was asked for (Azure "
+                     f"evicts within 30 minutes; waiting up to {_minutes(timeout)})")
+        sleep(poll)
+
+
+def _minutes(seconds: float) -> str:
+    minutes, rest = divmod(int(max(0.0, seconds)), 60)
+    return f"{minutes}m{rest:02d}s"
 
 
 def report(cluster: str, resource_group: str, eviction_plan: EvictionPlan, evictions: list[dict] | None) -> dict:
