@@ -137,7 +137,8 @@ def test_events_that_cannot_be_read_are_said_and_do_not_fake_success() -> None:
 
 def test_logs_of_a_rank_come_from_its_pods_worker_container() -> None:
     assert aj.plan_logs(_job(), PODS, rank=1) == [
-        {"pod": "cifar-worker-1", "container": "elasticjob-worker", "rank": 1, "node": k.name_of(GPU[1]), "phase": "Running"}]
+        {"pod": "cifar-worker-1", "container": "elasticjob-worker", "rank": 1, "node": k.name_of(GPU[1]),
+         "phase": "Running"}]
     assert [p["pod"] for p in aj.plan_logs(_job(), PODS)] == ["cifar-worker-0", "cifar-worker-1"]
 
 
