@@ -29,6 +29,10 @@ REPLICA_INDEX_LABELS = ("replica-index", "training.kubeflow.org/replica-index",
                         "batch.kubernetes.io/job-completion-index")  # an Indexed Job's pods (k8s-job)
 REPLICA_TYPE_LABELS = ("replica-type", "training.kubeflow.org/replica-type")
 WORKER_REPLICA_TYPE = "worker"
+# What a stopped (deallocated) Spot VM's node carries while it stays listed (cloud-provider-azure, Kubernetes
+# non-graceful node shutdown): the shutdown taint at once, the out-of-service taint up to 10 minutes later.
+SHUTDOWN_TAINT = "node.cloudprovider.kubernetes.io/shutdown"
+OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"
 # Pods in these phases no longer hold their node: an eviction does not hit them.
 _DONE_PHASES = ("Succeeded", "Failed")
 _LISTED_AT_MOST = 12
@@ -318,7 +322,10 @@ def _pool_nodes(nodes: list[dict], pool: str, count: int, pools: Iterable[str] |
                                          "the GPU Spot pool is created with the cluster")
         raise EvictionPlanError(f"pool {pool!r} has no nodes now (a Spot pool autoscales to zero without work, "
                                 "or its capacity was evicted): start a job first, or wait for capacity")
-    spot = [n for n in in_pool if is_spot(n)]
+    spot = [n for n in in_pool if is_spot(n) and not is_stopped(n)]
+    if not spot and any(map(is_stopped, in_pool)):
+        raise EvictionPlanError(f"pool {pool!r} has no running Spot node: its VMs were deallocated (evicted with "
+                                "eviction policy Deallocate); nothing to evict until capacity comes back")
     if not spot:
         raise EvictionPlanError(f"pool {pool!r} has no Spot nodes (its nodes are {node_priority(in_pool[0])}): "
                                 "only Spot VMs can be evicted; name the GPU Spot pool")
@@ -334,7 +341,17 @@ def _refuse_unless_spot(node: dict) -> None:
         raise EvictionPlanError(f"node {name!r} is a {node_priority(node)} (not Spot) node of pool "
                                 f"{node_pool(node)!r}: only Spot VMs can be evicted, and evicting this one "
                                 "would take down what the cluster itself runs on; pick a node of the Spot pool")
+    if is_stopped(node):
+        raise EvictionPlanError(f"node {name!r} is already evicted: its VM was deallocated (taint "
+                                f"{SHUTDOWN_TAINT}) and the node stays listed until the instance is deleted; "
+                                "pick a running node")
     parse_provider_id((node.get("spec") or {}).get("providerID"), name)
+
+
+def is_stopped(node: dict) -> bool:
+    """The node's VM is stopped (deallocated): it runs nothing and has nothing left to evict."""
+    taints = {t.get("key") for t in (node.get("spec") or {}).get("taints") or []}
+    return bool(taints & {SHUTDOWN_TAINT, OUT_OF_SERVICE_TAINT})
 
 
 def _target(node: dict, pods: list[dict]) -> EvictionTarget:

@@ -143,6 +143,10 @@ def test_a_deallocate_eviction_is_followed_until_the_node_is_out_of_service(az, 
         "PodGC deleted the pod of the node out of service"
     instances = az.json("vmss", "list-instances", "-g", seeded["nodeResourceGroup"], "-n", seeded["gpuVmss"])
     assert sorted(vm["instanceId"] for vm in instances) == ["0", "1", "2"], "a deallocated instance stays"
+    arm.requests.clear()
+    again = _evict(az, group, "--node", node, "--yes", check=False)
+    assert again.returncode == 1 and "is already evicted: its VM was deallocated" in again.stderr, again.stderr
+    assert _evictions(arm) == [] and "Traceback" not in again.stderr
 
 
 def test_wait_reports_recovery_seconds_and_steps_lost_from_the_jobs_events(az, arm, group, container):

@@ -167,6 +167,24 @@ def test_a_node_with_no_training_is_still_evictable_and_hits_nothing() -> None:
     assert target.pods == () and target.ranks == ()
 
 
+def _deallocated(node: dict) -> dict:
+    """A node of a Deallocate pool after its eviction: still listed, its VM stopped (the cloud provider's taint)."""
+    stopped = json.loads(json.dumps(node))
+    stopped["spec"]["taints"].append({"key": "node.cloudprovider.kubernetes.io/shutdown", "effect": "NoSchedule"})
+    return stopped
+
+
+def test_a_deallocated_node_is_not_evicted_again() -> None:
+    """Its VM is stopped: there is nothing left to evict, and by pool a running node is taken instead."""
+    nodes = [_deallocated(GPU[0]), *GPU[1:], *SYSTEM]
+    with pytest.raises(ev.EvictionPlanError, match="is already evicted: its VM was deallocated"):
+        ev.plan_evictions(nodes, PODS, node=k.name_of(GPU[0]))
+    assert [t.node for t in ev.plan_evictions(nodes, PODS, pool="gpu", count=2).targets] == [
+        k.name_of(GPU[1]), k.name_of(GPU[2])]
+    with pytest.raises(ev.EvictionPlanError, match="no running Spot node: its VMs were deallocated"):
+        ev.plan_evictions([_deallocated(n) for n in GPU], PODS, pool="gpu")
+
+
 def test_a_job_whose_node_is_already_gone_plans_what_is_left() -> None:
     pods = PODS + [k.worker_pod("cifar", 2, "aks-gpu-31415926-vmss000009")]  # its node was just evicted
     assert [t.node for t in ev.plan_evictions(NODES, pods, job="cifar").targets] == [

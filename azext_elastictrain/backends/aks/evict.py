@@ -22,7 +22,13 @@ import time
 from typing import Any, Callable, Optional, Protocol
 
 from azext_elastictrain.backends.aks.describe import follow_recovery_aks
-from azext_elastictrain.core.eviction import EvictionPlan, VmssInstance, plan_evictions
+from azext_elastictrain.core.eviction import (
+    OUT_OF_SERVICE_TAINT,
+    SHUTDOWN_TAINT,
+    EvictionPlan,
+    VmssInstance,
+    plan_evictions,
+)
 from azext_elastictrain.core.manifests import NAMESPACE
 from azext_elastictrain.core.view import iso_time, parse_iso
 
@@ -33,11 +39,8 @@ ALREADY_GONE = "AlreadyGone"
 # provider's instance cache: kubernetes-sigs/cloud-provider-azure#4521). The wait allows both.
 NODE_GONE_TIMEOUT = 2400.0
 PROGRESS_EVERY = 30.0  # seconds between "still waiting" lines
-# What a deallocated (stopped) VM's node carries (cloud-provider-azure, Kubernetes non-graceful node shutdown):
-# the shutdown taint at once, the out-of-service taint with which PodGC deletes the node's pods, the workers'
-# replacements can start and the node counts as evicted.
-SHUTDOWN_TAINT = "node.cloudprovider.kubernetes.io/shutdown"
-OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"
+# A deallocated VM's node counts as evicted once it has the out-of-service taint: PodGC then deletes its pods and
+# the workers' replacements can start (core.eviction: the taints).
 DELETED, DEALLOCATED = "Deleted", "Deallocated"
 RECOVERY_TIMEOUT = 600.0  # a new Spot node may have to be allocated and the image pulled
 
