@@ -231,3 +231,21 @@ def aks_eviction_table(result) -> list:
             ("StepsLost", recovery.get("stepsLost", "")),
         ]))
     return rows
+
+
+def _price(value, digits: int = 4) -> str:
+    return value if isinstance(value, str) else f"{value:.{digits}f}"
+
+
+def sku_list_table(result) -> list:
+    """Where to run: one row per Spot-capable GPU size, cheapest per GPU first."""
+    return [OrderedDict([
+        ("Name", item.get("name")), ("GPUs", item.get("gpus")), ("vCPUs", item.get("vCPUs")),
+        ("SpotPerHour", _price(item.get("spotPerHour"))), ("OnDemandPerHour", _price(item.get("onDemandPerHour"))),
+        ("SpotPerGpuHour", _price(item.get("spotPerGpuHour"))),
+        ("SpotSaving", item["spotSavingPercent"] if isinstance(item.get("spotSavingPercent"), str)
+         else f"{item.get('spotSavingPercent'):g}%"),
+        ("EvictionRate", item.get("evictionRate") if item.get("evictionRate") == "unknown"
+         else f"{item.get('evictionRate')}%"),
+        ("SpotNodesQuotaAllows", item.get("spotNodesQuotaAllows")), ("Currency", item.get("currency")),
+    ]) for item in result]

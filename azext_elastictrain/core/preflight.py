@@ -222,11 +222,21 @@ def _check_gpu(sizes: dict[str, VmSize], gpu_vm_size: str, max_count: int, locat
     return _quota(size, max_count, location, usages)
 
 
+def _spot_usage(usages: list[dict]) -> dict | None:
+    return next((u for u in usages if str((u.get("name") or {}).get("value", "")).lower() == SPOT_QUOTA.lower()),
+                None)
+
+
+def spot_quota(usages: list[dict]) -> int | None:
+    """The regional Spot vCPUs left (limit - current); None where the Usage API does not list them."""
+    usage = _spot_usage(usages)
+    return None if usage is None else int(usage.get("limit", 0)) - int(usage.get("currentValue", 0))
+
+
 def _quota(size: VmSize, max_count: int, location: str, usages: list[dict]) -> PreflightResult:
     needed = max_count * size.vcpus
-    usage = next((u for u in usages if str((u.get("name") or {}).get("value", "")).lower()
-                  == SPOT_QUOTA.lower()), None)
-    free = None if usage is None else int(usage.get("limit", 0)) - int(usage.get("currentValue", 0))
+    usage = _spot_usage(usages)
+    free = spot_quota(usages)
     result = PreflightResult(location, size.name, size.vcpus, needed, free)
     if free is not None and free < needed:
         nodes = max(free, 0) // size.vcpus if size.vcpus else 0

@@ -153,11 +153,11 @@ def band_order(band: str | None) -> int:
 
 # ---------------------------------------------------------------- what a job cost
 
-def job_cost(node_hours: dict[str, float], useful_node_hours: float | None, price: HourlyPrice) -> dict:
+def job_cost(hours: dict[str, float], useful_node_hours: float | None, price: HourlyPrice) -> dict:
     """Node-hours by pool priority ("Spot", "Regular") priced at the size's current prices: what they cost, the
     same node-hours at on-demand prices, the saving (amount and %), and the cost per goodput-hour (cost / the
     node-hours of steps that ended in the final model). A price that is not known leaves its figures unknown."""
-    spot_hours, regular_hours = node_hours.get("Spot", 0.0), node_hours.get("Regular", 0.0)
+    spot_hours, regular_hours = hours.get("Spot", 0.0), hours.get("Regular", 0.0)
     total_hours = spot_hours + regular_hours
     cost = on_demand = None
     if price.on_demand is not None and (price.spot is not None or spot_hours == 0):
@@ -165,7 +165,7 @@ def job_cost(node_hours: dict[str, float], useful_node_hours: float | None, pric
     if price.on_demand is not None:
         on_demand = total_hours * price.on_demand
     saved = None if cost is None or on_demand is None else on_demand - cost
-    shown = {**price.as_dict(), "nodeHours": {k: round(v, 4) for k, v in node_hours.items()},
+    shown = {**price.as_dict(), "nodeHours": {k: round(v, 4) for k, v in hours.items()},
              "cost": _money(cost), "onDemandCost": _money(on_demand), "saved": _money(saved),
              "savedPercent": UNKNOWN if saved is None or not on_demand else round(100 * saved / on_demand, 1),
              "costPerGoodputHour": UNKNOWN if cost is None or not useful_node_hours
@@ -175,3 +175,57 @@ def job_cost(node_hours: dict[str, float], useful_node_hours: float | None, pric
 
 def _money(value: float | None):
     return UNKNOWN if value is None else round(value, 4)
+
+
+# ---------------------------------------------------------------- where to run (sku list)
+
+def spot_offers(sizes: list, price_of: dict[str, HourlyPrice], rates: dict[str, str],
+                spot_vcpus_free: int | None) -> list[dict]:
+    """One row per size (``core.preflight.VmSize``): GPUs, Spot and on-demand price per hour, the Spot price per
+    GPU-hour, the saving, the eviction-rate band and the Spot nodes the quota left allows; cheapest per GPU
+    first, sizes of unknown price last."""
+    rows = []
+    for size in sizes:
+        price = price_of.get(size.name.lower()) or HourlyPrice(size.name, "", DEFAULT_CURRENCY, None, None)
+        per_gpu = None if price.spot is None or not size.gpus else price.spot / size.gpus
+        saving = (None if price.spot is None or not price.on_demand
+                  else round(100 * (price.on_demand - price.spot) / price.on_demand, 1))
+        row = {"name": size.name, "gpus": size.gpus, "vCPUs": size.vcpus, "currency": price.currency,
+               "spotPerHour": _or_unknown(price.spot), "onDemandPerHour": _or_unknown(price.on_demand),
+               "spotPerGpuHour": _money(per_gpu), "spotSavingPercent": _or_unknown(saving),
+               "evictionRate": rates.get(size.name.lower(), UNKNOWN),
+               "spotNodesQuotaAllows": (UNKNOWN if spot_vcpus_free is None or not size.vcpus
+                                        else max(spot_vcpus_free, 0) // size.vcpus)}
+        if price.error:
+            row["priceError"] = price.error
+        rows.append((per_gpu is None, per_gpu or 0.0, size.name, row))
+    return [row for *_, row in sorted(rows, key=lambda r: r[:3])]
+
+
+def node_hours(shown: dict, priority: str) -> tuple[dict[str, float], float | None]:
+    """A described job's node-hours (``job show``'s ``rankSeconds`` / ``nprocPerNode`` ranks a node), all of
+    ``priority`` (the pool its workers run on), and the useful ones; ({}, None) before it trained."""
+    ranks = shown.get("rankSeconds") or {}
+    per_node = int(shown.get("nprocPerNode") or 1) or 1
+    if not ranks:
+        return {}, None
+    return ({priority: ranks["total"] / per_node / 3600}, ranks["useful"] / per_node / 3600)
+
+
+def cost_line(cost: dict | None) -> str:
+    """One line of what a job cost, for the timeline picture and the demo's summary."""
+    if not cost:
+        return "cost: not priced (a local job: --price-as SIZE -l REGION prices it as Azure Spot nodes)"
+    where = f"{cost.get('vmSize')} Spot in {cost.get('location')}"
+    if cost.get("cost") == UNKNOWN:
+        why = f" ({cost['priceError']})" if cost.get("priceError") else " (no Spot price for it)"
+        return f"cost: unknown as {where}{why}"
+    currency = cost.get("currency")
+    hours = sum((cost.get("nodeHours") or {}).values())
+    return (f"cost: {cost['cost']:.4f} {currency} as {where} for {hours:.3f} node-hours; on-demand "
+            f"{_text(cost.get('onDemandCost'))} {currency}, saved {_text(cost.get('savedPercent'))}%; "
+            f"{_text(cost.get('costPerGoodputHour'))} {currency} per goodput node-hour")
+
+
+def _text(value) -> str:
+    return value if isinstance(value, str) else f"{value:.4g}"

@@ -253,6 +253,10 @@ class ArmServer:
         self.skus = {location: region_skus(location) for location in REGIONS}
         self.usages = {location: region_usages() for location in REGIONS}
         self.features = {"microsoft.compute/encryptionathost": "Registered"}
+        #: Resource Graph's Spot eviction-rate bands: region -> lower-case size -> band (the H200 has none)
+        self.spot_eviction_rates = {location: {"standard_nc4as_t4_v3": "0-5", "standard_nc24ads_a100_v4": "5-10",
+                                               "standard_nc40ads_h100_v5": "10-15", "standard_nd96isr_h100_v5": "20+"}
+                                    for location in REGIONS}
 
     def sku(self, location: str, name: str) -> dict:
         """The Resource SKUs entry of a size in a region, for a test to restrict or change."""
@@ -335,6 +339,8 @@ class ArmServer:
         return True
 
     def _arm(self, method: str, path: str, query: dict, body: Any) -> tuple[int, dict, Any]:
+        if path.rstrip("/").lower() == "/providers/microsoft.resourcegraph/resources":
+            return self._resource_graph(method, query, body)
         if path.rstrip("/") == "/subscriptions" and method == "GET":
             self._api_version("subscriptions", query, "list subscriptions")
             return 200, {}, {"value": [self._subscription(sub) for sub in SUBSCRIPTIONS]}
@@ -908,6 +914,39 @@ class ArmServer:
         if not asked:  # every region's SKUs are a large answer: we always ask for one region
             return self._violation(f"GET {path}: no $filter=location eq '...' ({query.get('$filter')!r})")
         return 200, {}, {"value": copy.deepcopy(self.skus.get(asked[1].lower(), [])), "nextLink": None}
+
+    # ------------------------------------------------------------------ Resource Graph: Spot eviction rates
+
+    def _resource_graph(self, method: str, query: dict, body: Any) -> tuple[int, dict, Any]:
+        """POST /providers/Microsoft.ResourceGraph/resources (Resources_Resources, api-version 2022-10-01): the
+        body ``{"subscriptions", "query", "options"}``, the answer ``{"totalRecords", "count", "data",
+        "facets", "resultTruncated"}`` with ``data`` an array of objects (``options.resultFormat``
+        objectArray), as the REST reference's examples. Only the ``SpotResources`` query the extension sends
+        for eviction rates is understood (type ``microsoft.compute/skuspotevictionrate/location``, one region,
+        ``sku.name in~``); its rows are ``{skuName, location, evictionRate}`` with the bands Azure reports
+        ("0-5" ... "20+"), from ``spot_eviction_rates`` (lower-case region -> lower-case size -> band)."""
+        if method != "POST":
+            return self._violation(f"{method} Resource Graph: queries are POSTed")
+        if query.get("api-version") != "2022-10-01":
+            return self._violation(f"Resource Graph: api-version {query.get('api-version')!r}, not 2022-10-01")
+        body = body if isinstance(body, dict) else {}
+        if not set(body.get("subscriptions") or []) <= set(SUBSCRIPTIONS) or not body.get("subscriptions"):
+            return self._violation(f"Resource Graph: subscriptions {body.get('subscriptions')!r}")
+        if (body.get("options") or {}).get("resultFormat") != "objectArray":
+            return self._violation("Resource Graph: options.resultFormat is not objectArray")
+        text = str(body.get("query") or "")
+        asked = re.fullmatch(r"SpotResources \| where type =~ 'microsoft\.compute/skuspotevictionrate/location' "
+                             r"\| where location =~ '([a-z0-9]+)' \| where sku\.name in~ \(([^)]*)\) \| project "
+                             r"skuName = tostring\(sku\.name\), location, evictionRate = "
+                             r"tostring\(properties\.evictionRate\)", text)
+        if not asked:
+            return 400, {}, _error("BadRequest", f"Query is invalid: {text[:200]}")  # as a KQL syntax error
+        sizes = re.findall(r"'([^']+)'", asked[2])
+        rates = self.spot_eviction_rates.get(asked[1], {})
+        rows = [{"skuName": size, "location": asked[1], "evictionRate": rates[size]} for size in sizes
+                if size in rates]
+        return 200, {}, {"totalRecords": len(rows), "count": len(rows), "data": rows, "facets": [],
+                         "resultTruncated": "false"}
 
     # ------------------------------------------------------------------ VMSS instances and Spot evictions
 

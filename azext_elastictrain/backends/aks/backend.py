@@ -11,7 +11,7 @@ from typing import Any, Callable
 from azext_elastictrain.backends.aks import evict as aks_evict
 from azext_elastictrain.backends.aks.cluster import Arm, AksClusters
 from azext_elastictrain.backends.aks.jobs import AksJobs
-from azext_elastictrain.backends.aks.session import AksSession
+from azext_elastictrain.backends.aks.session import AksSession, gpu_spot_pool
 from azext_elastictrain.backends.base import (
     CheckpointLocation,
     EvictionRequest,
@@ -105,6 +105,15 @@ class AksBackend:  # pylint: disable=too-many-public-methods  # the Backend prot
 
     def job_events(self, name: str) -> list[dict]:
         return self.jobs.job_events(name)
+
+    def job_pool(self) -> dict | None:
+        """The GPU Spot pool the workers are scheduled on (the cluster asked once per command)."""
+        found = self.session.managed_cluster()
+        pool = gpu_spot_pool(found)
+        if pool is None:
+            return None
+        return {"name": pool.get("name"), "vmSize": pool.get("vmSize"),
+                "priority": pool.get("scaleSetPriority") or "Regular", "location": found.get("location")}
 
     def job_logs(self, name: str, request: LogRequest) -> JobLogs:
         if request.node is not None:
