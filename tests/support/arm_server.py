@@ -1133,6 +1133,11 @@ DISKS = {"Standard_NC4as_T4_v3": (180224, True, True), "Standard_NC24ads_A100_v4
          "Standard_D4ds_v5": (153600, True, True)}
 
 
+def is_query(raw_path: str) -> bool:
+    """A Resource Graph query: a POST that reads (a dry run may send it; it changes nothing)."""
+    return urlsplit(raw_path).path.rstrip("/").lower() == "/providers/microsoft.resourcegraph/resources"
+
+
 def _example_body(name: str) -> dict:
     return json.loads((EXAMPLES / name).read_text())["responses"]["200"]["body"]
 

@@ -37,12 +37,14 @@ class AksBackend:  # pylint: disable=too-many-public-methods  # the Backend prot
 
     def __init__(self, arm: Arm, resource_group: str | None, cluster: str | None, *, credential: Any = None,
                  kube_connect: Callable[[bytes], Any] | None = None,
-                 progress: Callable[[str], None] | None = None) -> None:
+                 progress: Callable[[str], None] | None = None,
+                 spot_market: Callable[[str, str], dict] | None = None) -> None:
         self.resource_group, self.cluster = resource_group, cluster
         self._progress = progress or (lambda message: None)
         self.session = AksSession(arm, resource_group or "", cluster or "", credential=credential,
                                   kube_connect=kube_connect)
-        self.clusters = AksClusters(arm, kube_connect=kube_connect, progress=self._progress, session=self.session)
+        self.clusters = AksClusters(arm, kube_connect=kube_connect, progress=self._progress, session=self.session,
+                                    spot_market=spot_market)
         self.jobs = AksJobs(self.session, progress=self._progress)
 
     def close(self) -> None:
