@@ -276,7 +276,7 @@ class ArmServer:
     def writes(self) -> list[tuple[str, str]]:
         paths = [(m, p.split("?")[0]) for m, p in self.requests]
         return [(m, p) for m, p in paths if m in ("PUT", "POST", "DELETE", "PATCH") and "/operations/" not in p
-                and not p.startswith("/kube") and not p.endswith("/listClusterUserCredential")]
+                and not p.startswith("/kube") and not p.endswith("/listClusterUserCredential") and not is_query(p)]
 
     @property
     def env(self) -> dict[str, str]:
