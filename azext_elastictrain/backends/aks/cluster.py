@@ -174,7 +174,7 @@ def _needs_location(spec: ClusterSpec) -> str:
     return spec.location or f"<location of resource group {spec.resource_group}>"
 
 
-class AksClusters:
+class AksClusters:  # pylint: disable=too-many-instance-attributes  # one command's clients and settings
     """Create, show, list and delete elastic-training clusters on AKS."""
 
     def __init__(self, arm_client: Arm, *, kube_connect: Callable[[bytes], object] | None = None,
