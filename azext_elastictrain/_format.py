@@ -119,7 +119,13 @@ def _blank(value) -> object:
 
 
 def job_show_table(result) -> list:
-    return [job_row(result)]
+    row = job_row(result)
+    cost = result.get("cost")
+    if cost:  # on AKS, or asked for with --price-as
+        row["Cost"] = _price(cost.get("cost"), 6) + ("" if cost.get("cost") == "unknown" else f" {cost['currency']}")
+        row["SavedVsOnDemand"] = ("unknown" if isinstance(cost.get("savedPercent"), str)
+                                  else f"{cost['savedPercent']:g}%")
+    return [row]
 
 
 def job_timeline_table(result) -> list:

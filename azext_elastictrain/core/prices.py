@@ -174,7 +174,7 @@ def job_cost(hours: dict[str, float], useful_node_hours: float | None, price: Ho
 
 
 def _money(value: float | None):
-    return UNKNOWN if value is None else round(value, 4)
+    return UNKNOWN if value is None else round(value, 6)  # a short job's cost is a fraction of a cent
 
 
 # ---------------------------------------------------------------- where to run (sku list)
@@ -222,7 +222,7 @@ def cost_line(cost: dict | None) -> str:
         return f"cost: unknown as {where}{why}"
     currency = cost.get("currency")
     hours = sum((cost.get("nodeHours") or {}).values())
-    return (f"cost: {cost['cost']:.4f} {currency} as {where} for {hours:.3f} node-hours; on-demand "
+    return (f"cost: {cost['cost']:.4g} {currency} as {where} for {hours:.3f} node-hours; on-demand "
             f"{_text(cost.get('onDemandCost'))} {currency}, saved {_text(cost.get('savedPercent'))}%; "
             f"{_text(cost.get('costPerGoodputHour'))} {currency} per goodput node-hour")
 

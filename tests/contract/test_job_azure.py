@@ -375,13 +375,13 @@ def test_show_and_timeline_price_the_node_hours_on_the_gpu_spot_pool(az, arm, cl
         assert (cost["vmSize"], cost["location"], cost["nodeHours"], cost["pricedAs"]) == (
             "Standard_NC4as_T4_v3", "eastus", {"Spot": round(hours, 4)}, "pool gpu")
         assert (cost["cost"], cost["onDemandCost"], cost["savedPercent"]) == (
-            round(hours * 0.0789, 4), round(hours * 0.526, 4), 85.0)
-        assert cost["costPerGoodputHour"] == round(hours * 0.0789 / (130 / 3600), 4)
+            round(hours * 0.0789, 6), round(hours * 0.526, 6), 85.0)
+        assert cost["costPerGoodputHour"] == round(hours * 0.0789 / (130 / 3600), 6)
         other = az.json("elastictrain", "job", "timeline", "-n", name, *_where(cluster), "--price-as",
                         "Standard_NC24ads_A100_v4", "-l", "westus", "--currency", "EUR",
                         env={PRICES_URL_ENV: front.url})["cost"]
         assert (other["vmSize"], other["currency"], other["cost"]) == (
-            "Standard_NC24ads_A100_v4", "EUR", round(hours * round(0.7346 * 1.1 * 0.92, 6), 4))
+            "Standard_NC24ads_A100_v4", "EUR", round(hours * round(0.7346 * 1.1 * 0.92, 6), 6))
         assert front.violations == []
     (az.config_dir / CACHE_FILE).unlink(missing_ok=True)
     offline = az.json("elastictrain", "job", "show", "-n", name, *_where(cluster),

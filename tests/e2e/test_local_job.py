@@ -113,7 +113,7 @@ def test_a_two_node_job_trains_to_the_end_and_delete_leaves_nothing(local):
         cost = priced["cost"]
         assert cost["nodeHours"] == {"Spot": round(hours, 4)} and cost["pricedAs"] == "asked (--price-as)"
         assert (cost["cost"], cost["onDemandCost"], cost["savedPercent"]) == (
-            round(hours * 0.0789, 4), round(hours * 0.526, 4), 85.0)
+            round(hours * 0.0789, 6), round(hours * 0.526, 6), 85.0)
         no_price = az.json("elastictrain", "job", "show", "--local", "--name", JOB, "--price-as",
                            "Standard_NoSuch_v9", "-l", "eastus", env={PRICES_URL_ENV: front.url})["cost"]
         assert no_price["cost"] == no_price["onDemandCost"] == no_price["saved"] == "unknown"

@@ -120,3 +120,23 @@ def test_job_cost_with_an_unknown_price_says_unknown():
     cost = prices.job_cost({"Spot": 2.0}, 1.0, price)
     assert cost["cost"] == cost["saved"] == cost["costPerGoodputHour"] == "unknown"
     assert cost["onDemandCost"] == 220.48
+
+
+def test_the_tables_put_prices_and_cost_at_a_glance():
+    from azext_elastictrain._format import job_show_table, sku_list_table
+    from azext_elastictrain.core.preflight import VmSize
+
+    sizes = [VmSize("Standard_ND96isr_H100_v5", 96, 8, True), VmSize(H200, 96, 8, True), VmSize(T4, 4, 1, True)]
+    rows = prices.spot_offers(sizes, {
+        "standard_nd96isr_h100_v5": prices.HourlyPrice("Standard_ND96isr_H100_v5", "eastus", "USD", 19.664, 98.32),
+        H200.lower(): prices.HourlyPrice(H200, "eastus", "USD", None, 110.24),
+        T4.lower(): prices.HourlyPrice(T4, "eastus", "USD", 0.0789, 0.526)}, {T4.lower(): "0-5"}, 100)
+    assert [r["name"] for r in rows] == [T4, "Standard_ND96isr_H100_v5", H200], "per GPU; unknown last"
+    table = sku_list_table(rows)
+    assert list(table[0].values()) == [T4, 1, 4, "0.0789", "0.5260", "0.0789", "85%", "0-5%", 25, "USD"]
+    assert (table[1]["SpotPerGpuHour"], table[1]["EvictionRate"]) == ("2.4580", "unknown")
+    assert (table[2]["SpotPerHour"], table[2]["SpotSaving"]) == ("unknown", "unknown")
+    cost = prices.job_cost({"Spot": 2.0}, 1.0, prices.HourlyPrice(T4, "eastus", "USD", 0.0789, 0.526))
+    (row,) = job_show_table({"name": "cifar", "state": "Succeeded", "cost": cost})
+    assert (row["Cost"], row["SavedVsOnDemand"]) == ("0.157800 USD", "85%")
+    assert "Cost" not in job_show_table({"name": "cifar", "state": "Succeeded"})[0]
