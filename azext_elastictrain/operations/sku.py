@@ -46,8 +46,11 @@ def list_skus(cmd, location: str, gpu: str | None = None, currency: str | None =
         rates = market.rates(names, location)
         rows = core_prices.spot_offers(offered, retail.prices(names, location), rates,
                                        preflight.spot_quota(arm.usages(location)))
-    if market.rates_error:
-        from knack.log import get_logger
+    from knack.log import get_logger
 
+    if market.rates_error:
         get_logger(__name__).warning("Eviction rates are unknown: %s", market.rates_error)
+    price_error = next((r["priceError"] for r in rows if r.get("priceError")), None)
+    if price_error:
+        get_logger(__name__).warning("Prices are unknown: %s", price_error)
     return rows

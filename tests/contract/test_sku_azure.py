@@ -85,6 +85,7 @@ def test_unreachable_prices_and_graph_errors_leave_unknowns_and_the_list_still_s
                 env={PRICES_URL_ENV: nowhere})
     assert result.returncode == 0, result.stderr
     assert "Eviction rates are unknown" in result.stderr and "AuthorizationFailed" in result.stderr
+    assert "Prices are unknown: the Retail Prices API could not be read" in result.stderr
     (row,) = json.loads(result.stdout)
     assert (row["spotPerHour"], row["onDemandPerHour"], row["evictionRate"]) == ("unknown", "unknown", "unknown")
     assert "could not be read" in row["priceError"]
