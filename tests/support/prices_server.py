@@ -61,9 +61,14 @@ def _meters(size: str, region: str) -> list[dict]:
     series, meter, linux, spot = PRICES[size]
     factor = REGION_FACTOR[region]
     rows = []
-    for os_suffix, os_factor in (("", 1.0), (" Windows", 1.8)):
+    # the order a reader must not rely on (the API promises none): the superseded Spot price first, then Windows,
+    # and the Low Priority meter before the pay-as-you-go one
+    if spot is not None:
+        rows.append({**_item(size, region, f"Virtual Machines {series} Series", f"{meter} Spot", "Consumption",
+                             spot * factor * 3), "effectiveStartDate": "2023-01-01T00:00:00Z"})
+    for os_suffix, os_factor in ((" Windows", 1.8), ("", 1.0)):
         product = f"Virtual Machines {series} Series{os_suffix}"
-        for name, price in ((meter, linux), (f"{meter} Spot", spot), (f"{meter} Low Priority", linux and linux * .2)):
+        for name, price in ((f"{meter} Low Priority", linux and linux * .2), (f"{meter} Spot", spot), (meter, linux)):
             if price is None:
                 continue
             rows.append(_item(size, region, product, name, "Consumption", price * factor * os_factor))
@@ -71,10 +76,6 @@ def _meters(size: str, region: str) -> list[dict]:
                 rows.append(_item(size, region, product, name, "DevTestConsumption", price * factor * .6))
         rows.append(_item(size, region, product, meter, "Reservation", linux * factor * os_factor * 5000,
                           term="1 Year"))
-    # an older price of the Spot meter, superseded: the newest effectiveStartDate is today's price
-    if spot is not None:
-        rows.append({**_item(size, region, f"Virtual Machines {series} Series", f"{meter} Spot", "Consumption",
-                             spot * factor * 3), "effectiveStartDate": "2023-01-01T00:00:00Z"})
     return rows
 
 
