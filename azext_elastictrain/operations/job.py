@@ -69,7 +69,7 @@ def show_job(cmd, name: str, local: bool = False, cluster: str | None = None,
              resource_group_name: str | None = None, *, price_as: str | None = None, location: str | None = None,
              currency: str | None = None) -> dict:
     target = resolve_target(local=local, resource_group=resource_group_name, cluster=cluster, job=name)
-    retail = _retail_prices(cmd, price_as, location, currency)
+    retail = _retail_prices(cmd, target, price_as, location, currency)
     with az_errors(target, job=name), target.opened(cmd) as backend:
         shown = backend.describe_job(name)
         cost = _job_cost(backend, shown, retail, price_as, location)
@@ -78,14 +78,17 @@ def show_job(cmd, name: str, local: bool = False, cluster: str | None = None,
     return shown
 
 
-def _retail_prices(cmd, price_as: str | None, location: str | None, currency: str | None):
+def _retail_prices(cmd, target, price_as: str | None, location: str | None, currency: str | None):
     """The price client of a command that shows cost; bad --price-as/-l/--currency fail before any request."""
     from azext_elastictrain.clients import prices as price_client
     from azext_elastictrain.core.prices import CurrencyError
 
-    if bool(price_as) != bool(location) and price_as:
+    if price_as and not location:
         raise InvalidArgumentValueError("--price-as needs the region whose prices to use",
                                         recommendation=f"Add -l REGION, e.g. --price-as {price_as} -l eastus.")
+    if location and not price_as and target.kind == "local":
+        raise InvalidArgumentValueError(f"-l {location}: a local job is priced only as the size --price-as names",
+                                        recommendation="Add --price-as SIZE, e.g. --price-as Standard_NC4as_T4_v3.")
     try:
         return price_client.for_command(cmd.cli_ctx, currency)
     except CurrencyError as ex:
@@ -132,10 +135,11 @@ def job_timeline(cmd, *, name: str, local: bool = False, cluster: str | None = N
             raise InvalidArgumentValueError(f"--output-file {output_file!r} is not a picture file name",
                                             recommendation="End it with " + ", ".join(PICTURE_FORMATS) + ".")
         _require_matplotlib()
-    retail = _retail_prices(cmd, price_as, location, currency)
+    retail = _retail_prices(cmd, target, price_as, location, currency)
     with az_errors(target, job=name), target.opened(cmd) as backend:
         shown = series(backend.job_events(name))
-        cost = _job_cost(backend, backend.describe_job(name), retail, price_as, location)
+        priced = price_as or target.kind != "local"  # a local job's nodes have no price of their own
+        cost = _job_cost(backend, backend.describe_job(name), retail, price_as, location) if priced else None
     if cost is not None:
         shown["cost"] = cost
     if output_file is not None:

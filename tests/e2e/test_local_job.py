@@ -231,6 +231,16 @@ def test_checkpoint_commands_take_exactly_one_of_url_local_job_or_aks_job(local,
     _error(local("elastictrain", "checkpoint", "list", *args, check=False), expected)
 
 
+@pytest.mark.parametrize("args, expected", [
+    (["--price-as", "Standard_NC4as_T4_v3"], "--price-as needs the region"),
+    (["-l", "eastus"], "a local job is priced only as the size --price-as names"),
+    (["--price-as", "Standard_NC4as_T4_v3", "-l", "eastus", "--currency", "XYZ"], "currency 'XYZ' is not one"),
+])
+def test_bad_cost_options_are_az_errors_before_anything_is_read(local, args, expected):
+    for command in ("show", "timeline"):
+        _error(local("elastictrain", "job", command, "--local", "--name", "nosuchjob", *args, check=False), expected)
+
+
 def test_unknown_cluster_or_job_is_not_found(local):
     missing = local("elastictrain", "checkpoint", "list", "--local", "--cluster", "nothere", "--job", "x", check=False)
     assert missing.returncode == 3 and "no local cluster named 'nothere'" in missing.stderr
