@@ -378,7 +378,7 @@ long-summary: |
     For each size: GPUs, vCPUs, the Linux Spot and pay-as-you-go price per hour (Azure Retail Prices API, public;
     kept a day in az's config folder), the Spot price per GPU-hour and saving, the Spot eviction-rate band of the
     last 28 days (Azure Resource Graph, SpotResources) and how many nodes the Spot vCPU quota left allows
-    (lowPriorityCores). Sizes come from the region's Resource SKUs, as 'cluster create' checks them. A price or
+    (lowPriorityCores); in JSON also latestSpotPriceUsd, the newest entry of Resource Graph's Spot price history. Sizes come from the region's Resource SKUs, as 'cluster create' checks them. A price or
     band that cannot be had shows as "unknown"; prices are retail list prices, not your agreement's.
 examples:
     - name: The Spot GPU sizes of East US, as a table

@@ -9,7 +9,8 @@ from azext_elastictrain.core import prices as core_prices
 
 
 class SpotMarket:
-    """``offer`` for one size (cluster create's preflight), ``rates`` for several (sku list)."""
+    """``offer`` for one size (cluster create's preflight), ``rates`` and ``latest_spot_usd`` for several (sku
+    list)."""
 
     def __init__(self, retail: RetailPrices, arm) -> None:
         self.retail, self._arm = retail, arm
@@ -26,6 +27,17 @@ class SpotMarket:
             return {}
         self.rates_error = None
         return core_prices.eviction_rates(rows)
+
+    def latest_spot_usd(self, sizes: list[str], location: str) -> dict[str, float]:
+        """Lower-case size -> Resource Graph's latest Spot price in USD ({} and ``rates_error`` where it cannot)."""
+        from azext_elastictrain.core.errors import ArmError
+
+        try:
+            rows = self._arm.resource_graph(core_prices.spot_price_history_query(sizes, location))
+        except (ArmError, OSError) as ex:
+            self.rates_error = f"Resource Graph could not be read: {ex}"
+            return {}
+        return core_prices.latest_spot_prices(rows)
 
     def offer(self, size: str, location: str) -> dict:
         """The size's Spot and on-demand price per hour and eviction-rate band in ``location``."""

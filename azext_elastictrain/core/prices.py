@@ -134,10 +134,22 @@ def eviction_rate_query(sizes: list[str], region: str) -> str:
 
 
 def spot_price_history_query(sizes: list[str], region: str) -> str:
-    """The Resource Graph query for the Linux Spot price history (USD) of each size in ``region``."""
+    """The Resource Graph query for the latest Linux Spot price (USD) of each size in ``region``: the price history's
+    newest entry, ``properties.spotPrices[0].priceUSD``, as the Spot docs' sample query reads it."""
     return (f"SpotResources | where type =~ '{SPOT_PRICE_HISTORY_TYPE}' | where location =~ "
             f"{_quoted(region.lower())} | where sku.name in~ ({_names(sizes)}) | where properties.osType =~ 'linux' "
-            "| project skuName = tostring(sku.name), location, spotPrices = properties.spotPrices")
+            "| project skuName = tostring(sku.name), location, "
+            "latestSpotPriceUSD = todouble(properties.spotPrices[0].priceUSD)")
+
+
+def latest_spot_prices(rows: list[dict]) -> dict[str, float]:
+    """Lower-case size -> its latest Spot price in USD, from the rows of ``spot_price_history_query``."""
+    found = {}
+    for row in rows:
+        price = row.get("latestSpotPriceUSD")
+        if isinstance(price, (int, float)) and not isinstance(price, bool):
+            found[str(row.get("skuName", "")).lower()] = float(price)
+    return found
 
 
 def eviction_rates(rows: list[dict]) -> dict[str, str]:
@@ -179,11 +191,11 @@ def _money(value: float | None):
 
 # ---------------------------------------------------------------- where to run (sku list)
 
-def spot_offers(sizes: list, price_of: dict[str, HourlyPrice], rates: dict[str, str],
-                spot_vcpus_free: int | None) -> list[dict]:
+def spot_offers(sizes: list, price_of: dict[str, HourlyPrice], rates: dict[str, str], spot_vcpus_free: int | None,
+                *, latest_usd: dict[str, float] | None = None) -> list[dict]:
     """One row per size (``core.preflight.VmSize``): GPUs, Spot and on-demand price per hour, the Spot price per
-    GPU-hour, the saving, the eviction-rate band and the Spot nodes the quota left allows; cheapest per GPU
-    first, sizes of unknown price last."""
+    GPU-hour, the saving, the eviction-rate band, the Spot nodes the quota left allows and (``latest_usd``)
+    Resource Graph's latest Spot price in USD; cheapest per GPU first, sizes of unknown price last."""
     rows = []
     for size in sizes:
         price = price_of.get(size.name.lower()) or HourlyPrice(size.name, "", DEFAULT_CURRENCY, None, None)
@@ -196,6 +208,8 @@ def spot_offers(sizes: list, price_of: dict[str, HourlyPrice], rates: dict[str, 
                "evictionRate": rates.get(size.name.lower(), UNKNOWN),
                "spotNodesQuotaAllows": (UNKNOWN if spot_vcpus_free is None or not size.vcpus
                                         else max(spot_vcpus_free, 0) // size.vcpus)}
+        if latest_usd is not None:  # Resource Graph's Spot price history: Azure's latest price, in USD
+            row["latestSpotPriceUsd"] = latest_usd.get(size.name.lower(), UNKNOWN)
         if price.error:
             row["priceError"] = price.error
         rows.append((per_gpu is None, per_gpu or 0.0, size.name, row))

@@ -44,8 +44,9 @@ def list_skus(cmd, location: str, gpu: str | None = None, currency: str | None =
         names = [s.name for s in offered]
         market = SpotMarket(retail, arm)
         rates = market.rates(names, location)
+        latest = market.latest_spot_usd(names, location) if not market.rates_error else {}
         rows = core_prices.spot_offers(offered, retail.prices(names, location), rates,
-                                       preflight.spot_quota(arm.usages(location)))
+                                       preflight.spot_quota(arm.usages(location)), latest_usd=latest)
     from knack.log import get_logger
 
     if market.rates_error:

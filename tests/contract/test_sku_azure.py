@@ -43,9 +43,11 @@ def test_sku_list_shows_prices_bands_and_quota_cheapest_per_gpu_first(az, arm, f
     assert (t4["spotPerHour"], t4["onDemandPerHour"], t4["evictionRate"], t4["spotNodesQuotaAllows"],
             t4["currency"]) == (0.0789, 0.526, "0-5", 20, "USD")
     assert rows[3]["spotPerGpuHour"] == round(19.664 / 8, 4) and rows[3]["evictionRate"] == "20+"
+    # Resource Graph's price history: Azure's latest Spot price (USD), where it has one
+    assert [r["latestSpotPriceUsd"] for r in rows] == [0.0771, 0.7213, "unknown", "unknown", "unknown"]
     h200 = rows[4]
     assert (h200["spotPerHour"], h200["onDemandPerHour"], h200["evictionRate"]) == ("unknown", 110.24, "unknown")
-    assert _graph_asked(arm)
+    assert _graph_asked(arm) and arm.violations == []
     asked = len(front.requests)
     again = az.json("elastictrain", "sku", "list", "-l", "eastus", env={PRICES_URL_ENV: front.url})
     assert again == rows and len(front.requests) == asked, "the second listing is priced from the day's cache"

@@ -257,6 +257,9 @@ class ArmServer:
         self.spot_eviction_rates = {location: {"standard_nc4as_t4_v3": "0-5", "standard_nc24ads_a100_v4": "5-10",
                                                "standard_nc40ads_h100_v5": "10-15", "standard_nd96isr_h100_v5": "20+"}
                                     for location in REGIONS}
+        #: Resource Graph's latest Linux Spot prices in USD (the tests' own figures): region -> size -> price
+        self.spot_prices_usd = {location: {"standard_nc4as_t4_v3": 0.0771, "standard_nc24ads_a100_v4": 0.7213}
+                                for location in REGIONS}
 
     def sku(self, location: str, name: str) -> dict:
         """The Resource SKUs entry of a size in a region, for a test to restrict or change."""
@@ -921,10 +924,13 @@ class ArmServer:
         """POST /providers/Microsoft.ResourceGraph/resources (Resources_Resources, api-version 2022-10-01): the
         body ``{"subscriptions", "query", "options"}``, the answer ``{"totalRecords", "count", "data",
         "facets", "resultTruncated"}`` with ``data`` an array of objects (``options.resultFormat``
-        objectArray), as the REST reference's examples. Only the ``SpotResources`` query the extension sends
-        for eviction rates is understood (type ``microsoft.compute/skuspotevictionrate/location``, one region,
-        ``sku.name in~``); its rows are ``{skuName, location, evictionRate}`` with the bands Azure reports
-        ("0-5" ... "20+"), from ``spot_eviction_rates`` (lower-case region -> lower-case size -> band)."""
+        objectArray), as the REST reference's examples. Only the two ``SpotResources`` queries the extension
+        sends are understood, each for one region and ``sku.name in~ (...)``, with the projections of the Spot docs'
+        sample queries: type ``microsoft.compute/skuspotevictionrate/location`` -> ``{skuName, location,
+        evictionRate}`` with Azure's bands ("0-5" ... "20+") from ``spot_eviction_rates``; type
+        ``microsoft.compute/skuspotpricehistory/ostype/location`` (Linux) -> ``{skuName, location,
+        latestSpotPriceUSD}`` from ``spot_prices_usd`` (each: lower-case region -> lower-case size -> value; a
+        size without one has no row). Anything else is a 400, as a query Resource Graph cannot parse."""
         if method != "POST":
             return self._violation(f"{method} Resource Graph: queries are POSTed")
         if query.get("api-version") != "2022-10-01":
@@ -935,16 +941,22 @@ class ArmServer:
         if (body.get("options") or {}).get("resultFormat") != "objectArray":
             return self._violation("Resource Graph: options.resultFormat is not objectArray")
         text = str(body.get("query") or "")
-        asked = re.fullmatch(r"SpotResources \| where type =~ 'microsoft\.compute/skuspotevictionrate/location' "
-                             r"\| where location =~ '([a-z0-9]+)' \| where sku\.name in~ \(([^)]*)\) \| project "
-                             r"skuName = tostring\(sku\.name\), location, evictionRate = "
-                             r"tostring\(properties\.evictionRate\)", text)
-        if not asked:
-            return 400, {}, _error("BadRequest", f"Query is invalid: {text[:200]}")  # as a KQL syntax error
-        sizes = re.findall(r"'([^']+)'", asked[2])
-        rates = self.spot_eviction_rates.get(asked[1], {})
-        rows = [{"skuName": size, "location": asked[1], "evictionRate": rates[size]} for size in sizes
-                if size in rates]
+        head = (r"SpotResources \| where type =~ '(microsoft\.compute/[a-z/]+)' \| where location =~ '([a-z0-9]+)' "
+                r"\| where sku\.name in~ \(([^)]*)\) ")
+        rates = re.fullmatch(head + r"\| project skuName = tostring\(sku\.name\), location, evictionRate = "
+                                    r"tostring\(properties\.evictionRate\)", text)
+        prices = re.fullmatch(head + r"\| where properties\.osType =~ 'linux' \| project skuName = "
+                                     r"tostring\(sku\.name\), location, latestSpotPriceUSD = "
+                                     r"todouble\(properties\.spotPrices\[0\]\.priceUSD\)", text)
+        if rates and rates[1] == "microsoft.compute/skuspotevictionrate/location":
+            asked, column, table = rates, "evictionRate", self.spot_eviction_rates
+        elif prices and prices[1] == "microsoft.compute/skuspotpricehistory/ostype/location":
+            asked, column, table = prices, "latestSpotPriceUSD", self.spot_prices_usd
+        else:
+            return 400, {}, _error("BadRequest", f"Query is invalid: {text[:200]}")
+        known = table.get(asked[2], {})
+        rows = [{"skuName": size, "location": asked[2], column: known[size]}
+                for size in re.findall(r"'([^']+)'", asked[3]) if size in known]
         return 200, {}, {"totalRecords": len(rows), "count": len(rows), "data": rows, "facets": [],
                          "resultTruncated": "false"}
 

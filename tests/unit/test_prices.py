@@ -108,6 +108,15 @@ def test_eviction_rates_keep_known_bands_by_lower_case_size():
     assert "skuspotevictionrate/location" in query and "'standard_nc4as_t4_v3'" in query and "'eastus'" in query
 
 
+def test_the_latest_spot_price_is_the_price_historys_newest_usd_figure():
+    query = prices.spot_price_history_query([T4], "eastus")
+    assert "skuspotpricehistory/ostype/location" in query and "properties.osType =~ 'linux'" in query
+    assert "todouble(properties.spotPrices[0].priceUSD)" in query
+    rows = [{"skuName": "standard_nc4as_t4_v3", "location": "eastus", "latestSpotPriceUSD": 0.0771},
+            {"skuName": "standard_x", "location": "eastus", "latestSpotPriceUSD": None}]
+    assert prices.latest_spot_prices(rows) == {"standard_nc4as_t4_v3": 0.0771}
+
+
 def test_job_cost_prices_node_hours_and_the_saving():
     price = prices.HourlyPrice(T4, "eastus", "USD", spot=0.1, on_demand=0.5)
     cost = prices.job_cost({"Spot": 10.0}, 8.0, price)
