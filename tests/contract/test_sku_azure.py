@@ -76,6 +76,10 @@ def test_an_unknown_region_is_an_az_error(az, arm, front):
     result = az("elastictrain", "sku", "list", "-l", "atlantis", check=False, env={PRICES_URL_ENV: front.url})
     assert result.returncode != 0 and "lists no VM size in region 'atlantis'" in result.stderr, result.stderr
     assert "az account list-locations" in result.stderr and "Traceback" not in result.stderr
+    retired = az("elastictrain", "sku", "list", "-l", "eastus", "--gpu", "V100", check=False,
+                 env={PRICES_URL_ENV: front.url})
+    assert retired.returncode != 0 and "no Spot-capable GPU size whose name has 'V100'" in retired.stderr
+    assert "leave out --gpu" in retired.stderr and front.requests == []
 
 
 def test_unreachable_prices_and_graph_errors_leave_unknowns_and_the_list_still_shows(az, arm):
