@@ -119,7 +119,13 @@ def _blank(value) -> object:
 
 
 def job_show_table(result) -> list:
-    return [job_row(result)]
+    row = job_row(result)
+    cost = result.get("cost")
+    if cost:  # on AKS, or asked for with --price-as
+        row["Cost"] = _price(cost.get("cost"), 6) + ("" if cost.get("cost") == "unknown" else f" {cost['currency']}")
+        row["SavedVsOnDemand"] = ("unknown" if isinstance(cost.get("savedPercent"), str)
+                                  else f"{cost['savedPercent']:g}%")
+    return [row]
 
 
 def job_timeline_table(result) -> list:
@@ -231,3 +237,21 @@ def aks_eviction_table(result) -> list:
             ("StepsLost", recovery.get("stepsLost", "")),
         ]))
     return rows
+
+
+def _price(value, digits: int = 4) -> str:
+    return value if isinstance(value, str) else f"{value:.{digits}f}"
+
+
+def sku_list_table(result) -> list:
+    """Where to run: one row per Spot-capable GPU size, cheapest per GPU first."""
+    return [OrderedDict([
+        ("Name", item.get("name")), ("GPUs", item.get("gpus")), ("vCPUs", item.get("vCPUs")),
+        ("SpotPerHour", _price(item.get("spotPerHour"))), ("OnDemandPerHour", _price(item.get("onDemandPerHour"))),
+        ("SpotPerGpuHour", _price(item.get("spotPerGpuHour"))),
+        ("SpotSaving", item["spotSavingPercent"] if isinstance(item.get("spotSavingPercent"), str)
+         else f"{item.get('spotSavingPercent'):g}%"),
+        ("EvictionRate", item.get("evictionRate") if item.get("evictionRate") == "unknown"
+         else f"{item.get('evictionRate')}%"),
+        ("SpotNodesQuotaAllows", item.get("spotNodesQuotaAllows")), ("Currency", item.get("currency")),
+    ]) for item in result]

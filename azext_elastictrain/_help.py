@@ -283,9 +283,16 @@ long-summary: >
     gaps, when the new world is larger) and starting (first start to first restore); a gap counts
     the ranks of the world that forms after it. stepsLost (top level) is that count of steps.
     Step times between two recorded step boundaries are taken as evenly spaced.
+    cost (on AKS; locally with --price-as SIZE -l REGION) - the job's node-hours (rankSeconds total
+    / nprocPerNode) by the priority of the pool its workers run on, their cost at the size's current
+    Linux Spot price (Azure Retail Prices API, retail list prices), the same node-hours at on-demand
+    prices, saved (amount and %) and cost per goodput node-hour (cost / the node-hours of steps in
+    the final model). A price that cannot be had is "unknown".
 examples:
   - name: Show job 'cifar' on the local cluster.
     text: az elastictrain job show --local --name cifar
+  - name: What job 'cifar' of the local cluster would have cost on Spot T4 nodes in East US.
+    text: az elastictrain job show --local --name cifar --price-as Standard_NC4as_T4_v3 -l eastus --query cost
   - name: One line of it.
     text: az elastictrain job show --local --name cifar -o table
   - name: Show job 'cifar' on AKS cluster 'trainer' - the operator's conditions and each worker pod (node, Spot, phase, restarts).
@@ -301,7 +308,8 @@ long-summary: >
     boundaries as the ranks recorded them; worldSize - [time, size] changes, 0 while no world
     trains; checkpoints - [time, step] commits; notices - preemption notices; stops - where a world
     stopped, the step it had completed and how many steps the next one retrained; scaleUps - a
-    larger world forming. With --output-file it also draws the picture (needs matplotlib).
+    larger world forming. With --output-file it also draws the picture (needs matplotlib). cost -
+    as in 'job show' (on AKS, or with --price-as SIZE -l REGION), also written on the picture.
 examples:
   - name: Draw job 'cifar' of the local cluster into timeline.png.
     text: az elastictrain job timeline --local --name cifar --output-file timeline.png
@@ -356,6 +364,27 @@ examples:
     text: az elastictrain job delete -g ml-rg -c trainer -n cifar --dry-run
   - name: On AKS, delete it without prompting (the ElasticJob and its pods; the checkpoints stay).
     text: az elastictrain job delete -g ml-rg -c trainer -n cifar --yes
+"""
+
+helps["elastictrain sku"] = """
+type: group
+short-summary: Where to run - the GPU sizes a region offers as Spot, what they cost and how often they are evicted.
+"""
+
+helps["elastictrain sku list"] = """
+type: command
+short-summary: List the Spot-capable GPU sizes a region offers your subscription, cheapest per GPU first.
+long-summary: |
+    For each size: GPUs, vCPUs, the Linux Spot and pay-as-you-go price per hour (Azure Retail Prices API, public;
+    kept a day in az's config folder), the Spot price per GPU-hour and saving, the Spot eviction-rate band of the
+    last 28 days (Azure Resource Graph, SpotResources) and how many nodes the Spot vCPU quota left allows
+    (lowPriorityCores); in JSON also latestSpotPriceUsd, the newest entry of Resource Graph's Spot price history. Sizes come from the region's Resource SKUs, as 'cluster create' checks them. A price or
+    band that cannot be had shows as "unknown"; prices are retail list prices, not your agreement's.
+examples:
+    - name: The Spot GPU sizes of East US, as a table
+      text: az elastictrain sku list -l eastus -o table
+    - name: Only A100 sizes, priced in euros
+      text: az elastictrain sku list -l westeurope --gpu A100 --currency EUR -o table
 """
 
 helps["elastictrain evict"] = """

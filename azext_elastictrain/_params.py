@@ -214,6 +214,17 @@ def load_arguments(self, _):  # pylint: disable=too-many-statements  # one state
         c.argument("output_file", options_list=["--output-file", "--file"],
                    help="Also draw the picture into this file (PNG, SVG or PDF, by its extension); its folder "
                         "must exist. Needs matplotlib in az's Python.")
+    for command in ("show", "timeline"):
+        with self.argument_context(f"elastictrain job {command}") as c:
+            c.argument("price_as", options_list=["--price-as"],
+                       help="Price the job's node-hours as Spot nodes of this VM size (with -l), e.g. "
+                            "Standard_NC4as_T4_v3: what a local job would cost on Azure, or an AKS job on "
+                            "another size. Default on AKS: the size and region of the GPU Spot pool.")
+            c.argument("location", options_list=["--location", "-l"],
+                       help="With --price-as: the region whose prices to use, e.g. eastus.")
+            c.argument("currency", options_list=["--currency"],
+                       help="Currency of the cost (an ISO code the Azure Retail Prices API supports, e.g. USD, "
+                            "EUR). Default: USD.")
     with self.argument_context("elastictrain job delete") as c:
         c.argument("dry_run", arg_type=get_three_state_flag(), options_list=["--dry-run"],
                    help="Show what would be stopped and removed; change nothing.")
@@ -222,6 +233,15 @@ def load_arguments(self, _):  # pylint: disable=too-many-statements  # one state
         c.argument("delete_checkpoints", arg_type=get_three_state_flag(), options_list=["--delete-checkpoints"],
                    help="Also delete the job's checkpoints and event log from blob storage. "
                         "Default: they are kept, so a new job of the same name resumes from them.")
+
+    with self.argument_context("elastictrain sku list") as c:
+        c.argument("location", options_list=["--location", "-l"],
+                   help="Azure region whose Spot-capable GPU sizes to list, e.g. eastus.")
+        c.argument("gpu", options_list=["--gpu"],
+                   help="Only sizes whose name has this text, e.g. T4, A100, H100 (case-insensitive).")
+        c.argument("currency", options_list=["--currency"],
+                   help="Currency of the prices (ISO code the Azure Retail Prices API supports, e.g. USD, EUR, "
+                        "GBP, JPY). Default: USD.")
 
     with self.argument_context("elastictrain evict simulate") as c:
         c.argument("local", arg_type=get_three_state_flag(), options_list=["--local"],

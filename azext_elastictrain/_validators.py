@@ -51,7 +51,8 @@ class Target:
 
         arm = SignedOutArm(cmd.cli_ctx) if signed_out else AzureArm(cmd.cli_ctx)
         return get_backend(AKS, arm, self.resource_group, self.cluster,
-                           credential=LoginCredential(cmd.cli_ctx), progress=get_logger(__name__).warning)
+                           credential=LoginCredential(cmd.cli_ctx), progress=get_logger(__name__).warning,
+                           spot_market=None if signed_out else _spot_market(cmd.cli_ctx, arm))
 
     @contextmanager
     def opened(self, cmd: Any, *, signed_out: bool = False) -> Iterator[Any]:
@@ -61,6 +62,15 @@ class Target:
             yield backend
         finally:
             backend.close()
+
+
+def _spot_market(cli_ctx: Any, arm: Any) -> Any:
+    """The GPU size's prices and eviction band for the cluster preflight (a lookup, done only when called)."""
+    def offer(size: str, location: str) -> dict:
+        from azext_elastictrain.clients.spot import for_arm
+
+        return for_arm(cli_ctx, arm).offer(size, location)
+    return offer
 
 
 class LoginCredential:  # pylint: disable=too-few-public-methods  # azure-core's TokenCredential protocol

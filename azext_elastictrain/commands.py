@@ -12,6 +12,7 @@ from azext_elastictrain._format import (
     job_list_table,
     job_show_table,
     job_timeline_table,
+    sku_list_table,
 )
 
 
@@ -46,3 +47,7 @@ def load_command_table(loader, _):
         g.custom_command("wait", "wait_job", table_transformer=job_show_table)
         g.custom_command("timeline", "job_timeline", table_transformer=job_timeline_table)
         g.custom_command("delete", "delete_job", table_transformer=job_delete_table)
+
+    sku_ops = CliCommandType(operations_tmpl="azext_elastictrain.operations.sku#{}")
+    with loader.command_group("elastictrain sku", custom_command_type=sku_ops, is_preview=True) as g:
+        g.custom_command("list", "list_skus", table_transformer=sku_list_table)

@@ -33,7 +33,11 @@ def draw(shown: dict, title: str, out: str) -> None:
                         color="tab:gray", fontsize=8)
         ax.set_ylabel("step")
         ax.legend(loc="upper left", fontsize=8)
-        ax.set_title(title)
+        if "cost" in shown:
+            from azext_elastictrain.core.prices import cost_line
+
+            title = f"{title}\n{cost_line(shown['cost'])}"
+        ax.set_title(title, fontsize=10 if "cost" in shown else None)
         sizes = shown["worldSize"]
         ax2.step([t for t, _ in sizes], [s for _, s in sizes], where="post", color="tab:purple")
         ax2.set_ylabel("world size")

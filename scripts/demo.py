@@ -14,10 +14,15 @@ as the job's nodes, training ``scripts/train_cifar10.py`` with DDP:
    on alone from that step (world size 2 -> 1), then capacity comes back (-> 2);
 3. ``evict simulate --notice-seconds 0``: a node just dies; the job resumes from
    its last checkpoint (at most one interval lost); capacity comes back again;
-4. ``job wait`` until every step is trained, ``checkpoint list`` and ``prune``.
+4. ``job wait`` until every step is trained, ``checkpoint list`` and ``prune``;
+5. ``job show --price-as``: what the job's node-hours would have cost as Azure Spot nodes of a size
+   (default Standard_NC4as_T4_v3 in eastus), against the same node-hours on demand. Prices come from
+   Azure's public Retail Prices API; offline they are "unknown" (never a made-up figure). ``--prices-url``
+   points at another price source of the same shape, e.g. the test front
+   (``python -m tests.support.prices_server``, whose figures are the tests' own, not Azure's).
 
 It prints a summary (steps, loss at start and end, each recovery in seconds,
-steps lost), writes ``<out>/summary.json`` and a timeline picture
+steps lost, goodput, cost and savings), writes ``<out>/summary.json`` and a timeline picture
 ``<out>/timeline.png``, and deletes the cluster (unless ``--keep-cluster``).
 az runs with its own config dir (``<out>/azure-config``): your ~/.azure is untouched.
 """
@@ -112,7 +117,7 @@ def summarize(events: list[dict], evictions: list[dict], shown: dict, steps: int
         "medianUploadSeconds": median([c["seconds"] for c in checkpoints]),
         "medianStallSeconds": median([c["stall_seconds"] for c in checkpoints]),
         "evictions": evictions,
-        "goodput": shown.get("goodput"), "timeLost": shown.get("timeLost"),
+        "goodput": shown.get("goodput"), "timeLost": shown.get("timeLost"), "cost": shown.get("cost"),
     }
 
 
@@ -134,6 +139,10 @@ def print_summary(s: dict, picture: Path) -> None:
     if s.get("goodput") is not None:
         lost = ", ".join(f"{cause} {seconds:.1f}" for cause, seconds in s["timeLost"].items() if seconds)
         lines.append(f"  goodput            {s['goodput']:.1%} of rank-seconds; lost (rank-s): {lost or 'none'}")
+    if "cost" in s:
+        from azext_elastictrain.core.prices import cost_line
+
+        lines.append(f"  cost               {cost_line(s['cost']).removeprefix('cost: ')}")
     lines.append(f"  timeline           {picture}")
     print("\n" + "\n".join(lines), flush=True)
 
@@ -165,7 +174,10 @@ def run(az: Az, args: argparse.Namespace, out: Path) -> dict:
     az.json("elastictrain", "job", "wait", "--local", "--cluster", CLUSTER, "--name", JOB,
             "--state", "Succeeded", "--timeout", "900")
     az.show("elastictrain", "job", "show", "--local", "--cluster", CLUSTER, "--name", JOB)
-    shown = az.json("elastictrain", "job", "show", "--local", "--cluster", CLUSTER, "--name", JOB)
+    priced = ("--price-as", args.price_as, "-l", args.location)
+    say(f"What it would have cost on Azure Spot: {args.price_as} in {args.location}")
+    shown = az.json("elastictrain", "job", "show", "--local", "--cluster", CLUSTER, "--name", JOB, *priced)
+    print(json.dumps(shown.get("cost"), indent=1), flush=True)
     say("The checkpoint catalog, then retention: keep the newest 2")
     where = ("--local", "--cluster", CLUSTER, "--job", JOB)
     az.show("elastictrain", "checkpoint", "list", *where)
@@ -177,7 +189,7 @@ def run(az: Az, args: argparse.Namespace, out: Path) -> dict:
     summary["checkpointsKept"] = [c["step"] for c in kept if c["status"] == "complete"]
     picture = out / "timeline.png"
     az.json("elastictrain", "job", "timeline", "--local", "--cluster", CLUSTER, "--name", JOB,
-            "--output-file", str(picture))
+            "--output-file", str(picture), *priced)
     (out / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print_summary(summary, picture)
@@ -190,11 +202,20 @@ def main() -> int:
     parser.add_argument("--out", default="out", help="folder for the summary, timeline picture and events")
     parser.add_argument("--config-dir", type=Path, help="az config dir (default: <out>/azure-config)")
     parser.add_argument("--keep-cluster", action="store_true", help="leave the local cluster running afterwards")
+    parser.add_argument("--price-as", default="Standard_NC4as_T4_v3",
+                        help="price the job as Spot nodes of this Azure VM size (default Standard_NC4as_T4_v3)")
+    parser.add_argument("--location", default="eastus", help="the region whose prices to use (default eastus)")
+    parser.add_argument("--prices-url", help="a Retail Prices API of the same shape to ask instead of Azure's "
+                                             "(e.g. the test front); its figures are then that source's")
     args = parser.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     args.config_dir = (args.config_dir or out / "azure-config").resolve()
     az = Az(args.config_dir)
+    if args.prices_url:
+        from azext_elastictrain.core.prices import PRICES_URL_ENV
+
+        az.env[PRICES_URL_ENV] = args.prices_url
     delete_cluster = [az.path, "elastictrain", "cluster", "delete", "--local", "--name", CLUSTER, "--yes", "-o", "none"]
     # A cluster left by an earlier run (--keep-cluster) would hold that run's checkpoints: start clean.
     subprocess.run(delete_cluster, env=az.env, cwd=REPO, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

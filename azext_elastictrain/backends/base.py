@@ -146,6 +146,9 @@ class Backend(Protocol):  # pylint: disable=too-many-public-methods  # one per c
     def job_events(self, name: str) -> list[dict]:
         ...  # its current run's, oldest first
 
+    def job_pool(self) -> dict | None:
+        ...  # the pool jobs' workers run on: {"vmSize", "priority" (Spot|Regular), "location"}; None: local
+
     def list_jobs(self) -> list[dict]:
         ...
 

@@ -11,6 +11,11 @@ import json
 
 from azext_elastictrain import _client_factory
 
+#: Resource Graph's GA api-version the queries are sent with (Resources_Resources, 2022-10-01).
+RESOURCE_GRAPH_API_VERSION = "2022-10-01"
+#: The most pages of one query read (a page holds up to 1000 rows; ours ask for a few sizes of one region).
+RESOURCE_GRAPH_PAGES = 5
+
 
 def _raw(pipeline_response, _deserialized, _headers):
     """``cls=`` for SDK calls: the response body as ARM sent it (None when empty)."""
@@ -194,6 +199,36 @@ class AzureArm:
             self._clients[key] = _client_factory.cf_compute(self._cli_ctx, subscription_id=subscription)
         return self._clients[key]
 
+    # -- Resource Graph (Spot eviction rates): POST /providers/Microsoft.ResourceGraph/resources ------------------
+
+    def resource_graph(self, query: str) -> list[dict]:
+        """The rows of a Resource Graph query over the command's subscription (``resultFormat`` objectArray),
+        pages followed by ``$skipToken``. azure-cli has no Resource Graph SDK client (``az graph`` is an
+        extension): the request goes through azure-cli's ``send_raw_request`` ('az rest'), with the login's
+        ARM token."""
+        from azure.cli.core.azclierror import HTTPError
+        from azure.cli.core.util import send_raw_request
+
+        from azext_elastictrain.core.errors import ArmError
+
+        url = f"/providers/Microsoft.ResourceGraph/resources?api-version={RESOURCE_GRAPH_API_VERSION}"
+        rows: list[dict] = []
+        options: dict = {"resultFormat": "objectArray"}
+        for _ in range(RESOURCE_GRAPH_PAGES):
+            body = {"subscriptions": [self.subscription], "query": query, "options": options}
+            try:
+                answer = send_raw_request(self._cli_ctx, "POST", url, body=json.dumps(body)).json()
+            except HTTPError as ex:
+                response = getattr(ex, "response", None)
+                error = _json_or_empty(response).get("error") or {}
+                raise ArmError(getattr(response, "status_code", 0) or 0, error.get("code", ""),
+                               error.get("message", "") or str(ex).splitlines()[0]) from ex
+            rows += list(answer.get("data") or [])
+            if not answer.get("$skipToken"):
+                break
+            options = {**options, "$skipToken": answer["$skipToken"]}
+        return rows
+
     # -- the VMSS instances behind AKS nodes (backends.aks.evict's Compute) -------------------------------
 
     def simulate_eviction(self, instance) -> None:
@@ -247,6 +282,14 @@ def _token_claims(token: str) -> dict:
         return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
     except (IndexError, ValueError):
         return {}  # not a JWT (some clouds' tokens are opaque): the caller says what to do
+
+
+def _json_or_empty(response) -> dict:
+    try:
+        found = response.json() if response is not None else {}
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
 def _wire(model) -> dict:

@@ -76,11 +76,36 @@ class PreflightResult:  # pylint: disable=too-many-instance-attributes  # what c
     gpu: VmSize | None = None  # the sizes as the region's Resource SKUs describe them
     system: VmSize | None = None  # None: the region does not list the system pool's size
     encryption_at_host_registered: bool | None = None  # None: not asked (no size supports it, or it is off)
+    spot_market: dict | None = None  # the GPU size's prices and eviction band (clients.spot); None: not asked
 
     def as_dict(self) -> dict:
-        return {"location": self.location, "gpuVmSize": self.gpu_vm_size, "vCPUs": self.vcpus,
-                "spotVcpusNeeded": self.spot_vcpus_needed, "spotVcpusFree": self.spot_vcpus_free,
-                "warnings": list(self.warnings)}
+        shown = {"location": self.location, "gpuVmSize": self.gpu_vm_size, "vCPUs": self.vcpus,
+                 "spotVcpusNeeded": self.spot_vcpus_needed, "spotVcpusFree": self.spot_vcpus_free,
+                 "warnings": list(self.warnings)}
+        if self.spot_market is not None:
+            shown["spotMarket"] = self.spot_market
+        return shown
+
+
+def spot_market_line(offer: dict) -> str:
+    """What the GPU size costs and how often it is evicted, as the preflight says it."""
+    currency = offer.get("currency", "")
+    band = offer.get("evictionRate")
+    return (f"{offer.get('vmSize')} in {offer.get('location')}: Spot {offer.get('spotPerHour')} {currency}/hour, "
+            f"on-demand {offer.get('onDemandPerHour')} {currency}/hour, eviction rate "
+            f"{band + '%' if band != 'unknown' else 'unknown'} (last 28 days)")
+
+
+def spot_price_warnings(offer: dict, max_price: float) -> list[str]:
+    """A --max-price below the current Spot price: the pool would never get a node (Azure allocates a Spot VM
+    only while its price is at most the max price). -1 (pay up to on-demand) and an unknown price warn of
+    nothing. Both are US dollars: Azure's max price is, and the preflight asks the prices in USD."""
+    spot = offer.get("spotPerHour")
+    if max_price == -1 or not isinstance(spot, (int, float)) or max_price >= spot:
+        return []
+    return [f"--max-price {max_price:g} is below the current Spot price of {offer.get('vmSize')} in "
+            f"{offer.get('location')} ({spot:g} {offer.get('currency')}/hour): the GPU pool will get no node "
+            "until the price falls below it. Raise --max-price, or pass -1 to pay up to the on-demand price."]
 
 
 #: The OS disk size an ephemeral OS disk gets at most (AKS's usual default) and at least (the node image, the
@@ -222,11 +247,21 @@ def _check_gpu(sizes: dict[str, VmSize], gpu_vm_size: str, max_count: int, locat
     return _quota(size, max_count, location, usages)
 
 
+def _spot_usage(usages: list[dict]) -> dict | None:
+    return next((u for u in usages if str((u.get("name") or {}).get("value", "")).lower() == SPOT_QUOTA.lower()),
+                None)
+
+
+def spot_quota(usages: list[dict]) -> int | None:
+    """The regional Spot vCPUs left (limit - current); None where the Usage API does not list them."""
+    usage = _spot_usage(usages)
+    return None if usage is None else int(usage.get("limit", 0)) - int(usage.get("currentValue", 0))
+
+
 def _quota(size: VmSize, max_count: int, location: str, usages: list[dict]) -> PreflightResult:
     needed = max_count * size.vcpus
-    usage = next((u for u in usages if str((u.get("name") or {}).get("value", "")).lower()
-                  == SPOT_QUOTA.lower()), None)
-    free = None if usage is None else int(usage.get("limit", 0)) - int(usage.get("currentValue", 0))
+    usage = _spot_usage(usages)
+    free = spot_quota(usages)
     result = PreflightResult(location, size.name, size.vcpus, needed, free)
     if free is not None and free < needed:
         nodes = max(free, 0) // size.vcpus if size.vcpus else 0

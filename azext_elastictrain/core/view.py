@@ -69,6 +69,7 @@ class JobView:  # pylint: disable=too-many-instance-attributes  # the `job show`
                  "goodput": self.goodput and self.goodput["goodput"],
                  "stepsLost": self.goodput and self.goodput["stepsLost"],
                  "timeLost": self.goodput and self.goodput["lostRankSeconds"],
+                 "rankSeconds": self.goodput and rank_seconds(self.goodput),
                  "scaleUpTimes": [{**up, "nodeJoined": iso_time(up["nodeJoined"], millis=True)}
                                   for up in self.scale_up_times]}
         if worker_restarts:
@@ -78,6 +79,13 @@ class JobView:  # pylint: disable=too-many-instance-attributes  # the `job show`
         if self.events_error:
             shown["eventsError"] = self.events_error
         return shown
+
+
+def rank_seconds(goodput: dict) -> dict:
+    """The run's rank-seconds: ``useful`` (steps in the final model) and ``total`` (useful + every cause lost),
+    what a job's node-hours and cost are counted from (core.prices.job_cost)."""
+    useful = goodput["usefulRankSeconds"]
+    return {"useful": useful, "total": round(useful + sum(goodput["lostRankSeconds"].values()), 2)}
 
 
 def build_job_view(events: Iterable[dict], *, created: float | None, nodes: list,

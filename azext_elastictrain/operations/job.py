@@ -66,17 +66,60 @@ def list_jobs(cmd, local: bool = False, cluster: str | None = None,
 
 
 def show_job(cmd, name: str, local: bool = False, cluster: str | None = None,
-             resource_group_name: str | None = None) -> dict:
+             resource_group_name: str | None = None, *, price_as: str | None = None, location: str | None = None,
+             currency: str | None = None) -> dict:
     target = resolve_target(local=local, resource_group=resource_group_name, cluster=cluster, job=name)
+    retail = _retail_prices(cmd, target, price_as, location, currency)
     with az_errors(target, job=name), target.opened(cmd) as backend:
-        return backend.describe_job(name)
+        shown = backend.describe_job(name)
+        cost = _job_cost(backend, shown, retail, price_as, location)
+    if cost is not None:
+        shown["cost"] = cost
+    return shown
+
+
+def _retail_prices(cmd, target, price_as: str | None, location: str | None, currency: str | None):
+    """The price client of a command that shows cost; bad --price-as/-l/--currency fail before any request."""
+    from azext_elastictrain.clients import prices as price_client
+    from azext_elastictrain.core.prices import CurrencyError
+
+    if price_as and not location:
+        raise InvalidArgumentValueError("--price-as needs the region whose prices to use",
+                                        recommendation=f"Add -l REGION, e.g. --price-as {price_as} -l eastus.")
+    if location and not price_as and target.kind == "local":
+        raise InvalidArgumentValueError(f"-l {location}: a local job is priced only as the size --price-as names",
+                                        recommendation="Add --price-as SIZE, e.g. --price-as Standard_NC4as_T4_v3.")
+    try:
+        return price_client.for_command(cmd.cli_ctx, currency)
+    except CurrencyError as ex:
+        raise InvalidArgumentValueError(f"--currency: {ex}", recommendation=ex.recommendation) from ex
+
+
+def _job_cost(backend, shown: dict, retail, price_as: str | None, location: str | None) -> dict | None:
+    """What the job's node-hours cost (core.prices.job_cost) on the pool its workers run on (AKS), or as Spot
+    nodes of ``price_as`` in ``location`` (what a local job would cost on Azure); None for a local job without
+    --price-as: its nodes are processes here."""
+    from azext_elastictrain.core import prices as core_prices
+
+    pool = backend.job_pool()
+    if price_as:
+        size, region, priority = price_as, location or (pool or {}).get("location") or "", "Spot"
+    elif pool and pool.get("vmSize") and pool.get("location"):
+        size, region, priority = pool["vmSize"], location or pool["location"], pool.get("priority") or "Spot"
+    else:
+        return None
+    hours, useful = core_prices.node_hours(shown, priority)
+    cost = core_prices.job_cost(hours, useful, retail.price(size, region))
+    cost["pricedAs"] = "asked (--price-as)" if price_as else f"pool {pool.get('name')}"
+    return cost
 
 
 PICTURE_FORMATS = (".png", ".svg", ".pdf")
 
 
 def job_timeline(cmd, *, name: str, local: bool = False, cluster: str | None = None, output_file: str | None = None,
-                 resource_group_name: str | None = None) -> dict:
+                 resource_group_name: str | None = None, price_as: str | None = None, location: str | None = None,
+                 currency: str | None = None) -> dict:
     """The series of the job's current run (core.timeline); with --output-file, also its picture."""
     import os
 
@@ -92,8 +135,13 @@ def job_timeline(cmd, *, name: str, local: bool = False, cluster: str | None = N
             raise InvalidArgumentValueError(f"--output-file {output_file!r} is not a picture file name",
                                             recommendation="End it with " + ", ".join(PICTURE_FORMATS) + ".")
         _require_matplotlib()
+    retail = _retail_prices(cmd, target, price_as, location, currency)
     with az_errors(target, job=name), target.opened(cmd) as backend:
         shown = series(backend.job_events(name))
+        priced = price_as or target.kind != "local"  # a local job's nodes have no price of their own
+        cost = _job_cost(backend, backend.describe_job(name), retail, price_as, location) if priced else None
+    if cost is not None:
+        shown["cost"] = cost
     if output_file is not None:
         from azext_elastictrain.timeline_picture import draw
 

@@ -384,3 +384,36 @@ def test_no_secret_in_any_output_or_log(az, arm, cluster, container, azurite):
     for text in outputs + logs:
         assert KUBE_TOKEN not in text and ACCESS_TOKEN_SECRET not in text and signature not in text
         assert azurite.account_key not in text and "client-key-data" not in text
+
+
+def test_show_and_timeline_price_the_node_hours_on_the_gpu_spot_pool(az, arm, cluster, container, tmp_path):
+    """The pool's size (T4) and region priced by the Retail Prices front; --price-as another size; unreachable."""
+    from azext_elastictrain.clients.prices import CACHE_FILE
+    from azext_elastictrain.core.prices import PRICES_URL_ENV
+    from tests.support.prices_server import PricesServer
+
+    name = _job_name()
+    _seed(arm, container, name, events=PROGRESS)
+    (az.config_dir / CACHE_FILE).unlink(missing_ok=True)
+    with PricesServer() as front:
+        shown = az.json("elastictrain", "job", "show", "-n", name, *_where(cluster), env={PRICES_URL_ENV: front.url})
+        # 2 ranks from the restore (25 s) to step 150 (90 s) useful, 5 s starting; one rank a node
+        assert shown["rankSeconds"] == {"useful": 130.0, "total": 140.0} and shown["nprocPerNode"] == 1
+        cost = shown["cost"]
+        hours = 140 / 3600
+        assert (cost["vmSize"], cost["location"], cost["nodeHours"], cost["pricedAs"]) == (
+            "Standard_NC4as_T4_v3", "eastus", {"Spot": round(hours, 4)}, "pool gpu")
+        assert (cost["cost"], cost["onDemandCost"], cost["savedPercent"]) == (
+            round(hours * 0.0789, 6), round(hours * 0.526, 6), 85.0)
+        assert cost["costPerGoodputHour"] == round(hours * 0.0789 / (130 / 3600), 6)
+        other = az.json("elastictrain", "job", "timeline", "-n", name, *_where(cluster), "--price-as",
+                        "Standard_NC24ads_A100_v4", "-l", "westus", "--currency", "EUR",
+                        env={PRICES_URL_ENV: front.url})["cost"]
+        assert (other["vmSize"], other["currency"], other["cost"]) == (
+            "Standard_NC24ads_A100_v4", "EUR", round(hours * round(0.7346 * 1.1 * 0.92, 6), 6))
+        assert front.violations == []
+    (az.config_dir / CACHE_FILE).unlink(missing_ok=True)
+    offline = az.json("elastictrain", "job", "show", "-n", name, *_where(cluster),
+                      env={PRICES_URL_ENV: "http://127.0.0.1:9/api/retail/prices"})
+    assert offline["state"] == "Running" and offline["cost"]["cost"] == "unknown"
+    assert "could not be read" in offline["cost"]["priceError"]

@@ -10,6 +10,7 @@ import json
 import pytest
 
 from tests.contract.conftest import CLOUD, AzureAz
+from tests.support.arm_server import is_query
 
 SKUS = "/providers/microsoft.compute/skus"
 USAGES = "/providers/microsoft.compute/locations/eastus/usages"
@@ -72,10 +73,11 @@ def test_a_dry_run_with_a_login_runs_the_region_checks_with_gets_only(az, arm, g
     plan = az.json("elastictrain", "cluster", "create", "-g", group, "-n", "pre3", "-l", "eastus", "--dry-run",
                    "--gpu-vm-size", "Standard_ND96isr_H200_v5", "--max-count", "1")
     on_host = {"osDiskType": "Ephemeral", "osDiskSizeGB": 128, "encryptionAtHost": True}
+    plan["preflight"].pop("spotMarket")  # test_the_preflight_shows_prices_and_band_and_warns_of_a_low_max_price
     assert plan["preflight"] == {"location": "eastus", "gpuVmSize": "Standard_ND96isr_H200_v5", "vCPUs": 96,
                                  "spotVcpusNeeded": 96, "spotVcpusFree": 100, "warnings": [],
                                  "hardware": {"system": on_host, "gpu": on_host}}
-    assert {method for method, _ in arm.requests} == {"GET"} and _asked_the_region(arm.requests)
+    assert {method for method, p in arm.requests if not is_query(p)} == {"GET"} and _asked_the_region(arm.requests)
 
 
 def test_a_dry_run_refuses_what_create_would(az, arm, group):
@@ -102,3 +104,34 @@ def test_a_dry_run_without_a_login_skips_the_region_checks_and_says_so(arm, arm_
     assert len(plan["arm"]) == 9 and arm.requests == [], "without a login nothing is asked"
     admin = next(r for r in plan["arm"] if r["step"] == "Kubernetes admin role")  # who: known once logged in
     assert admin["body"]["properties"]["principalId"].startswith("<object id of the signed-in identity")
+
+
+def test_the_preflight_shows_prices_and_band_and_warns_of_a_low_max_price(az, arm, group):
+    """The GPU size's Spot and on-demand price (Retail Prices front) and eviction band (Resource Graph) in the dry
+    run and in create's progress; a --max-price below the Spot price is a warning (the pool would get no node)."""
+    from azext_elastictrain.clients.prices import CACHE_FILE
+    from azext_elastictrain.core.prices import PRICES_URL_ENV
+    from tests.support.prices_server import PricesServer
+
+    (az.config_dir / CACHE_FILE).unlink(missing_ok=True)
+    with PricesServer() as front:
+        env = {PRICES_URL_ENV: front.url}
+        plan = az.json("elastictrain", "cluster", "create", "-g", group, "-n", "pre6", "-l", "eastus", "--dry-run",
+                       env=env)
+        market = plan["preflight"]["spotMarket"]
+        assert (market["vmSize"], market["spotPerHour"], market["onDemandPerHour"], market["currency"],
+                market["evictionRate"]) == ("Standard_NC4as_T4_v3", 0.0789, 0.526, "USD", "0-5")
+        assert plan["preflight"]["warnings"] == []
+        low = az("elastictrain", "cluster", "create", "-g", group, "-n", "pre6", "-l", "eastus", "--dry-run",
+                 "--max-price", "0.05", "-o", "json", env=env)
+        assert "Standard_NC4as_T4_v3 in eastus: Spot 0.0789 USD/hour, on-demand 0.526 USD/hour, eviction rate " \
+               "0-5% (last 28 days)" in low.stderr, low.stderr
+        warning = "--max-price 0.05 is below the current Spot price of Standard_NC4as_T4_v3 in eastus (0.0789 USD/hour)"
+        assert warning in low.stderr and warning in json.loads(low.stdout)["preflight"]["warnings"][0]
+        assert front.violations == []
+    (az.config_dir / CACHE_FILE).unlink(missing_ok=True)
+    offline = az.json("elastictrain", "cluster", "create", "-g", group, "-n", "pre6", "-l", "eastus", "--dry-run",
+                      "--max-price", "0.05", env={PRICES_URL_ENV: "http://127.0.0.1:9/api/retail/prices"})
+    market = offline["preflight"]["spotMarket"]
+    assert market["spotPerHour"] == "unknown" and "could not be read" in market["priceError"]
+    assert offline["preflight"]["warnings"] == [], "an unknown price warns of nothing and blocks nothing"

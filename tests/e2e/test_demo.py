@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 from tests.support import services as svc
+from tests.support.prices_server import PricesServer
 from tests.support.processes import ours
 
 STEPS, INTERVAL = 600, 40
@@ -14,10 +15,11 @@ STEPS, INTERVAL = 600, 40
 def test_the_demo_survives_two_evictions_and_finishes_every_step(tmp_path):
     svc.check_dev_extension()
     out, config = tmp_path / "out", tmp_path / "azure-config"
+    front = PricesServer()  # the Retail Prices API's shape, the tests' own figures (Azure is not reachable here)
     try:
         run = subprocess.run([sys.executable, "scripts/demo.py", "--steps", str(STEPS), "--out", str(out),
-                              "--config-dir", str(config)], cwd=svc.REPO_ROOT, env=svc.az_env(config),
-                             capture_output=True, text=True, timeout=900)
+                              "--config-dir", str(config), "--prices-url", front.url], cwd=svc.REPO_ROOT,
+                             env=svc.az_env(config), capture_output=True, text=True, timeout=900)
         assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
         assert "Traceback" not in run.stderr
         summary = json.loads((out / "summary.json").read_text())
@@ -39,10 +41,15 @@ def test_the_demo_survives_two_evictions_and_finishes_every_step(tmp_path):
         assert summary["lossEnd"]["loss"] < summary["lossStart"]["loss"]
         assert summary["checkpointsKept"] == [STEPS - INTERVAL, STEPS]  # pruned to the newest 2
         assert (out / "timeline.png").stat().st_size > 10_000
+        cost = summary["cost"]  # the job's node-hours as Spot NC4as T4 v3 nodes in eastus
+        hours = sum(cost["nodeHours"].values())
+        assert hours > 0 and abs(cost["cost"] - hours * 0.0789) < 1e-4 and cost["savedPercent"] == 85.0, cost
+        assert "  cost               " in run.stdout and "saved 85%" in run.stdout
         for command in ("cluster create --local", "job run --local", "evict simulate --local",
                         "checkpoint prune --local"):
             assert f"$ az elastictrain {command}" in run.stdout  # every step went through az
     finally:
+        front.close()
         leftovers = ours(config)
         for proc in leftovers:
             proc.kill()

@@ -13,11 +13,13 @@ from pathlib import Path
 import psutil
 import pytest
 
+from azext_elastictrain.core.prices import PRICES_URL_ENV
 from tests.support import services as svc
 from tests.support.processes import gone as _gone
 from tests.support.processes import local_cluster
 from tests.support.processes import ours as _ours
 from tests.support.processes import running as _running
+from tests.support.prices_server import PricesServer
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = "scripts/train_cifar10.py"
@@ -99,6 +101,23 @@ def test_a_two_node_job_trains_to_the_end_and_delete_leaves_nothing(local):
     assert shown["lastCheckpointStep"] == STEPS and shown["lastCheckpointTime"]
     assert shown["samplesPerSecond"] > 0 and shown["evictions"] == 0 and shown["recoveries"] == 0
     assert shown["warmStart"] is True  # workers forked from each node's warm server (runtime/warm.py)
+
+    # what the job would have cost on Azure Spot nodes: priced only when asked, from the Retail Prices front
+    assert "cost" not in shown, "a local job's nodes are processes: priced only with --price-as"
+    _error(az("elastictrain", "job", "show", "--local", "--name", JOB, "--price-as", "Standard_NC4as_T4_v3",
+              check=False), "--price-as needs the region", "-l REGION")
+    with PricesServer() as front:
+        priced = az.json("elastictrain", "job", "show", "--local", "--name", JOB, "--price-as",
+                         "Standard_NC4as_T4_v3", "-l", "eastus", env={PRICES_URL_ENV: front.url})
+        hours = priced["rankSeconds"]["total"] / 3600  # one rank a node
+        cost = priced["cost"]
+        assert cost["nodeHours"] == {"Spot": round(hours, 4)} and cost["pricedAs"] == "asked (--price-as)"
+        assert (cost["cost"], cost["onDemandCost"], cost["savedPercent"]) == (
+            round(hours * 0.0789, 6), round(hours * 0.526, 6), 85.0)
+        no_price = az.json("elastictrain", "job", "show", "--local", "--name", JOB, "--price-as",
+                           "Standard_NoSuch_v9", "-l", "eastus", env={PRICES_URL_ENV: front.url})["cost"]
+        assert no_price["cost"] == no_price["onDemandCost"] == no_price["saved"] == "unknown"
+        assert front.violations == []
     _error(az("elastictrain", "job", "wait", "--local", "--name", JOB, "--state", "Failed", "--timeout", "5",
               check=False), "is Succeeded", "will not reach state Failed")
 
@@ -210,6 +229,16 @@ def test_bad_input_is_a_clear_error_and_starts_nothing(local, args, expected):
 ])
 def test_checkpoint_commands_take_exactly_one_of_url_local_job_or_aks_job(local, args, expected):
     _error(local("elastictrain", "checkpoint", "list", *args, check=False), expected)
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--price-as", "Standard_NC4as_T4_v3"], "--price-as needs the region"),
+    (["-l", "eastus"], "a local job is priced only as the size --price-as names"),
+    (["--price-as", "Standard_NC4as_T4_v3", "-l", "eastus", "--currency", "XYZ"], "currency 'XYZ' is not one"),
+])
+def test_bad_cost_options_are_az_errors_before_anything_is_read(local, args, expected):
+    for command in ("show", "timeline"):
+        _error(local("elastictrain", "job", command, "--local", "--name", "nosuchjob", *args, check=False), expected)
 
 
 def test_unknown_cluster_or_job_is_not_found(local):

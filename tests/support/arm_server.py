@@ -253,6 +253,13 @@ class ArmServer:
         self.skus = {location: region_skus(location) for location in REGIONS}
         self.usages = {location: region_usages() for location in REGIONS}
         self.features = {"microsoft.compute/encryptionathost": "Registered"}
+        #: Resource Graph's Spot eviction-rate bands: region -> lower-case size -> band (the H200 has none)
+        self.spot_eviction_rates = {location: {"standard_nc4as_t4_v3": "0-5", "standard_nc24ads_a100_v4": "5-10",
+                                               "standard_nc40ads_h100_v5": "10-15", "standard_nd96isr_h100_v5": "20+"}
+                                    for location in REGIONS}
+        #: Resource Graph's latest Linux Spot prices in USD (the tests' own figures): region -> size -> price
+        self.spot_prices_usd = {location: {"standard_nc4as_t4_v3": 0.0771, "standard_nc24ads_a100_v4": 0.7213}
+                                for location in REGIONS}
 
     def sku(self, location: str, name: str) -> dict:
         """The Resource SKUs entry of a size in a region, for a test to restrict or change."""
@@ -272,7 +279,7 @@ class ArmServer:
     def writes(self) -> list[tuple[str, str]]:
         paths = [(m, p.split("?")[0]) for m, p in self.requests]
         return [(m, p) for m, p in paths if m in ("PUT", "POST", "DELETE", "PATCH") and "/operations/" not in p
-                and not p.startswith("/kube") and not p.endswith("/listClusterUserCredential")]
+                and not p.startswith("/kube") and not p.endswith("/listClusterUserCredential") and not is_query(p)]
 
     @property
     def env(self) -> dict[str, str]:
@@ -335,6 +342,8 @@ class ArmServer:
         return True
 
     def _arm(self, method: str, path: str, query: dict, body: Any) -> tuple[int, dict, Any]:
+        if path.rstrip("/").lower() == "/providers/microsoft.resourcegraph/resources":
+            return self._resource_graph(method, query, body)
         if path.rstrip("/") == "/subscriptions" and method == "GET":
             self._api_version("subscriptions", query, "list subscriptions")
             return 200, {}, {"value": [self._subscription(sub) for sub in SUBSCRIPTIONS]}
@@ -912,6 +921,48 @@ class ArmServer:
             return self._violation(f"GET {path}: no $filter=location eq '...' ({query.get('$filter')!r})")
         return 200, {}, {"value": copy.deepcopy(self.skus.get(asked[1].lower(), [])), "nextLink": None}
 
+    # ------------------------------------------------------------------ Resource Graph: Spot eviction rates
+
+    def _resource_graph(self, method: str, query: dict, body: Any) -> tuple[int, dict, Any]:
+        """POST /providers/Microsoft.ResourceGraph/resources (Resources_Resources, api-version 2022-10-01): the
+        body ``{"subscriptions", "query", "options"}``, the answer ``{"totalRecords", "count", "data",
+        "facets", "resultTruncated"}`` with ``data`` an array of objects (``options.resultFormat``
+        objectArray), as the REST reference's examples. Only the two ``SpotResources`` queries the extension
+        sends are understood, each for one region and ``sku.name in~ (...)``, with the projections of the Spot docs'
+        sample queries: type ``microsoft.compute/skuspotevictionrate/location`` -> ``{skuName, location,
+        evictionRate}`` with Azure's bands ("0-5" ... "20+") from ``spot_eviction_rates``; type
+        ``microsoft.compute/skuspotpricehistory/ostype/location`` (Linux) -> ``{skuName, location,
+        latestSpotPriceUSD}`` from ``spot_prices_usd`` (each: lower-case region -> lower-case size -> value; a
+        size without one has no row). Anything else is a 400, as a query Resource Graph cannot parse."""
+        if method != "POST":
+            return self._violation(f"{method} Resource Graph: queries are POSTed")
+        if query.get("api-version") != "2022-10-01":
+            return self._violation(f"Resource Graph: api-version {query.get('api-version')!r}, not 2022-10-01")
+        body = body if isinstance(body, dict) else {}
+        if not set(body.get("subscriptions") or []) <= set(SUBSCRIPTIONS) or not body.get("subscriptions"):
+            return self._violation(f"Resource Graph: subscriptions {body.get('subscriptions')!r}")
+        if (body.get("options") or {}).get("resultFormat") != "objectArray":
+            return self._violation("Resource Graph: options.resultFormat is not objectArray")
+        text = str(body.get("query") or "")
+        head = (r"SpotResources \| where type =~ '(microsoft\.compute/[a-z/]+)' \| where location =~ '([a-z0-9]+)' "
+                r"\| where sku\.name in~ \(([^)]*)\) ")
+        rates = re.fullmatch(head + r"\| project skuName = tostring\(sku\.name\), location, evictionRate = "
+                                    r"tostring\(properties\.evictionRate\)", text)
+        prices = re.fullmatch(head + r"\| where properties\.osType =~ 'linux' \| project skuName = "
+                                     r"tostring\(sku\.name\), location, latestSpotPriceUSD = "
+                                     r"todouble\(properties\.spotPrices\[0\]\.priceUSD\)", text)
+        if rates and rates[1] == "microsoft.compute/skuspotevictionrate/location":
+            asked, column, table = rates, "evictionRate", self.spot_eviction_rates
+        elif prices and prices[1] == "microsoft.compute/skuspotpricehistory/ostype/location":
+            asked, column, table = prices, "latestSpotPriceUSD", self.spot_prices_usd
+        else:
+            return 400, {}, _error("BadRequest", f"Query is invalid: {text[:200]}")
+        known = table.get(asked[2], {})
+        rows = [{"skuName": size, "location": asked[2], column: known[size]}
+                for size in re.findall(r"'([^']+)'", asked[3]) if size in known]
+        return 200, {}, {"totalRecords": len(rows), "count": len(rows), "data": rows, "facets": [],
+                         "resultTruncated": "false"}
+
     # ------------------------------------------------------------------ VMSS instances and Spot evictions
 
     def seed_aks_training(self, group: str, name: str, *, gpu_nodes: int = 3, gpu_pool: bool = True,
@@ -1154,6 +1205,11 @@ DISKS = {"Standard_NC4as_T4_v3": (180224, True, True), "Standard_NC24ads_A100_v4
          "Standard_NC40ads_H100_v5": (131072, True, True), "Standard_ND96isr_H100_v5": (1024000, True, True),
          "Standard_ND96isr_H200_v5": (1024000, True, True), "Standard_D4s_v5": (0, False, True),
          "Standard_D4ds_v5": (153600, True, True)}
+
+
+def is_query(raw_path: str) -> bool:
+    """A Resource Graph query: a POST that reads (a dry run may send it; it changes nothing)."""
+    return urlsplit(raw_path).path.rstrip("/").lower() == "/providers/microsoft.resourcegraph/resources"
 
 
 def _example_body(name: str) -> dict:

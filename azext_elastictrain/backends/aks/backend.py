@@ -11,7 +11,7 @@ from typing import Any, Callable
 from azext_elastictrain.backends.aks import evict as aks_evict
 from azext_elastictrain.backends.aks.cluster import Arm, AksClusters
 from azext_elastictrain.backends.aks.jobs import AksJobs
-from azext_elastictrain.backends.aks.session import AksSession
+from azext_elastictrain.backends.aks.session import AksSession, gpu_spot_pool
 from azext_elastictrain.backends.base import (
     CheckpointLocation,
     EvictionRequest,
@@ -37,12 +37,14 @@ class AksBackend:  # pylint: disable=too-many-public-methods  # the Backend prot
 
     def __init__(self, arm: Arm, resource_group: str | None, cluster: str | None, *, credential: Any = None,
                  kube_connect: Callable[[bytes], Any] | None = None,
-                 progress: Callable[[str], None] | None = None) -> None:
+                 progress: Callable[[str], None] | None = None,
+                 spot_market: Callable[[str, str], dict] | None = None) -> None:
         self.resource_group, self.cluster = resource_group, cluster
         self._progress = progress or (lambda message: None)
         self.session = AksSession(arm, resource_group or "", cluster or "", credential=credential,
                                   kube_connect=kube_connect)
-        self.clusters = AksClusters(arm, kube_connect=kube_connect, progress=self._progress, session=self.session)
+        self.clusters = AksClusters(arm, kube_connect=kube_connect, progress=self._progress, session=self.session,
+                                    spot_market=spot_market)
         self.jobs = AksJobs(self.session, progress=self._progress)
 
     def close(self) -> None:
@@ -105,6 +107,15 @@ class AksBackend:  # pylint: disable=too-many-public-methods  # the Backend prot
 
     def job_events(self, name: str) -> list[dict]:
         return self.jobs.job_events(name)
+
+    def job_pool(self) -> dict | None:
+        """The GPU Spot pool the workers are scheduled on (the cluster asked once per command)."""
+        found = self.session.managed_cluster()
+        pool = gpu_spot_pool(found)
+        if pool is None:
+            return None
+        return {"name": pool.get("name"), "vmSize": pool.get("vmSize"),
+                "priority": pool.get("scaleSetPriority") or "Regular", "location": found.get("location")}
 
     def job_logs(self, name: str, request: LogRequest) -> JobLogs:
         if request.node is not None:

@@ -174,13 +174,15 @@ def _needs_location(spec: ClusterSpec) -> str:
     return spec.location or f"<location of resource group {spec.resource_group}>"
 
 
-class AksClusters:
+class AksClusters:  # pylint: disable=too-many-instance-attributes  # one command's clients and settings
     """Create, show, list and delete elastic-training clusters on AKS."""
 
     def __init__(self, arm_client: Arm, *, kube_connect: Callable[[bytes], object] | None = None,
                  progress: Callable[[str], None] | None = None, poll_seconds: float = 10.0,
-                 poll_timeout: float = 3600.0, session: Any = None, rbac_wait: float = 300.0) -> None:
+                 poll_timeout: float = 3600.0, session: Any = None, rbac_wait: float = 300.0,
+                 spot_market: Callable[[str, str], dict] | None = None) -> None:
         self.arm = arm_client
+        self._spot_market = spot_market  # (size, region) -> its prices and eviction band (clients.spot.offer)
         self.session = session  # the command's AksSession, when it has one
         self._kube_connect = kube_connect
         self._progress = progress or (lambda message: None)
@@ -263,6 +265,10 @@ class AksClusters:
         """core.preflight against this region; a quota warning goes to progress, a size problem raises."""
         checked = preflight.run(self.arm, spec.gpu_vm_size, spec.max_count, spec.location, spec.resource_group,
                                 system_vm_size=spec.system_vm_size, encryption_at_host=spec.encryption_at_host)
+        if checked and self._spot_market:
+            checked.spot_market = self._spot_market(checked.gpu_vm_size, checked.location)
+            checked.warnings += preflight.spot_price_warnings(checked.spot_market, spec.spot_max_price)
+            self._progress(preflight.spot_market_line(checked.spot_market))
         for warning in checked.warnings if checked else []:
             self._progress(warning)
         return checked

@@ -89,6 +89,9 @@ class LocalBackend:  # pylint: disable=too-many-public-methods  # the Backend pr
     def job_events(self, name: str) -> list[dict]:
         return self.clusters.job_events(self.cluster, name)
 
+    def job_pool(self) -> dict | None:
+        return None  # the nodes are processes here: no VM size, no price (job show --price-as names one)
+
     def job_logs(self, name: str, request: LogRequest) -> JobLogs:
         if request.rank is not None or request.pod is not None:
             raise OptionNotHere("--rank and --pod pick a worker of a job on AKS; a local job's are --node",
