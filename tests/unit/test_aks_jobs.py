@@ -235,8 +235,11 @@ def test_the_script_is_read_back_from_a_warm_entry_and_from_a_bare_one() -> None
 
     options = ["--nproc-per-node=1", "--nnodes=1:3"]
     cold = launch.worker_entry("train.py", ["--lr", "0.1"], warm=False)
-    assert cold == ["train.py", "--lr", "0.1"]
-    for entry, warm in ((launch.worker_entry("train.py", ["--lr", "0.1"]), True), (cold, False)):
+    assert cold == ["--", "train.py", "--lr", "0.1"]
+    before_the_separator = [(["-m", launch.WARM_START_MODULE, "train.py", "--lr", "0.1"], True),
+                            (["train.py", "--lr", "0.1"], False)]
+    for entry, warm in [(launch.worker_entry("train.py", ["--lr", "0.1"]), True), (cold, False),
+                        *before_the_separator]:
         assert launch.script_of(entry) == ("train.py", ["--lr", "0.1"], warm)
         shown = aj._script_args([*options, *entry])  # pylint: disable=protected-access
         assert (shown["script"], shown["scriptArgs"], shown["warmStart"], shown["maxNodes"]) == (

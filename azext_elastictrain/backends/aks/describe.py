@@ -180,7 +180,7 @@ def _script_args(args: list[str]) -> dict:
     """Our torchrun options come first (manifests._worker_container), then the script and its arguments."""
     options = {}
     for i, arg in enumerate(args):
-        if not arg.startswith("--"):
+        if arg == launch.SCRIPT_SEPARATOR or not arg.startswith("--"):
             script, rest, warm = launch.script_of(args[i:])
             break
         key, _, value = arg[2:].partition("=")
