@@ -202,10 +202,9 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # restore+s
         # The last step this rank's own state reached (step() is called after the optimizer step, so its
         # gradients were reduced across every rank): one past last_step when a peer died during the agreement.
         self._reached: tuple[int, float] | None = None
-        self._finished = False
-        self._interruption_recorded = False
-        self.stopped_at: int | None = None  # the step a stop (step() returned True) happened at
-        self._metrics: dict[str, float] = {}  # report()ed for the step being trained
+        self._finished = self._interruption_recorded = False
+        # The step a stop (step() returned True) happened at; the metrics report()ed for the step being trained.
+        self.stopped_at, self._metrics = None, {}  # int | None, dict[str, float]
 
         # The state of the last completed step in node-local shared memory (runtime/rescue.py): captured on
         # the training thread at step(), committed by a thread of its own, at most one commit in flight.

@@ -4,16 +4,14 @@ A training script does::
 
     sampler = ElasticSampler(dataset, global_batch_size=256, seed=0)   # after init_process_group
     loader = DataLoader(dataset, batch_sampler=sampler, num_workers=4)
-    state = {"train": TrainingState(model, optimizer), "data": sampler}
-    step = ckpt.restore(state) or 0                  # the sampler comes back mid-epoch
-    for epoch in range(sampler.epoch, epochs):
-        sampler.set_epoch(epoch)                     # the restored epoch keeps its position
-        for batch in loader:                         # this rank's slice of each remaining global batch
-            ...one training step...
-            sampler.advance()                        # this global batch is trained
-            step += 1
-            if ckpt.step(step, state):
-                break
+    state = {"model": model, "optimizer": optimizer, "data": sampler}
+    for step, batch in ckpt.batches(state, loader, epochs=3):   # restores: the sampler comes back mid-epoch
+        ...one training step...                                 # batches() calls set_epoch() and advance()
+
+A loop of its own calls ``sampler.set_epoch(epoch)`` at each epoch's start (the restored epoch keeps its
+position) and ``sampler.advance()`` after each trained batch. After a stop (``stop()``, which the
+Checkpointer calls) any further use ends the process: a nested loop whose ``break`` leaves only the inner
+loop cannot start the next epoch and skip the rest of this one.
 
 The epoch's order is a function of (seed, epoch) only: ``randperm(len(dataset))`` from a generator
 seeded ``seed + epoch``, the order torch's ``DistributedSampler`` draws. Global batch ``i`` of the epoch
