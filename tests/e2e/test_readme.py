@@ -106,31 +106,28 @@ def _check_exactly_once(history: dict[int, list[dict]], total: int) -> None:
         assert ids == order[:len(ids)], f"epoch {epoch}: not each sample once in the uninterrupted order"
 
 
-@pytest.mark.parametrize("number", range(len(BLOCKS)))
-def test_a_readme_block_trains_exactly_once_through_evictions_and_scale_ups_and_succeeds_at_its_end(
-        number, tmp_path, monkeypatch) -> None:
-    block = tmp_path / f"readme_block_{number}.py"
-    block.write_text(BLOCKS[number])
+def _run_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: Path, job: str, notices: list[bool],
+             script_args: str) -> dict:
+    """The script as a 2-node local job through one eviction per entry of ``notices`` (with a 30 s notice, or
+    none), capacity back 3 s after each; then trained to its end. What the test checks, gathered."""
     out, slow = tmp_path / "records", tmp_path / "slow"
     slow.touch()
     # The job's processes inherit az's environment (backends/local/jobs.py).
-    monkeypatch.setenv("READMETEST_BLOCK", str(block))
+    monkeypatch.setenv("READMETEST_BLOCK", str(script))
     monkeypatch.setenv("READMETEST_OUT", str(out))
     monkeypatch.setenv("READMETEST_SLOW", str(slow))
-    # Slow enough for two evictions and scale-ups on a loaded 2-core machine (each az call takes seconds);
+    # Slow enough for the evictions and scale-ups on a loaded 2-core machine (each az call takes seconds);
     # the rest trains at full speed.
     monkeypatch.setenv("READMETEST_STEP_DELAY", "1.0")
-    job = f"readme{number}"
     states: list[str] = []
     try:
         with local_cluster(tmp_path / "azure-config") as az:
             try:
                 az("elastictrain", "job", "run", "--local", "--name", job, "--script", str(HARNESS),
-                   "--script-args", SCRIPT_ARGS_TEXT, "--min-nodes", "1", "--max-nodes", "2",
+                   "--script-args", script_args, "--min-nodes", "1", "--max-nodes", "2",
                    "--checkpoint-interval", "20", "-o", "none")
                 _wait_world(az, job, 2, states)
-                notice = _evict(az, job, notice=True, states=states)
-                no_notice = _evict(az, job, notice=False, states=states)
+                evictions = [_evict(az, job, notice=notice, states=states) for notice in notices]
                 during = _show(az, job)
                 slow.unlink()  # train the rest at full speed
                 done = az.json("elastictrain", "job", "wait", "--local", "--name", job, "--state", "Succeeded",
@@ -142,18 +139,46 @@ def test_a_readme_block_trains_exactly_once_through_evictions_and_scale_ups_and_
                 az("elastictrain", "job", "delete", "--local", "--name", job, "--yes", check=False, timeout=180)
     except svc.ServiceNotFound as exc:
         pytest.fail(str(exc), pytrace=False)
+    return {"states": states, "evictions": evictions, "during": during, "done": done, "shown": shown,
+            "events": events, "history": _history(out), "argv": [json.loads(p.read_text()) for p in out.glob("argv-*")]}
 
-    assert "Succeeded" not in states and during["state"] == "Running", (states, during)
-    assert notice["evictions"][0]["acknowledged"] and not no_notice["evictions"][0]["acknowledged"]
-    assert {json.dumps(json.loads(p.read_text())) for p in out.glob("argv-*.json")} == {json.dumps(SCRIPT_ARGS)}
 
-    history = _history(out)
+def _check_succeeded_only_at_the_end(run: dict) -> int:
+    """Never Succeeded while it trained; Succeeded after the last step, which one `finished` event records."""
+    assert "Succeeded" not in run["states"] and run["during"]["state"] == "Running", (run["states"], run["during"])
+    history, shown = run["history"], run["shown"]
     total = max(history)
-    assert done["state"] == shown["state"] == "Succeeded" and shown["step"] == total, shown
-    _check_exactly_once(history, total)
-    (finished,) = [e for e in events if e["event"] == "finished"]  # once: the last world, at its end
+    assert run["done"]["state"] == shown["state"] == "Succeeded" and shown["step"] == total, shown
+    (finished,) = [e for e in run["events"] if e["event"] == "finished"]  # once: the last world, at its end
     assert finished["step"] == total and finished["time"] >= max(r["time"] for r in history[total])
+    return total
+
+
+@pytest.mark.parametrize("number", range(len(BLOCKS)))
+def test_a_readme_block_trains_exactly_once_through_evictions_and_scale_ups_and_succeeds_at_its_end(
+        number, tmp_path, monkeypatch) -> None:
+    block = tmp_path / f"readme_block_{number}.py"
+    block.write_text(BLOCKS[number])
+    run = _run_job(tmp_path, monkeypatch, block, f"readme{number}", [True, False], SCRIPT_ARGS_TEXT)
+
+    notice, no_notice = run["evictions"]
+    assert notice["evictions"][0]["acknowledged"] and not no_notice["evictions"][0]["acknowledged"]
+    assert run["argv"] and all(argv == SCRIPT_ARGS for argv in run["argv"]), run["argv"]
+    total = _check_succeeded_only_at_the_end(run)
+    _check_exactly_once(run["history"], total)
+    shown = run["shown"]
     assert shown["evictions"] == 2 and shown["scaleUps"] >= 2, shown
     ups = shown["scaleUpTimes"]
     assert len(ups) >= 2 and all(u["restoreSource"] in ("memory", "peer") and u["ranksFromPeer"] == 1
                                  for u in ups), ups
+
+
+def test_the_old_readme_loop_with_its_inner_break_and_done_is_right_through_a_scale_up(tmp_path, monkeypatch):
+    """tests/support/legacy_loop.py: the loop the README showed before, as users copied it. At the scale-up
+    torchrun SIGTERMs every worker; its `break` left only the inner loop, and done() marked the job Succeeded
+    while the re-formed world trained on, with the rest of the epoch never trained."""
+    legacy = REPO / "tests" / "support" / "legacy_loop.py"
+    run = _run_job(tmp_path, monkeypatch, legacy, "legacy", [False], "")
+    total = _check_succeeded_only_at_the_end(run)
+    _check_exactly_once(run["history"], total)
+    assert run["shown"]["scaleUps"] >= 1, run["shown"]
