@@ -6,6 +6,9 @@ records, per rank and per step the loop completed, the sample ids the step train
 its arguments untouched (torchrun-like ones too), every epoch trained each sample exactly once in the order
 of an uninterrupted run over the history that ended in the final model, the job was never Succeeded while it
 trained and is Succeeded after its last step, and each scale-up restored from memory (the newcomer from a peer).
+
+The loops the README showed before (tests/support/legacy_*.py) run the same way through one eviction and the
+scale-up after it, whose SIGTERM they used to take for the end of training.
 """
 from __future__ import annotations
 
@@ -173,12 +176,17 @@ def test_a_readme_block_trains_exactly_once_through_evictions_and_scale_ups_and_
                                  for u in ups), ups
 
 
-def test_the_old_readme_loop_with_its_inner_break_and_done_is_right_through_a_scale_up(tmp_path, monkeypatch):
-    """tests/support/legacy_loop.py: the loop the README showed before, as users copied it. At the scale-up
-    torchrun SIGTERMs every worker; its `break` left only the inner loop, and done() marked the job Succeeded
-    while the re-formed world trained on, with the rest of the epoch never trained."""
-    legacy = REPO / "tests" / "support" / "legacy_loop.py"
-    run = _run_job(tmp_path, monkeypatch, legacy, "legacy", [False], "")
+@pytest.mark.parametrize("script", ["legacy_loop.py", "legacy_steps_loop.py"])
+def test_the_old_readme_loops_are_right_through_a_scale_up(script, tmp_path, monkeypatch) -> None:
+    """tests/support/legacy_*.py: the loops the README showed before, as users copied them. At the scale-up
+    torchrun SIGTERMs every worker: the steps loop broke and its done() marked the job Succeeded while the
+    re-formed world trained on; the data loop's `break` left only the inner loop and the rest of the epoch
+    was never trained."""
+    run = _run_job(tmp_path, monkeypatch, REPO / "tests" / "support" / script, "legacy", [False], "")
     total = _check_succeeded_only_at_the_end(run)
-    _check_exactly_once(run["history"], total)
-    assert run["shown"]["scaleUps"] >= 1, run["shown"]
+    if script == "legacy_loop.py":
+        _check_exactly_once(run["history"], total)
+    else:
+        assert sorted(run["history"]) == list(range(1, total + 1))
+    ups = run["shown"]["scaleUpTimes"]
+    assert ups and all(u["restoreSource"] in ("memory", "peer") for u in ups), ups
