@@ -237,7 +237,7 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # restore+s
     # -- construction from the job's environment -------------------------------
     @classmethod
     def from_env(cls, environ: Any = None, **overrides: Any) -> "Checkpointer":
-        """Everything from the environment the job sets (see README); keyword overrides win.
+        """Everything from the environment the job sets (docs/runtime.md); keyword overrides win.
 
         ``ELASTICTRAIN_CHECKPOINT_URL``: blob URL of the job's prefix;
         ``AZURE_STORAGE_CONNECTION_STRING``: Azurite/development auth (else
