@@ -28,7 +28,7 @@ _FOLDER_MARKS = ("unit", "integration", "contract", "e2e")
 # a re-form happens): marked ``torchrun``, so scripts/test.sh runs them alone after the rest (which runs in
 # parallel). Other multi-process tests (local jobs, memory rescue, resharding) assert no timing: they run in parallel.
 _TORCHRUN_MODULES = frozenset({
-    "e2e/test_demo.py", "e2e/test_local_chaos.py", "e2e/test_local_evict.py",
+    "e2e/test_demo.py", "e2e/test_local_chaos.py", "e2e/test_local_evict.py", "e2e/test_readme.py",
     "integration/test_elastic_data.py", "integration/test_elastic_recovery.py",
 })
 _LOOPBACK_HOSTS = ("127.0.0.1", "localhost")

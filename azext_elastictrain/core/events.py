@@ -16,6 +16,8 @@ CHECKPOINT = "checkpoint"
 CHECKPOINT_FAILED = "checkpoint_failed"
 PREEMPTED = "preempted"
 PROGRESS = "progress"
+# Written by rank 0 once the planned work is trained (``step``; ``total``: the steps planned, where the loop
+# knew them). Only the last world's counts: a training event after it means a later world trains on.
 FINISHED = "finished"
 # Written by every rank whose training stops before it finished: the last step every rank completed
 # (``step``) and when (``step_time``).
@@ -73,7 +75,7 @@ def summarize(events: list[dict]) -> dict:
     """
     step = world_size = samples_per_s = loss = None
     last_checkpoint = None
-    finished = None
+    finished = None  # the finished event, while no world trained after it
     preempted: list[dict] = []
     restores = recoveries = scale_ups = 0
     trained_at = None  # the world size of the last start, restore or progress before this event
@@ -81,6 +83,8 @@ def summarize(events: list[dict]) -> dict:
     failed_checkpoints = 0
     for e in events:
         kind = e.get("event")
+        if kind in (STARTED, RESTORED, PROGRESS, CHECKPOINT, REFORMING):
+            finished = None  # a world trains after the finished event (an old runtime's done() after a stop)
         if kind == RESTORED and restores >= 1:
             if None not in (e.get("world_size"), trained_at) and e["world_size"] > trained_at:
                 scale_ups += 1
@@ -95,7 +99,7 @@ def summarize(events: list[dict]) -> dict:
             samples_per_s = e.get("samples_per_s", samples_per_s)
             loss = (e.get("metrics") or {}).get("loss", loss)
         elif kind == FINISHED:
-            finished = e
+            finished = e if _completes(e) else None
             step = e.get("step", step)
         elif kind == RESTORED:
             restores += 1
@@ -125,6 +129,12 @@ def summarize(events: list[dict]) -> dict:
         "scaleUps": scale_ups,
         "workerRestarts": restarts,
     }
+
+
+def _completes(finished: dict) -> bool:
+    """A finished event says the planned work is done: its step reached its total, where it names one."""
+    step, total = finished.get("step"), finished.get("total")
+    return not (isinstance(step, int) and isinstance(total, int) and step < total)
 
 
 def job_state(finished: bool, any_alive: bool, stop_requested: bool = False) -> str:

@@ -63,10 +63,18 @@ AKS_RDZV_CONF = "last_call_timeout=3,keep_alive_interval=2,keep_alive_max_attemp
 WARM_START_MODULE = "azext_elastictrain.runtime.warm"
 
 
+# Ends torchrun's options before the script. torchrun's parser (argparse, abbreviations allowed) reads every
+# argument that looks like an option, the script's too: "--n 4096" is refused as an ambiguous abbreviation of
+# --nnodes/--nproc-per-node before anything runs. After "--" argparse takes every argument as positional; the
+# "--" itself goes with the script's name (argparse drops it there), so the script gets its arguments untouched,
+# a "--" of its own included. Checked with torchrun 2.13 in tests/integration/test_script_args.py.
+SCRIPT_SEPARATOR = "--"
+
+
 def worker_entry(script: str, script_args=(), *, warm: bool = True) -> list[str]:
     """torchrun's last arguments, the same on both backends: the script (started warm unless told not to)
-    and its arguments."""
-    return [*(["-m", WARM_START_MODULE] if warm else []), script, *script_args]
+    behind the separator that ends torchrun's options, and its arguments."""
+    return [*(["-m", WARM_START_MODULE] if warm else []), SCRIPT_SEPARATOR, script, *script_args]
 
 
 def agent_module(*, warm: bool = True) -> list[str]:
@@ -76,10 +84,13 @@ def agent_module(*, warm: bool = True) -> list[str]:
 
 
 def script_of(entry: list[str]) -> tuple[str | None, list[str], bool]:
-    """The script, its arguments and whether it starts warm, back from torchrun's last arguments."""
+    """The script, its arguments and whether it starts warm, back from torchrun's last arguments (those of
+    worker_entry, or of a job launched before the separator)."""
     warm = entry[:2] == ["-m", WARM_START_MODULE]
     if warm:
         entry = entry[2:]
+    if entry[:1] == [SCRIPT_SEPARATOR]:
+        entry = entry[1:]
     return (entry[0], list(entry[1:]), warm) if entry else (None, [], warm)
 
 

@@ -13,6 +13,7 @@ _EXPORTS = {
     "TrainingState": "azext_elastictrain.runtime.state",
     "PreemptionWatcher": "azext_elastictrain.runtime.preemption",
     "ElasticSampler": "azext_elastictrain.runtime.data",
+    "TrainingStopped": "azext_elastictrain.runtime.stopping",
 }
 
 __all__ = sorted(_EXPORTS)

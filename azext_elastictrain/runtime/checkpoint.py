@@ -1,15 +1,17 @@
-"""Checkpointer: blob checkpoints that are atomic, verified and asynchronous.
+"""Checkpointer: blob checkpoints that are atomic, verified and asynchronous, and the loop that uses them.
 
 A training script does::
 
     ckpt = Checkpointer.from_env()                 # after init_process_group
-    state = {"train": TrainingState(model, optimizer, scheduler)}
-    start = ckpt.restore(state) or 0               # newest valid checkpoint, same on every rank
-    for step in range(start + 1, total + 1):
+    state = {"model": model, "optimizer": optimizer, "data": sampler}
+    for step, batch in ckpt.batches(state, loader, epochs=3):   # or: for step in ckpt.steps(state, total=N)
         ...one training step...
-        if ckpt.step(step, state, samples=global_batch):
-            break                                  # SIGTERM: the checkpoint is durable, exit now
-    ckpt.done(step, state)                         # final checkpoint, then close
+
+The iterator restores the newest state, checkpoints after each step on the configured interval and at a
+notice, ends the process at a stop (runtime/stopping.py: a stop is never the end of training) and records the
+job finished only once its last step is trained. The per-step hooks underneath (``restore``, ``step``,
+``done``) stay public for loops of another shape; after a stop they too end the process rather than train,
+save or finish.
 
 Guarantees:
 
@@ -38,7 +40,7 @@ import socket
 import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, Iterable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -48,6 +50,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from azext_elastictrain.core import catalog, launch, layout
 from azext_elastictrain.core.blobstore import BlobStore, WriteConflict
 from azext_elastictrain.runtime import progress, rescue
+from azext_elastictrain.runtime.data import ElasticSampler
 from azext_elastictrain.runtime.planners import CheckingLoadPlanner, StateMismatch, TensorSavePlanner, names
 from azext_elastictrain.runtime.state import (
     SEP,
@@ -60,6 +63,7 @@ from azext_elastictrain.runtime.state import (
     modules_in,
     restore_rng,
 )
+from azext_elastictrain.runtime.stopping import TrainingStopped
 from azext_elastictrain.runtime.storage import METADATA, METADATA_JSON, BlobCheckpointReader, BlobCheckpointWriter
 
 log = logging.getLogger(__name__)
@@ -198,8 +202,9 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # restore+s
         # The last step this rank's own state reached (step() is called after the optimizer step, so its
         # gradients were reduced across every rank): one past last_step when a peer died during the agreement.
         self._reached: tuple[int, float] | None = None
-        self._finished = False
-        self._interruption_recorded = False
+        self._finished = self._interruption_recorded = False
+        # The step a stop (step() returned True) happened at; the metrics report()ed for the step being trained.
+        self.stopped_at, self._metrics = None, {}  # int | None, dict[str, float]
 
         # The state of the last completed step in node-local shared memory (runtime/rescue.py): captured on
         # the training thread at step(), committed by a thread of its own, at most one commit in flight.
@@ -232,7 +237,7 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # restore+s
     # -- construction from the job's environment -------------------------------
     @classmethod
     def from_env(cls, environ: Any = None, **overrides: Any) -> "Checkpointer":
-        """Everything from the environment the job sets (see README); keyword overrides win.
+        """Everything from the environment the job sets (docs/runtime.md); keyword overrides win.
 
         ``ELASTICTRAIN_CHECKPOINT_URL``: blob URL of the job's prefix;
         ``AZURE_STORAGE_CONNECTION_STRING``: Azurite/development auth (else
@@ -433,6 +438,8 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # restore+s
                        ranks_from_peer=sum(1 for offer in offers if offer != wanted), fallbacks=0,
                        world_size=self.world_size, saved_world_size=shared.world_size)
         self._last_save_time = time.monotonic()
+        if best == newest_blob:
+            self.last_saved_step = best  # blob holds it too: a save of this step would be refused as a second commit
         self._completed(best)  # the step the job resumes from, for honest loss accounting
         return best
 
@@ -519,6 +526,7 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # restore+s
         the background (``blocking=True``, or ``async_save=False``, waits for
         the commit). A previous save still uploading is finished first.
         """
+        self._check_running("save()")
         self.wait(raise_errors=False)
         if step == self.last_saved_step:
             return  # already committed (e.g. an interval save of the step a notice arrived at)
@@ -642,14 +650,39 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # restore+s
     # -- the per-step hook -----------------------------------------------------------
     def step(self, step: int, state: dict[str, Any], *, samples: float | None = None,
              metrics: dict[str, float] | None = None) -> bool:
-        """Call after every training step (collective). True means: stop now.
+        """Call after every training step (collective). True means: stopped, exit now (not: training is over).
 
         Saves on the configured interval, and at once on a preemption notice
         anywhere in the job (every rank saves this same step). After SIGTERM
-        the checkpoint is durable when this returns True; the script should
-        exit. After a Scheduled Events notice training goes on: the node leaves
-        when Azure takes it, and the job resumes from this step.
+        the step is safe when this returns True (in blob, or in every node's
+        memory) and the script should exit; any later ``step``, ``save`` or
+        ``done`` (and any use of a sampler of the state) ends the process with
+        ``TrainingStopped``, so a loop that goes on cannot train past the stop
+        or mark the job finished. After a Scheduled Events notice training goes
+        on: the node leaves when Azure takes it, and the job resumes from this step.
         """
+        self._check_running("step()")
+        if self._step(step, state, samples=samples, metrics={**self._metrics, **(metrics or {})}):
+            self._stop(step, state)
+            return True
+        return False
+
+    def _check_running(self, what: str) -> None:
+        if self.stopped_at is not None:
+            log.warning("%s after the stop at step %d: ending this worker (it resumes from that step)",
+                        what, self.stopped_at)
+            self.close()
+            raise TrainingStopped(self.stopped_at, f"Checkpointer.{what} after the stop")
+
+    def _stop(self, step: int, state: dict[str, Any]) -> None:
+        """Remember the stop and tell the state's samplers: from now on nothing trains, saves or draws data."""
+        self.stopped_at = step
+        for sampler in _samplers_in(state):
+            sampler.stop(step)
+
+    def _step(self, step: int, state: dict[str, Any], *, samples: float | None,
+              metrics: dict[str, float] | None) -> bool:
+        self._metrics = {}
         self._reached = (step, time.time())
         self._keep_in_memory(step, state)  # step() comes after the optimizer step: a completed step
         notices = self._live_notices()
@@ -807,19 +840,93 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # restore+s
         self._progress_samples, self._progress_since, self._progress_last_report = 0.0, now, now
 
     # -- end ---------------------------------------------------------------------------
+    def report(self, **metrics: float) -> None:
+        """Metrics of the step being trained (e.g. ``loss=loss.item()``), sent with its progress event."""
+        self._metrics.update({k: float(v) for k, v in metrics.items()})
+
+    def steps(self, state: dict[str, Any], total: int, *, samples: float | None = None) -> Iterator[int]:
+        """The steps left to train, ``restored + 1 .. total``: ``for step in ckpt.steps(state, total=N)``.
+
+        Restores ``state`` first (collective: every rank), runs ``step()`` after each step's body (so the
+        body is the whole training step: forward, backward, optimizer step), and once step ``total`` is
+        trained commits the final checkpoint and records the job finished. On a stop it ends the process
+        (``TrainingStopped``: nothing after the loop runs; the job resumes from that step). A ``break``
+        out of the loop, or an exception in its body, leaves the job unfinished: it is never reported
+        Succeeded. ``samples``: samples per step, for the samples/s the CLI shows.
+        """
+        if total < 0:
+            raise ValueError(f"total must be at least 0, not {total}")
+        step = self.restore(state) or 0
+        return self._run(state, step, total, _count(step, total), samples=samples)
+
+    def batches(self, state: dict[str, Any], loader: Iterable[Any], epochs: int) -> Iterator[tuple[int, Any]]:
+        """``(step, batch)`` for every batch left in ``epochs`` epochs, one flat loop with no inner one.
+
+        ``loader`` is a DataLoader over an ``ElasticSampler`` (its ``batch_sampler``) that is in ``state``.
+        Restores ``state`` (the sampler comes back mid-epoch, at any world size), moves the sampler from
+        epoch to epoch, marks each batch trained (``advance()``) after its body, then as ``steps()``: the
+        per-step hook, the end of the process at a stop, the job finished after the last batch of the
+        last epoch. Step numbers count global batches: the total is ``epochs * sampler.batches_per_epoch``.
+        """
+        sampler = getattr(loader, "batch_sampler", None)
+        if not isinstance(sampler, ElasticSampler):
+            raise ValueError("batches() needs a DataLoader over an ElasticSampler: "
+                             "DataLoader(dataset, batch_sampler=ElasticSampler(dataset, ...))")
+        if not any(found is sampler for found in _samplers_in(state)):
+            raise ValueError("the loader's ElasticSampler is not in the state: put it there (e.g. "
+                             "state['data'] = sampler) so its position is checkpointed with the model")
+        if epochs < 0:
+            raise ValueError(f"epochs must be at least 0, not {epochs}")
+        step = self.restore(state) or 0
+        # The planned work is every batch of every epoch: done when they are exhausted, whatever a script
+        # migrated from another loop counted its steps as.
+        return self._run(state, step, None, _epoch_batches(loader, sampler, epochs),
+                         samples=sampler.global_batch_size, trained=sampler.advance)
+
+    def _run(self, state: dict[str, Any], step: int, total: int | None, items: Iterator[Any], *,
+             samples: float | None, trained: Any = None) -> Iterator[Any]:
+        """The loop of ``steps()`` and ``batches()``: yield, then the step's hook; finish at ``total``."""
+        try:
+            for item in items:
+                step += 1
+                yield step if trained is None else (step, item)
+                if trained is not None:
+                    trained()
+                if self.step(step, state, samples=samples):
+                    log.warning("stopped at step %d: ending this worker; the job resumes from here", step)
+                    self.close()
+                    raise TrainingStopped(step, "a SIGTERM: torchrun re-forms the job or the node goes")
+            self._finish(step, state, step if total is None else total)
+        finally:
+            if not self._finished:
+                self.close()  # a break, an exception or a stop: unfinished, the interruption is recorded
+
     def done(self, step: int, state: dict[str, Any]) -> None:
-        """Training finished: commit the final state, record it, and close."""
+        """Training finished: commit the final state, record the job finished, and close.
+
+        After a stop (``step()`` returned True) it records nothing and saves nothing: the stop's step is
+        already safe and the job is not finished, so it closes and ends the process (``TrainingStopped``).
+        """
+        self._check_running("done()")
+        self._finish(step, state, None)
+
+    def _finish(self, step: int, state: dict[str, Any], total: int | None) -> None:
         try:
             self.save(step, state, blocking=True)
             self.wait()
             self._finished = True
             if self.rank == 0:
-                self._emit(progress.FINISHED, step=step)
+                self._emit(progress.FINISHED, step=step, **({"total": total} if total is not None else {}))
             if self._keeper is not None:
                 self.kept_in_memory()
                 self._memory.discard()  # the job is over: free the node's memory
         finally:
             self.close()
+
+    @property
+    def finished(self) -> bool:
+        """True once the planned work is trained and recorded (``done()``, or the end of ``steps()``)."""
+        return self._finished
 
     def close(self) -> None:
         """Finish the upload in flight and stop the background work. Idempotent."""
@@ -846,6 +953,32 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # restore+s
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _count(start: int, total: int) -> Iterator[None]:
+    for _ in range(start, total):
+        yield None
+
+
+def _epoch_batches(loader: Iterable[Any], sampler: ElasticSampler, epochs: int) -> Iterator[Any]:
+    """The batches left in the (restored) epoch, then those of every later epoch up to ``epochs``."""
+    while sampler.epoch < epochs:
+        yield from loader
+        if sampler.epoch + 1 >= epochs:
+            return
+        sampler.set_epoch(sampler.epoch + 1)
+
+
+def _samplers_in(value: Any) -> Iterator[ElasticSampler]:
+    """The ElasticSamplers of a state: its values, and those of nested dicts, lists and tuples."""
+    if isinstance(value, ElasticSampler):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _samplers_in(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _samplers_in(item)
 
 
 def _node_leaving() -> bool:

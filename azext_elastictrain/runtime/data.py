@@ -4,16 +4,14 @@ A training script does::
 
     sampler = ElasticSampler(dataset, global_batch_size=256, seed=0)   # after init_process_group
     loader = DataLoader(dataset, batch_sampler=sampler, num_workers=4)
-    state = {"train": TrainingState(model, optimizer), "data": sampler}
-    step = ckpt.restore(state) or 0                  # the sampler comes back mid-epoch
-    for epoch in range(sampler.epoch, epochs):
-        sampler.set_epoch(epoch)                     # the restored epoch keeps its position
-        for batch in loader:                         # this rank's slice of each remaining global batch
-            ...one training step...
-            sampler.advance()                        # this global batch is trained
-            step += 1
-            if ckpt.step(step, state):
-                break
+    state = {"model": model, "optimizer": optimizer, "data": sampler}
+    for step, batch in ckpt.batches(state, loader, epochs=3):   # restores: the sampler comes back mid-epoch
+        ...one training step...                                 # batches() calls set_epoch() and advance()
+
+A loop of its own calls ``sampler.set_epoch(epoch)`` at each epoch's start (the restored epoch keeps its
+position) and ``sampler.advance()`` after each trained batch. After a stop (``stop()``, which the
+Checkpointer calls) any further use ends the process: a nested loop whose ``break`` leaves only the inner
+loop cannot start the next epoch and skip the rest of this one.
 
 The epoch's order is a function of (seed, epoch) only: ``randperm(len(dataset))`` from a generator
 seeded ``seed + epoch``, the order torch's ``DistributedSampler`` draws. Global batch ``i`` of the epoch
@@ -37,6 +35,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.utils.data import Sampler
+
+from azext_elastictrain.runtime.stopping import TrainingStopped
 
 
 class ElasticSampler(Sampler[list[int]], Stateful):  # pylint: disable=too-many-instance-attributes  # its position
@@ -86,6 +86,7 @@ class ElasticSampler(Sampler[list[int]], Stateful):  # pylint: disable=too-many-
         self._pass = 0  # which __iter__ is current; an older one stops with an error
         self._drawn = 0  # global batches the current pass has yielded
         self._advanced = 0  # ...and of those, how many were trained
+        self._stopped_at: int | None = None  # the step the job was stopped at (stop())
 
     # -- the epoch's layout -------------------------------------------------------------
     @property
@@ -119,6 +120,7 @@ class ElasticSampler(Sampler[list[int]], Stateful):  # pylint: disable=too-many-
         return -(-(self.samples_per_epoch - self.consumed) // self.global_batch_size)
 
     def __iter__(self) -> Iterator[list[int]]:
+        self._check_running("a new pass over the data")
         # A new pass starts at the trained position: batches an earlier pass drew ahead (prefetched by
         # DataLoader workers) but that were never trained are drawn again.
         self._pass += 1
@@ -129,6 +131,7 @@ class ElasticSampler(Sampler[list[int]], Stateful):  # pylint: disable=too-many-
         order = self.order(epoch)
         end = self.samples_per_epoch
         for position in range(start, end, self.global_batch_size):
+            self._check_running("the next batch")
             if this_pass != self._pass:
                 raise RuntimeError(
                     "ElasticSampler: this iterator is stale (set_epoch, load_state_dict or a newer iteration "
@@ -140,6 +143,7 @@ class ElasticSampler(Sampler[list[int]], Stateful):  # pylint: disable=too-many-
 
     def advance(self) -> None:
         """The next drawn global batch is trained: call once per trained batch, on every rank."""
+        self._check_running("advance()")
         if self._advanced >= self._drawn:
             raise RuntimeError(
                 f"ElasticSampler.advance() called {self._advanced + 1} times in this pass, but only "
@@ -150,12 +154,29 @@ class ElasticSampler(Sampler[list[int]], Stateful):  # pylint: disable=too-many-
 
     def set_epoch(self, epoch: int) -> None:
         """Move to the start of ``epoch``; setting the epoch the sampler is in keeps its (restored) position."""
+        self._check_running(f"set_epoch({epoch})")
         if epoch == self.epoch:
             return
         self._check_advanced("set_epoch")
         self.epoch, self.consumed = epoch, 0
         self._pass += 1
         self._drawn = self._advanced = 0
+
+    def stop(self, step: int | None = None) -> None:
+        """The job was stopped (at ``step``): its position is saved. From now on any use that would hand out or
+        move past data (a new pass, the next batch, ``advance()``, ``set_epoch()``) ends the process with
+        ``TrainingStopped``: a loop that left only its inner loop on the stop cannot go on into the next epoch
+        and skip the rest of this one. ``Checkpointer`` calls this for every sampler in the state at a stop."""
+        self._stopped_at = -1 if step is None else step
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped_at is not None
+
+    def _check_running(self, what: str) -> None:
+        if self._stopped_at is not None:
+            step = None if self._stopped_at < 0 else self._stopped_at
+            raise TrainingStopped(step, f"ElasticSampler: {what} after the stop")
 
     def _check_advanced(self, what: str) -> None:
         if self._drawn and not self._advanced:

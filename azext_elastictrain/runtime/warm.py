@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from azext_elastictrain.core.launch import (
-    ENV_WARM_DIR, ENV_WARM_IMPORTS, ENV_WARM_START, TORCHRUN_MODULE, WARM_START_MODULE)
+    ENV_WARM_DIR, ENV_WARM_IMPORTS, ENV_WARM_START, SCRIPT_SEPARATOR, TORCHRUN_MODULE, WARM_START_MODULE)
 
 
 # What every training process of this runtime imports; the script's own top-level imports are added.
@@ -130,6 +130,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
         run_worker(order)  # only a forked worker gets here
     if args[:1] == ["--agent"]:
         start_agent(args[1:])
+    if args[:1] == [SCRIPT_SEPARATOR]:  # torchrun drops it; a launcher started by hand may pass it
+        args = args[1:]
     if not args or args[0].startswith("-"):
         sys.exit(f"usage: python -m {MODULE} SCRIPT [ARGS...]  (as torchrun's entry point: torchrun ... -m "
                  f"{MODULE} SCRIPT [ARGS...])")
@@ -161,7 +163,9 @@ def start_agent(torchrun_args: list[str]) -> NoReturn:
 def _script_in(torchrun_args: list[str]) -> str | None:
     for i, arg in enumerate(torchrun_args[:-2]):
         if arg == "-m" and torchrun_args[i + 1] == MODULE:
-            return torchrun_args[i + 2]
+            rest = torchrun_args[i + 2:]
+            rest = rest[1:] if rest[:1] == [SCRIPT_SEPARATOR] else rest
+            return rest[0] if rest else None
     return None
 
 

@@ -4,8 +4,8 @@ checkov (its own venv, .tools/checkov, installed by scripts/setup.sh) scans ARM 
 become one (tests.support.arm_template). The dry run is logged in: the region preflight decides the OS disks and
 host encryption as it would on Azure. Two plans are scanned in one checkov run: the defaults, and the hardened
 options (--storage-allow with --vnet-subnet-id, --api-server-authorized-ips). The hardened plan may fail at most
-4 checks, each listed in README.md ("Security scan") with the reason; the defaults may fail those and the ones the
-options close. Anything else failing is a regression.
+4 checks, each listed in docs/security.md ("Security scan") with the reason; the defaults may fail those and the
+ones the options close. Anything else failing is a regression.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ SUBNET = (f"/subscriptions/{SUBSCRIPTION}/resourceGroups/net-rg/providers/Micros
           "train-vnet/subnets/nodes")
 HARDENED = ("--vnet-subnet-id", SUBNET, "--storage-allow", "198.51.100.7",
             "--api-server-authorized-ips", "198.51.100.0/24", "--maintenance-window", "Sunday 02:00 4")
-#: What the hardened plan still fails, and why (README.md "Security scan" says the same).
+#: What the hardened plan still fails, and why (docs/security.md "Security scan" says the same).
 ACCEPTED = {
     "CKV_AZURE_206": "geo-replication (GRS/GZRS) is an option, not the default: checkpoints are a training cache "
                      "the job rewrites, read in the cluster's region; ZRS keeps them through a zone's loss",
@@ -79,6 +79,6 @@ def test_checkov_fails_at_most_four_checks_of_the_hardened_plan_each_with_its_re
     assert defaults - pending <= set(ACCEPTED) | CLOSED_BY_OPTIONS, sorted(defaults)
     assert CLOSED_BY_OPTIONS <= defaults, "the default leaves the storage network open and the API server reachable"
 
-    readme = (ROOT / "README.md").read_text()
+    page = (ROOT / "docs" / "security.md").read_text()
     for check in hardened - pending:
-        assert check in readme, f"{check} fails: README.md must say why"
+        assert check in page, f"{check} fails: docs/security.md must say why"

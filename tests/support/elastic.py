@@ -78,8 +78,7 @@ class Node:
             "--local-addr=127.0.0.1",
             "--max-restarts=100",
             "--monitor-interval=0.5",
-            *(launch.worker_entry(str(TRAIN_SCRIPT), job.script_args) if job.warm_start
-              else [str(TRAIN_SCRIPT), *job.script_args]),
+            *launch.worker_entry(str(TRAIN_SCRIPT), job.script_args, warm=job.warm_start),
         ]
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log,

@@ -75,11 +75,24 @@ def test_the_job_table_reads_an_aks_job_like_a_local_one() -> None:
     (k.running("cifar")[:1], False, "Running"),  # Created only, but a worker already runs
     (k.running("cifar") + [{"type": "Failed", "status": "True", "reason": "ElasticJobFailed"}], False, "Failed"),
     (k.running("cifar"), True, "Succeeded"),  # a Worker-only job: the operator never says Succeeded
-    (k.running("cifar") + [{"type": "Succeeded", "status": "True"}], False, "Succeeded"),
+    # the operator's Succeeded (every worker exited 0) without the final event: a script that returned after a
+    # stop, not a finished training
+    (k.running("cifar") + [{"type": "Succeeded", "status": "True"}], False, "Failed"),
+    (k.running("cifar") + [{"type": "Succeeded", "status": "True"}], True, "Succeeded"),
 ])
 def test_state_comes_from_the_conditions_and_the_finished_event(conditions, finished, want) -> None:
     events = EVENTS + ([_event(120, "finished", step=1000)] if finished else [])
     assert aj.describe_job(_job(conditions), PODS, NODES, events)["state"] == want
+
+
+def test_a_finished_event_a_later_world_trained_past_is_not_success() -> None:
+    """An older runtime's done() after torchrun's SIGTERM wrote `finished` at step 150; the re-formed world
+    trains on: the job is Running until the last world finishes."""
+    early = EVENTS + [_event(91, "finished", step=150), _event(95, "started", world_size=2, restart_count=1),
+                      _event(97, "restored", step=150, world_size=2), _event(99, "progress", step=160, world_size=2)]
+    assert aj.describe_job(_job(), PODS, NODES, early)["state"] == "Running"
+    done = early + [_event(130, "checkpoint", step=1000), _event(131, "finished", step=1000, total=1000)]
+    assert aj.describe_job(_job(), PODS, NODES, done)["state"] == "Succeeded"
 
 
 def test_a_job_the_operator_has_not_seen_yet_is_pending() -> None:
@@ -207,8 +220,11 @@ def test_the_script_is_read_back_from_a_warm_entry_and_from_a_bare_one() -> None
 
     options = ["--nproc-per-node=1", "--nnodes=1:3"]
     cold = launch.worker_entry("train.py", ["--lr", "0.1"], warm=False)
-    assert cold == ["train.py", "--lr", "0.1"]
-    for entry, warm in ((launch.worker_entry("train.py", ["--lr", "0.1"]), True), (cold, False)):
+    assert cold == ["--", "train.py", "--lr", "0.1"]
+    before_the_separator = [(["-m", launch.WARM_START_MODULE, "train.py", "--lr", "0.1"], True),
+                            (["train.py", "--lr", "0.1"], False)]
+    for entry, warm in [(launch.worker_entry("train.py", ["--lr", "0.1"]), True), (cold, False),
+                        *before_the_separator]:
         assert launch.script_of(entry) == ("train.py", ["--lr", "0.1"], warm)
         shown = aj._script_args([*options, *entry])  # pylint: disable=protected-access
         assert (shown["script"], shown["scriptArgs"], shown["warmStart"], shown["maxNodes"]) == (

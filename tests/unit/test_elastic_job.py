@@ -55,7 +55,8 @@ def test_our_torchrun_options_come_after_the_operators_so_they_win(job) -> None:
     args = container["args"]
     assert args[:3] == ["--rdzv-backend=etcd-v2", f"--rdzv-conf={launch.AKS_RDZV_CONF}", "--rdzv-id=cifar-1a2b3c4d"]
     # The script and its own arguments last, started warm (runtime/warm.py: torchrun's -m runs the launcher).
-    assert args[-5:] == ["-m", launch.WARM_START_MODULE, "scripts/train_cifar10.py", "--steps", "1000"]
+    # "--" ends torchrun's options: the script's arguments cannot be taken for torchrun's (core/launch.py).
+    assert args[-6:] == ["-m", launch.WARM_START_MODULE, "--", "scripts/train_cifar10.py", "--steps", "1000"]
 
 
 def test_without_warm_starts_the_script_is_torchruns_own_entry_point() -> None:
@@ -63,7 +64,7 @@ def test_without_warm_starts_the_script_is_torchruns_own_entry_point() -> None:
 
     cold = m.render_elastic_job(dataclasses.replace(JOB, warm_start=False), CLUSTER, IMAGE, run_id="cifar-1a2b3c4d")
     args = _container(cold)["args"]
-    assert args[-3:] == ["scripts/train_cifar10.py", "--steps", "1000"] and launch.WARM_START_MODULE not in args
+    assert args[-4:] == ["--", "scripts/train_cifar10.py", "--steps", "1000"] and launch.WARM_START_MODULE not in args
     assert _container(cold)["command"] == ["python", "-m", "torch.distributed.run"]
 
 

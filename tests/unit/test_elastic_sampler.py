@@ -284,3 +284,24 @@ def test_the_state_round_trips_through_torch_distributed_checkpoint_into_another
     dcp.load({"data": restored}, checkpoint_id=str(tmp_path))
     assert (restored.epoch, restored.consumed) == (4, 72)
     assert list(restored) == [restored.order(4)[72 + 16:96]]  # rank 2 of 3: the last third of the last batch
+
+
+def test_after_a_stop_any_use_that_would_hand_out_or_skip_data_ends_the_process():
+    """A stop (Checkpointer.step() returned True) saved the position; a loop that left only its inner loop
+    must not start the next epoch (skipping the rest of this one) nor draw or advance another batch."""
+    from azext_elastictrain.runtime import TrainingStopped
+
+    dataset = IndexDataset(40)
+    sampler = ElasticSampler(dataset, global_batch_size=8, seed=1)
+    batches = iter(sampler)
+    next(batches)
+    sampler.advance()
+    sampler.stop(1)
+    assert sampler.stopped and sampler.consumed == 8
+    for use in (lambda: sampler.set_epoch(1), lambda: sampler.set_epoch(0), sampler.advance,
+                lambda: next(batches), lambda: iter(sampler),
+                lambda: list(DataLoader(dataset, batch_sampler=sampler))):
+        with pytest.raises(TrainingStopped) as stopped:
+            use()
+        assert stopped.value.code == 143 and stopped.value.step == 1
+    assert (sampler.epoch, sampler.consumed) == (0, 8) and sampler.state_dict()["consumed"] == 8

@@ -163,6 +163,21 @@ def test_job_state(finished, alive, stop, state) -> None:
     assert events.job_state(finished, alive, stop) == state
 
 
+def test_finished_counts_only_when_no_world_trains_after_it_and_its_total_is_reached() -> None:
+    """Success is the planned work done by the last world: a `finished` event followed by a world that trains
+    (an older runtime's done() after a stop) or short of its total says nothing about the end."""
+    first = [_ev("started", 1.0, world_size=2), _ev("restored", 2.0, step=None, world_size=2),
+             _ev("progress", 3.0, step=57, world_size=2)]
+    early = first + [_ev("finished", 4.0, step=57)]
+    assert events.summarize(early)["finished"]  # nothing trained after it (yet): the old meaning stands
+    later = early + [_ev("started", 6.0, world_size=2), _ev("restored", 7.0, step=57, world_size=2)]
+    assert not events.summarize(later)["finished"]
+    assert not events.summarize(later + [_ev("progress", 8.0, step=90, world_size=2)])["finished"]
+    end = later + [_ev("checkpoint", 9.0, step=258), _ev("finished", 10.0, step=258, total=258)]
+    assert events.summarize(end)["finished"] and events.summarize(end)["step"] == 258
+    assert not events.summarize(first + [_ev("finished", 4.0, step=57, total=258)])["finished"]
+
+
 def test_runtime_progress_re_exports_the_core_events() -> None:
     import ast
 

@@ -112,7 +112,7 @@ def test_torchrun_joins_the_etcd_v2_rendezvous_with_the_aks_settings(objects) ->
                                                rdzv_id="cifar-1a2b3c4d")
     assert "--rdzv-endpoint=elastictrain-etcd.elastictrain.svc.cluster.local:2379" in args
     assert "--nnodes=1:4" in args
-    assert args[-5:] == ["-m", launch.WARM_START_MODULE, "scripts/train_cifar10.py", "--steps", "1000"]
+    assert args[-6:] == ["-m", launch.WARM_START_MODULE, "--", "scripts/train_cifar10.py", "--steps", "1000"]
 
 
 def test_without_a_run_id_the_rendezvous_is_the_jobs_name() -> None:

@@ -101,13 +101,16 @@ def describe_job(elastic_job: dict, pods: list[dict], nodes: list[dict], events:
 
 def job_state(conditions: list[dict], finished: bool, workers: list[dict], events_unread: bool = False) -> str:
     """Succeeded once training wrote its final event; else the operator's strongest true condition; a job
-    the operator has not reconciled yet is Pending (or Running, where a worker already runs)."""
+    the operator has not reconciled yet is Pending (or Running, where a worker already runs).
+
+    The operator's Succeeded alone is not success: its workers exited 0, which a script that returns after a
+    stop does too. Without the final event it is Failed (Unknown where the events could not be read)."""
     if finished:
         return job_events.SUCCEEDED
     true = {c.get("type") for c in conditions if str(c.get("status")).lower() == "true"}
     state = next((t for t in _CONDITION_ORDER if t in true), None)
-    if state == job_events.SUCCEEDED and events_unread:
-        return UNKNOWN  # the operator thinks so, but only the events say training finished
+    if state == job_events.SUCCEEDED:
+        return UNKNOWN if events_unread else job_events.FAILED
     if state is not None and state != CREATED:
         return state
     if any(w["alive"] for w in workers):
@@ -178,7 +181,7 @@ def _script_args(args: list[str]) -> dict:
     """Our torchrun options come first (manifests._worker_container), then the script and its arguments."""
     options = {}
     for i, arg in enumerate(args):
-        if not arg.startswith("--"):
+        if arg == launch.SCRIPT_SEPARATOR or not arg.startswith("--"):
             script, rest, warm = launch.script_of(args[i:])
             break
         key, _, value = arg[2:].partition("=")
