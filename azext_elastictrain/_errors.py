@@ -74,6 +74,18 @@ def _store_unreachable(t: Any, ex: Any) -> az.AzCLIError:
                                  "reachable.")
 
 
+def _access_denied(t: Any, ex: Any) -> az.AzCLIError:
+    """A 403 from blob: the login lacks a data role on the container (Owner and Contributor have no data actions)."""
+    grant = getattr(ex, "grant", None) or t.grant or (
+        'az role assignment create --assignee "$(az ad signed-in-user show --query id -o tsv)" --role "Storage Blob '
+        'Data Contributor" --scope <the checkpoint container\'s resource id>')
+    return az.ForbiddenError(
+        f"{ex}: your login holds no data role on the checkpoint container. The CLI reads the job's events and "
+        "checkpoints with your own Entra ID login, which needs 'Storage Blob Data Contributor' there ('Storage Blob "
+        "Data Reader' to read only); Owner and Contributor of the subscription have no data actions.",
+        recommendation=f"Grant it, then wait a minute or two for Azure to apply it: {grant}")
+
+
 def _os_error(t: Any, ex: Exception) -> az.AzCLIError:
     if t.kind == "local":
         return az.FileOperationError(f"job {t.job or '*'!r} of local cluster {t.cluster!r}: {ex}")
@@ -121,6 +133,7 @@ TABLE: list[_Row] = [
     (f"{_LOCAL}.state:ClusterError", lambda t, ex: az.CLIInternalError(str(ex))),
     # blob storage (checkpoint commands, a job's events)
     (f"{_CORE}.blobstore:NotFound", lambda t, ex: az.ResourceNotFoundError(str(ex))),
+    (f"{_CORE}.blobstore:AccessDenied", _access_denied),
     ("azure.core.exceptions:ServiceRequestError", _store_unreachable),
     ("azure.core.exceptions:ClientAuthenticationError", lambda t, ex: az.AzureResponseError(
         f"blob storage refused the credentials: {ex.message}",
@@ -130,13 +143,14 @@ TABLE: list[_Row] = [
 ]
 
 
-class _Where:  # pylint: disable=too-few-public-methods  # a record of names for format strings
+class _Where:  # pylint: disable=too-few-public-methods,too-many-instance-attributes  # names for format strings
     """What a row's message may name: the target's fields, the job, and for storage its URL and a hint."""
 
-    def __init__(self, target: Any, job: str | None, url: str | None, hint: str | None) -> None:
+    def __init__(self, target: Any, job: str | None, url: str | None, hint: str | None,
+                 grant: str | None = None) -> None:
         self.kind, self.cluster = target.kind, target.cluster
         self.resource_group, self.where = target.resource_group, target.where if target.kind != "url" else ""
-        self.job, self.url, self.hint = job, url or target.url, hint
+        self.job, self.url, self.hint, self.grant = job, url or target.url, hint, grant
 
 
 def _loaded(path: str) -> type | None:
@@ -149,7 +163,7 @@ def _loaded(path: str) -> type | None:
 
 @contextmanager
 def az_errors(target: Any, *, job: str | None = None, url: str | None = None,
-              hint: str | None = None) -> Iterator[None]:
+              hint: str | None = None, grant: str | None = None) -> Iterator[None]:
     """Run a command's work; any error of the table leaves as its az error (az errors pass unchanged)."""
     try:
         yield
@@ -159,5 +173,5 @@ def az_errors(target: Any, *, job: str | None = None, url: str | None = None,
         for path, build in TABLE:
             error_type = _loaded(path)
             if error_type is not None and isinstance(ex, error_type):
-                raise build(_Where(target, job, url, hint), ex) from ex
+                raise build(_Where(target, job, url, hint, grant), ex) from ex
         raise

@@ -38,9 +38,9 @@ class Target:
             return f"--local --cluster {self.cluster}"
         return f"-g {self.resource_group} -c {self.cluster}"
 
-    def backend(self, cmd: Any, *, signed_out: bool = False) -> Any:
+    def backend(self, cmd: Any, *, signed_out: "bool | str" = False) -> Any:
         """The place's ``backends.base.Backend``, its clients resolved for this command; ``signed_out``: an AKS
-        backend on no account at all, for a dry run without a login."""
+        backend on no account at all, for a dry run without a login (a text: why the login's token failed)."""
         from azext_elastictrain.backends import get_backend
 
         if self.kind == LOCAL:
@@ -49,13 +49,14 @@ class Target:
 
         from azext_elastictrain.clients.arm import AzureArm, SignedOutArm
 
-        arm = SignedOutArm(cmd.cli_ctx) if signed_out else AzureArm(cmd.cli_ctx)
+        arm = SignedOutArm(cmd.cli_ctx, signed_out if isinstance(signed_out, str) else None) if signed_out \
+            else AzureArm(cmd.cli_ctx)
         return get_backend(AKS, arm, self.resource_group, self.cluster,
                            credential=LoginCredential(cmd.cli_ctx), progress=get_logger(__name__).warning,
                            spot_market=None if signed_out else _spot_market(cmd.cli_ctx, arm))
 
     @contextmanager
-    def opened(self, cmd: Any, *, signed_out: bool = False) -> Iterator[Any]:
+    def opened(self, cmd: Any, *, signed_out: "bool | str" = False) -> Iterator[Any]:
         """``backend()`` for the length of a ``with``: what it opened is closed after."""
         backend = self.backend(cmd, signed_out=signed_out)
         try:

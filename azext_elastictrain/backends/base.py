@@ -106,6 +106,7 @@ class CheckpointLocation:
     url: str
     connection_string: str | None = None
     unreachable: str | None = None
+    grant: str | None = None  # the command that gives the login the data role a 403 says it lacks
 
 
 class Backend(Protocol):  # pylint: disable=too-many-public-methods  # one per command step, as torchx's

@@ -115,7 +115,7 @@ class AzureArm:
     def put(self, kind: str, ref: dict, body: dict, wait: bool = True) -> dict | None:
         client, _, put, _ = self._ops(kind)
         with _arm_errors():
-            result = put(self._client(client), ref, _body(body), cls=_raw)
+            result = put(self._client(client), ref, _body(_writable(kind, body)), cls=_raw)
             if hasattr(result, "result"):  # a poller: long-running
                 return result.result() if wait else None
             return result
@@ -164,6 +164,14 @@ class AzureArm:
             raise ArmError(401, "NoObjectId", "the login's token names no object id (oid claim): pass "
                                               "--admin-principal OBJECT_ID")
         return str(claims["oid"]), "User" if "scp" in claims else "ServicePrincipal"
+
+    def storage_name_available(self, name: str) -> dict:
+        """POST .../Microsoft.Storage/checkNameAvailability ('az storage account check-name'), in wire format:
+        storage account names are one namespace for all of Azure."""
+        client = self._client("storage")
+        body = {"name": name, "type": "Microsoft.Storage/storageAccounts"}
+        with _arm_errors():
+            return client.storage_accounts.check_name_availability(_body(body), cls=_raw) or {}
 
     # -- the region preflight (core.preflight): GETs on the compute provider -------------------------------------
 
@@ -261,8 +269,9 @@ class SignedOutArm:  # pylint: disable=too-few-public-methods  # the part of Arm
     tenant = ""
     signed_in = False
 
-    def __init__(self, cli_ctx) -> None:
+    def __init__(self, cli_ctx, reason: str | None = None) -> None:
         self.storage_suffix = cli_ctx.cloud.suffixes.storage_endpoint
+        self.signed_out_reason = reason  # None: no login at all; else why the login's token could not be had
 
     def __getattr__(self, name: str):
         raise RuntimeError(f"a dry run without a login cannot call ARM ({name})")
@@ -273,6 +282,20 @@ def logged_in(cli_ctx) -> bool:
     from azure.cli.core._profile import Profile
 
     return bool(Profile(cli_ctx=cli_ctx).load_cached_subscriptions())
+
+
+def token_problem(cli_ctx) -> str | None:
+    """Why no ARM token can be had for the login (an expired refresh token, an unreachable identity endpoint,
+    ...), or None when one can: a dry run then plans signed out and says why, instead of failing on the first GET."""
+    from azure.cli.core._profile import Profile
+
+    try:
+        credential = Profile(cli_ctx=cli_ctx).get_login_credentials()[0]
+        credential.get_token(cli_ctx.cloud.endpoints.active_directory_resource_id.rstrip("/") + "/.default")
+    except Exception as ex:  # noqa: BLE001  # pylint: disable=broad-exception-caught  # any cause: say it, plan on
+        text = str(ex).strip().splitlines()
+        return f"{type(ex).__name__}: {text[0][:200]}" if text else type(ex).__name__
+    return None
 
 
 def _token_claims(token: str) -> dict:
@@ -290,6 +313,23 @@ def _json_or_empty(response) -> dict:
     except ValueError:
         return {}
     return found if isinstance(found, dict) else {}
+
+
+#: The SDK model of the kinds whose update is built from a GET (core.arm.merged_update).
+_MODELS = {"cluster": ("azure.mgmt.containerservice.models", "ManagedCluster"),
+           "agent_pool": ("azure.mgmt.containerservice.models", "AgentPool")}
+
+
+def _writable(kind: str, body: dict) -> dict:
+    """``body`` without the fields the SDK model marks read-only (id, provisioningState, currentKubernetesVersion,
+    identity.principalId, ...): an update merged onto what ARM answered carries them, and the SDK drops them the
+    same way when ``az aks update`` PUTs the model it read."""
+    if kind not in _MODELS:
+        return body
+    import importlib
+
+    module, name = _MODELS[kind]
+    return getattr(importlib.import_module(module), name)(body).as_dict(exclude_readonly=True)
 
 
 def _wire(model) -> dict:

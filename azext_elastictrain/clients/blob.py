@@ -5,7 +5,7 @@ Azurite (the local cluster) is reached with its connection string; Azure storage
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from azext_elastictrain.core import events as job_events
 
@@ -13,19 +13,26 @@ from azext_elastictrain.core import events as job_events
 class EventReader:
     """Job name -> its events under one container, over one client (opened on first use); close() it."""
 
-    def __init__(self, container_url: str, *, connection_string: str | None = None, credential: Any = None) -> None:
+    def __init__(self, container_url: str, *, connection_string: str | None = None, credential: Any = None,
+                 grant: Callable[[], str] | None = None) -> None:
         self._url, self._connection_string, self._credential = container_url, connection_string, credential
+        self._grant = grant  # the command that gives the login the data role it lacks (asked only on a 403)
         self._store = None
 
     def __call__(self, job: str) -> list[dict]:
-        if self._store is None:
-            from azext_elastictrain.core.blobstore import BlobStore, StoreError
+        from azext_elastictrain.core.blobstore import AccessDenied, BlobStore, StoreError
 
+        if self._store is None:
             if self._connection_string is None and self._credential is None:
                 raise StoreError("no credential for the cluster's blob storage was given")
             self._store = BlobStore.from_url(self._url, connection_string=self._connection_string,
                                              credential=self._credential, quick_retries=True)
-        return job_events.read_events(self._store, job)
+        try:
+            return job_events.read_events(self._store, job)
+        except AccessDenied as ex:
+            if self._grant is None or ex.grant:
+                raise
+            raise AccessDenied(str(ex), ex.code, self._grant()) from ex
 
     def close(self) -> None:
         if self._store is not None:

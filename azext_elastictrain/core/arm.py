@@ -5,6 +5,7 @@ them field by field with the examples and the test server checks the same fields
 """
 from __future__ import annotations
 
+import re
 import uuid
 from dataclasses import dataclass, field
 
@@ -15,6 +16,13 @@ from azext_elastictrain.core.spec import GPU_TAINT, NODE_OS_UPGRADE_CHANNEL, SYS
 STORAGE_BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
 #: Built-in role: every Kubernetes action in the whole cluster, through Azure RBAC (the Entra ID clusters' admin).
 AKS_RBAC_CLUSTER_ADMIN = "b1ff04bb-8a4e-4dc4-8eb5-8693973ce19b"
+#: The data role the cluster's creator gets on the checkpoint container: the CLI reads events and checkpoints with the
+#: user's own login (job show/list/wait, evict --wait, checkpoint list/show/verify/download) and deletes them on
+#: `checkpoint prune` and `job delete --delete-checkpoints`, and Owner or Contributor of the subscription hold no
+#: data actions. Reader would leave prune failing with 403; the creator can grant themselves any role on their own
+#: account anyway, so Contributor on this one container is no new power, only the one the commands use.
+CREATOR_DATA_ROLE = STORAGE_BLOB_DATA_CONTRIBUTOR
+CREATOR_DATA_ROLE_NAME = "Storage Blob Data Contributor"
 #: The audience Entra ID expects in a Kubernetes service account token exchanged by workload identity.
 TOKEN_EXCHANGE_AUDIENCE = "api://AzureADTokenExchange"
 #: Marks the resources this extension made, so list and delete find only those.
@@ -285,6 +293,20 @@ def cluster_admin_assignment(subscription: str, principal_id: str, principal_typ
     return {"properties": properties}
 
 
+def checkpoint_access_assignment(subscription: str, principal_id: str, principal_type: str | None) -> dict:
+    """``CREATOR_DATA_ROLE`` on the checkpoint container for the creator (the principal of the Kubernetes admin role,
+    or --admin-principal): the role every blob read and delete of the CLI needs."""
+    properties = {"roleDefinitionId": role_definition_id(subscription, CREATOR_DATA_ROLE), "principalId": principal_id}
+    if principal_type:
+        properties["principalType"] = principal_type
+    return {"properties": properties}
+
+
+def role_assignment_command(principal_id: str, scope: str, role: str = CREATOR_DATA_ROLE_NAME) -> str:
+    """The az command that grants ``role`` at ``scope`` to a principal (what a 403 from blob tells the user)."""
+    return f'az role assignment create --assignee {principal_id} --role "{role}" --scope {scope}'
+
+
 # --------------------------------------------------------------------------- is what is there right?
 
 
@@ -294,13 +316,15 @@ CREATION_ONLY_POOL_FIELDS = ("osDiskType", "osDiskSizeGB", "enableEncryptionAtHo
 
 
 def as_existing(body: dict, found: dict | None) -> dict:
-    """``body`` for a resource that ``found`` is: the creation-only fields of its pools as they are there."""
+    """``body`` for a resource that ``found`` is: the creation-only fields of its pools as they are there, and
+    the Kubernetes versions as Azure has them where they already meet what was asked (``version_met``)."""
     if not found:
         return body
     import copy
 
     body = copy.deepcopy(body)
     props, there = body.get("properties") or {}, found.get("properties") or {}
+    _keep_version(props, there, "kubernetesVersion")
     pools = [(props, there)] if "vmSize" in props else []  # an agent pool resource
     existing = {str(p.get("name", "")).lower(): p for p in there.get("agentPoolProfiles") or []}
     pools += [(p, existing[p["name"].lower()]) for p in props.get("agentPoolProfiles") or []
@@ -310,7 +334,49 @@ def as_existing(body: dict, found: dict | None) -> dict:
             wanted.pop(key, None)
             if have.get(key) is not None:
                 wanted[key] = have[key]
+        _keep_version(wanted, have, "orchestratorVersion")
     return body
+
+
+# --------------------------------------------------------------------------- Kubernetes versions, by intent
+
+#: Version fields and the read-only field holding the version running now. AKS answers the asked field with the
+#: patch it resolved or auto-upgraded to ("1.33" asked, "1.33.6" answered: Azure/AKS#3573,
+#: Azure/terraform-azurerm-aks#335), so a string compare sees drift that is none.
+VERSION_FIELDS = {"kubernetesVersion": "currentKubernetesVersion", "orchestratorVersion": "currentOrchestratorVersion"}
+
+
+def parse_version(text: object) -> tuple[int, ...] | None:
+    """'1.33' -> (1, 33); 'v1.33.6' -> (1, 33, 6); anything else None."""
+    match = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.(\d+))?", str(text or "").strip())
+    return tuple(int(part) for part in match.groups() if part is not None) if match else None
+
+
+def azure_version(resource: dict, key: str) -> str | None:
+    """The higher of what ``resource`` says for ``key`` and the version it runs now (the current* field)."""
+    values = [v for v in (resource.get(key), resource.get(VERSION_FIELDS[key])) if parse_version(v)]
+    return max(values, key=parse_version) if values else resource.get(key)
+
+
+def version_met(asked: str, have: str | None) -> bool:
+    """Whether Azure's ``have`` is what ``asked`` meant: the same or a later release at the precision asked.
+
+    A minor pin ("1.33") is met by every 1.33 patch; a patch pin ("1.33.2") by 1.33.2 and the patches the
+    upgrade channel brought after it; with channel stable or rapid, by the later minors AKS moved to. A lower
+    version is not met (an upgrade to ask for); nothing is ever met by asking for less than Azure has: AKS
+    refuses a downgrade.
+    """
+    wanted, actual = parse_version(asked), parse_version(have)
+    if wanted is None or actual is None:
+        return asked == have
+    return actual[:len(wanted)] >= wanted
+
+
+def _keep_version(wanted: dict, have: dict, key: str) -> None:
+    """Send Azure's own version where it meets ours: never a lower one (a downgrade AKS refuses), no change."""
+    actual = azure_version(have, key)
+    if wanted.get(key) and actual and version_met(wanted[key], actual):
+        wanted[key] = have.get(key) or actual
 
 
 #: Lists where the service adds entries of its own: ours must be among Azure's, extra ones are not drift.
@@ -340,6 +406,7 @@ def differences(wanted: dict, actual: dict, path: str = "") -> list[str]:
       spaces; values in ``CASE_SENSITIVE`` fields are data and compare exactly.
     * **Numbers** compare by value (``-1`` and ``-1.0`` are one price); booleans only with booleans.
     * **Objects in lists** (storage network rules) compare as objects: Azure adds a ``state`` to each rule.
+    * **Kubernetes versions** compare by intent (``version_met``): "1.33" is met by 1.33.6 after an auto-upgrade.
     """
     return _differences(wanted, actual, path, exact=False)
 
@@ -353,7 +420,10 @@ def _differences(wanted: dict, actual: dict, path: str, exact: bool) -> list[str
         where = f"{path}.{key}" if path else key
         have = actual.get(key) if isinstance(actual, dict) else None
         key_exact = exact or key in CASE_SENSITIVE
-        if isinstance(value, dict):
+        if key in VERSION_FIELDS and isinstance(value, str) and isinstance(actual, dict):
+            if not version_met(value, azure_version(actual, key)):
+                found.append(where)
+        elif isinstance(value, dict):
             found += _differences(value, have if isinstance(have, dict) else {}, where, key_exact)
         elif isinstance(value, list) and value and all(isinstance(v, dict) and "name" in v for v in value):
             named = {str(v.get("name")).lower(): v for v in have or [] if isinstance(v, dict)}
@@ -377,6 +447,11 @@ def _same_list(wanted: list, actual, *, subset: bool, exact: bool) -> bool:
     return subset or len(actual) == len(wanted)
 
 
+def same_value(wanted, actual) -> bool:
+    """One value as ``differences`` compares it: ARM names without case, numbers by value."""
+    return _same(wanted, actual)
+
+
 def _same(wanted, actual, *, exact: bool = False) -> bool:
     if isinstance(wanted, dict) and isinstance(actual, dict):  # a list entry: ours in Azure's (it adds read-only
         return not _differences(wanted, actual, "", exact)    # fields, e.g. a network rule's state)
@@ -389,3 +464,53 @@ def _same(wanted, actual, *, exact: bool = False) -> bool:
     if isinstance(wanted, (int, float)) and isinstance(actual, (int, float)):
         return float(wanted) == float(actual)
     return wanted == actual
+
+
+# --------------------------------------------------------------------------- updates: GET -> merge ours -> PUT
+
+#: Kinds whose PUT replaces the whole resource: a field left out is reset (a cluster's add-ons, a pool's labels).
+#: AKS has dropped its own ``kubernetes.azure.com/scalesetpriority`` label on a pool PUT that did not carry it
+#: (Azure/AKS#3152), and then no worker's required node affinity matched.
+MERGED_KINDS = frozenset({"cluster", "agent_pool"})
+
+
+def merged_update(body: dict, found: dict | None) -> dict:
+    """What to PUT on a resource that exists: Azure's resource with ours merged in, as ``az aks update`` builds its
+    PUT from a GET. What the user or AKS set outside this tool stays (other add-ons, tags, labels, AKS's Spot label
+    and taint); what we ask for wins.
+
+    * objects merge key by key, ours over Azure's (``nodeLabels``: Azure's labels plus ours);
+    * ``nodeTaints``: ours, then Azure's others (AKS's Spot taint, a user's);
+    * named lists (``agentPoolProfiles``): only our entries are sent, each merged with Azure's of that name;
+    * ``count`` of an autoscaled pool: Azure's (the autoscaler owns it);
+    * other lists and values: ours.
+
+    Read-only fields of ``found`` stay in the result: the ARM client drops them by the SDK model, as the SDK does
+    for ``az aks update``.
+    """
+    if not found:
+        return body
+    return _merge(body, found)
+
+
+def _merge(ours: dict, theirs: dict) -> dict:
+    import copy
+
+    merged = copy.deepcopy(theirs)
+    autoscaled = ours.get("enableAutoScaling") is True and theirs.get("enableAutoScaling") is True
+    for key, value in ours.items():
+        have = theirs.get(key)
+        if key == "count" and autoscaled and have is not None:
+            continue
+        if isinstance(value, dict) and isinstance(have, dict):
+            merged[key] = _merge(value, have)
+        elif key in SERVICE_EXTENDED_LISTS and isinstance(value, list) and isinstance(have, list):
+            merged[key] = list(value) + [v for v in have if v not in value]
+        elif isinstance(value, list) and value and all(isinstance(v, dict) and "name" in v for v in value) \
+                and isinstance(have, list):
+            named = {str(v.get("name")).lower(): v for v in have if isinstance(v, dict)}
+            merged[key] = [_merge(item, named[str(item["name"]).lower()]) if str(item["name"]).lower() in named
+                           else copy.deepcopy(item) for item in value]
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged

@@ -43,6 +43,16 @@ class StoreError(RuntimeError):
     """Blob storage refused or failed an operation."""
 
 
+class AccessDenied(StoreError):
+    """Blob storage refused the caller (403): on Azure with Entra ID, no data role on the container (Owner and
+    Contributor of the subscription have no data actions). ``grant``: the command that gives the missing role, where
+    the caller knows it."""
+
+    def __init__(self, message: str, code: str = "", grant: str | None = None) -> None:
+        super().__init__(message)
+        self.code, self.grant = code, grant
+
+
 class WriteConflict(StoreError):
     """The blob already exists: someone else wrote it first (fencing)."""
 
@@ -186,6 +196,9 @@ def _translate(ex: Exception, name: str) -> Exception:
         return WriteConflict(f"{name} already exists (written by another writer)")
     if isinstance(ex, ResourceNotFoundError):
         return NotFound(f"{name} does not exist")
+    if isinstance(ex, HttpResponseError) and ex.status_code == 403:
+        code = str(getattr(ex, "error_code", None) or "")
+        return AccessDenied(f"blob storage refused access to {name} (403{' ' + code if code else ''})", code)
     if isinstance(ex, HttpResponseError):
         return StoreError(f"blob storage failed on {name}: {ex.reason or ex.status_code}")
     return ex

@@ -290,6 +290,20 @@ def _whole(text: str | None) -> int:
         return 0
 
 
+def storage_name_refused(name: str, answer: dict, *, chosen: bool) -> PreflightError:
+    """The error for a storage account name ``checkNameAvailability`` refused (``answer``: its wire body). Names are
+    one namespace for all of Azure: a name someone anywhere holds is taken for everyone."""
+    reason = str(answer.get("reason") or "")
+    said = str(answer.get("message") or "").strip()
+    why = ("is taken: storage account names are unique across all of Azure, and another subscription holds it"
+           if reason == "AlreadyExists" else f"cannot be used ({reason or 'refused'})")
+    whose = "you chose" if chosen else "derived from the subscription, resource group and cluster name"
+    return PreflightError(
+        f"the storage account name {name!r} ({whose}) {why}" + (f": {said}" if said else "") + ". Nothing was created.",
+        "Pass --storage-account NAME with a name of your own (3-24 lowercase letters and digits); "
+        "'az storage account check-name --name NAME' tells whether it is free.")
+
+
 class RegionApi(Protocol):
     """What the preflight reads through the backend's Arm (core.backends.aks.Arm has these)."""
 

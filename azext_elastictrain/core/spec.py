@@ -183,17 +183,52 @@ _WINDOW = re.compile(r"(?P<day>[A-Za-z]+)\s+(?P<hour>\d{1,2}):(?P<minute>\d{2})\
 _LOCATION = re.compile(r"[a-z0-9]{2,40}")
 
 
-def default_storage_account(resource_group: str, cluster: str) -> str:
-    """A storage account name for the cluster: globally unique in practice, stable across re-runs.
+def default_storage_account(resource_group: str, cluster: str, subscription: str = "") -> str:
+    """A storage account name for the cluster: stable across re-runs, and different for everyone else.
 
-    'et' + up to 14 letters/digits of the cluster name + 8 hex digits of a hash of the resource group and
-    the name (a different cluster, or the same name in another group, gets another account).
+    'et' + up to 14 letters/digits of the cluster name + 8 hex digits of a hash of the subscription, the resource
+    group and the name. Storage account names are one namespace for the whole of Azure: without the subscription,
+    everyone who copies the README's ``-g ... -n ...`` would get the same name, and the second anywhere in the
+    world would fail with StorageAccountAlreadyTaken. (Without a subscription - clusters made before it was salted
+    record their account's name in a tag - the hash is of the group and name only.)
     """
     import hashlib
 
     stem = re.sub(r"[^a-z0-9]", "", cluster.lower())[:14]
-    digest = hashlib.sha256(f"{resource_group.lower()}/{cluster.lower()}".encode()).hexdigest()[:8]
+    salt = f"{subscription.lower()}/" if subscription else ""
+    digest = hashlib.sha256(f"{salt}{resource_group.lower()}/{cluster.lower()}".encode()).hexdigest()[:8]
     return f"et{stem}{digest}"
+
+
+#: Node label namespaces AKS refuses in a pool's labels (https://learn.microsoft.com/azure/aks/use-labels, "Reserved
+#: system labels"), with its answers as users met them: ``kubernetes.azure.com`` ("The 'kubernetes.azure.com' prefix
+#: is preserved by aks system labels", ams0/aks-nvme-ssd-provisioner#5) and, since Kubernetes 1.16, ``kubernetes.io``
+#: and ``k8s.io`` except the prefixes and keys the kubelet may set (Azure/AKS#1937, aka.ms/aks-node-labels-116).
+AKS_LABEL_DOMAIN = "kubernetes.azure.com"
+KUBERNETES_LABEL_DOMAINS = ("kubernetes.io", "k8s.io")
+KUBELET_LABEL_PREFIXES = ("kubelet.kubernetes.io", "node.kubernetes.io")
+KUBELET_LABEL_KEYS = frozenset({
+    "beta.kubernetes.io/arch", "beta.kubernetes.io/os", "beta.kubernetes.io/instance-type", "kubernetes.io/os",
+    "kubernetes.io/arch", "kubernetes.io/hostname", "kubernetes.io/instance-type",
+    "failure-domain.beta.kubernetes.io/zone", "failure-domain.beta.kubernetes.io/region",
+    "failure-domain.kubernetes.io/zone", "failure-domain.kubernetes.io/region"})
+
+
+def _in_domain(domain: str, parent: str) -> bool:
+    return domain == parent or domain.endswith("." + parent)
+
+
+def reserved_label(key: str) -> bool:
+    """Whether AKS refuses a node label key of a user: under ``kubernetes.azure.com/``, or under ``kubernetes.io/``
+    or ``k8s.io/`` outside what the kubelet may set."""
+    domain, sep, _ = key.lower().partition("/")
+    if not sep:
+        return False
+    if _in_domain(domain, AKS_LABEL_DOMAIN):
+        return True
+    if not any(_in_domain(domain, d) for d in KUBERNETES_LABEL_DOMAINS):
+        return False
+    return not (any(_in_domain(domain, p) for p in KUBELET_LABEL_PREFIXES) or key.lower() in KUBELET_LABEL_KEYS)
 
 
 def spot_price(value: "str | float | int") -> float:
@@ -253,10 +288,12 @@ class ClusterSpec:  # pylint: disable=too-many-instance-attributes  # one field 
     local_accounts: bool = False
     # Object id that gets 'Azure Kubernetes Service RBAC Cluster Admin' on the cluster (default: the signed-in one)
     admin_principal: str = ""
+    # The subscription the cluster is in: salts the default storage account name (set by the backend, not an option)
+    subscription: str = ""
 
     @property
     def storage_account_name(self) -> str:
-        return self.storage_account or default_storage_account(self.resource_group, self.name)
+        return self.storage_account or default_storage_account(self.resource_group, self.name, self.subscription)
 
     @property
     def identity_name(self) -> str:
@@ -352,6 +389,12 @@ class ClusterSpec:  # pylint: disable=too-many-instance-attributes  # one field 
                     not re.fullmatch(r"([A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?)?", value):
                 raise SpecError(f"invalid node label {key}={value}: keys and values are Kubernetes label "
                                 "names (letters, digits, '-', '_', '.'; up to 63 characters)")
+            if reserved_label(key):
+                raise SpecError(f"node label {key}={value}: the prefix {key.split('/')[0]}/ is reserved for AKS and "
+                                "Kubernetes (AKS refuses the pool with a 400; of kubernetes.io only "
+                                "node.kubernetes.io/ and kubelet.kubernetes.io/ are open): use a prefix of your own, "
+                                "e.g. "
+                                f"example.com/{key.split('/', 1)[1]}")
         if self.engine not in ENGINES:
             raise SpecError(f"unknown engine {self.engine!r}: use one of {', '.join(ENGINES)}")
         if self.engine == ENGINE_K8S_JOB and self.kubernetes_version:

@@ -116,8 +116,12 @@ def build_job_view(events: Iterable[dict], *, created: float | None, nodes: list
 
 def read_job_events(read: Callable[[str], Iterable[dict]], job: str) -> tuple[list[dict], str | None]:
     """``(events, None)``, or ``([], why not)``: a job is still shown when its events cannot be read."""
+    from azext_elastictrain.core.blobstore import AccessDenied
+
     try:
         return list(read(job)), None
+    except AccessDenied:
+        raise  # not a job to show as Unknown: the login lacks a data role, and the user can fix that
     except Exception as ex:  # pylint: disable=broad-exception-caught
         # show what the backend sees; tell why the events are missing
         return [], f"cannot read the job's events from the cluster's blob storage: {ex}"

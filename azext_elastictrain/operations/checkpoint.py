@@ -33,11 +33,12 @@ def _open_store(cmd, url: str | None, connection_string: str | None, *, local: b
 
     target = resolve_checkpoints(url=url, connection_string=connection_string, local=local, cluster=cluster,
                                  job=job, resource_group=resource_group)
-    hint = None
+    hint = grant = None
     if target.kind != "url":
         with az_errors(target, job=job), target.opened(cmd) as backend:
             location = backend.checkpoint_location(job)
         url, connection_string, hint = location.url, location.connection_string, location.unreachable
+        grant = location.grant
     elif not connection_string:
         connection_string = os.environ.get("AZURE_STORAGE_CONNECTION_STRING") or None
     try:
@@ -60,7 +61,7 @@ def _open_store(cmd, url: str | None, connection_string: str | None, *, local: b
             recommendation="Pass the job's checkpoint URL: https://<account>.blob.core.windows.net/<container>/<job>"
         ) from ex
     try:
-        with az_errors(target, job=job, url=url, hint=hint):
+        with az_errors(target, job=job, url=url, hint=hint, grant=grant):
             yield store, url
     finally:
         store.close()

@@ -81,16 +81,23 @@ def _refuse_azure_options(asked: dict) -> None:
                                  recommendation="Drop them, or create the cluster on AKS with -g RESOURCE_GROUP.")
 
 
-def _dry_run_signed_out(cmd, target, dry_run: bool) -> bool:
-    """A dry run on AKS needs no login: without one it plans on no account, and the region preflight is skipped."""
+def _dry_run_signed_out(cmd, target, dry_run: bool) -> "bool | str":
+    """A dry run on AKS needs no login: without one it plans on no account, and the region preflight is skipped.
+    A login whose token cannot be had (expired, its identity endpoint unreachable) is planned the same way, with
+    the reason (a text) instead of a raw network error."""
     if not dry_run or target.kind != "aks":
-        return False
-    from azext_elastictrain.clients.arm import logged_in
-
-    if logged_in(cmd.cli_ctx):
         return False
     from knack.log import get_logger
 
+    from azext_elastictrain.clients.arm import logged_in, token_problem
+
+    if logged_in(cmd.cli_ctx):
+        problem = token_problem(cmd.cli_ctx)
+        if problem is None:
+            return False
+        get_logger(__name__).warning("The login's token could not be had (%s): planning signed out, the region "
+                                     "preflight is skipped ('az login' again to have it).", problem)
+        return problem
     get_logger(__name__).warning("Not logged in: the region preflight is skipped ('az login' to have it).")
     return True
 

@@ -68,6 +68,8 @@ def arm(arm_server: ArmServer) -> Iterator[ArmServer]:
     arm_server.expect.clear()
     arm_server.expect.update(saved)
     arm_server._faults.clear()
+    arm_server.principal_unknown.clear()
+    arm_server.taken_storage_names.clear()
     arm_server.reset_regions()
     assert arm_server.violations == [], "requests the server rejected:\n" + "\n".join(arm_server.violations)
 
@@ -84,18 +86,26 @@ def group() -> str:
 
 
 # Blob storage of the clusters: a real Azurite over HTTPS that takes bearer tokens (``--oauth basic``), behind
-# the ARM server's certificate; the server gives the clusters' storage accounts it as ``primaryEndpoints.blob``,
-# so az reads events and checkpoints with its login, as it reads Azure storage with Entra ID.
+# the ARM server's certificate and a front that asks Azure RBAC as Azure storage does (tests.support.blob_front: a
+# token whose principal holds no blob data role on the container gets 403); the server gives the clusters' storage
+# accounts the front as ``primaryEndpoints.blob``, so az reads events and checkpoints with its login, as it reads
+# Azure storage with Entra ID.
 @pytest.fixture(scope="module")
 def azurite(arm_server, tmp_path_factory):
-    """Azurite behind the ARM server's certificate, admitting bearer tokens; the clusters' blob endpoint."""
+    """Azurite behind the ARM server's certificate, admitting bearer tokens of principals with a data role; the
+    clusters' blob endpoint (the front is ``arm_server.blob_front``, its refusals in ``denied``)."""
+    from tests.support.blob_front import BlobFront
+
     with svc.start_azurite(tmp_path_factory.mktemp("azurite-oauth"), cert=arm_server.cert, key=arm_server.key,
                            oauth=True) as service:
-        arm_server.blob_endpoint = service.blob_endpoint + "/"
+        front = BlobFront(arm_server, service.blob_endpoint)
+        arm_server.blob_endpoint = front.endpoint_template
+        arm_server.blob_front = front
         try:
             yield service
         finally:
-            arm_server.blob_endpoint = None
+            arm_server.blob_endpoint, arm_server.blob_front = None, None
+            front.close()
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ PLAN = [  # (method, what) in the order the issue asks for
     ("PUT", "userassignedidentities"), ("PUT", "managedclusters"), ("PUT", "agentpools"),
     ("PUT", "federatedidentitycredentials"), ("PUT", "roleassignments"),
     ("PUT", "roleassignments"),  # Azure Kubernetes Service RBAC Cluster Admin on the cluster, for the creator
+    ("PUT", "roleassignments"),  # Storage Blob Data Contributor on the checkpoint container, for the creator
 ]
 
 
@@ -47,7 +48,7 @@ def test_create_runs_the_plan_in_order_and_a_rerun_changes_nothing(az, arm, grou
     result = _create(az, group, "spot1", "--max-count", "4", "--max-price", "0.35", "--eviction-policy",
                      "Deallocate", "--labels", "team=vision", "-o", "json")
     assert _writes(arm) == PLAN
-    assert "[5/10] AKS cluster: creating" in result.stderr  # progress on the long steps
+    assert "[5/11] AKS cluster: creating" in result.stderr  # progress on the long steps
     in_group = f"/resourcegroups/{group}/providers"  # the session's server also holds other tests' clusters
     pool = arm.find(f"{in_group}/microsoft.containerservice/managedclusters/spot1/agentpools/gpu")
     assert pool["properties"]["nodeLabels"]["team"] == "vision" and pool["properties"]["count"] == 0
@@ -72,7 +73,8 @@ def test_create_runs_the_plan_in_order_and_a_rerun_changes_nothing(az, arm, grou
         "resource group": "unchanged", "storage account": "unchanged", "checkpoint container": "unchanged",
         "managed identity": "unchanged", "AKS cluster": "unchanged", "GPU Spot pool": "unchanged",
         "federated credential": "unchanged", "role assignment": "unchanged",
-        "Kubernetes admin role": "unchanged", "Kubernetes components": "unchanged"}
+        "Kubernetes admin role": "unchanged", "your checkpoint access": "unchanged",
+        "Kubernetes components": "unchanged"}
     gpu = next(p for p in again["pools"] if p["name"] == "gpu")
     assert (gpu["priority"], gpu["evictionPolicy"], gpu["spotMaxPrice"], gpu["minCount"], gpu["maxCount"]) == (
         "Spot", "Deallocate", 0.35, 0, 4)
@@ -164,13 +166,17 @@ def test_no_wait_returns_after_starting_the_cluster_and_wait_then_a_rerun_finish
 
 def test_dry_run_prints_every_request_and_calls_nothing(az, arm, group):
     plan = az.json("elastictrain", "cluster", "create", "-g", group, "-n", "spot6", "-l", "eastus", "--dry-run")
-    assert {m for m, p in arm.requests if not is_query(p)} <= {"GET"}, \
-        "a dry run changes nothing: the region preflight's GETs (and its Resource Graph query) only"
-    asked = [p.split("?")[0].lower() for _, p in arm.requests if not p.startswith("/msi/token") and not is_query(p)]
-    assert asked and all("/providers/microsoft.compute/" in p for p in asked), asked
+    assert arm.writes() == [], "a dry run changes nothing"
+    asked = [(m, p.split("?")[0].lower()) for m, p in arm.requests
+             if not p.startswith("/msi/token") and not is_query(p)]  # the Resource Graph query reads too
+    reads = ("/providers/microsoft.compute/", f"/resourcegroups/{group}/providers/microsoft.containerservice/",
+             f"/resourcegroups/{group}/providers/microsoft.storage/storageaccounts/")
+    assert asked and all(m == "GET" and any(r in p for r in reads) or (m, p.rsplit("/", 1)[1]) == (
+        "POST", "checknameavailability") for m, p in asked), asked  # the preflight's reads, and nothing else
     assert [r["step"] for r in plan["arm"]] == [
         "resource group", "storage account", "checkpoint container", "managed identity", "AKS cluster",
-        "GPU Spot pool", "federated credential", "role assignment", "Kubernetes admin role"]
+        "GPU Spot pool", "federated credential", "role assignment", "Kubernetes admin role",
+        "your checkpoint access"]
     bodies = {r["step"]: r["body"] for r in plan["arm"]}
     assert bodies["GPU Spot pool"]["properties"]["scaleSetPriority"] == "Spot"
     assert bodies["storage account"]["properties"]["allowSharedKeyAccess"] is False
@@ -192,10 +198,12 @@ def test_subscription_argument_places_the_plan_and_every_request_in_that_subscri
     assert _writes(arm) == PLAN
     sent = [path for _, path in arm.requests if path.startswith("/subscriptions/")]
     assert sent and all(path.startswith(other) for path in sent), sent  # reads too, not only the writes
-    [assignment] = [rid for rid in arm.resources if "/roleassignments/" in rid and f"/resourcegroups/{group}/" in rid
-                    and "/containers/" in rid]
-    assert assignment.startswith(other.lower()), assignment  # the scope: the container in that subscription
-    assert arm.resources[assignment]["properties"]["roleDefinitionId"].startswith(other)
+    assignments = [rid for rid in arm.resources if "/roleassignments/" in rid and f"/resourcegroups/{group}/" in rid
+                   and "/containers/" in rid]
+    assert len(assignments) == 2, assignments  # the workload identity's and the creator's
+    for assignment in assignments:
+        assert assignment.startswith(other.lower()), assignment  # the scope: the container in that subscription
+        assert arm.resources[assignment]["properties"]["roleDefinitionId"].startswith(other)
 
 
 def test_a_sovereign_cloud_blob_endpoint_flows_from_arm_to_the_configmap_unchanged(az, arm, group, monkeypatch):

@@ -15,7 +15,8 @@ SUBNET = (f"/subscriptions/{SUBSCRIPTION}/resourceGroups/net-rg/providers/Micros
           "train-vnet/subnets/nodes")
 PLAN = ["resourcegroups", "storageaccounts", "containers", "userassignedidentities", "managedclusters", "agentpools",
         "maintenanceconfigurations", "maintenanceconfigurations", "federatedidentitycredentials", "roleassignments",
-        "roleassignments"]  # the last: Azure Kubernetes Service RBAC Cluster Admin on the cluster, for the creator
+        "roleassignments", "roleassignments"]  # the last two, for the creator: Azure Kubernetes Service RBAC Cluster
+# Admin on the cluster, Storage Blob Data Contributor on the checkpoint container
 
 
 def _puts(arm) -> list[str]:

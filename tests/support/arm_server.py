@@ -84,6 +84,10 @@ API_VERSIONS = {
     "Microsoft.Features": "2021-07-01",  # features: azure-cli's profile for MGMT_RESOURCE_FEATURES
 }
 BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
+BLOB_DATA_READER = "2a2b9908-6ea1-4ae2-8e65-a410df84e7d1"
+BLOB_DATA_OWNER = "b7e6dc6d-f1e8-4753-8033-0f276bb0955b"
+#: The built-in roles with blob data actions (Owner/Contributor of a subscription have none)
+BLOB_DATA_ROLES = frozenset({BLOB_DATA_CONTRIBUTOR, BLOB_DATA_READER, BLOB_DATA_OWNER})
 AKS_RBAC_CLUSTER_ADMIN = "b1ff04bb-8a4e-4dc4-8eb5-8693973ce19b"  # Azure Kubernetes Service RBAC Cluster Admin
 LOGIN_OBJECT_ID = "11111111-2222-3333-4444-555555555555"  # the oid of the managed identity az logs in with
 LRO_POLLS = 1  # InProgress answers before Succeeded (one shows the client polls; each costs a Retry-After: 1 s)
@@ -196,8 +200,14 @@ class ArmServer:
         #: the subscription's preview features (Microsoft.Features): lower-case "namespace/name" -> state
         self.features: dict[str, str] = {}
         self.reset_regions()
-        #: primaryEndpoints.blob of the storage accounts it creates (None: Azure's); tests point it at Azurite
+        #: primaryEndpoints.blob of the storage accounts it creates (None: Azure's); tests point it at Azurite.
+        #: ``{account}`` in it is replaced by the account's name (the blob front serves each account under its name)
         self.blob_endpoint: str | None = None
+        self.blob_front: Any = None  # tests.support.blob_front.BlobFront where a test serves blob through it
+        #: Storage account names held elsewhere in Azure (other subscriptions): one namespace for the whole cloud
+        self.taken_storage_names: set[str] = set()
+        #: principal id -> how many more role assignment PUTs for it Entra ID answers PrincipalNotFound
+        self.principal_unknown: dict[str, int] = {}
         self._faults: list[tuple[str, str, int, str, str]] = []
         self._caller: str | None = None  # the object id in the token of the ARM request being handled
         self._lock = threading.RLock()
@@ -247,6 +257,18 @@ class ArmServer:
                 assert props.get("enableAutoScaling") and props["minCount"] <= count <= props["maxCount"], props
                 props["count"] = count
 
+    def auto_upgrade(self, group: str, cluster: str, version: str) -> None:
+        """AKS's auto-upgrade channel moved the cluster and its pools to ``version`` (a patch). AKS then answers the
+        new patch in ``kubernetesVersion`` and ``orchestratorVersion`` too, not only in the current* fields, though
+        "1.33" was asked (Azure/AKS#3573; Azure/terraform-azurerm-aks#335 for the pools)."""
+        with self._lock:
+            cluster_id = f"/resourcegroups/{group}/providers/microsoft.containerservice/managedclusters/{cluster}"
+            found = self.find(cluster_id)
+            found["properties"].update(kubernetesVersion=version, currentKubernetesVersion=version)
+            pools = [r for rid, r in self.resources.items() if f"{cluster_id.lower()}/agentpools/" in rid]
+            for props in [p["properties"] for p in pools] + found["properties"]["agentPoolProfiles"]:
+                props.update(orchestratorVersion=version, currentOrchestratorVersion=version)
+
     def reset_regions(self) -> None:
         """Every test region offers the GPU sizes of ``GPU_SIZES`` with Spot, unrestricted, and 100 Spot vCPUs; the
         subscription has registered encryption at host."""
@@ -279,7 +301,8 @@ class ArmServer:
     def writes(self) -> list[tuple[str, str]]:
         paths = [(m, p.split("?")[0]) for m, p in self.requests]
         return [(m, p) for m, p in paths if m in ("PUT", "POST", "DELETE", "PATCH") and "/operations/" not in p
-                and not p.startswith("/kube") and not p.endswith("/listClusterUserCredential") and not is_query(p)]
+                and not p.startswith("/kube") and not p.endswith("/listClusterUserCredential") and not is_query(p)
+                and not p.lower().endswith("/checknameavailability")]  # POSTs that read
 
     @property
     def env(self) -> dict[str, str]:
@@ -365,6 +388,8 @@ class ArmServer:
         key = rid.lower()
         if kind in ("skus", "usages"):
             return self._region(kind, method, path, query)
+        if kind == "storage_name":
+            return self._storage_name(method, path, body)
         if kind.startswith("vmss_vm"):
             return self._vmss_vm(kind, method, rid)
         if kind.endswith("_list"):
@@ -419,6 +444,16 @@ class ArmServer:
             return self._violation(f"PUT {rid}: " + "; ".join(problems))
         key = rid.lower()
         existing = self.resources.get(key)
+        if kind == "storage_account" and existing is None and self._storage_name_holder(rid.rsplit("/", 1)[1]):
+            name = rid.rsplit("/", 1)[1]  # Storage answers 409 for a name held anywhere in Azure
+            return 409, {}, _error("StorageAccountAlreadyTaken", f"The storage account named {name} is already taken.")
+        if kind == "role_assignment" and existing is None:
+            refused = self._role_refusal(rid, body)
+            if refused:
+                return refused[0], {}, _error(refused[1], refused[2])
+        downgrade = _downgrade(kind, body, existing)
+        if downgrade:  # AKS never downgrades (rancher/rancher#24071 quotes its answer)
+            return 400, {}, _error("OperationNotAllowed", downgrade)
         if kind == "agent_pool":
             cluster = self.resources.get(key.rsplit("/agentpools/", 1)[0])
             if cluster is None:
@@ -493,8 +528,8 @@ class ArmServer:
             for rule in acls["virtualNetworkRules"]:
                 rule["state"] = "Succeeded"
             props.update({"provisioningState": "Succeeded", "creationTime": "2026-01-01T00:00:00Z",
-                          "primaryEndpoints": {"blob": self.blob_endpoint
-                                               or f"https://{name}.blob.core.windows.net/"},
+                          "primaryEndpoints": {"blob": self.blob_endpoint.replace("{account}", name)
+                                               if self.blob_endpoint else f"https://{name}.blob.core.windows.net/"},
                           "primaryLocation": resource.get("location")})
         elif kind == "identity":
             props.update({"clientId": old.get("clientId", str(uuid.uuid4())),
@@ -504,25 +539,29 @@ class ArmServer:
             issuer = old.get("oidcIssuerProfile", {}).get("issuerURL") or \
                 f"https://eastus.oic.prod-aks.azure.com/{TENANT}/{uuid.uuid4()}/"
             props["oidcIssuerProfile"] = {"enabled": True, "issuerURL": issuer}
+            running = _resolve_version(props.get("kubernetesVersion"), old.get("currentKubernetesVersion"))
             props.update({"fqdn": f"{props.get('dnsPrefix')}-abcd1234.hcp.eastus.azmk8s.io",
-                          "currentKubernetesVersion": props.get("kubernetesVersion") or "1.33.2",
-                          "kubernetesVersion": props.get("kubernetesVersion") or "1.33",
+                          "currentKubernetesVersion": running,
+                          "kubernetesVersion": props.get("kubernetesVersion") or old.get("kubernetesVersion")
+                          or DEFAULT_MINOR,
                           "nodeResourceGroup": f"MC_{rid.split('/')[4]}_{name}_{resource.get('location')}",
                           "maxAgentPools": 100})
             pools = {p["name"]: p for p in old.get("agentPoolProfiles", [])}
             for pool in props.get("agentPoolProfiles", []):
-                _as_aks_keeps_a_pool(pool)
+                _as_aks_keeps_a_pool(pool, pools.get(pool["name"]), running)
                 pool["provisioningState"] = "Creating"
                 pools[pool["name"]] = pool
             props["agentPoolProfiles"] = list(pools.values())
-            props.update({"powerState": {"code": "Running"}, "azurePortalFQDN": props["fqdn"],
-                          "enablePodSecurityPolicy": False})
+            # only fields of this api-version's schema: enablePodSecurityPolicy left the API (a GET -> PUT carries
+            # back whatever ARM answers, so a field the service does not have would make its own update invalid)
+            props.update({"powerState": {"code": "Running"}, "azurePortalFQDN": props["fqdn"]})
             if props.get("aadProfile"):  # as the example answers it: the tenant filled in, no admin groups
                 props["aadProfile"] = {"adminGroupObjectIDs": None, "tenantID": TENANT, **props["aadProfile"]}
             resource["id"] = _arm_casing(rid)
             resource["identity"] = {"type": "SystemAssigned", "principalId": str(uuid.uuid4()), "tenantId": TENANT}
         elif kind == "agent_pool":
-            _as_aks_keeps_a_pool(props)
+            cluster = self.resources.get(rid.lower().rsplit("/agentpools/", 1)[0]) or {}
+            _as_aks_keeps_a_pool(props, old or None, (cluster.get("properties") or {}).get("currentKubernetesVersion"))
             resource["id"] = _arm_casing(rid)
         elif kind == "maintenance_configuration":
             window = props.get("maintenanceWindow") or {}
@@ -543,6 +582,93 @@ class ArmServer:
         profile = {"name": pool["name"], **copy.deepcopy(pool["properties"])}
         profiles = [p for p in cluster["properties"].get("agentPoolProfiles", []) if p["name"] != pool["name"]]
         cluster["properties"]["agentPoolProfiles"] = profiles + [profile]
+
+    # ------------------------------------------------------------------ storage: one namespace for all of Azure
+
+    def _storage_name_holder(self, name: str) -> str | None:
+        """The id of the account holding ``name`` anywhere (this server's subscriptions), or "elsewhere"."""
+        if name.lower() in self.taken_storage_names:
+            return "elsewhere"
+        return next((rid for rid, r in self.resources.items() if r["type"] == _TYPE["storage_account"]
+                     and r["name"].lower() == name.lower()), None)
+
+    def _storage_name(self, method: str, path: str, body: Any) -> tuple[int, dict, Any]:
+        """StorageAccounts_CheckNameAvailability (POST, StorageAccountCheckNameAvailability.json): names are unique
+        across Azure, so one held by any subscription - ours included - is not available."""
+        if method != "POST":
+            return self._violation(f"{method} {path}: checkNameAvailability is a POST")
+        kind = "Microsoft.Storage/storageAccounts"
+        if not isinstance(body, dict) or body.get("type") != kind or not body.get("name"):
+            return self._violation(f"POST {path}: body {body!r} is not {{name, type: {kind}}}")
+        name = str(body["name"])
+        if not re.fullmatch(r"[a-z0-9]{3,24}", name):
+            return 200, {}, {"nameAvailable": False, "reason": "AccountNameInvalid",
+                             "message": f"{name} is not a valid storage account name. Storage account name must be "
+                                        "between 3 and 24 characters in length and use numbers and lower-case "
+                                        "letters only."}
+        if self._storage_name_holder(name):
+            return 200, {}, {"nameAvailable": False, "reason": "AlreadyExists",
+                             "message": f"The storage account named {name} is already taken."}
+        return 200, {}, {"nameAvailable": True}
+
+    # ------------------------------------------------------------------ role assignments as Entra ID and ARM keep them
+
+    def _role_refusal(self, rid: str, body: dict) -> tuple[int, str, str] | None:
+        """What ARM answers a role assignment PUT it will not take: 409 RoleAssignmentExists where the principal
+        holds the role at that scope under another name (azure-cli's AKS code counts it as done:
+        acs/_roleassignments.py), 400 PrincipalNotFound while Entra ID has not replicated a new principal."""
+        props = body.get("properties") or {}
+        scope, _, name = rid.partition("/providers/Microsoft.Authorization/roleAssignments/")
+        principal = str(props.get("principalId", ""))
+        if self.principal_unknown.get(principal, 0) > 0:
+            self.principal_unknown[principal] -= 1
+            return 400, "PrincipalNotFound", (
+                f"Principal {principal.replace('-', '')} does not exist in the directory {TENANT}. Check that you "
+                "have the correct principal ID. If you are creating this principal and then immediately assigning "
+                "a role, this error might be related to a replication delay. In this case, set the role assignment "
+                "principalType property to a value, such as ServicePrincipal, User, or Group. See "
+                "https://aka.ms/docs-principaltype")
+        for key, found in self.resources.items():
+            there = found.get("properties") or {}
+            if (found["type"] == _TYPE["role_assignment"] and found["name"].lower() != name.lower()
+                    and str(there.get("scope", "")).lower() == scope.lower()
+                    and str(there.get("roleDefinitionId", "")).lower() == str(props.get("roleDefinitionId")).lower()
+                    and str(there.get("principalId", "")).lower() == principal.lower()):
+                return 409, "RoleAssignmentExists", "The role assignment already exists."
+        return None
+
+    def assign_role(self, scope: str, principal: str, role: str, name: str | None = None) -> str:
+        """A role assignment made outside this tool (the portal, 'az role assignment create': a random name).
+        Returns its id."""
+        rid = f"{scope}/providers/Microsoft.Authorization/roleAssignments/{name or uuid.uuid4()}"
+        subscription = scope.split("/")[2]
+        with self._lock:
+            self.resources[rid.lower()] = {
+                "id": rid, "name": rid.rsplit("/", 1)[1], "type": _TYPE["role_assignment"],
+                "properties": {"scope": scope, "principalId": principal, "principalType": "ServicePrincipal",
+                               "roleDefinitionId": f"/subscriptions/{subscription}/providers/Microsoft.Authorization/"
+                                                   f"roleDefinitions/{role}"}}
+        return rid
+
+    def data_roles(self, principal: str, account: str, container: str) -> set[str]:
+        """The built-in blob data roles ``principal`` holds on ``container`` of storage account ``account``: those
+        assigned at the container, the account, its resource group or subscription (Azure RBAC inherits down)."""
+        with self._lock:
+            account_id = next((r["id"] for r in self.resources.values() if r["type"] == _TYPE["storage_account"]
+                               and r["name"].lower() == account.lower()), None)
+            if account_id is None:
+                return set()
+            target = f"{account_id}/blobServices/default/containers/{container}".lower()
+            roles = set()
+            for found in self.resources.values():
+                props = found.get("properties") or {}
+                scope = str(props.get("scope", "")).lower()
+                if (found["type"] == _TYPE["role_assignment"] and str(props.get("principalId", "")).lower()
+                        == principal.lower() and (target == scope or target.startswith(scope + "/"))):
+                    role = str(props.get("roleDefinitionId", "")).rsplit("/", 1)[1].lower()
+                    if role in BLOB_DATA_ROLES:
+                        roles.add(role)
+            return roles
 
     # ------------------------------------------------------------------ what Azure refuses
 
@@ -586,6 +712,12 @@ class ArmServer:
         size = next((s for s in self.skus.get(str(location).lower(), []) if s["name"].lower()
                      == str(pool.get("vmSize", "")).lower()), None)
         caps = {c["name"]: c["value"] for c in (size or {}).get("capabilities", [])}
+        for key in pool.get("nodeLabels") or {}:
+            if (key, (pool.get("nodeLabels") or {})[key]) == SPOT_LABEL and pool.get("scaleSetPriority") == "Spot":
+                continue  # AKS's own label, carried by an update built from a GET (Azure/AKS#3152)
+            refused = _reserved_label(key)
+            if refused:
+                return "BadRequest", refused
         max_pods = pool.get("maxPods")
         if max_pods is not None and not 10 <= max_pods <= 250:
             return "InvalidParameter", f"maxPods {max_pods} is outside 10-250"
@@ -725,11 +857,14 @@ class ArmServer:
                                  and k.startswith(group + "/")), None)
                 container_scope = (r"/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.Storage/"
                                    r"storageAccounts/[a-z0-9]{3,24}/blobServices/default/containers/[a-z0-9-]{3,63}")
+                workload = ((identity or {}).get("properties") or {}).get("principalId")
+                creator = e.get("admin_principal", self._caller)  # the creator's own data role (job show, ...)
                 wants += [("scope is the checkpoint container", bool(re.fullmatch(container_scope, scope)), True),
                           ("roleDefinitionId", props.get("roleDefinitionId"), role_base + BLOB_DATA_CONTRIBUTOR),
-                          ("principalId", props.get("principalId"),
-                           ((identity or {}).get("properties") or {}).get("principalId")),
-                          ("principalType", props.get("principalType"), "ServicePrincipal")]
+                          ("principalId is the workload identity or the creator",
+                           props.get("principalId") in (workload, creator), True),
+                          ("principalType", props.get("principalType"),
+                           None if props.get("principalId") == e.get("admin_principal") else "ServicePrincipal")]
         return [f"{field} is {got!r}, expected {want!r}" for field, got, want in wants if got != want]
 
     # ------------------------------------------------------------------ the rest of ARM
@@ -1132,14 +1267,64 @@ SPOT_LABEL = ("kubernetes.azure.com/scalesetpriority", "spot")
 IMMUTABLE_POOL_FIELDS = ("vmSize", "scaleSetPriority", "scaleSetEvictionPolicy", "spotMaxPrice", "osType")
 
 
-def _as_aks_keeps_a_pool(pool: dict) -> None:
-    """A pool profile as AKS stores it: its Spot taint and label added, versions resolved to a patch
-    release, read-only fields (AgentPoolsGet.json: currentOrchestratorVersion, maxPods, nodeImageVersion)."""
+#: The minor a cluster gets where none is asked, and the patch AKS resolves a minor to (the newest it offers here).
+DEFAULT_MINOR, NEWEST_PATCH = "1.33", 2
+
+
+def _version(text: Any) -> tuple[int, ...] | None:
+    match = re.fullmatch(r"(\d+)\.(\d+)(?:\.(\d+))?", str(text or ""))
+    return tuple(int(p) for p in match.groups() if p is not None) if match else None
+
+
+def _resolve_version(asked: str | None, running: str | None) -> str:
+    """The patch AKS runs for ``asked``: a patch as asked; a minor alias ("1.33") resolves to the patch it runs if
+    that is of the minor, else the newest patch; nothing asked: what runs, else the default minor's newest patch."""
+    wanted, have = _version(asked), _version(running)
+    if wanted is None:
+        return running or f"{DEFAULT_MINOR}.{NEWEST_PATCH}"
+    if len(wanted) == 3:
+        return str(asked)
+    if have is not None and have[:2] == wanted:
+        return str(running)
+    return f"{wanted[0]}.{wanted[1]}.{NEWEST_PATCH}"
+
+
+def _downgrade(kind: str, body: dict, existing: dict | None) -> str | None:
+    """AKS's 400 OperationNotAllowed text for a PUT asking for a lower Kubernetes version than runs (a minor alias
+    of the running minor is no downgrade). None where it is not one."""
+    if existing is None or kind not in ("cluster", "agent_pool"):
+        return None
+    props, there = body.get("properties") or {}, existing.get("properties") or {}
+    pairs = [("kubernetesVersion", props, there.get("currentKubernetesVersion"))] if kind == "cluster" else [
+        ("orchestratorVersion", props, there.get("currentOrchestratorVersion"))]
+    if kind == "cluster":
+        running = {p["name"]: p for p in there.get("agentPoolProfiles") or []}
+        pairs += [("orchestratorVersion", p, (running.get(p.get("name")) or {}).get("currentOrchestratorVersion"))
+                  for p in props.get("agentPoolProfiles") or []]
+    for key, holder, running_version in pairs:
+        asked, have = _version(holder.get(key)), _version(running_version)
+        if asked and have and have[:len(asked)] > asked:
+            return (f"Downgrading Kubernetes version {running_version} to {holder.get(key)} is not allowed. Please see "
+                    "https://aka.ms/aks-supported-k8s-ver for version details.")
+    return None
+
+
+def _as_aks_keeps_a_pool(pool: dict, existing: dict | None = None, cluster_version: str | None = None) -> None:
+    """A pool profile as AKS stores it: its Spot taint and label added at creation, versions resolved to a patch
+    release (answered in orchestratorVersion too: Azure/terraform-azurerm-aks#335), read-only fields
+    (AgentPoolsGet.json: currentOrchestratorVersion, maxPods, nodeImageVersion).
+
+    An update of an existing Spot pool takes the labels as sent: AKS has dropped its own
+    ``kubernetes.azure.com/scalesetpriority`` label from a pool PUT that did not carry it (Azure/AKS#3152). Its Spot
+    taint it keeps adding."""
     if pool.get("scaleSetPriority") == "Spot":
         taints = list(pool.get("nodeTaints") or [])
         pool["nodeTaints"] = taints + ([SPOT_TAINT] if SPOT_TAINT not in taints else [])
-        pool["nodeLabels"] = {**(pool.get("nodeLabels") or {}), SPOT_LABEL[0]: SPOT_LABEL[1]}
-    pool.update({"currentOrchestratorVersion": "1.33.2", "orchestratorVersion": "1.33.2",
+        if existing is None:
+            pool["nodeLabels"] = {**(pool.get("nodeLabels") or {}), SPOT_LABEL[0]: SPOT_LABEL[1]}
+    running = (existing or {}).get("currentOrchestratorVersion") or cluster_version
+    version = _resolve_version(pool.get("orchestratorVersion"), running)
+    pool.update({"currentOrchestratorVersion": version, "orchestratorVersion": version,
                  "powerState": {"code": "Running"}, "nodeImageVersion": "AKSUbuntu-2204gen2containerd-202511.07.0",
                  "kubeletDiskType": "OS", "osSKU": "Ubuntu",
                  "enableFIPS": False, "upgradeSettings": {"maxSurge": "10%"}, "eTag": uuid.uuid4().hex[:12]})
@@ -1168,6 +1353,32 @@ def _schema_problems(kind: str, body: dict) -> list[str]:
         return []
     module, name = _SCHEMAS[kind]
     return problems(body, getattr(importlib.import_module(module), name))
+
+
+def _reserved_label(key: str) -> str | None:
+    """AKS's answer to a user node label in a namespace it reserves, as users quote it: kubernetes.azure.com
+    (ams0/aks-nvme-ssd-provisioner#5) and, from Kubernetes 1.16, kubernetes.io / k8s.io outside the kubelet's own
+    prefixes and keys (Azure/AKS#1937)."""
+    domain, sep, _ = key.lower().partition("/")
+    if not sep:
+        return None
+
+    def under(parent: str) -> bool:
+        return domain == parent or domain.endswith("." + parent)
+
+    if under("kubernetes.azure.com"):
+        return f"Invalid node label key {key}. The 'kubernetes.azure.com' prefix is preserved by aks system labels"
+    allowed = {"beta.kubernetes.io/arch", "failure-domain.beta.kubernetes.io/zone",
+               "failure-domain.beta.kubernetes.io/region", "failure-domain.kubernetes.io/region", "kubernetes.io/os",
+               "kubernetes.io/arch", "beta.kubernetes.io/os", "failure-domain.kubernetes.io/zone",
+               "kubernetes.io/hostname", "kubernetes.io/instance-type", "beta.kubernetes.io/instance-type"}
+    if (under("kubernetes.io") or under("k8s.io")) and not (
+            under("kubelet.kubernetes.io") or under("node.kubernetes.io") or key.lower() in allowed):
+        return ("For Kubernetes version greater than or equal to 1.16, node label keys in the 'kubernetes.io' or "
+                "'k8s.io' namespace must begin with an allowed prefix (kubelet.kubernetes.io, node.kubernetes.io) "
+                f"or be in the specifically allowed set ({', '.join(sorted(allowed))}). For more information, please "
+                "check https://aka.ms/aks-node-labels-116.")
+    return None
 
 
 def _is_cidr(value: str) -> bool:
@@ -1300,6 +1511,7 @@ def _plural(kind: str) -> str:
 
 
 _PATTERNS = [  # (kind, path regex after /subscriptions/{sub})
+    ("storage_name", r"/providers/microsoft\.storage/checknameavailability"),
     ("skus", r"/providers/microsoft\.compute/skus"),
     ("usages", r"/providers/microsoft\.compute/locations/[^/]+/usages"),
     ("resource_group", r"/resourcegroups/[^/]+"),
@@ -1329,6 +1541,7 @@ _PATTERNS = [  # (kind, path regex after /subscriptions/{sub})
                          r"virtualmachines/\d+/simulateeviction"),
 ]
 _PROVIDER = {"resource_group": "Microsoft.Resources", "storage_account": "Microsoft.Storage",
+             "storage_name": "Microsoft.Storage",
              "container": "Microsoft.Storage", "identity": "Microsoft.ManagedIdentity",
              "federated_credential": "Microsoft.ManagedIdentity", "cluster": "Microsoft.ContainerService",
              "cluster_list": "Microsoft.ContainerService", "agent_pool": "Microsoft.ContainerService",

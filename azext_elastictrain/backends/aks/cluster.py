@@ -16,8 +16,11 @@ from typing import Any, Callable, Protocol
 
 from azext_elastictrain.core import arm, preflight
 from azext_elastictrain.core.errors import ArmError, ClusterNotFound
-from azext_elastictrain.core.spec import ENGINE_TORCHELASTIC, GPU_POOL, ClusterSpec
+from azext_elastictrain.core.spec import ENGINE_TORCHELASTIC, GPU_POOL, SYSTEM_POOL, ClusterSpec
 
+#: Tries of a role assignment whose principal Entra ID does not know yet, with pauses of 2, 4, ... seconds between
+#: them (azure-cli's AKS code: 10 tries, ``delay + delay * x``): at most 90 s of waiting in all.
+ROLE_TRIES = 10
 IN_PROGRESS = {"creating", "updating", "upgrading", "scaling", "deleting", "accepted", "resolvingdns",
                "starting", "stopping", "migrating", "canceling"}
 _NO_WAIT_KINDS = ("cluster", "agent_pool")
@@ -66,6 +69,9 @@ class Arm(Protocol):
     def usages(self, location: str) -> list[dict]:
         ...  # Microsoft.Compute/locations/{location}/usages
 
+    def storage_name_available(self, name: str) -> dict:
+        ...  # Microsoft.Storage/checkNameAvailability: {"nameAvailable", "reason", "message"}
+
 
 KINDS = ("resource_group", "storage_account", "container", "identity", "cluster", "agent_pool",
          "maintenance_configuration", "federated_credential", "role_assignment")
@@ -84,7 +90,7 @@ class Step:
 
 
 @dataclass
-class _Context:
+class _Context:  # pylint: disable=too-many-instance-attributes  # what the plan's steps read, one field each
     spec: ClusterSpec
     subscription: str
     tenant: str
@@ -92,6 +98,7 @@ class _Context:
     placeholders: bool = False  # dry run: values only Azure knows become "<...>"
     hardware: arm.NodeHardware = field(default_factory=arm.NodeHardware)  # from the region preflight
     admin: tuple[str, str | None] | None = None  # who gets the cluster's Kubernetes admin role (Entra ID only)
+    creator: tuple[str, str | None] | None = None  # who gets the data role on the checkpoint container
 
     def identity(self, key: str) -> str:
         value = ((self.found.get("identity") or {}).get("properties") or {}).get(key)
@@ -137,7 +144,15 @@ def plan_steps(spec: ClusterSpec, subscription: str) -> list[Step]:
     ] + ([] if spec.local_accounts else [
         Step("Kubernetes admin role", "role_assignment", lambda c: _admin_ref(c, cluster_scope),
              lambda c: arm.cluster_admin_assignment(c.subscription, *c.admin)),
-    ])
+    ]) + [
+        Step("your checkpoint access", "role_assignment", lambda c: _creator_ref(c, container_scope),
+             lambda c: arm.checkpoint_access_assignment(c.subscription, *c.creator)),
+    ]
+
+
+def _creator_ref(ctx: "_Context", scope: str) -> dict:
+    principal = ctx.creator[0] if ctx.creator else ""
+    return {"scope": scope, "name": arm.role_assignment_name(scope, principal, arm.CREATOR_DATA_ROLE)}
 
 
 def _admin_ref(ctx: "_Context", scope: str) -> dict:
@@ -158,8 +173,9 @@ def _maintenance(spec: ClusterSpec) -> list[tuple[str, str]]:
 
 def _hardware(spec: ClusterSpec, checked: "preflight.PreflightResult | None") -> arm.NodeHardware:
     """The pools' OS disks and host encryption from the region's Resource SKUs; unknown without a preflight."""
-    if checked is None:
-        return arm.NodeHardware()
+    if checked is None:  # the sizes are not known: what was asked explicitly, and nothing else
+        asked = preflight.PoolHardware(encryption_at_host=spec.encryption_at_host)
+        return arm.NodeHardware(system=asked, gpu=asked)
     registered = checked.encryption_at_host_registered
     return arm.NodeHardware(
         system=preflight.pool_hardware(checked.system, spec.encryption_at_host, registered),
@@ -174,13 +190,13 @@ def _needs_location(spec: ClusterSpec) -> str:
     return spec.location or f"<location of resource group {spec.resource_group}>"
 
 
-class AksClusters:  # pylint: disable=too-many-instance-attributes  # one command's clients and settings
+class AksClusters:  # pylint: disable=too-many-instance-attributes  # one command's clients and the waits' settings
     """Create, show, list and delete elastic-training clusters on AKS."""
 
     def __init__(self, arm_client: Arm, *, kube_connect: Callable[[bytes], object] | None = None,
                  progress: Callable[[str], None] | None = None, poll_seconds: float = 10.0,
                  poll_timeout: float = 3600.0, session: Any = None, rbac_wait: float = 300.0,
-                 spot_market: Callable[[str, str], dict] | None = None) -> None:
+                 role_retry_seconds: float = 2.0, spot_market: Callable[[str, str], dict] | None = None) -> None:
         self.arm = arm_client
         self._spot_market = spot_market  # (size, region) -> its prices and eviction band (clients.spot.offer)
         self.session = session  # the command's AksSession, when it has one
@@ -189,6 +205,7 @@ class AksClusters:  # pylint: disable=too-many-instance-attributes  # one comman
         self._poll_seconds = poll_seconds
         self._poll_timeout = poll_timeout
         self._rbac_wait = rbac_wait
+        self._role_retry_seconds = role_retry_seconds
 
     # ------------------------------------------------------------------ create
 
@@ -198,10 +215,15 @@ class AksClusters:  # pylint: disable=too-many-instance-attributes  # one comman
         says so."""
         live_checks = getattr(self.arm, "signed_in", True)
         spec.validate()
+        if live_checks:
+            spec = self._before_writes(replace(spec, subscription=self.arm.subscription))
+        elif not spec.storage_account:  # its 8 hex digits hash the subscription, unknown here: zeros stand in
+            spec = replace(spec, storage_account=spec.storage_account_name[:-8] + "0" * 8)
         checked = self._preflight(spec) if live_checks else None
         spec = replace(spec, location=_needs_location(spec))
         ctx = _Context(spec, self.arm.subscription, self.arm.tenant, placeholders=True,
-                       hardware=_hardware(spec, checked), admin=self._admin(spec, live_checks))
+                       hardware=_hardware(spec, checked), admin=self._admin(spec, live_checks),
+                       creator=self._creator(spec, live_checks))
         requests = []
         for step in plan_steps(spec, ctx.subscription):
             ref = _ref(step, ctx)
@@ -211,11 +233,13 @@ class AksClusters:  # pylint: disable=too-many-instance-attributes  # one comman
         return {"dryRun": True, "name": spec.name, "resourceGroup": spec.resource_group,
                 "preflight": {**checked.as_dict(), "hardware": {"system": ctx.hardware.system.as_dict(),
                                                                 "gpu": ctx.hardware.gpu.as_dict()}} if checked
-                else {"skipped": (_PREFLIGHT_SKIPPED if not live_checks else "the location is not known yet")
+                else {"skipped": (_skipped(self.arm) if not live_checks else "the location is not known yet")
                       + "; OS disks and host encryption are left to AKS's defaults"},
                 "arm": requests, "kubernetes": _kube_objects(incluster),
                 "note": "Values in <...> are known once the step before creates them; in the Kubernetes "
-                        f"objects the identity's client id is shown as {_ZERO_GUID}."}
+                        f"objects the identity's client id is shown as {_ZERO_GUID}."
+                        + ("" if live_checks else " Signed out, the default storage account name ends in 00000000: "
+                           "its last 8 characters hash the subscription.")}
 
     def merge_kubeconfig(self, spec: ClusterSpec, path=None) -> dict:
         """Write the cluster user's credentials into a kubeconfig file: only when the user asks."""
@@ -227,9 +251,10 @@ class AksClusters:  # pylint: disable=too-many-instance-attributes  # one comman
 
     def create(self, spec: ClusterSpec, *, no_wait: bool = False, install: bool = True) -> dict:
         """Run the plan: every step whose resource is missing or not right; stop at the first failure."""
-        checked = self._preflight(spec.validate())  # before anything is created
+        spec = self._before_writes(replace(spec.validate(), subscription=self.arm.subscription))
+        checked = self._preflight(spec)  # before anything is created
         ctx = _Context(spec, self.arm.subscription, self.arm.tenant, hardware=_hardware(spec, checked),
-                       admin=self._admin(spec, True))
+                       admin=self._admin(spec, True), creator=self._creator(spec, True))
         done: list[str] = []
         changes: list[dict] = []
         steps = plan_steps(spec, ctx.subscription)
@@ -272,6 +297,33 @@ class AksClusters:  # pylint: disable=too-many-instance-attributes  # one comman
         for warning in checked.warnings if checked else []:
             self._progress(warning)
         return checked
+
+    def _before_writes(self, spec: ClusterSpec) -> ClusterSpec:
+        """What must hold before the first write, read with GETs: a cluster that exists keeps the storage account
+        and identity it recorded (one made before names were salted keeps its account), its pools' fields that
+        AKS cannot change stay as they are, and the storage account name is free in all of Azure (or ours)."""
+        rg = spec.resource_group
+        found = self.arm.get("cluster", {"resource_group": rg, "name": spec.name})
+        if found is not None:
+            tags = found.get("tags") or {}
+            spec = replace(spec, storage_account=spec.storage_account or tags.get(arm.TAG + "-storage") or "",
+                           identity=spec.identity or tags.get(arm.TAG + "-identity") or "")
+            _check_fixed_fields(spec, found)
+        if self.arm.get("storage_account", {"resource_group": rg, "name": spec.storage_account_name}) is None:
+            answer = self.arm.storage_name_available(spec.storage_account_name)
+            if not answer.get("nameAvailable", True):
+                raise preflight.storage_name_refused(spec.storage_account_name, answer,
+                                                     chosen=bool(spec.storage_account))
+        return spec
+
+    def _creator(self, spec: ClusterSpec, signed_in: bool) -> tuple[str, str | None]:
+        """Who reads the job's checkpoints and events with their own login (job show/list/wait, evict --wait,
+        checkpoint ...): the principal that gets the Kubernetes admin role, local accounts or not."""
+        if spec.admin_principal:
+            return spec.admin_principal, None
+        if not signed_in:
+            return "<object id of the signed-in identity: az login>", None
+        return self.arm.signed_in_principal()
 
     def _admin(self, spec: ClusterSpec, signed_in: bool) -> tuple[str, str | None] | None:
         """Who gets 'Azure Kubernetes Service RBAC Cluster Admin': --admin-principal, else the signed-in identity
@@ -325,15 +377,42 @@ class AksClusters:  # pylint: disable=too-many-instance-attributes  # one comman
         self._progress(f"{title}: {'creating' if found is None else 'updating'}{detail}"
                        + ("" if wait else ", not waiting (--no-wait)")
                        + (" - this takes several minutes" if step.long_running and wait else ""))
-        result = self.arm.put(step.kind, ref, body, wait=wait)
+        if found is not None and step.kind in arm.MERGED_KINDS:
+            body = arm.merged_update(body, found)  # GET -> merge ours -> PUT: what others set stays
+        if step.kind == "role_assignment":
+            result, action = self._assign_role(step, ref, body, title, action)
+        else:
+            result = self.arm.put(step.kind, ref, body, wait=wait)
         changes.append({"step": step.title, "action": action if wait else "started", **(
             {"fields": wrong} if wrong else {})})
         if not wait:
             return True
+        if action == "already assigned":
+            return False
         ctx.found[step.kind] = result if result is not None else self.arm.get(step.kind, ref)
         if _provisioning_state(ctx.found[step.kind]) == "failed":
             raise ArmError(500, "ProvisioningFailed", f"{step.title} ended in provisioning state Failed")
         return False
+
+    def _assign_role(self, step: Step, ref: dict, body: dict, title: str, action: str) -> tuple[dict | None, str]:
+        """PUT a role assignment as azure-cli's AKS code does (acs/_roleassignments.py ``add_role_assignment``):
+        409 ``RoleAssignmentExists`` - the principal already holds this role at this scope under another name
+        (the portal, 'az role assignment create') - is done; ``PrincipalNotFound`` - an identity made moments ago
+        that Entra ID has not replicated yet - is tried again with a growing pause, ``ROLE_TRIES`` times at most."""
+        for attempt in range(ROLE_TRIES):
+            try:
+                return self.arm.put(step.kind, ref, body), action
+            except ArmError as ex:
+                if ex.status == 409 and ex.code == "RoleAssignmentExists":
+                    self._progress(f"{title}: already assigned under another name: nothing to do")
+                    return None, "already assigned"
+                if ex.code != "PrincipalNotFound" or attempt == ROLE_TRIES - 1:
+                    raise
+                pause = self._role_retry_seconds * (attempt + 1)
+                self._progress(f"{title}: Entra ID does not know the principal yet (it replicates new identities "
+                               f"within minutes): trying again in {pause:g} s")
+                time.sleep(pause)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _await(self, kind: str, ref: dict) -> dict | None:
         deadline = time.monotonic() + self._poll_timeout
@@ -405,6 +484,7 @@ class AksClusters:  # pylint: disable=too-many-instance-attributes  # one comman
     # ------------------------------------------------------------------ show / list
 
     def show(self, spec: ClusterSpec, *, health: bool = True) -> dict:
+        spec = replace(spec, subscription=spec.subscription or self.arm.subscription)
         ctx = _Context(spec, self.arm.subscription, self.arm.tenant)
         cluster = self.arm.get("cluster", {"resource_group": spec.resource_group, "name": spec.name})
         if cluster is None:
@@ -506,7 +586,7 @@ class AksClusters:  # pylint: disable=too-many-instance-attributes  # one comman
 
     def delete_plan(self, spec: ClusterSpec, *, delete_storage: bool = False) -> dict:
         """What delete would remove and keep, looked up with GETs only."""
-        spec.validate()
+        spec = replace(spec.validate(), subscription=spec.subscription or self.arm.subscription)
         rg = spec.resource_group
         cluster = self.arm.get("cluster", {"resource_group": rg, "name": spec.name})
         if cluster is not None:
@@ -559,6 +639,49 @@ class AksClusters:  # pylint: disable=too-many-instance-attributes  # one comman
 _ZERO_GUID = "00000000-0000-0000-0000-000000000000"
 _PREFLIGHT_SKIPPED = ("not logged in: the region checks (GPU size offered, Spot-capable, not restricted; Spot vCPU "
                       "quota) did not run; 'az login' and run the dry run again to have them")
+
+
+def _skipped(arm_client: Arm) -> str:
+    """Why a dry run planned signed out: no login, or a login whose token could not be had (and why)."""
+    reason = getattr(arm_client, "signed_out_reason", None)
+    if not reason:
+        return _PREFLIGHT_SKIPPED
+    return (f"the login's token could not be had ({reason}): the region checks and the storage name check did "
+            "not run; 'az login' again and run the dry run again to have them")
+
+
+#: Pool fields AKS takes only at creation and refuses to change on an existing pool (400 PropertyChangeNotAllowed):
+#: (field, the option that sets it).
+FIXED_POOL_FIELDS = (("vmSize", "--gpu-vm-size"), ("scaleSetPriority", None),
+                     ("scaleSetEvictionPolicy", "--eviction-policy"), ("spotMaxPrice", "--max-price"))
+
+
+def _check_fixed_fields(spec: ClusterSpec, cluster: dict) -> None:
+    """A re-run asking to change what AKS cannot change on an existing pool: an error before any request that
+    writes, naming what is there (AKS would refuse the PUT minutes into the create)."""
+    from azext_elastictrain.core.errors import NotSupported
+
+    pools = {str(p.get("name", "")).lower(): p for p in (cluster.get("properties") or {}).get("agentPoolProfiles")
+             or []}
+    changed = []
+    gpu = pools.get(GPU_POOL)
+    if gpu is not None:
+        wanted = arm.gpu_agent_pool(spec)["properties"]
+        changed += [(f"GPU pool {field}", option, gpu.get(field), wanted[field]) for field, option in FIXED_POOL_FIELDS
+                    if gpu.get(field) is not None and not arm.same_value(wanted[field], gpu.get(field))]
+    system = pools.get(SYSTEM_POOL)
+    if system is not None and system.get("vmSize") and not arm.same_value(spec.system_vm_size, system["vmSize"]):
+        changed.append(("system pool vmSize", "--node-vm-size", system["vmSize"], spec.system_vm_size))
+    if changed:
+        what = "; ".join(f"{name} is {have!r}, asked {want!r}" for name, _, have, want in changed)
+        keep = " ".join(f"{option} {have}" for _, option, have, _ in changed if option)
+        raise NotSupported(
+            f"cluster {spec.name!r} exists and AKS cannot change a pool's size, priority, eviction policy or Spot "
+            f"price after creating it: {what}. Nothing was changed.",
+            recommendation=f"Run the create again with the values the cluster has ({keep}), or create another "
+                           "cluster with -n NAME for the new ones.")
+
+
 _HEALTH = {"ok": "Healthy", "degraded": "Degraded", "missing": "Missing", "unknown": "Unknown"}
 
 

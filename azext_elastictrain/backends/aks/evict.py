@@ -140,7 +140,9 @@ def follow(kube: Any, compute: Compute, evictions: list[dict], read_events: Read
 
             if isinstance(ex, (EvictionError, FollowStopped)):
                 raise
-            recovery = {"eventsError": f"cannot read the job's events: {ex}"}
+            grant = getattr(ex, "grant", None)  # a 403 from blob: the login lacks the data role, and how to add it
+            recovery = {"eventsError": f"cannot read the job's events: {ex}" + (
+                f"; your login needs 'Storage Blob Data Contributor' on the container: {grant}" if grant else "")}
         for eviction in evictions:
             if any(p.get("job") == job for p in eviction["pods"]):
                 eviction["recovery"].update({"job": job, **recovery})

@@ -72,7 +72,8 @@ class AksSession:  # pylint: disable=too-many-instance-attributes  # clients res
         """The cluster as jobs see it: its names, its blob container's URL and its pools (asked once)."""
         if self._site is None:
             found = self.managed_cluster()
-            spec = spec_from_tags(ClusterSpec(name=self.cluster, resource_group=self.resource_group), found)
+            spec = spec_from_tags(ClusterSpec(name=self.cluster, resource_group=self.resource_group,
+                                              subscription=self.arm.subscription), found)
             account = self.arm.get("storage_account", {"resource_group": self.resource_group,
                                                        "name": spec.storage_account_name})
             container_url = spec.checkpoint_url(blob_endpoint(account, spec, self.arm.storage_suffix))
@@ -97,8 +98,20 @@ class AksSession:  # pylint: disable=too-many-instance-attributes  # clients res
     def events(self) -> EventReader:
         """Job name -> its events in the cluster's blob storage, over one client, read with the login."""
         if self._events is None:
-            self._events = EventReader(self.site().container_url, credential=self._credential)
+            self._events = EventReader(self.site().container_url, credential=self._credential,
+                                       grant=self.grant_command)
         return self._events
+
+    def grant_command(self) -> str:
+        """The exact 'az role assignment create' that gives the login the data role the CLI's blob reads need on
+        the cluster's checkpoint container (what a 403 from blob tells the user to run)."""
+        from azext_elastictrain.core.arm import container_id, role_assignment_command
+
+        try:
+            principal = self.arm.signed_in_principal()[0]
+        except Exception:  # pylint: disable=broad-exception-caught  # the command still helps: az finds the id
+            principal = "$(az ad signed-in-user show --query id -o tsv)"
+        return role_assignment_command(principal, container_id(self.arm.subscription, self.site().spec))
 
     def close(self) -> None:
         if self._kube is not None and hasattr(self._kube, "close"):
