@@ -52,7 +52,8 @@ class Collectives:
         if self.distributed:
             dist.broadcast(tensor, src=src, group=self.control)
 
-    def broadcast_bytes(self, own: "bytes | bytearray | memoryview | None", src: int) -> "bytes | bytearray | memoryview":
+    def broadcast_bytes(self, own: "bytes | bytearray | memoryview | None",
+                        src: int) -> "bytes | bytearray | memoryview":
         """``src``'s bytes on every rank: its length first, then the bytes.
 
         ``own``: this rank's bytes if it holds the same ones as ``src`` (sent from, or kept, without a copy).

@@ -41,7 +41,7 @@ class Restored:
     durable_step: int | None  # a save of this step would be refused as a second commit
 
 
-class Restorer:
+class Restorer:  # pylint: disable=too-few-public-methods  # one job: restore
     """Loads the newest provable state into a live one (collective: every rank, the same calls)."""
 
     def __init__(self, store: BlobStore, job_prefix: str, collectives: Collectives, reporter: Reporter, *,
