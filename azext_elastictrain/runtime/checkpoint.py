@@ -29,65 +29,49 @@ Guarantees:
 - *Preemption*: SIGTERM or an Azure Scheduled Events ``Preempt`` notice on any
   node makes every rank save the same step (agreed by one small all-reduce
   per step); then the event is acknowledged so the node goes sooner.
+
+How it is built: ``Checkpointer`` is the facade a script uses; each job below is a module of its own, which a
+newcomer can read (and test) alone. None imports this module or another's caller:
+
+- runtime/collectives.py  the CPU process groups and the few collectives (identity in one process);
+- runtime/stepping.py     what to do at a step boundary: interval save, notice, SIGTERM/re-form, hold;
+- runtime/saving.py       the blob save: snapshot on the training thread, upload and commit in the background,
+                          retention;
+- runtime/restoring.py    restore: the newest provable state from memory, a peer or blob, on every rank;
+- runtime/memory.py       the node's memory tier (runtime/rescue.py) kept at each step;
+- runtime/reporting.py    the event log's events, progress and the step the job got to (runtime/progress.py);
+- runtime/entries.py, errors.py, loop.py  our reserved checkpoint entries, the errors, the loop's iterators.
 """
 from __future__ import annotations
 
 import atexit
 import logging
 import os
-import warnings
 import socket
 import time
-import uuid
-from concurrent.futures import Future, ThreadPoolExecutor
+import warnings
 from typing import Any, Iterable, Iterator
 
-import torch
-import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
-
-from azext_elastictrain.core import catalog, launch, layout
-from azext_elastictrain.core.blobstore import BlobStore, WriteConflict
+from azext_elastictrain.core import catalog, launch
+from azext_elastictrain.core.blobstore import BlobStore
 from azext_elastictrain.runtime import progress, rescue
+from azext_elastictrain.runtime.collectives import Collectives
 from azext_elastictrain.runtime.data import ElasticSampler
-from azext_elastictrain.runtime.planners import CheckingLoadPlanner, StateMismatch, TensorSavePlanner, names
-from azext_elastictrain.runtime.state import (
-    SEP,
-    Snapshotter,
-    StateError,
-    StateTree,
-    capture_rng,
-    json_tensor,
-    json_value,
-    modules_in,
-    restore_rng,
-)
+from azext_elastictrain.runtime.errors import CheckpointError, FencedError
+from azext_elastictrain.runtime.loop import count, epoch_batches, samplers_in
+from azext_elastictrain.runtime.memory import MemoryKeeper
+from azext_elastictrain.runtime.reporting import Reporter
+from azext_elastictrain.runtime.restoring import Restorer
+from azext_elastictrain.runtime.saving import BlobSaver
+from azext_elastictrain.runtime.stepping import Notices, StepPolicy
 from azext_elastictrain.runtime.stopping import TrainingStopped
-from azext_elastictrain.runtime.storage import METADATA, METADATA_JSON, BlobCheckpointReader, BlobCheckpointWriter
+
+__all__ = ["Checkpointer", "CheckpointError", "FencedError"]
 
 log = logging.getLogger(__name__)
 
 # DCP warns on every call in a single process; that is a supported mode here.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
-
-# Our own entry in every checkpoint: per-rank RNG states and the step.
-RESERVED = "_elastictrain"
-RNG_PREFIX = f"{RESERVED}{SEP}rng{SEP}"
-STEP_KEY = f"{RESERVED}{SEP}step"
-RNG_JSON = ("python_extra", "numpy_extra")  # the plain parts of capture_rng's state
-
-
-# What loading one checkpoint came to on a rank (all-reduced: the worst wins).
-LOADED, UNREADABLE, MISMATCH = 0, 1, 2
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint could not be saved or committed."""
-
-
-class FencedError(CheckpointError):
-    """Another training already committed this step of the same job."""
 
 
 def _env_int(environ: Any, name: str, default: int | None) -> int | None:
@@ -100,50 +84,37 @@ def _env_float(environ: Any, name: str, default: float | None) -> float | None:
     return float(value) if value not in (None, "") else default
 
 
-def _cause(ex: BaseException, kind: type[BaseException]) -> "BaseException | None":
-    """The error of ``kind`` behind a DCP failure (DCP wraps every rank's error), if that is what it was."""
-    if isinstance(ex, kind):
-        return ex
-    for failure in getattr(ex, "failures", {}).values():
-        cause = failure[0] if isinstance(failure, tuple) else failure
-        if isinstance(cause, kind):
-            return cause
-    return None
+class _Setting:
+    """A constructor setting that lives on the collaborator that uses it, read and set through the facade."""
+
+    def __init__(self, owner: str):
+        self.owner = owner
+        self.name = ""
+
+    def __set_name__(self, cls: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, cls: type | None = None) -> Any:
+        return self if obj is None else getattr(getattr(obj, self.owner), self.name)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        setattr(getattr(obj, self.owner), self.name, value)
 
 
-def _failure_text(ex: BaseException) -> str:
-    """What went wrong, per rank, rather than DCP's "CheckpointException ranks: [0]"."""
-    failures = getattr(ex, "failures", None)
-    if not failures:
-        return str(ex)
-    causes = {rank: (f[0] if isinstance(f, tuple) else f) for rank, f in failures.items()}
-    return "; ".join(f"rank {rank}: {type(c).__name__}: {c}" for rank, c in sorted(causes.items()))
+class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facade: settings and collaborators
+    """Restore, checkpoint at each step as the job needs, finish: see the module's docstring and docs/runtime.md."""
 
+    keep = _Setting("_saver")
+    thread_count = _Setting("_saver")
+    grace_seconds = _Setting("_saver")
+    verify = _Setting("_restorer")
+    interval_steps = _Setting("_policy")
+    interval_seconds = _Setting("_policy")
+    hold_seconds = _Setting("_policy")
+    sigterm_wait_seconds = _Setting("_policy")
+    progress_seconds = _Setting("_reporter")
 
-def _fenced(ex: BaseException) -> "FencedError | None":
-    """The FencedError behind a DCP failure, if that is what it was (on any rank)."""
-    return _cause(ex, FencedError)  # type: ignore[return-value]
-
-
-def _tree(state: dict[str, Any]) -> StateTree:
-    try:
-        return StateTree(state, reserved=RESERVED)
-    except StateError as ex:
-        raise CheckpointError(str(ex)) from ex
-
-
-def _rng_items(rank: int, rng: dict[str, Any]) -> dict[str, Any]:
-    items: dict[str, Any] = {}
-    for name, value in rng.items():
-        if isinstance(value, list) and value and isinstance(value[0], torch.Tensor):
-            items.update({f"{RNG_PREFIX}{rank}{SEP}{name}{SEP}{i}": t for i, t in enumerate(value)})
-        else:
-            items[f"{RNG_PREFIX}{rank}{SEP}{name}"] = value
-    return items
-
-
-class Checkpointer:  # pylint: disable=too-many-instance-attributes  # restore+save+retention: to split
-    def __init__(
+    def __init__(  # pylint: disable=too-many-locals  # every setting a script may pass
         self,
         store: BlobStore,
         job_prefix: str | None = None,
@@ -166,66 +137,35 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # restore+s
             raise ValueError("keep must be at least 1")
         self.store = store
         self.job_prefix = store.prefix if job_prefix is None else job_prefix
-        self.keep = keep
-        self.interval_steps = interval_steps
-        self.interval_seconds = interval_seconds
         self.async_save = async_save
-        self.verify = verify
-        self.thread_count = thread_count
-        self.grace_seconds = grace_seconds
-        self.hold_seconds = hold_seconds
-        self.sigterm_wait_seconds = sigterm_wait_seconds
-        self.progress_seconds = progress_seconds
-
-        self.distributed = dist.is_available() and dist.is_initialized()
-        self.rank = dist.get_rank() if self.distributed else 0
-        self.world_size = dist.get_world_size() if self.distributed else 1
+        self._ranks = Collectives()
+        self.distributed, self.rank, self.world_size = \
+            self._ranks.distributed, self._ranks.rank, self._ranks.world_size
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.node = os.environ.get(launch.ENV_NODE_NAME) or os.environ.get(launch.ENV_VM_NAME) or socket.gethostname()
-        # Two CPU groups of our own: the step-by-step agreement runs on the
-        # training thread, DCP's collectives in the upload thread; one group
-        # each keeps their collectives from interleaving across ranks.
-        self._ctl = dist.new_group(backend="gloo") if self.distributed else None
-        self._io = dist.new_group(backend="gloo") if self.distributed else None
-
-        self._snapshotter = Snapshotter()
-        self._uploader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="elastictrain-save")
-        self._pending: Future | None = None
-        self._error: BaseException | None = None
-        self.last_saved_step: int | None = None
-        self._last_save_time = time.monotonic()
-        self._handled_notices: set[str] = set()
         self._stopping = False
-        # The last step every rank completed (its per-step agreement succeeded), for honest loss accounting.
-        self.last_step: int | None = None
-        self._last_step_time: float | None = None
-        # The last step this rank's own state reached (step() is called after the optimizer step, so its
-        # gradients were reduced across every rank): one past last_step when a peer died during the agreement.
-        self._reached: tuple[int, float] | None = None
-        self._finished = self._interruption_recorded = False
         # The step a stop (step() returned True) happened at; the metrics report()ed for the step being trained.
         self.stopped_at, self._metrics = None, {}  # int | None, dict[str, float]
-
-        # The state of the last completed step in node-local shared memory (runtime/rescue.py): captured on
-        # the training thread at step(), committed by a thread of its own, at most one commit in flight.
-        self._memory = rescue.MemoryTier.from_env(self.job_prefix) if memory_rescue else None
-        self._keeper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="elastictrain-memory") \
-            if self._memory is not None and self.local_rank == 0 else None
-        self._keeping: Future | None = None
-        self.memory_step: int | None = None  # the newest step this process committed to memory
         self._newest_blob: int | None = None  # the newest durable checkpoint in blob, as restore found it
 
-        self._watcher = watcher
-        if self._watcher is not None:
-            self._watcher.start()
-        self._events = progress.EventLog(store, self.job_prefix, rank=self.rank, node=self.node) if events else None
-        self._progress_samples = 0.0
-        self._progress_since = time.monotonic()
-        # The first step is reported at once: when a (re-formed) job trains again is what monitoring
-        # and recovery measurements want to know, to the step, not to the next report interval.
-        self._progress_last_report: float | None = None
+        event_log = progress.EventLog(store, self.job_prefix, rank=self.rank, node=self.node) if events else None
+        self._reporter = Reporter(event_log, rank=self.rank, world_size=self.world_size,
+                                  progress_seconds=progress_seconds)
+        self._saver = BlobSaver(store, self.job_prefix, self._ranks, self._reporter, keep=keep,
+                                thread_count=thread_count, grace_seconds=grace_seconds)
+        tier = rescue.MemoryTier.from_env(self.job_prefix) if memory_rescue else None
+        self._memory = MemoryKeeper(tier, writer=self.local_rank == 0) if tier is not None else None
+        self._restorer = Restorer(store, self.job_prefix, self._ranks, self._reporter, memory=self._memory,
+                                  verify=verify)
+        self._notices = Notices(watcher)
+        self._notices.start()
+        self._policy = StepPolicy(
+            self._ranks, self._notices, self._reporter, save=self.save, kept_here=self._kept_here,
+            durable=self._durable, last_save_time=lambda: self._saver.last_save_time, local_rank=self.local_rank,
+            interval_steps=interval_steps, interval_seconds=interval_seconds, hold_seconds=hold_seconds,
+            sigterm_wait_seconds=sigterm_wait_seconds)
         if self.rank == 0:
-            self._emit(
+            self._reporter.emit(
                 progress.STARTED,
                 world_size=self.world_size,
                 restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
@@ -265,31 +205,29 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # restore+s
             options["watcher"] = PreemptionWatcher.from_env(watcher_env)
         return cls(BlobStore.from_env(environ=env), **options)
 
-    # -- collectives on the control group ---------------------------------------
-    def _all_gather(self, obj: Any) -> list[Any]:
-        if not self.distributed:
-            return [obj]
-        out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, obj, group=self._ctl)
-        return out
+    # -- what the collaborators know, as the facade's attributes ---------------------
+    @property
+    def last_saved_step(self) -> int | None:
+        """The newest step this training committed to blob (or restored from it)."""
+        return self._saver.last_saved_step
 
-    def _broadcast(self, obj: Any) -> Any:
-        if not self.distributed:
-            return obj
-        box = [obj]
-        dist.broadcast_object_list(box, src=0, group=self._ctl)
-        return box[0]
+    @last_saved_step.setter
+    def last_saved_step(self, step: int | None) -> None:
+        self._saver.last_saved_step = step
 
-    def _all_reduce_max(self, values: list[int]) -> list[int]:
-        if not self.distributed:
-            return values
-        tensor = torch.tensor(values, dtype=torch.int64)
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self._ctl)
-        return tensor.tolist()
+    @property
+    def last_step(self) -> int | None:
+        """The last step every rank completed (its per-step agreement succeeded, or a restore resumed from it)."""
+        return self._reporter.last_step
 
-    def _emit(self, kind: str, **fields: Any) -> None:
-        if self._events is not None:
-            self._events.emit(kind, **fields)
+    @property
+    def memory_step(self) -> int | None:
+        """The newest step this process committed to its node's memory (None: none, or not the node's writer)."""
+        return self._memory.memory_step if self._memory is not None else None
+
+    @property
+    def _pending(self) -> Any:  # the upload in flight (a Future), for tests that hold it back
+        return self._saver.pending
 
     # -- restore -----------------------------------------------------------------
     def restore(self, state: dict[str, Any]) -> int | None:
@@ -298,227 +236,36 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # restore+s
         Collective: call it on every rank. Rank 0 lists the complete
         checkpoints and broadcasts them; every rank tries the same one and they
         move on together to the next newest if any rank finds a file damaged.
+        A newer whole copy in a node's memory wins (runtime/restoring.py).
         """
         self.wait(raise_errors=False)
-        started = time.monotonic()
-        candidates: list[bytes] = []
-        if self.rank == 0:
-            listed = catalog.list_checkpoints(self.store, self.job_prefix)
-            candidates = [c.manifest.to_bytes() for c in reversed(listed) if c.complete and c.manifest]
-            skipped = [c.step for c in listed if c.status == catalog.DAMAGED]
-            if skipped:
-                log.warning("skipping damaged checkpoints at steps %s", skipped)
-        candidates = self._broadcast(candidates)
-        newest_blob = layout.Manifest.from_bytes(candidates[0]).step if candidates else None
-        self._newest_blob = newest_blob
-        rescued = self._restore_from_memory(state, newest_blob, started)
-        if rescued is not None:
-            return rescued
-        fallbacks = 0
-        # Only with a checkpoint to load: looking at a fresh optimizer's state initialises it.
-        tree = _tree(state) if candidates else None
-        for raw in candidates:
-            manifest = layout.Manifest.from_bytes(raw)
-            try:
-                outcome, problem = self._load(manifest, tree), ""  # type: ignore[arg-type]
-            except StateMismatch as ex:
-                outcome, problem = MISMATCH, str(ex)
-            outcome = self._all_reduce_max([outcome])[0]
-            if outcome == MISMATCH:
-                raise CheckpointError(
-                    f"the checkpoint of step {manifest.step} does not fit the state passed to restore: "
-                    f"{problem or 'see the log of another rank'}. Pass the same keys the training saved "
-                    "(or a new job prefix for a different state)"
-                )
-            if outcome == LOADED:
-                seconds = time.monotonic() - started
-                if self.rank == 0:
-                    log.info("restored step %d in %.2fs", manifest.step, seconds)
-                    self._emit(progress.RESTORED, step=manifest.step, seconds=round(seconds, 3),
-                               source="blob", fallbacks=fallbacks, world_size=self.world_size,
-                               saved_world_size=manifest.world_size)
-                self.last_saved_step = manifest.step
-                self._last_save_time = time.monotonic()
-                self._completed(manifest.step)
-                return manifest.step
-            fallbacks += 1
-            if self.rank == 0:
-                log.warning("checkpoint of step %d is unreadable; falling back", manifest.step)
-        if self.rank == 0:
-            self._emit(progress.RESTORED, step=None, fallbacks=fallbacks, world_size=self.world_size)
-        return None
+        restored = self._restorer.restore(state)
+        self._newest_blob = restored.newest_blob
+        if restored.step is not None:
+            if restored.durable_step is not None:
+                # blob holds it: a save of this step would be refused as a second commit
+                self._saver.last_saved_step = restored.durable_step
+            self._saver.last_save_time = time.monotonic()
+            self._reporter.completed(restored.step)  # the step the job resumes from, for honest loss accounting
+        return restored.step
 
-    def _load(self, manifest: layout.Manifest, tree: StateTree) -> int:
-        """LOADED, or UNREADABLE (damaged, refused: try the previous one); StateMismatch if it does not fit."""
-        names_in_it = {f.path.rsplit("/", 1)[-1] for f in manifest.files}
-        if METADATA_JSON not in names_in_it and METADATA in names_in_it:
-            raise CheckpointError(
-                f"the checkpoint of step {manifest.step} was written by an earlier elastictrain whose metadata "
-                "is pickled, and restore never unpickles what it reads from storage; resume this job with the "
-                "version that wrote it, or start it under a new prefix"
-            )
-        flat = dict(tree.flat)  # DCP copies this; the planner holds the copy it loads
-        mine = f"{RNG_PREFIX}{self.rank}{SEP}"
-        planner = CheckingLoadPlanner(tree.free, adopt=(mine, STEP_KEY), ignore=(RNG_PREFIX,))
-        reader = BlobCheckpointReader(self.store, self.job_prefix, manifest, verify=self.verify)
-        try:
-            dcp.load(flat, storage_reader=reader, planner=planner, process_group=self._ctl,
-                     no_dist=not self.distributed)
-        except (Exception, CheckpointException) as ex:  # pylint: disable=broad-exception-caught
-            # unreadable: try the previous one
-            # (DCP wraps every rank's read error in CheckpointException, a BaseException.)
-            mismatch = _cause(ex, StateMismatch)
-            if mismatch is not None:
-                raise mismatch from ex
-            log.warning("cannot load checkpoint of step %d: %s", manifest.step, _failure_text(ex))
-            return UNREADABLE
-        self._apply(manifest.step, tree, planner, mine)
-        return LOADED
-
-    def _apply(self, step: int, tree: StateTree, planner: CheckingLoadPlanner, mine: str) -> None:
-        """Prove every key was loaded, decode the plain values, and put it all into the live state."""
-        skipped = planner.not_loaded()
-        if skipped:
-            raise StateMismatch(f"keys not loaded on rank {self.rank}: {names(skipped)}")
-        loaded = planner.state_dict  # the flat dict DCP loaded, adopted keys included
-        plain = tree.json_keys | {mine + name for name in RNG_JSON} | {STEP_KEY}
-        try:
-            for key in plain & set(loaded):
-                loaded[key] = json_value(loaded[key], key)
-        except StateError as ex:
-            raise StateMismatch(str(ex)) from ex
-        tree.apply({key: loaded[key] for key in tree.flat})
-        rng = {k[len(mine):]: v for k, v in loaded.items() if k.startswith(mine)}
-        if rng:
-            restore_rng(rng)
-        else:
-            # The world grew: a new rank has no saved stream. Derive one from
-            # (step, rank) so reruns stay reproducible.
-            torch.manual_seed(step * 100003 + self.rank)
-
-    # -- the memory tier (runtime/rescue.py) ------------------------------------------
-    def _restore_from_memory(self, state: dict[str, Any], newest_blob: int | None, started: float) -> int | None:
-        """Load the newest whole in-memory copy any rank's node holds, unless blob has a newer step.
-
-        One all-gather of (step, checksum) picks it; its holder broadcasts the bytes, every rank checks
-        their checksum and loads them through the same planner and "every key loaded" proof as a blob
-        restore. Any failure on any rank: None, and the caller restores from blob.
-        """
-        if self._memory is None:
-            return None
-        self.kept_in_memory()
-        copy = self._memory.read()
-        # Only with a copy to load: looking at a fresh optimizer's state initialises it.
-        tree = _tree(state) if copy is not None else None
-        if tree is not None and not rescue.is_replicated(tree.flat):
-            copy = None  # sharded: one node's copy is not the whole state
-        offers = self._all_gather((copy.step, copy.checksum) if copy else (-1, 0))
-        best = max(step for step, _ in offers)
-        if best < 0 or (newest_blob is not None and best < newest_blob):
-            return None  # nothing in memory, or only older than blob's newest
-        tree = tree or _tree(state)
-        holder = min(rank for rank, (step, _) in enumerate(offers) if step == best)
-        wanted = offers[holder]
-        try:
-            shared = self._share_copy(copy if offers[self.rank] == wanted else None, holder)
-            outcome = self._load_memory(shared, tree, wanted)
-        except (Exception, CheckpointException) as ex:  # pylint: disable=broad-exception-caught
-            # any failure: blob instead
-            # (DCP wraps a planner's error, StateMismatch or "keys not loaded" included, in CheckpointException.)
-            log.warning("the in-memory state of step %d cannot be loaded here: %s", best, _failure_text(ex))
-            shared, outcome = None, UNREADABLE
-        if self._all_reduce_max([outcome])[0] != LOADED:
-            log.warning("the in-memory state of step %d is not usable on every rank; restoring from blob", best)
-            return None
-        seconds = time.monotonic() - started
-        if self.rank == 0:
-            log.info("restored step %d from memory (holder rank %d) in %.2fs", best, holder, seconds)
-            self._emit(progress.RESTORED, step=best, seconds=round(seconds, 3),
-                       source="memory" if offers[0] == wanted else "peer", holder=holder,
-                       ranks_from_peer=sum(1 for offer in offers if offer != wanted), fallbacks=0,
-                       world_size=self.world_size, saved_world_size=shared.world_size)
-        self._last_save_time = time.monotonic()
-        if best == newest_blob:
-            self.last_saved_step = best  # blob holds it too: a save of this step would be refused as a second commit
-        self._completed(best)  # the step the job resumes from, for honest loss accounting
-        return best
-
-    def _share_copy(self, own: "rescue.MemoryCopy | None", holder: int) -> "rescue.MemoryCopy":
-        """The holder's copy on every rank: sent as bytes, parsed (checksum checked) where it arrives."""
-        if not self.distributed:
-            assert own is not None
-            return own
-        size = torch.tensor([len(own.raw) if self.rank == holder and own else 0], dtype=torch.int64)
-        dist.broadcast(size, src=holder, group=self._ctl)
-        if own is not None and len(own.raw) == size.item():
-            dist.broadcast(torch.frombuffer(own.raw, dtype=torch.uint8), src=holder, group=self._ctl)
-            return own  # this node holds the same bytes (its checksum was the one agreed on)
-        raw = bytearray(int(size.item()))
-        dist.broadcast(torch.frombuffer(raw, dtype=torch.uint8), src=holder, group=self._ctl)
-        return self._memory.parse(raw)
-
-    def _load_memory(self, copy: "rescue.MemoryCopy", tree: StateTree, wanted: tuple[int, int]) -> int:
-        if not rescue.is_replicated(tree.flat):
-            return UNREADABLE
-        if (copy.step, copy.checksum) != wanted:
-            log.warning("the in-memory state received is not the one agreed on")
-            return UNREADABLE
-        flat = dict(tree.flat)
-        mine = f"{RNG_PREFIX}{self.rank}{SEP}"
-        planner = CheckingLoadPlanner(tree.free, adopt=(mine, STEP_KEY), ignore=(RNG_PREFIX,))
-        dcp.load(flat, storage_reader=rescue.MemoryStateReader(copy.tensors), planner=planner, no_dist=True)
-        self._apply(copy.step, tree, planner, mine)
-        return LOADED
-
-    def _keep_in_memory(self, step: int, state: dict[str, Any]) -> None:
-        """This node's copy of the completed ``step`` (one writer per node; replicated states only).
-
-        Here, on the training thread: the copy of the state into shared memory (CUDA: queued device-to-host
-        copies), the one part that must precede the next step's in-place updates. The checksum and the
-        commit run on the keeper thread; the previous commit is waited for first (at most one in flight).
-        """
-        if self._keeper is None:
-            return
-        # Sharded parameters: skip before flattening, which for them may take collectives this rank runs alone.
-        if any(type(p.data) is not torch.Tensor  # pylint: disable=unidiomatic-typecheck  # sharded: DTensor
-               for m in modules_in(state) for p in m.parameters()):
-            return
-        self.kept_in_memory()
-        try:
-            tree = _tree(state)
-            if not rescue.is_replicated(tree.flat):
-                return
-            flat = {k: v if isinstance(v, torch.Tensor) else json_tensor(v, k) for k, v in tree.flat.items()}
-            flat[STEP_KEY] = json_tensor(step, STEP_KEY)
-            capture = self._memory.capture(step, self.world_size, flat)
-        except OSError as ex:  # no room (ENOSPC) or no shared memory: the tier is off for this worker
-            log.warning("the in-memory rescue tier is off for this worker: cannot keep step %d in %s: %s",
-                        step, self._memory.directory, ex)
-            self._keeper.shutdown(wait=False)
-            self._keeper = None
-            return
-        except (ValueError, CheckpointError, StateError) as ex:  # an optimisation; blob stands
-            log.warning("could not keep step %d in memory: %s", step, ex)
-            return
-        self._keeping = self._keeper.submit(self._commit_memory, capture)
-
-    def _commit_memory(self, capture: "rescue.Capture") -> None:
-        self._memory.commit(capture)
-        self.memory_step = capture.step
-
+    # -- the memory tier (runtime/memory.py) ------------------------------------------
     def kept_in_memory(self) -> int | None:
         """The newest step this process committed to its node's memory (None: none, or not the writer),
         once the commit in flight, if any, is done."""
-        keeping, self._keeping = self._keeping, None
-        if keeping is not None:
-            try:
-                keeping.result()
-            # pylint: disable-next=broad-exception-caught  # whatever the keeper thread raised: the memory
-            except Exception as ex:  # noqa: BLE001  # tier is an optimisation and blob stands, training goes on
-                log.warning("could not keep a step in memory: %s", ex)
-        return self.memory_step
+        return self._memory.kept() if self._memory is not None else None
 
-    # -- save ----------------------------------------------------------------------
+    def _kept_here(self, step: int) -> bool:
+        """Whether this node's memory holds ``step``: its writer (local rank 0) knows; the others defer to it."""
+        if self._memory is None:
+            return False
+        return self._memory.writer and self._memory.kept() == step if self.local_rank == 0 else True
+
+    def _durable(self) -> bool:
+        """Blob holds some complete checkpoint of this job (saved by this training, or found by restore)."""
+        return self.last_saved_step is not None or self._newest_blob is not None
+
+    # -- save (runtime/saving.py) ----------------------------------------------------------
     def save(self, step: int, state: dict[str, Any], *, blocking: bool | None = None) -> None:
         """Checkpoint ``state`` as ``step``. Collective: call it on every rank.
 
@@ -527,127 +274,15 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # restore+s
         the commit). A previous save still uploading is finished first.
         """
         self._check_running("save()")
-        self.wait(raise_errors=False)
-        if step == self.last_saved_step:
-            return  # already committed (e.g. an interval save of the step a notice arrived at)
-        started = time.monotonic()
-        step_time = self._last_step_time if step == self.last_step else time.time()
-        self._agree_on_buffers(state)
-        tree = _tree(state)
-        flat = dict(tree.flat)
-        gathered = self._all_gather((uuid.uuid4().hex[:12], capture_rng()))
-        writer = gathered[0][0]  # rank 0's token names this attempt's folder on every rank
-        for rank, (_, rng) in enumerate(gathered):
-            flat.update(_rng_items(rank, rng))
-        flat[STEP_KEY] = step
-        try:
-            flat = {k: v if isinstance(v, torch.Tensor) else json_tensor(v, k) for k, v in flat.items()}
-        except StateError as ex:
-            raise CheckpointError(str(ex)) from ex
-        paths = {**{k: tuple(k.split(SEP)) for k in flat}, **tree.paths}
-        snapshot = self._snapshotter.snapshot(flat)
-        stall = time.monotonic() - started
-        self._last_save_time = time.monotonic()
-
-        def upload() -> None:
-            self._upload(step, snapshot, writer, stall=stall, paths=paths, step_time=step_time)
-
-        if blocking or (blocking is None and not self.async_save):
-            upload()
-            return
-        self._pending = self._uploader.submit(upload)
-
-    def _agree_on_buffers(self, state: dict[str, Any]) -> None:
-        """Give every rank rank 0's module buffers (BatchNorm statistics) before saving.
-
-        DDP replicates parameters exactly but lets each rank update buffers
-        from its own batch, then overwrites them from rank 0 at the next
-        forward. DCP saves each replicated tensor from one rank, not
-        necessarily rank 0, so without this a resumed run could start from
-        another rank's statistics and drift from an uninterrupted one.
-        """
-        if not self.distributed:
-            return
-        for module in modules_in(state):
-            for buffer in module.buffers():
-                host = buffer.detach().cpu() if buffer.is_cuda else buffer.detach()
-                dist.broadcast(host, src=0, group=self._ctl)
-                if host is not buffer:
-                    buffer.copy_(host)
-
-    def _upload(self, step: int, snapshot: dict[str, Any], writer: str, *, stall: float,
-                paths: dict[str, tuple[str | int, ...]], step_time: float | None = None) -> None:
-        started = time.monotonic()
-        committed: list[layout.Manifest] = []
-
-        def commit(files: list[layout.FileEntry]) -> None:
-            manifest = layout.Manifest(
-                step=step, created=time.time(), world_size=self.world_size, writer=writer,
-                files=layout.manifest_files(files),
-            )
-            try:
-                self.store.create(layout.manifest_name(self.job_prefix, step), manifest.to_bytes(),
-                                  content_type="application/json")
-            except WriteConflict as ex:
-                raise FencedError(
-                    f"step {step} was already committed by another training of this job; "
-                    "this save is discarded"
-                ) from ex
-            committed.append(manifest)
-
-        path = layout.writer_prefix(self.job_prefix, step, writer).rstrip("/")
-        try:
-            dcp.save(
-                snapshot,
-                storage_writer=BlobCheckpointWriter(self.store, path, commit, self.thread_count),
-                planner=TensorSavePlanner(paths),
-                process_group=self._io,
-                no_dist=not self.distributed,
-            )
-        except (Exception, CheckpointException) as ex:
-            fenced = _fenced(ex)
-            if self.rank == 0:
-                self._emit(progress.CHECKPOINT_FAILED, step=step, error=str(fenced or ex)[:500])
-            if fenced is not None:
-                raise fenced from ex
-            raise CheckpointError(f"checkpoint of step {step} failed: {ex}") from ex
-        seconds = time.monotonic() - started
-        self.last_saved_step = step
-        if self.rank == 0:
-            size = committed[0].total_bytes if committed else None
-            log.info("checkpoint of step %d committed (%s bytes, %.2fs upload, %.3fs stall)", step, size, seconds,
-                     stall)
-            self._emit(progress.CHECKPOINT, step=step, bytes=size, seconds=round(seconds, 3),
-                       stall_seconds=round(stall, 4), world_size=self.world_size,
-                       step_time=None if step_time is None else round(step_time, 3))
-            self._retain()
-
-    def _retain(self) -> None:
-        """Keep the newest ``keep`` complete checkpoints; drop older and abandoned ones."""
-        try:
-            listed = catalog.list_checkpoints(self.store, self.job_prefix)
-            plan = catalog.plan_prune(listed, keep_last=self.keep, incomplete=True, grace=self.grace_seconds)
-            if plan.delete:
-                catalog.apply_prune(self.store, self.job_prefix, plan)
-                log.info("retention removed checkpoints %s", [c.step for c in plan.delete])
-        except Exception as ex:  # pylint: disable=broad-exception-caught
-            # retention is housekeeping; never fail a save for it
-            log.warning("retention failed: %s", ex)
+        step_time = self._reporter.last_step_time if step == self._reporter.last_step else None
+        self._saver.save(step, state, background=not (blocking or (blocking is None and not self.async_save)),
+                         step_time=step_time)
 
     def wait(self, raise_errors: bool = True) -> None:
         """Wait for the save in flight, if any. Raises its error unless told not to."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            try:
-                pending.result()
-            except BaseException as ex:  # pylint: disable=broad-exception-caught  # kept for the caller to raise
-                self._error = ex
-                log.error("%s", ex)
-        error, self._error = self._error, None
-        if error is not None and raise_errors:
-            raise error
+        self._saver.wait(raise_errors)
 
-    # -- the per-step hook -----------------------------------------------------------
+    # -- the per-step hook (runtime/stepping.py) ---------------------------------------------
     def step(self, step: int, state: dict[str, Any], *, samples: float | None = None,
              metrics: dict[str, float] | None = None) -> bool:
         """Call after every training step (collective). True means: stopped, exit now (not: training is over).
@@ -662,7 +297,12 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # restore+s
         on: the node leaves when Azure takes it, and the job resumes from this step.
         """
         self._check_running("step()")
-        if self._step(step, state, samples=samples, metrics={**self._metrics, **(metrics or {})}):
+        metrics = {**self._metrics, **(metrics or {})}
+        self._metrics = {}
+        self._reporter.reached(step)
+        if self._memory is not None:
+            self._memory.keep(step, state, self.world_size)  # step() comes after the optimizer step: completed
+        if self._policy.at_step(step, state, samples=samples, metrics=metrics):
             self._stop(step, state)
             return True
         return False
@@ -677,169 +317,14 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # restore+s
     def _stop(self, step: int, state: dict[str, Any]) -> None:
         """Remember the stop and tell the state's samplers: from now on nothing trains, saves or draws data."""
         self.stopped_at = step
-        for sampler in _samplers_in(state):
+        for sampler in samplers_in(state):
             sampler.stop(step)
 
-    def _step(self, step: int, state: dict[str, Any], *, samples: float | None,
-              metrics: dict[str, float] | None) -> bool:
-        self._metrics = {}
-        self._reached = (step, time.time())
-        self._keep_in_memory(step, state)  # step() comes after the optimizer step: a completed step
-        notices = self._live_notices()
-        sigterm = any(n.source == "sigterm" for n in notices)
-        due = self.rank == 0 and self._due(step)
-        vm_notice_anywhere, sigterm_anywhere, save_due = self._all_reduce_max(
-            [1 if notices and not sigterm else 0, 1 if sigterm else 0, 1 if due else 0])
-        self._completed(step)  # the agreement returned: every rank finished this step
-        self._record_progress(step, samples, metrics)
-        if sigterm_anywhere and not vm_notice_anywhere:
-            return self._on_sigterm(step, state, notices)
-        if vm_notice_anywhere or sigterm_anywhere:
-            return self._on_preemption(step, state, notices)
-        if save_due:
-            self.save(step, state)
-        return False
-
-    def _on_sigterm(self, step: int, state: dict[str, Any], notices: list[Any]) -> bool:
-        """torchrun stops the workers (a node joined and the world re-forms, or the job stops): every rank
-        stops at this step, the same one, which survives in the nodes' memory; blob only when it must.
-
-        The blob save is skipped when every node committed this step to memory, no node is going itself
-        (``ENV_NODE_LEAVING_FILE``: a pod's preStop hook, a local node's stop), and blob holds an older
-        durable checkpoint: the survivors restore from their own memory and a newcomer from a peer. What
-        that gives up: if every node holding the copy is lost at once without a SIGTERM of its own before
-        the next interval checkpoint, the job resumes from blob's older one. A rank whose own SIGTERM has not
-        come yet waits for it (briefly: its agent polls the same rendezvous), so no rank trains a step its
-        peers will not.
-        """
-        if self.local_rank == 0:  # the node's writer says whether the node holds this step
-            kept = self._keeper is not None and self.kept_in_memory() == step
-        else:
-            kept = self._memory is not None
-        if kept and _node_leaving():  # the node goes with its memory: this is no re-form it survives
-            log.warning("SIGTERM at step %d and this node is going: its memory copy will not outlive it", step)
-            kept = False
-        durable = self.last_saved_step is not None or self._newest_blob is not None
-        (missing,) = self._all_reduce_max([0 if kept and durable else 1])
-        own = any(n.source == "sigterm" for n in notices)
-        for notice in notices:
-            self._handled_notices.add(notice.event_id or notice.source)
-            if self.local_rank == 0:  # one event per node, not one per worker
-                self._emit(progress.PREEMPTED, step=step, source=notice.source, event_id=notice.event_id)
-        if self.rank == 0:
-            self._emit(progress.REFORMING, step=step, kept_in_memory=not missing, world_size=self.world_size)
-        if missing:
-            log.warning("SIGTERM at step %d: checkpointing it to blob", step)
-            self.save(step, state, blocking=True)
-        else:
-            log.warning("SIGTERM at step %d: it is in every node's memory; exiting without a blob save", step)
-        if own:
-            return True
-        deadline = time.monotonic() + self.sigterm_wait_seconds
-        while self._watcher is not None and time.monotonic() < deadline:
-            if any(n.source == "sigterm" for n in self._watcher.notices()):
-                return True
-            time.sleep(0.05)
-        log.warning("another rank was stopped at step %d but this one was not: training on", step)
-        return False
-
-    def _completed(self, step: int) -> None:
-        self.last_step, self._last_step_time = step, time.time()
-
     def _record_interruption(self, flush_seconds: float = 5.0) -> None:
-        """Training stops before ``done``: record the last step the job completed, from every rank (or the
-        step this rank completed after it, if a peer died during that step's agreement).
+        """Training stops before ``done``: record the last step the job completed (runtime/reporting.py)."""
+        self._reporter.record_interruption(self._notices.sigterm_times(), flush_seconds)
 
-        Any survivor may be the one to tell (rank 0 may be the node that died); the reader takes the
-        newest per re-forming, so the copies from several ranks are harmless. Bounded: torchrun kills
-        a worker that does not exit after its SIGTERM.
-        """
-        if self._finished or self._interruption_recorded or self._events is None or self.last_step is None:
-            return
-        self._interruption_recorded = True
-        sigterms = [n.received_at for n in (self._watcher.notices() if self._watcher is not None else [])
-                    if n.source == "sigterm"]
-        step, step_time = self.last_step, self._last_step_time
-        if self._reached is not None and self._reached[0] > step:
-            # its optimizer step ran on gradients every rank reduced (its node's memory copy holds it, and a
-            # survivor resumes from it): the step the world reached, though a peer died before agreeing on it
-            step, step_time = self._reached
-        self._emit(progress.INTERRUPTED, step=step, step_time=round(step_time, 3),
-                   world_size=self.world_size,
-                   **({"sigterm_time": round(min(sigterms), 3)} if sigterms else {}))
-        self._events.flush(flush_seconds)
-
-    def _live_notices(self) -> list[Any]:
-        """Notices not yet acted on (a handled Scheduled Event stays listed until the VM goes)."""
-        if self._watcher is None:
-            return []
-        return [n for n in self._watcher.notices() if (n.event_id or n.source) not in self._handled_notices]
-
-    def _due(self, step: int) -> bool:
-        if self.interval_steps and step % self.interval_steps == 0:
-            return True
-        return bool(self.interval_seconds) and time.monotonic() - self._last_save_time >= self.interval_seconds
-
-    def _on_preemption(self, step: int, state: dict[str, Any], notices: list[Any]) -> bool:
-        for notice in notices:
-            if self.local_rank == 0:  # one event per node, not one per worker
-                self._emit(progress.PREEMPTED, step=step, source=notice.source, event_id=notice.event_id)
-            log.warning("preemption notice (%s) at step %d: checkpointing now", notice.source, step)
-        started = time.monotonic()
-        self.save(step, state, blocking=True)
-        acknowledged = False
-        for notice in notices:
-            self._handled_notices.add(notice.event_id or notice.source)
-            if notice.source != "sigterm":
-                self._watcher.acknowledge()
-                acknowledged = True
-        if notices:
-            log.warning("preemption checkpoint of step %d durable after %.2fs", step, time.monotonic() - started)
-        if any(n.source == "sigterm" for n in notices):
-            return True
-        return self._hold(step) if acknowledged else False
-
-    def _hold(self, step: int) -> bool:
-        """After acknowledging a Scheduled Events notice, train no further step until the VM goes.
-
-        Once acknowledged, Azure takes the VM within seconds, and the job resumes from the notice's
-        checkpoint: every step trained in between would be lost (and counted so). Holding here stalls the
-        whole job (the other ranks wait in the next collective), which costs the same wall time and loses
-        nothing. Exiting instead is not an option: a node whose workers exit 0 closes the rendezvous for the
-        whole job. If the VM is still here after ``hold_seconds`` (the eviction was called off), train on.
-        Returns True (stop now) if a SIGTERM comes while holding: the checkpoint of ``step`` is durable.
-        """
-        deadline = time.monotonic() + self.hold_seconds
-        if self.hold_seconds > 0:
-            log.warning("holding at step %d until this VM goes (at most %.0fs)", step, self.hold_seconds)
-        while time.monotonic() < deadline:
-            if any(n.source == "sigterm" for n in self._watcher.notices()):
-                return True
-            time.sleep(0.1)
-        if self.hold_seconds > 0:
-            log.warning("the VM was not taken within %.0fs of the acknowledgement: training on", self.hold_seconds)
-        return False
-
-    def _record_progress(self, step: int, samples: float | None, metrics: dict[str, float] | None) -> None:
-        if self.rank != 0 or self._events is None:
-            return
-        self._progress_samples += samples or 0
-        now = time.monotonic()
-        first = self._progress_last_report is None
-        if not first and now - self._progress_last_report < self.progress_seconds:
-            return
-        elapsed = now - self._progress_since
-        # no rate from the first step: its time since start includes the restore
-        rate = self._progress_samples / elapsed if elapsed > 0 and samples is not None and not first else None
-        fields: dict[str, Any] = {"step": step, "world_size": self.world_size}
-        if rate is not None:
-            fields["samples_per_s"] = round(rate, 2)
-        if metrics:
-            fields["metrics"] = {k: float(v) for k, v in metrics.items()}
-        self._emit(progress.PROGRESS, **fields)
-        self._progress_samples, self._progress_since, self._progress_last_report = 0.0, now, now
-
-    # -- end ---------------------------------------------------------------------------
+    # -- the loop ------------------------------------------------------------------------
     def report(self, **metrics: float) -> None:
         """Metrics of the step being trained (e.g. ``loss=loss.item()``), sent with its progress event."""
         self._metrics.update({k: float(v) for k, v in metrics.items()})
@@ -857,7 +342,7 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # restore+s
         if total < 0:
             raise ValueError(f"total must be at least 0, not {total}")
         step = self.restore(state) or 0
-        return self._run(state, step, total, _count(step, total), samples=samples)
+        return self._run(state, step, total, count(step, total), samples=samples)
 
     def batches(self, state: dict[str, Any], loader: Iterable[Any], epochs: int) -> Iterator[tuple[int, Any]]:
         """``(step, batch)`` for every batch left in ``epochs`` epochs, one flat loop with no inner one.
@@ -872,7 +357,7 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # restore+s
         if not isinstance(sampler, ElasticSampler):
             raise ValueError("batches() needs a DataLoader over an ElasticSampler: "
                              "DataLoader(dataset, batch_sampler=ElasticSampler(dataset, ...))")
-        if not any(found is sampler for found in _samplers_in(state)):
+        if not any(found is sampler for found in samplers_in(state)):
             raise ValueError("the loader's ElasticSampler is not in the state: put it there (e.g. "
                              "state['data'] = sampler) so its position is checkpointed with the model")
         if epochs < 0:
@@ -880,7 +365,7 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # restore+s
         step = self.restore(state) or 0
         # The planned work is every batch of every epoch: done when they are exhausted, whatever a script
         # migrated from another loop counted its steps as.
-        return self._run(state, step, None, _epoch_batches(loader, sampler, epochs),
+        return self._run(state, step, None, epoch_batches(loader, sampler, epochs),
                          samples=sampler.global_batch_size, trained=sampler.advance)
 
     def _run(self, state: dict[str, Any], step: int, total: int | None, items: Iterator[Any], *,
@@ -898,9 +383,10 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # restore+s
                     raise TrainingStopped(step, "a SIGTERM: torchrun re-forms the job or the node goes")
             self._finish(step, state, step if total is None else total)
         finally:
-            if not self._finished:
+            if not self.finished:
                 self.close()  # a break, an exception or a stop: unfinished, the interruption is recorded
 
+    # -- end ---------------------------------------------------------------------------
     def done(self, step: int, state: dict[str, Any]) -> None:
         """Training finished: commit the final state, record the job finished, and close.
 
@@ -914,11 +400,10 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # restore+s
         try:
             self.save(step, state, blocking=True)
             self.wait()
-            self._finished = True
+            self._reporter.finished = True
             if self.rank == 0:
-                self._emit(progress.FINISHED, step=step, **({"total": total} if total is not None else {}))
-            if self._keeper is not None:
-                self.kept_in_memory()
+                self._reporter.emit(progress.FINISHED, step=step, **({"total": total} if total is not None else {}))
+            if self._memory is not None:
                 self._memory.discard()  # the job is over: free the node's memory
         finally:
             self.close()
@@ -926,7 +411,7 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # restore+s
     @property
     def finished(self) -> bool:
         """True once the planned work is trained and recorded (``done()``, or the end of ``steps()``)."""
-        return self._finished
+        return self._reporter.finished
 
     def close(self) -> None:
         """Finish the upload in flight and stop the background work. Idempotent."""
@@ -939,49 +424,14 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # restore+s
             self.kept_in_memory()  # the step kept last is committed before the process goes
             self.wait(raise_errors=False)
         finally:
-            self._uploader.shutdown(wait=True)
-            if self._keeper is not None:
-                self._keeper.shutdown(wait=True)
-            if self._watcher is not None:
-                self._watcher.stop()
-            if self._events is not None:
-                self._events.flush()
-                self._events.close()
+            self._saver.close()
+            if self._memory is not None:
+                self._memory.close()
+            self._notices.stop()
+            self._reporter.close()
 
     def __enter__(self) -> "Checkpointer":
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def _count(start: int, total: int) -> Iterator[None]:
-    for _ in range(start, total):
-        yield None
-
-
-def _epoch_batches(loader: Iterable[Any], sampler: ElasticSampler, epochs: int) -> Iterator[Any]:
-    """The batches left in the (restored) epoch, then those of every later epoch up to ``epochs``."""
-    while sampler.epoch < epochs:
-        yield from loader
-        if sampler.epoch + 1 >= epochs:
-            return
-        sampler.set_epoch(sampler.epoch + 1)
-
-
-def _samplers_in(value: Any) -> Iterator[ElasticSampler]:
-    """The ElasticSamplers of a state: its values, and those of nested dicts, lists and tuples."""
-    if isinstance(value, ElasticSampler):
-        yield value
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _samplers_in(item)
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _samplers_in(item)
-
-
-def _node_leaving() -> bool:
-    """True once this node itself is going (its pod deleted, a local node stopped): launch.ENV_NODE_LEAVING_FILE."""
-    path = os.environ.get(launch.ENV_NODE_LEAVING_FILE)
-    return bool(path) and os.path.exists(path)

@@ -1,0 +1,101 @@
+"""The Checkpointer's driver of the memory tier (runtime/rescue.py): keep each completed step in node memory.
+
+One writer per node (local rank 0) keeps the state of the last completed step in node-local shared memory:
+captured on the training thread at ``step()``, committed by a thread of its own, at most one commit in flight.
+Every rank reads its node's copy at restore. The tier is an optimisation: whatever goes wrong here is logged and
+blob stands.
+"""
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from azext_elastictrain.runtime import entries, rescue
+from azext_elastictrain.runtime.errors import CheckpointError
+from azext_elastictrain.runtime.state import StateError, json_tensor, modules_in
+
+log = logging.getLogger(__name__)
+
+
+class MemoryKeeper:
+    """This worker's side of its node's memory tier: the writer (local rank 0) keeps steps, every rank reads."""
+
+    def __init__(self, tier: rescue.MemoryTier, *, writer: bool):
+        self.tier = tier
+        self._keeper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="elastictrain-memory") if writer else None
+        self._keeping: Future | None = None
+        self.memory_step: int | None = None  # the newest step this process committed to memory
+
+    @property
+    def writer(self) -> bool:
+        """True while this worker keeps its node's copy (local rank 0, until the tier turns off for it)."""
+        return self._keeper is not None
+
+    def keep(self, step: int, state: dict[str, Any], world_size: int) -> None:
+        """This node's copy of the completed ``step`` (one writer per node; replicated states only).
+
+        Here, on the training thread: the copy of the state into shared memory (CUDA: queued device-to-host
+        copies), the one part that must precede the next step's in-place updates. The checksum and the
+        commit run on the keeper thread; the previous commit is waited for first (at most one in flight).
+        """
+        if self._keeper is None:
+            return
+        # Sharded parameters: skip before flattening, which for them may take collectives this rank runs alone.
+        if any(type(p.data) is not torch.Tensor  # pylint: disable=unidiomatic-typecheck  # sharded: DTensor
+               for m in modules_in(state) for p in m.parameters()):
+            return
+        self.kept()
+        try:
+            tree = entries.tree(state)
+            if not rescue.is_replicated(tree.flat):
+                return
+            flat = {k: v if isinstance(v, torch.Tensor) else json_tensor(v, k) for k, v in tree.flat.items()}
+            flat[entries.STEP_KEY] = json_tensor(step, entries.STEP_KEY)
+            capture = self.tier.capture(step, world_size, flat)
+        except OSError as ex:  # no room (ENOSPC) or no shared memory: the tier is off for this worker
+            log.warning("the in-memory rescue tier is off for this worker: cannot keep step %d in %s: %s",
+                        step, self.tier.directory, ex)
+            self._keeper.shutdown(wait=False)
+            self._keeper = None
+            return
+        except (ValueError, CheckpointError, StateError) as ex:  # an optimisation; blob stands
+            log.warning("could not keep step %d in memory: %s", step, ex)
+            return
+        self._keeping = self._keeper.submit(self._commit, capture)
+
+    def _commit(self, capture: rescue.Capture) -> None:
+        self.tier.commit(capture)
+        self.memory_step = capture.step
+
+    def kept(self) -> int | None:
+        """The newest step this process committed to its node's memory (None: none, or not the writer),
+        once the commit in flight, if any, is done."""
+        keeping, self._keeping = self._keeping, None
+        if keeping is not None:
+            try:
+                keeping.result()
+            # pylint: disable-next=broad-exception-caught  # whatever the keeper thread raised: the memory
+            except Exception as ex:  # noqa: BLE001  # tier is an optimisation and blob stands, training goes on
+                log.warning("could not keep a step in memory: %s", ex)
+        return self.memory_step
+
+    def read(self) -> "rescue.MemoryCopy | None":
+        """The node's newest whole copy (the commit in flight finished first), or None."""
+        self.kept()
+        return self.tier.read()
+
+    def parse(self, raw: Any) -> rescue.MemoryCopy:
+        return self.tier.parse(raw)
+
+    def discard(self) -> None:
+        """The job is over: free the node's memory (the writer only, after its last commit)."""
+        if self._keeper is not None:
+            self.kept()
+            self.tier.discard()
+
+    def close(self) -> None:
+        if self._keeper is not None:
+            self._keeper.shutdown(wait=True)

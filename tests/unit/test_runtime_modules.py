@@ -1,0 +1,95 @@
+"""The runtime's module graph: no import cycles, and a Checkpointer that is a facade over its collaborators.
+
+The graph is read from the source with ``ast`` (every ``import`` inside azext_elastictrain/runtime, at module
+level or inside a function), so a cycle fails here before it fails a worker at import time.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import azext_elastictrain.runtime as runtime
+
+RUNTIME = Path(runtime.__file__).parent
+PACKAGE = "azext_elastictrain.runtime"
+
+
+def imports_of(path: Path, package: str) -> set[str]:
+    """The modules of ``package`` that the file at ``path`` imports (``from package import mod`` included)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.startswith(package + ".")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == package:
+                found |= {f"{package}.{alias.name}" for alias in node.names}
+            elif node.module.startswith(package + "."):
+                found.add(node.module)
+    return found
+
+
+def graph(directory: Path, package: str) -> dict[str, set[str]]:
+    modules = {f"{package}.{p.stem}": p for p in directory.glob("*.py") if p.stem != "__init__"}
+    return {name: imports_of(path, package) & set(modules) for name, path in modules.items()}
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle (its modules, the first repeated at the end), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state:
+                cycle = visit(nxt)
+                if cycle:
+                    return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(edges):
+        if start not in state:
+            cycle = visit(start)
+            if cycle:
+                return cycle
+    return None
+
+
+def test_the_runtime_has_no_import_cycle() -> None:
+    edges = graph(RUNTIME, PACKAGE)
+    assert f"{PACKAGE}.checkpoint" in edges and len(edges) >= 10, sorted(edges)
+    assert find_cycle(edges) is None, " -> ".join(find_cycle(edges) or [])
+
+
+def test_the_cycle_finder_finds_a_cycle_through_a_from_package_import(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg.b import thing\n")
+    (pkg / "b.py").write_text("def f():\n    from pkg import c\n")
+    (pkg / "c.py").write_text("import pkg.a\n")
+    (pkg / "d.py").write_text("import pkg.a\n")
+    assert find_cycle(graph(pkg, "pkg")) == ["pkg.a", "pkg.b", "pkg.c", "pkg.a"]
+    (pkg / "c.py").write_text("import os\n")
+    assert find_cycle(graph(pkg, "pkg")) is None
+
+
+def test_no_collaborator_imports_the_facade() -> None:
+    edges = graph(RUNTIME, PACKAGE)
+    importers = sorted(name for name, deps in edges.items() if f"{PACKAGE}.checkpoint" in deps)
+    assert importers == [], importers
+
+
+def test_the_facade_leaves_torch_and_storage_to_its_collaborators() -> None:
+    """checkpoint.py sequences; the collectives, DCP and blob calls live in modules that can be tested alone."""
+    tree = ast.parse((RUNTIME / "checkpoint.py").read_text(encoding="utf-8"))
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    assert not {m for m in imported if m == "torch" or m.startswith("torch.")}, imported
+    assert "azext_elastictrain.runtime.storage" not in imported
