@@ -76,13 +76,15 @@ def run_case(case: str, blob, etcd, imds: ScheduledEventsServer, logs: Path) -> 
     try:
         wait_for(lambda: [e for e in events_of(events(), "progress") if e.get("world_size") == 2 and e["step"] > 60],
                  300, f"{case}: training at world size 2")
-        seen = len(events())
         if cfg["notice"]:
             event_id = imds.post_event(["node-b"], "Preempt", notice_seconds=30)
             if not imds.wait_acknowledged(event_id, timeout=60):
                 raise RuntimeError("the notice was never acknowledged")
-        b.kill()
-        evicted = time.time()
+        if cfg.get("vanish") is not None:  # frozen (no FIN reaches node-a), killed cfg["vanish"] s later
+            evicted = b.vanish(cfg["vanish"])
+        else:
+            b.kill()
+            evicted = time.time()
         if cfg["notice"]:
             imds.remove_event(event_id)
         # what `evict simulate --wait` reports (core.recovery): the outage from the last step before to the
@@ -210,6 +212,10 @@ def main() -> int:
     parser.add_argument("--cold", action="store_true",
                         help="also measure notice and no-notice with every worker started cold (cases notice-cold "
                              "and no-notice-cold: plain torchrun worker starts, no warm server)")
+    parser.add_argument("--vanish", type=float, metavar="SECONDS",
+                        help="also measure no-notice-vanish: the node frozen (SIGSTOP, sockets open, as an Azure "
+                             "VM that vanished) and killed SECONDS later, as evict simulate --local does")
+    parser.add_argument("--cases", help="only these cases, comma-separated (default: all)")
     parser.add_argument("--state-mib", type=int, nargs="+",
                         help="instead: a survivor's restore of a state this size (or sizes), from memory vs from "
                              "blob, and the per-step cost of keeping it in memory")
@@ -225,6 +231,11 @@ def main() -> int:
     if args.cold:
         CASES["notice-cold"] = dict(CASES["notice"], warm=False)
         CASES["no-notice-cold"] = dict(CASES["no-notice"], warm=False)
+    if args.vanish is not None:
+        CASES["no-notice-vanish"] = dict(CASES["no-notice"], vanish=args.vanish)
+    if args.cases:
+        for case in set(CASES) - set(args.cases.split(",")):
+            del CASES[case]
     samples: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="elastictrain-recovery-") as tmp:
         work = Path(tmp)
@@ -247,8 +258,13 @@ def main() -> int:
         m = medians[case]
         print(f"{case:10s} {len(rows):2d} {m['outage_s']:9.2f} {m['recovery_s']:11.2f} {m['restore_s']:10.2f} "
               f"{m['steps_lost']:11.1f}")
-    ratio = medians["baseline"]["outage_s"] / medians["notice"]["outage_s"]
-    print(f"\nbaseline / notice outage: {ratio:.2f}x   (goal for notice: <= 10 s and 0 steps lost)")
+    ratio = None
+    if "baseline" in medians and "notice" in medians:
+        ratio = medians["baseline"]["outage_s"] / medians["notice"]["outage_s"]
+        print(f"\nbaseline / notice outage: {ratio:.2f}x   (goal for notice: <= 10 s and 0 steps lost)")
+    if "no-notice-vanish" in medians and "no-notice" in medians:
+        print(f"no-notice-vanish / no-notice outage: "
+              f"{medians['no-notice-vanish']['outage_s'] / medians['no-notice']['outage_s']:.2f}x")
     if args.candidate:
         print(f"candidate {args.candidate}: notice* / notice outage "
               f"{medians['notice*']['outage_s'] / medians['notice']['outage_s']:.2f}")

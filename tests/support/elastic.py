@@ -21,6 +21,7 @@ import psutil
 
 # The rendezvous settings local jobs run with: one place decides them.
 from azext_elastictrain.backends.local.agent import AgentLaunch
+from azext_elastictrain.backends.local.evict import vanish_processes
 from azext_elastictrain.backends.local.state import node_processes
 from azext_elastictrain.core import launch
 from azext_elastictrain.core.launch import LOCAL_RDZV_CONF as TUNED_RDZV_CONF
@@ -91,6 +92,12 @@ class Node:
         psutil.wait_procs(procs, timeout=10)
         self.proc.wait(timeout=10)
         self._log.close()
+
+    def vanish(self, seconds: float) -> float:
+        """The VM vanishes as a Spot VM evicted without notice does: every process of the node frozen at once
+        (SIGSTOP: its sockets stay open, no FIN reaches a peer), then killed ``seconds`` later (what
+        backends/local/evict.py does). Returns when it froze them."""
+        return vanish_processes(self.tree(), seconds)
 
     def wait(self, timeout: float) -> int:
         return self.proc.wait(timeout=timeout)

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from azext_elastictrain.core import events as job_events
-from azext_elastictrain.core import launch
 from azext_elastictrain.clients.blob import EventReader
 from azext_elastictrain.core.errors import ClusterNotFound, JobNotFound
 from azext_elastictrain.core.view import build_job_view, iso_time, read_job_events
