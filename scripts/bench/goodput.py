@@ -48,7 +48,7 @@ from azext_elastictrain.backends.local.scheduled_events import ScheduledEventsSe
 from azext_elastictrain.core.blobstore import BlobStore  # noqa: E402
 from azext_elastictrain.core.chaos import (  # noqa: E402
     FollowStopped, ScheduleSpec, Skipped, plan_schedule, run_schedule, sleeper)
-from azext_elastictrain.core.goodput import goodput, outages  # noqa: E402
+from azext_elastictrain.core.goodput import outages  # noqa: E402
 from azext_elastictrain.core.recovery import follow_recovery, follow_world_size  # noqa: E402
 from recovery import DEFAULT_RDZV_CONF, DIGITS_STEPS_PER_EPOCH  # noqa: E402
 from tests.support.elastic import TUNED_RDZV_CONF, JobConfig, Node, events_of, read_events, wait_for  # noqa: E402
