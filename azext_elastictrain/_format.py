@@ -129,15 +129,18 @@ def job_show_table(result) -> list:
 
 
 def job_timeline_table(result) -> list:
-    """One row per world the job formed: its size, the steps it trained, when, and the steps it lost."""
+    """One row per world the job formed: its size, the steps it trained, when, the steps it lost and the outage
+    after it (its last step to the next world's first)."""
     stops = result.get("stops") or []
     rows = []
     for i, world in enumerate(result.get("worlds") or []):
         steps = world.get("steps") or [[None, None]]
-        lost = stops[i]["stepsLost"] if i < len(stops) else ""
+        stop = stops[i] if i < len(stops) else {}
         rows.append(OrderedDict([("World", i + 1), ("WorldSize", world.get("worldSize")),
                                  ("FromStep", world.get("fromStep")), ("ToStep", steps[-1][1]),
-                                 ("StartSeconds", steps[0][0]), ("EndSeconds", steps[-1][0]), ("StepsLost", lost)]))
+                                 ("StartSeconds", steps[0][0]), ("EndSeconds", steps[-1][0]),
+                                 ("StepsLost", _blank(stop.get("stepsLost"))),
+                                 ("OutageSeconds", _blank(stop.get("outageSeconds")))]))
     return rows
 
 
@@ -181,12 +184,12 @@ def eviction_table(result) -> list:
             ("Node", e["node"]), ("Notice", f"{e['noticeSeconds']:g}s" if e["noticeSeconds"] else "none"),
             ("Acknowledged",
              "" if e["acknowledgedAfterSeconds"] is None else f"after {e['acknowledgedAfterSeconds']}s"),
-            ("RecoverySeconds", recovery.get("recoverySeconds", "")), ("StepsLost", recovery.get("stepsLost", "")),
+            ("OutageSeconds", _blank(recovery.get("outageSeconds"))), ("StepsLost", recovery.get("stepsLost", "")),
             ("ResumedFrom", recovery.get("resumedFromStep", "")),
             ("Replacement", ", ".join(r["node"] for r in result.get("replacements") or [])),
             ("FullSizeAfterSeconds", back.get("seconds", "")),
             ("JoinedToFullSizeSeconds", _blank(back.get("nodeJoinedToFullSizeSeconds"))),
-            ("NoTrainingSeconds", _blank(back.get("noTrainingSeconds"))),
+            ("ScaleUpOutageSeconds", _blank(back.get("outageSeconds"))),
         ])
         for e in result.get("evictions", [])
     ] or [OrderedDict([("Node", n["node"]), ("Pid", n["pid"]), ("Action", "would evict")]) for n in result["nodes"]]
@@ -205,14 +208,14 @@ def schedule_table(result) -> list:
         rows.append(OrderedDict([
             ("Eviction", e["index"]), ("AtSeconds", e["atSeconds"]), ("Node", e.get("node") or ""),
             ("Notice", f"{e['noticeSeconds']:g}s" if e["noticeSeconds"] else "none"),
-            ("RecoverySeconds", recovery.get("recoverySeconds", "")), ("StepsLost", recovery.get("stepsLost", "")),
+            ("OutageSeconds", _blank(recovery.get("outageSeconds"))), ("StepsLost", recovery.get("stepsLost", "")),
             ("FullSizeAfterSeconds", (back.get("fullSize") or {}).get("seconds", "")),
             ("Note", e.get("skipped") or recovery.get("error") or recovery.get("eventsError")
              or ("stopped" if recovery.get("stopped") else "")),
         ]))
     found = result.get("goodput") or {}
     rows.append(OrderedDict([("Eviction", "goodput"), ("AtSeconds", result.get("ranSeconds")), ("Node", ""),
-                             ("Notice", ""), ("RecoverySeconds", ""), ("StepsLost", found.get("stepsLost", "")),
+                             ("Notice", ""), ("OutageSeconds", ""), ("StepsLost", found.get("stepsLost", "")),
                              ("FullSizeAfterSeconds", ""),
                              ("Note", f"{found['goodput']:.1%}" if found.get("goodput") is not None
                               else result.get("goodputError") or "unknown")]))
@@ -233,7 +236,7 @@ def aks_eviction_table(result) -> list:
             ("Pods", ", ".join(p.get("pod") or "" for p in item.get("pods") or [])),
             ("EvictedAt", item.get("evictedAt", "")),
             ("NodeGoneSeconds", recovery.get("nodeGoneSeconds", "")),
-            ("RecoverySeconds", recovery.get("recoverySeconds", "")),
+            ("OutageSeconds", _blank(recovery.get("outageSeconds"))),
             ("StepsLost", recovery.get("stepsLost", "")),
         ]))
     return rows

@@ -85,12 +85,12 @@ def evict(az: Az, notice: bool, node: str | None) -> dict:
     acked = (f"checkpointed and acknowledged the notice after {eviction['acknowledgedAfterSeconds']}s, then went"
              if eviction["acknowledged"] else "was killed without notice")
     print(f"  {eviction['node']} {acked}\n"
-          f"  the job trained again after {recovery['recoverySeconds']}s at world size {recovery['worldSize']}, "
-          f"from step {recovery['resumedFromStep']}: {recovery['stepsLost']} step(s) lost\n"
+          f"  outage {recovery['outageSeconds']}s (last step before to first step after) at world size "
+          f"{recovery['worldSize']}, from step {recovery['resumedFromStep']}: {recovery['stepsLost']} step(s) lost\n"
           f"  Spot capacity came back: {', '.join(r['node'] for r in result['replacements'])} joined; "
           f"world size {back.get('worldSize')} again after {back.get('seconds')}s "
-          f"({back.get('nodeJoinedToFullSizeSeconds')}s from the node joining, {back.get('noTrainingSeconds')}s "
-          f"without training, restored from {back.get('restoreSource')})", flush=True)
+          f"({back.get('nodeJoinedToFullSizeSeconds')}s from the node joining, outage {back.get('outageSeconds')}s, "
+          f"restored from {back.get('restoreSource')})", flush=True)
     return {"node": eviction["node"], "notice": notice, "evictedAt": eviction["evictedAt"],
             "acknowledged": eviction["acknowledged"], **recovery,
             "replacement": result["replacements"][0], "capacityBack": back}
@@ -133,9 +133,10 @@ def print_summary(s: dict, picture: Path) -> None:
     ]
     for i, ev in enumerate(s["evictions"], 1):
         kind = "with notice   " if ev["notice"] else "without notice"
-        lines.append(f"  eviction {i} {kind} {ev['node']}: training again after {ev['recoverySeconds']}s "
+        lines.append(f"  eviction {i} {kind} {ev['node']}: outage {ev['outageSeconds']}s "
                      f"from step {ev['resumedFromStep']}, {ev['stepsLost']} step(s) lost; full size again "
-                     f"{ev['capacityBack'].get('seconds')}s after capacity returned")
+                     f"{ev['capacityBack'].get('seconds')}s after capacity returned (outage "
+                     f"{ev['capacityBack'].get('outageSeconds')}s)")
     if s.get("goodput") is not None:
         lost = ", ".join(f"{cause} {seconds:.1f}" for cause, seconds in s["timeLost"].items() if seconds)
         lines.append(f"  goodput            {s['goodput']:.1%} of rank-seconds; lost (rank-s): {lost or 'none'}")

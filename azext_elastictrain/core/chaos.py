@@ -150,7 +150,7 @@ class ScheduleEvictor(Protocol):
         eviction (``node``, ``startedAt``/``evictedAt`` epoch seconds, ...). Raises Skipped when none can go."""
 
     def recovery(self, eviction: dict, stop: threading.Event) -> dict:
-        """Follow the job until it trains again (``recoverySeconds``, ``stepsLost``, ...); raises
+        """Follow the job until it trains again (``outageSeconds``, ``stepsLost``, ...); raises
         FollowStopped once ``stop`` is set."""
 
     def capacity_back(self, item: ScheduledEviction, eviction: dict, stop: threading.Event) -> dict | None:
@@ -265,9 +265,10 @@ def _recovery_line(recovery: dict | None) -> str:
     recovery = recovery or {}
     if recovery.get("stopped"):
         return "recovery not followed: stopped"
-    if "recoverySeconds" not in recovery or recovery.get("recoverySeconds") is None:
+    if recovery.get("outageSeconds") is None:
         return f"recovery not measured: {recovery.get('error') or recovery.get('eventsError') or 'no events'}"
-    return (f"trained again after {recovery['recoverySeconds']:g}s at world size {recovery.get('worldSize')}, "
+    return (f"outage {recovery['outageSeconds']:g}s (last step to first step), world size "
+            f"{recovery.get('worldSize')}, "
             f"{recovery.get('stepsLost')} step(s) lost (resumed from step {recovery.get('resumedFromStep')})")
 
 
@@ -277,31 +278,31 @@ def _capacity_line(back: dict) -> str:
     nodes = ", ".join(r["node"] for r in back.get("replacements") or [])
     full = back.get("fullSize") or {}
     if "seconds" in full:
-        idle = full.get("noTrainingSeconds")
+        outage = full.get("outageSeconds")
         return (f"capacity back: {nodes} joined; full size {full['worldSize']} again after {full['seconds']:g}s"
-                + (f" ({idle:g}s without training)" if isinstance(idle, (int, float)) else ""))
+                + (f" (outage {outage:g}s)" if isinstance(outage, (int, float)) else ""))
     return f"capacity back: {nodes} joined" + (" (stopped before the job grew)" if back.get("stopped") else "")
 
 
 def summarize(done: list[dict]) -> dict:
-    """Per kind of eviction, what was measured: counts, median recovery seconds, steps lost."""
+    """Per kind of eviction, what was measured: counts, median outage seconds, steps lost."""
     from statistics import median
 
     out: dict[str, Any] = {"evicted": sum(1 for r in done if "node" in r),
                            "skipped": sum(1 for r in done if "skipped" in r)}
     for kind, with_notice in (("withNotice", True), ("withoutNotice", False)):
         measured = [r["recovery"] for r in done if "node" in r and bool(r["noticeSeconds"]) == with_notice
-                    and isinstance((r.get("recovery") or {}).get("recoverySeconds"), (int, float))]
+                    and isinstance((r.get("recovery") or {}).get("outageSeconds"), (int, float))]
         out[kind] = {"recovered": len(measured),
-                     "medianRecoverySeconds": round(median(m["recoverySeconds"] for m in measured), 2)
+                     "medianOutageSeconds": round(median(m["outageSeconds"] for m in measured), 2)
                      if measured else None,
                      "stepsLost": [m.get("stepsLost") for m in measured]}
     ups = [r["capacityBack"]["fullSize"]["seconds"] for r in done
            if isinstance(((r.get("capacityBack") or {}).get("fullSize") or {}).get("seconds"), (int, float))]
     out["fullSizeAgainSeconds"] = ups
-    out["scaleUpNoTrainingSeconds"] = [r["capacityBack"]["fullSize"]["noTrainingSeconds"] for r in done
-                                       if isinstance(((r.get("capacityBack") or {}).get("fullSize") or {})
-                                                     .get("noTrainingSeconds"), (int, float))]
+    out["scaleUpOutageSeconds"] = [r["capacityBack"]["fullSize"]["outageSeconds"] for r in done
+                                   if isinstance(((r.get("capacityBack") or {}).get("fullSize") or {})
+                                                 .get("outageSeconds"), (int, float))]
     return out
 
 

@@ -30,6 +30,13 @@ Each scale-up (``scale_ups``), measured from events, not inferred:
   (from there it trains);
 - restoreSource: where the larger world restored from (memory, peer, blob; "peer" when rank 0 is a
   newcomer), and ranksFromPeer: how many ranks took the state from a peer (the rest: their own memory).
+
+Each re-form (``outages``), the one figure every command and benchmark reports for it: ``outageSeconds``,
+from the old world's last completed step to the new world's first completed step (rank 0 reports its first
+step at once), whatever the cause: an eviction with a notice (the survivors stop at the notice's step, before
+the VM goes), one without, a scale-up (the survivors stop when the node joins) or a restart. Not from the kill
+or the node joining: a user's training stopped at the last step, and only the first step of the new world
+trains again. ``stepsLost``: the old world's last completed step minus the step the new one resumed from.
 """
 from __future__ import annotations
 
@@ -190,6 +197,46 @@ def scale_ups(events: Iterable[dict]) -> list[dict]:
             "noTrainingSeconds": round(max(0.0, seg.restored - before.last_time), 2),
             "stepsLost": max(0, before.last_step - seg.first_step),
             "restoreSource": seg.source, "ranksFromPeer": seg.ranks_from_peer,
+        })
+    return out
+
+
+def _first_completed(seg: Segment) -> tuple[int, float] | None:
+    """The first step a world completed after its restore: (step, wall time), None while it has not."""
+    done = [(t, s) for s, t in seg.points if s > seg.first_step and t >= seg.restored]
+    return (min(done)[1], min(done)[0]) if done else None
+
+
+def _outage_kind(before: Segment, seg: Segment, window: list[dict]) -> str:
+    if seg.world_size > before.world_size:
+        return "scaleUp"
+    notice = any(e.get("event") == job_events.PREEMPTED and e.get("source") not in (None, "sigterm")
+                 for e in window)
+    if notice:
+        return "evictionWithNotice"
+    return "eviction" if seg.world_size < before.world_size else "restart"
+
+
+def outages(events: Iterable[dict]) -> list[dict]:
+    """Per re-form, in order: its kind (scaleUp, evictionWithNotice, eviction, restart), the old world's last
+    completed step and its time, where the new world resumed, its first completed step and its time,
+    ``outageSeconds`` between the two (None while the new world has not completed a step) and ``stepsLost``
+    (module doc)."""
+    ordered = unique(events)
+    worlds = segments(ordered)
+    out = []
+    for before, seg in zip(worlds, worlds[1:]):
+        window = [e for e in ordered if before.restored < e["time"] <= seg.restored]
+        first = _first_completed(seg)
+        out.append({
+            "kind": _outage_kind(before, seg, window),
+            "fromWorldSize": before.world_size, "toWorldSize": seg.world_size,
+            "lastStep": before.last_step, "lastStepAt": before.last_time,
+            "restoredAt": seg.restored, "resumedFromStep": seg.first_step,
+            "firstStep": first[0] if first else None, "firstStepAt": first[1] if first else None,
+            "outageSeconds": round(first[1] - before.last_time, 2) if first else None,
+            "stepsLost": max(0, before.last_step - seg.first_step),
+            "restoreSource": seg.source,
         })
     return out
 

@@ -9,7 +9,7 @@ import time
 from typing import Any, Callable
 
 from azext_elastictrain.core.errors import EvictionError
-from azext_elastictrain.core.goodput import last_completed_step, scale_ups
+from azext_elastictrain.core.goodput import last_completed_step, outages, scale_ups
 
 # A local node comes back in seconds; the AKS backend passes its own, longer timeout (a new Spot VM).
 RECOVERY_TIMEOUT = 240.0
@@ -17,33 +17,37 @@ RECOVERY_TIMEOUT = 240.0
 
 def follow_recovery(read_events: Any, job: str, eviction: dict, timeout: float = RECOVERY_TIMEOUT,
                     sleep: Callable[[float], None] = time.sleep) -> dict:
-    """After an eviction: seconds until the job restored and trained again, and the steps it lost:
-    the last step the job completed before it broke - the step it resumed from."""
+    """After an eviction: the job's outage (``core.goodput.outages``: from the old world's last completed step
+    to the new world's first completed step) and the steps it lost, once the new world completed a step; also
+    ``restoreSeconds``/``recoverySeconds``, from the node going to the restore and to that first step. Events
+    without the old world's restore (a log that begins mid-run) give no outage (None) and the steps lost from
+    the survivors' record, the notice's step or the last progress report."""
     deadline = time.time() + timeout
-    evicted_at, started_at = eviction["evictedAt"], eviction["startedAt"]
+    evicted_at = eviction["evictedAt"]
+    started_at = eviction.get("startedAt", evicted_at)
     while time.time() < deadline:
         events = read_events(job)
         restored = [e for e in events if e.get("event") == "restored" and e.get("step") is not None
                     and e["time"] > evicted_at]
-        if restored:
-            resumed = [e for e in events if e.get("event") == "progress" and e["time"] > restored[0]["time"]]
-            if resumed:
-                before = [e["step"] for e in events if e.get("event") == "progress" and e["time"] <= evicted_at]
-                notices = [e["step"] for e in events if e.get("event") == "preempted"
-                           and started_at <= e["time"] <= evicted_at]
-                # ground truth: the last step the broken world completed, as its survivors recorded it;
-                # a runtime that wrote none leaves the notice's step or the last progress report
-                reached = last_completed_step(events, started_at, restored[0]["time"])
-                if reached is None:
-                    reached = notices[0] if notices else max(before, default=restored[0]["step"])
-                return {
-                    "node": eviction["node"],
-                    "resumedFromStep": restored[0]["step"],
-                    "worldSize": resumed[0].get("world_size"),
-                    "restoreSeconds": round(restored[0]["time"] - evicted_at, 2),
-                    "recoverySeconds": round(resumed[0]["time"] - evicted_at, 2),
-                    "stepsLost": max(0, reached - restored[0]["step"]),
-                }
+        resumed = [e for e in events if e.get("event") == "progress" and restored
+                   and e["time"] > restored[0]["time"]]
+        if resumed:
+            found = {"node": eviction["node"], "resumedFromStep": restored[0]["step"],
+                     "worldSize": resumed[0].get("world_size"),
+                     "restoreSeconds": round(restored[0]["time"] - evicted_at, 2),
+                     "recoverySeconds": round(resumed[0]["time"] - evicted_at, 2), "outageSeconds": None}
+            after = [o for o in outages(events) if o["restoredAt"] > evicted_at and o["firstStepAt"] is not None]
+            if after:
+                found.update({k: after[0][k] for k in ("kind", "outageSeconds", "stepsLost", "lastStep")})
+                return found
+            before = [e["step"] for e in events if e.get("event") == "progress" and e["time"] <= evicted_at]
+            notices = [e["step"] for e in events if e.get("event") == "preempted"
+                       and started_at <= e["time"] <= evicted_at]
+            reached = last_completed_step(events, started_at, restored[0]["time"])
+            if reached is None:
+                reached = notices[0] if notices else max(before, default=restored[0]["step"])
+            found["stepsLost"] = max(0, reached - restored[0]["step"])
+            return found
         sleep(0.5)
     raise EvictionError(f"job {job!r} did not train again within {timeout:.0f}s of the eviction")
 
@@ -63,8 +67,12 @@ def follow_world_size(read_events: Any, job: str, world_size: int, since: float,
             ups = [up for up in scale_ups(events) if up["toWorldSize"] == world_size
                    and up["nodeJoined"] >= since]
             up = ups[0] if ups else {}
+            # the survivors' outage: the smaller world's last step to the grown world's first (core.goodput)
+            out = [o for o in outages(events) if o["toWorldSize"] == world_size and o["restoredAt"] > since
+                   and o["firstStepAt"] is not None]
             return {"worldSize": world_size, "step": grown[0]["step"],
                     "seconds": round(grown[0]["time"] - since, 2),
+                    "outageSeconds": out[0]["outageSeconds"] if out else None,
                     "nodeJoinedToFullSizeSeconds": up.get("nodeJoinedToFullSizeSeconds"),
                     "noTrainingSeconds": up.get("noTrainingSeconds"), "stepsLost": up.get("stepsLost"),
                     "restoreSource": up.get("restoreSource"), "ranksFromPeer": up.get("ranksFromPeer")}

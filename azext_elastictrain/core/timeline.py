@@ -28,6 +28,7 @@ def series(events: Iterable[dict]) -> dict:
     sizes: list[list[float]] = [[0.0, 0]]
     stops, scale_ups = [], []
     measured = iter(job_goodput.scale_ups(ordered))
+    outages = job_goodput.outages(ordered)
     for i, seg in enumerate(worlds):
         sizes.append([rel(seg.restored), seg.world_size])
         last = i == len(worlds) - 1
@@ -35,9 +36,10 @@ def series(events: Iterable[dict]) -> dict:
             sizes.append([rel(seg.last_time), 0])
         if not last:
             following = worlds[i + 1]
-            stops.append({"time": rel(seg.last_time), "step": seg.last_step,
-                          "resumedFromStep": following.first_step,
-                          "stepsLost": max(0, seg.last_step - following.first_step)})
+            outage = outages[i]  # the same figure as job show and evict simulate --wait (core.goodput.outages)
+            stops.append({"time": rel(seg.last_time), "step": seg.last_step, "kind": outage["kind"],
+                          "resumedFromStep": following.first_step, "stepsLost": outage["stepsLost"],
+                          "outageSeconds": outage["outageSeconds"]})
             if following.world_size > seg.world_size:
                 up = next(measured)
                 scale_ups.append({"time": rel(following.started or following.restored),

@@ -55,6 +55,7 @@ class JobView:  # pylint: disable=too-many-instance-attributes  # the `job show`
     events_error: str | None = None
     goodput: dict | None = None  # core.goodput.goodput of the run; None before it trained
     scale_up_times: list = field(default_factory=list)  # core.goodput.scale_ups of the run
+    outages: list = field(default_factory=list)  # core.goodput.outages of the run
 
     def describe(self, identity: dict, launch: dict, extra: dict | None = None,
                  worker_restarts: bool = False) -> dict:
@@ -71,7 +72,8 @@ class JobView:  # pylint: disable=too-many-instance-attributes  # the `job show`
                  "timeLost": self.goodput and self.goodput["lostRankSeconds"],
                  "rankSeconds": self.goodput and rank_seconds(self.goodput),
                  "scaleUpTimes": [{**up, "nodeJoined": iso_time(up["nodeJoined"], millis=True)}
-                                  for up in self.scale_up_times]}
+                                  for up in self.scale_up_times],
+                 "outages": [shown_outage(o) for o in self.outages]}
         if worker_restarts:
             shown["workerRestarts"] = self.worker_restarts
         shown["nodes"] = self.nodes
@@ -79,6 +81,12 @@ class JobView:  # pylint: disable=too-many-instance-attributes  # the `job show`
         if self.events_error:
             shown["eventsError"] = self.events_error
         return shown
+
+
+def shown_outage(outage: dict) -> dict:
+    """An outage (core.goodput.outages) as `job show` reports it: its times as ISO 8601."""
+    return {**outage, **{k: iso_time(outage[k], millis=True) for k in ("lastStepAt", "restoredAt", "firstStepAt")
+                         if outage.get(k) is not None}}
 
 
 def rank_seconds(goodput: dict) -> dict:
@@ -111,7 +119,8 @@ def build_job_view(events: Iterable[dict], *, created: float | None, nodes: list
                    failed_checkpoints=summary["failedCheckpoints"], evictions=len(notices) + len(lost),
                    recoveries=summary["recoveries"], scale_ups=summary["scaleUps"],
                    worker_restarts=summary["workerRestarts"], nodes=nodes, events_error=events_error,
-                   goodput=job_goodput.goodput(runs), scale_up_times=job_goodput.scale_ups(runs))
+                   goodput=job_goodput.goodput(runs), scale_up_times=job_goodput.scale_ups(runs),
+                   outages=job_goodput.outages(runs))
 
 
 def read_job_events(read: Callable[[str], Iterable[dict]], job: str) -> tuple[list[dict], str | None]:

@@ -10,10 +10,11 @@ A real 2-node job (two torchrun agents, etcd-v2 rendezvous, Azurite, DDP on
   baseline   plain torchrun: default rendezvous settings, no notice handling,
              a checkpoint once per epoch (as in the AKS TorchElastic lab)
 
-recovery = eviction (the node killed) -> first progress report at the new
-world size; restore = eviction -> the survivor loaded its checkpoint;
-steps lost = the step training had reached (or the notice step) - the step it
-resumed from. Medians of the repetitions; the ratio baseline / notice is the
+outage = the old world's last completed step -> the new world's first
+completed step (core.goodput.outages, what `evict simulate --wait`, `job show`
+and `job timeline` report); recovery = eviction (the node killed) -> that
+first step; restore = eviction -> the survivor loaded its checkpoint; steps
+lost = the old world's last completed step - the step it resumed from. Medians of the repetitions; the ratio baseline / notice is the
 headline. Everything runs on loopback and is stopped at the end.
 
     .venv/bin/python scripts/bench/recovery.py --state-mib 64 512 [--repeats 3]
@@ -45,6 +46,7 @@ sys.path.insert(0, str(REPO))
 
 from azext_elastictrain.core.blobstore import BlobStore  # noqa: E402
 from azext_elastictrain.backends.local.scheduled_events import ScheduledEventsServer  # noqa: E402
+from azext_elastictrain.core.recovery import follow_recovery  # noqa: E402
 from tests.support.elastic import TUNED_RDZV_CONF, JobConfig, Node, events_of, read_events, wait_for  # noqa: E402
 from tests.support.services import start_azurite, start_etcd  # noqa: E402
 
@@ -74,30 +76,28 @@ def run_case(case: str, blob, etcd, imds: ScheduledEventsServer, logs: Path) -> 
     try:
         wait_for(lambda: [e for e in events_of(events(), "progress") if e.get("world_size") == 2 and e["step"] > 60],
                  300, f"{case}: training at world size 2")
-        seen = len(events())
         if cfg["notice"]:
             event_id = imds.post_event(["node-b"], "Preempt", notice_seconds=30)
             if not imds.wait_acknowledged(event_id, timeout=60):
                 raise RuntimeError("the notice was never acknowledged")
-        before = events()
-        reached = max(e["step"] for e in before if e.get("event") == "progress")
-        b.kill()
-        evicted = time.time()
+        if cfg.get("vanish") is not None:  # frozen (no FIN reaches node-a), killed cfg["vanish"] s later
+            evicted = b.vanish(cfg["vanish"])
+        else:
+            b.kill()
+            evicted = time.time()
         if cfg["notice"]:
             imds.remove_event(event_id)
-        after = lambda: events()[seen:]  # noqa: E731
-        restored = wait_for(lambda: [e for e in after() if e.get("event") == "restored" and e.get("step") is not None
-                                     and e["time"] > evicted], 300, f"{case}: restore")[0]
-        resumed = wait_for(lambda: [e for e in after() if e.get("event") == "progress" and e.get("world_size") == 1
-                                    and e["time"] > restored["time"]], 120, f"{case}: training again")[0]
-        notice_steps = [e["step"] for e in after() if e.get("event") == "preempted"]
-        target = notice_steps[0] if notice_steps else reached
+        # what `evict simulate --wait` reports (core.recovery): the outage from the last step before to the
+        # first step after, the steps lost from the survivors' own record; also seconds from the kill
+        found = follow_recovery(lambda _job: events(), name, {"node": "node-b", "evictedAt": evicted},
+                                timeout=300)
         return {
             "case": case,
-            "recovery_s": round(resumed["time"] - evicted, 2),
-            "restore_s": round(restored["time"] - evicted, 2),
-            "steps_lost": max(0, target - restored["step"]),
-            "resumed_from": restored["step"],
+            "outage_s": found["outageSeconds"],
+            "recovery_s": found["recoverySeconds"],
+            "restore_s": found["restoreSeconds"],
+            "steps_lost": found["stepsLost"],
+            "resumed_from": found["resumedFromStep"],
         }
     finally:
         a.stop()
@@ -212,6 +212,10 @@ def main() -> int:
     parser.add_argument("--cold", action="store_true",
                         help="also measure notice and no-notice with every worker started cold (cases notice-cold "
                              "and no-notice-cold: plain torchrun worker starts, no warm server)")
+    parser.add_argument("--vanish", type=float, metavar="SECONDS",
+                        help="also measure no-notice-vanish: the node frozen (SIGSTOP, sockets open, as an Azure "
+                             "VM that vanished) and killed SECONDS later, as evict simulate --local does")
+    parser.add_argument("--cases", help="only these cases, comma-separated (default: all)")
     parser.add_argument("--state-mib", type=int, nargs="+",
                         help="instead: a survivor's restore of a state this size (or sizes), from memory vs from "
                              "blob, and the per-step cost of keeping it in memory")
@@ -227,6 +231,11 @@ def main() -> int:
     if args.cold:
         CASES["notice-cold"] = dict(CASES["notice"], warm=False)
         CASES["no-notice-cold"] = dict(CASES["no-notice"], warm=False)
+    if args.vanish is not None:
+        CASES["no-notice-vanish"] = dict(CASES["no-notice"], vanish=args.vanish)
+    if args.cases:
+        for case in set(CASES) - set(args.cases.split(",")):
+            del CASES[case]
     samples: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="elastictrain-recovery-") as tmp:
         work = Path(tmp)
@@ -237,24 +246,32 @@ def main() -> int:
                 for case in order:
                     sample = run_case(case, blob, etcd, imds, work / "logs")
                     samples.append(sample)
-                    print(f"  rep {rep + 1} {case:10s} recovery {sample['recovery_s']:6.2f}s  "
-                          f"restore {sample['restore_s']:6.2f}s  steps lost {sample['steps_lost']}", flush=True)
-    print(f"\n{'case':10s} {'n':>2s} {'recovery s':>11s} {'restore s':>10s} {'steps lost':>11s}")
+                    print(f"  rep {rep + 1} {case:10s} outage {sample['outage_s']:6.2f}s  "
+                          f"recovery {sample['recovery_s']:6.2f}s  restore {sample['restore_s']:6.2f}s  "
+                          f"steps lost {sample['steps_lost']}", flush=True)
+    print(f"\n{'case':10s} {'n':>2s} {'outage s':>9s} {'recovery s':>11s} {'restore s':>10s} {'steps lost':>11s}")
     medians = {}
     for case in CASES:
         rows = [s for s in samples if s["case"] == case]
-        medians[case] = {k: statistics.median(r[k] for r in rows) for k in ("recovery_s", "restore_s", "steps_lost")}
+        medians[case] = {k: statistics.median(r[k] for r in rows)
+                         for k in ("outage_s", "recovery_s", "restore_s", "steps_lost")}
         m = medians[case]
-        print(f"{case:10s} {len(rows):2d} {m['recovery_s']:11.2f} {m['restore_s']:10.2f} {m['steps_lost']:11.1f}")
-    ratio = medians["baseline"]["recovery_s"] / medians["notice"]["recovery_s"]
-    print(f"\nbaseline / notice recovery: {ratio:.2f}x   (goal for notice: <= 10 s and 0 steps lost)")
+        print(f"{case:10s} {len(rows):2d} {m['outage_s']:9.2f} {m['recovery_s']:11.2f} {m['restore_s']:10.2f} "
+              f"{m['steps_lost']:11.1f}")
+    ratio = None
+    if "baseline" in medians and "notice" in medians:
+        ratio = medians["baseline"]["outage_s"] / medians["notice"]["outage_s"]
+        print(f"\nbaseline / notice outage: {ratio:.2f}x   (goal for notice: <= 10 s and 0 steps lost)")
+    if "no-notice-vanish" in medians and "no-notice" in medians:
+        print(f"no-notice-vanish / no-notice outage: "
+              f"{medians['no-notice-vanish']['outage_s'] / medians['no-notice']['outage_s']:.2f}x")
     if args.candidate:
-        print(f"candidate {args.candidate}: notice* / notice recovery "
-              f"{medians['notice*']['recovery_s'] / medians['notice']['recovery_s']:.2f}")
+        print(f"candidate {args.candidate}: notice* / notice outage "
+              f"{medians['notice*']['outage_s'] / medians['notice']['outage_s']:.2f}")
     if args.cold:
         for case in ("notice", "no-notice"):
-            print(f"{case}-cold / {case} recovery (warm start's gain): "
-                  f"{medians[f'{case}-cold']['recovery_s'] / medians[case]['recovery_s']:.2f}x")
+            print(f"{case}-cold / {case} outage (warm start's gain): "
+                  f"{medians[f'{case}-cold']['outage_s'] / medians[case]['outage_s']:.2f}x")
     if args.json:
         Path(args.json).write_text(json.dumps({"samples": samples, "medians": medians, "ratio": ratio}, indent=1))
     return 0

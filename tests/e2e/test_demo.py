@@ -30,7 +30,10 @@ def test_the_demo_survives_two_evictions_and_finishes_every_step(tmp_path):
         assert notice["notice"] and notice["acknowledged"] and notice["stepsLost"] == 0, notice
         # without notice the survivor resumes from its own memory: at most the step in flight is lost
         assert not sudden["notice"] and 0 <= sudden["stepsLost"] <= 1, sudden
-        assert sudden["recoverySeconds"] <= 10, sudden
+        assert 0 < sudden["outageSeconds"] <= 10, sudden
+        # the outage with notice runs from the survivors' last step, before the node went: no shorter than
+        # the seconds from the kill to the first step after it
+        assert notice["outageSeconds"] >= notice["recoverySeconds"] > 0, notice
         assert sudden["node"] == notice["replacement"]["node"]  # --count 1 takes the newest node
         assert notice["worldSize"] == sudden["worldSize"] == 1
         assert all(e["capacityBack"]["worldSize"] == 2 for e in summary["evictions"])
@@ -38,6 +41,7 @@ def test_the_demo_survives_two_evictions_and_finishes_every_step(tmp_path):
             # the survivor restored from its own memory and the newcomer from it: no blob restore, no step lost
             assert back["restoreSource"] in ("memory", "peer") and back["ranksFromPeer"] == 1, back
             assert back["stepsLost"] == 0 and 0 <= back["noTrainingSeconds"] <= back["nodeJoinedToFullSizeSeconds"]
+            assert back["noTrainingSeconds"] <= back["outageSeconds"] <= 10, back  # the outage ends at a step
         assert summary["lossEnd"]["loss"] < summary["lossStart"]["loss"]
         assert summary["checkpointsKept"] == [STEPS - INTERVAL, STEPS]  # pruned to the newest 2
         assert (out / "timeline.png").stat().st_size > 10_000

@@ -77,13 +77,13 @@ def _check_schedule(az) -> None:
     assert report["stopped"] is True, report
     # the first: a notice, acknowledged, followed until the job trained again, capacity back at full size
     assert first["noticeSeconds"] == 10 and first["acknowledged"] is True, first
-    assert first["recovery"]["worldSize"] == 1 and first["recovery"]["recoverySeconds"] > 0, first
+    assert first["recovery"]["worldSize"] == 1 and first["recovery"]["outageSeconds"] > 0, first
     assert first["recovery"]["stepsLost"] == 0, first  # the runtime checkpointed the notice's step
     assert first["capacityBack"]["fullSize"]["worldSize"] == 2, first
     # the second: no notice; Ctrl-C while its recovery was followed: its capacity came back at once
     assert second["noticeSeconds"] == 0 and second["recovery"] == {"stopped": True}, second
     assert second["capacityBack"]["stopped"] is True and len(second["capacityBack"]["replacements"]) == 1
-    assert "eviction 1/4 at +15s:" in text and "trained again after" in text and "stopped: goodput" in text, text
+    assert "eviction 1/4 at +15s:" in text and "outage " in text and "stopped: goodput" in text, text
     assert 0 < report["goodput"]["goodput"] < 1, report
     # nothing left half-evicted: the two evicted nodes are gone, two nodes run, and the job grows back to 2
     alive = _alive(az)

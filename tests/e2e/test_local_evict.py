@@ -93,8 +93,12 @@ def test_show_and_timeline_account_for_the_eviction(job, tmp_path):
     shown = az.json("elastictrain", "job", "show", "--local", "--name", JOB)
     assert 0 < shown["goodput"] < 1 and shown["stepsLost"] >= stop["stepsLost"], shown
     assert shown["timeLost"]["reforming"] > 0 and shown["timeLost"]["restoring"] > 0, shown
+    # one outage figure: job show's last outage is the timeline's stop (last step before to first step after)
+    outage = shown["outages"][-1]
+    assert outage["kind"] == "eviction" and outage["outageSeconds"] == stop["outageSeconds"] > 0, shown
+    assert outage["stepsLost"] == stop["stepsLost"] and outage["toWorldSize"] == 1, shown
     table = az("elastictrain", "job", "timeline", "--local", "--name", JOB, "-o", "table").stdout
-    assert "WorldSize" in table and "StepsLost" in table, table
+    assert "WorldSize" in table and "StepsLost" in table and "OutageSeconds" in table, table
     picture = tmp_path / "timeline.png"
     drawn = az.json("elastictrain", "job", "timeline", "--local", "--name", JOB, "--output-file", str(picture))
     assert drawn["outputFile"] == str(picture) and picture.read_bytes()[:4] == b"\x89PNG"

@@ -1,8 +1,8 @@
 """Real torchrun agents acting as nodes of one elastic job, for tests and benchmarks.
 
-Each ``Node`` is a ``torchrun`` agent (etcd-v2 rendezvous, ``--nnodes=A:B``)
-running ``scripts/train_cifar10.py`` with the job's checkpoint URL, Azurite
-credentials and Scheduled Events endpoint in its environment. Losing a node
+Each ``Node`` is a ``torchrun`` agent launched by the product's own builder
+(backends/local/agent.py, what ``job run --local`` uses) running
+``scripts/train_cifar10.py``. Losing a node
 means killing the agent AND every descendant: workers start sessions of their
 own, so a process-group kill would leave them training.
 """
@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,8 @@ from typing import Callable, Sequence
 import psutil
 
 # The rendezvous settings local jobs run with: one place decides them.
+from azext_elastictrain.backends.local.agent import AgentLaunch
+from azext_elastictrain.backends.local.evict import vanish_processes
 from azext_elastictrain.backends.local.state import node_processes
 from azext_elastictrain.core import launch
 from azext_elastictrain.core.launch import LOCAL_RDZV_CONF as TUNED_RDZV_CONF
@@ -46,43 +47,27 @@ class JobConfig:
 
 
 class Node:
+    """A node started as `job run --local` starts one (backends/local/agent.py's AgentLaunch), with the test's
+    or benchmark's own settings on top (``JobConfig.rdzv_conf``, ``extra_env``)."""
+
     def __init__(self, job: JobConfig, name: str, log_dir: Path):
         self.job = job
         self.name = name
         self.log_path = log_dir / f"{name}.log"
-        log_dir.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ)
-        env.update({
-            "ELASTICTRAIN_CHECKPOINT_URL": job.checkpoint_url,
-            "AZURE_STORAGE_CONNECTION_STRING": job.connection_string,
-            "ELASTICTRAIN_SCHEDULED_EVENTS_URL": job.scheduled_events_url,
-            "ELASTICTRAIN_VM_NAME": name,
-            "ELASTICTRAIN_NODE_NAME": name,
-            "ELASTICTRAIN_PROGRESS_SECONDS": "1",
-            # A worker restarted on the same VM must not act twice on an acknowledged event.
-            "ELASTICTRAIN_PREEMPTION_STATE": str(log_dir / f"{name}.acked.json"),
-            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # torch 2.13: scale-up hangs without it
-            "GLOO_SOCKET_IFNAME": "lo",
-            "OMP_NUM_THREADS": "1",
-            "PYTHONUNBUFFERED": "1",
-        })
-        env.update(job.extra_env)
-        argv = [
-            sys.executable, *launch.agent_module(warm=job.warm_start),
-            f"--nnodes={job.min_nodes}:{job.max_nodes}",
-            f"--nproc-per-node={job.nproc_per_node}",
-            "--rdzv-backend=etcd-v2",
-            f"--rdzv-endpoint={job.etcd_endpoint}",
-            f"--rdzv-id={job.name}",
-            f"--rdzv-conf={job.rdzv_conf}",
-            "--local-addr=127.0.0.1",
-            "--max-restarts=100",
-            "--monitor-interval=0.5",
-            *launch.worker_entry(str(TRAIN_SCRIPT), job.script_args, warm=job.warm_start),
-        ]
+        (log_dir / "nodes").mkdir(parents=True, exist_ok=True)
+        agent = AgentLaunch(
+            node=name, script=str(TRAIN_SCRIPT), script_args=tuple(job.script_args),
+            checkpoint_url=job.checkpoint_url, connection_string=job.connection_string,
+            etcd_endpoint=job.etcd_endpoint, rdzv_id=job.name, job_dir=log_dir,
+            scheduled_events_url=job.scheduled_events_url, min_nodes=job.min_nodes, max_nodes=job.max_nodes,
+            nproc_per_node=job.nproc_per_node, warm_start=job.warm_start, rdzv_conf=job.rdzv_conf,
+            progress_seconds=1,
+            # the session's memory-tier folder (tests/conftest.py), which the product's launch does not pass on
+            extra_env={**{k: os.environ[k] for k in (launch.ENV_MEMORY_DIR,) if k in os.environ},
+                       **job.extra_env})
         self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log,
-                                     stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.proc = subprocess.Popen(agent.argv(), stdin=subprocess.DEVNULL, stdout=self._log,
+                                     stderr=subprocess.STDOUT, env=agent.env(os.environ), start_new_session=True)
 
     def tree(self) -> list[psutil.Process]:
         """Every process of the node, as the local backend finds them (backends/local/state.py)."""
@@ -107,6 +92,12 @@ class Node:
         psutil.wait_procs(procs, timeout=10)
         self.proc.wait(timeout=10)
         self._log.close()
+
+    def vanish(self, seconds: float) -> float:
+        """The VM vanishes as a Spot VM evicted without notice does: every process of the node frozen at once
+        (SIGSTOP: its sockets stay open, no FIN reaches a peer), then killed ``seconds`` later (what
+        backends/local/evict.py does). Returns when it froze them."""
+        return vanish_processes(self.tree(), seconds)
 
     def wait(self, timeout: float) -> int:
         return self.proc.wait(timeout=timeout)

@@ -205,12 +205,15 @@ def test_show_says_when_the_events_cannot_be_read(kube) -> None:
 
 def test_recovery_after_an_aks_eviction_reads_the_events_like_the_local_one() -> None:
     asked, gone = T0 + 92, T0 + 130
+    # the runtime saves the notice's step (its checkpoint event says when that step ended)
     events = EVENTS + [_event(95, "preempted", step=160, source="scheduled_events"),
+                       _event(96, "checkpoint", step=160, step_time=T0 + 94.5),
                        _event(140, "restored", step=160, world_size=1),
                        _event(152.5, "progress", step=170, world_size=1)]
     result = aj.follow_recovery_aks(lambda job: events, "cifar", gone, node=k.name_of(GPU[1]), requested_at=asked)
     assert result == {"node": k.name_of(GPU[1]), "resumedFromStep": 160, "worldSize": 1, "restoreSeconds": 10.0,
-                      "recoverySeconds": 22.5, "stepsLost": 0}
+                      "recoverySeconds": 22.5, "stepsLost": 0, "kind": "evictionWithNotice", "lastStep": 160,
+                      "outageSeconds": 58.0}  # from step 160 (ended at +94.5) to step 170 (+152.5)
 
 
 def test_the_script_is_read_back_from_a_warm_entry_and_from_a_bare_one() -> None:

@@ -151,13 +151,13 @@ class FakeEvictor:
 
     def recovery(self, eviction, stop):
         self.calls.append(("recovery", eviction["node"]))
-        return {"node": eviction["node"], "recoverySeconds": 7.5, "stepsLost": 1, "resumedFromStep": 99,
+        return {"node": eviction["node"], "outageSeconds": 7.5, "stepsLost": 1, "resumedFromStep": 99,
                 "worldSize": 1}
 
     def capacity_back(self, item, eviction, stop):
         self.calls.append(("back", item.index, stop.is_set()))
         back = {"stopped": True} if stop.is_set() else {
-            "fullSize": {"worldSize": 2, "seconds": 3.25, "noTrainingSeconds": 1.5}}
+            "fullSize": {"worldSize": 2, "seconds": 3.25, "outageSeconds": 1.5}}
         return {"replacements": [{"node": "job-node-9"}], **back}
 
     def events(self):
@@ -189,9 +189,9 @@ def test_each_eviction_is_evicted_followed_and_given_back_in_time_and_the_goodpu
     assert noticed == 2 and result["summary"]["withNotice"]["recovered"] == 2  # round(0.5 x 3)
     assert result["summary"]["withoutNotice"]["stepsLost"] == [1]
     assert lines[0].startswith("eviction 1/3 at +0s: job-node-")
-    assert "trained again after 7.5s at world size 1, 1 step(s) lost (resumed from step 99)" in lines[1]
-    assert "full size 2 again after 3.25s (1.5s without training)" in lines[2]
-    assert result["summary"]["scaleUpNoTrainingSeconds"] == [1.5, 1.5, 1.5]
+    assert "outage 7.5s (last step to first step), world size 1, 1 step(s) lost (resumed from step 99)" in lines[1]
+    assert "full size 2 again after 3.25s (outage 1.5s)" in lines[2]
+    assert result["summary"]["scaleUpOutageSeconds"] == [1.5, 1.5, 1.5]
     assert lines[-1] == ("goodput 90.9% of the job's node-seconds (0 step(s) retrained; rank-seconds lost: "
                          "starting 2)")
 
@@ -308,5 +308,5 @@ def test_the_table_shows_the_plan_then_each_eviction_and_the_goodput():
     result = run_schedule(plan_schedule(_quick(duration=0.1)), FakeEvictor(skip={2}))
     rows = eviction_table({"type": "local", **result})
     assert [r["Eviction"] for r in rows] == [1, 2, "goodput"]
-    assert rows[0]["RecoverySeconds"] == 7.5 and rows[0]["FullSizeAfterSeconds"] == 3.25
+    assert rows[0]["OutageSeconds"] == 7.5 and rows[0]["FullSizeAfterSeconds"] == 3.25
     assert rows[1]["Note"].startswith("job 'job' runs 1 node(s)") and rows[2]["Note"] == "90.9%"

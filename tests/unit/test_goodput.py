@@ -173,7 +173,8 @@ def test_timeline_series_marks_the_stop_the_loss_and_no_training_between_worlds(
     assert [w["worldSize"] for w in shown["worlds"]] == [2, 1]
     assert shown["worlds"][0]["steps"][-1] == [39.0, 37]   # step 37 ended at t=137, 39 s after the start
     assert shown["worldSize"] == [[0.0, 0], [2.0, 2], [39.0, 0], [44.0, 1], [79.0, 0]]
-    assert shown["stops"] == [{"time": 39.0, "step": 37, "resumedFromStep": 25, "stepsLost": 12}]
+    assert shown["stops"] == [{"time": 39.0, "step": 37, "kind": "eviction", "resumedFromStep": 25,
+                               "stepsLost": 12, "outageSeconds": 6.0}]
     assert shown["checkpoints"] == [[28.5, 25]] and shown["scaleUps"] == []
 
 
@@ -205,5 +206,81 @@ def test_timeline_table_has_a_row_per_world():
     from azext_elastictrain.core.timeline import series
 
     rows = job_timeline_table(series(evicted_job()))
-    assert [list(r.values()) for r in rows] == [[1, 2, 0, 37, 2.0, 39.0, 12], [2, 1, 25, 60, 44.0, 79.0, ""]]
+    assert [list(r.values()) for r in rows] == [[1, 2, 0, 37, 2.0, 39.0, 12, 6.0],
+                                                [2, 1, 25, 60, 44.0, 79.0, "", ""]]
     assert job_timeline_table(series([])) == []
+
+
+# -- the outage of each re-form: the old world's last completed step to the new world's first ------------------
+
+def evicted_with_notice() -> list[dict]:
+    """2 ranks train a step every 0.5 s; a Scheduled Events Preempt comes during step 30: every rank saves step 30
+    (ended at 115.0) and the world holds there; the node goes at 118.0 and the survivor records step 30; the world
+    of 1 starts at 119.5, restores step 30 from blob at 120.2 and completes step 31 at 120.9."""
+    return [
+        ev(99.0, "started", world_size=2), ev(100.0, "restored", step=None, world_size=2),
+        ev(100.5, "progress", step=1, world_size=2),
+        ev(115.1, "preempted", step=30, source="scheduled-events", event_id="e1"),
+        ev(115.6, "checkpoint", step=30, step_time=115.0, world_size=2),
+        ev(118.3, "interrupted", rank=1, step=30, step_time=115.0, world_size=2),
+        ev(119.5, "started", world_size=1),
+        ev(120.2, "restored", step=30, world_size=1, source="blob"),
+        ev(120.9, "progress", step=31, world_size=1),
+    ]
+
+
+def test_the_outage_with_notice_runs_from_the_last_step_before_the_notice_not_from_the_kill():
+    events = evicted_with_notice()
+    (outage,) = goodput.outages(events)
+    assert outage["kind"] == "evictionWithNotice" and outage["stepsLost"] == 0
+    assert (outage["lastStep"], outage["lastStepAt"], outage["firstStep"], outage["firstStepAt"]) == \
+        (30, 115.0, 31, 120.9)
+    assert outage["outageSeconds"] == 5.9  # 115.0 -> 120.9; from the kill (118.0) it would say 2.9
+    found = recovery.follow_recovery(lambda job: events, "j", {"node": "n0", "evictedAt": 118.0}, timeout=5)
+    assert (found["outageSeconds"], found["recoverySeconds"], found["stepsLost"]) == (5.9, 2.9, 0)
+    assert found["kind"] == "evictionWithNotice" and found["worldSize"] == 1 and found["resumedFromStep"] == 30
+
+
+def test_the_outage_without_notice_runs_from_the_last_step_the_survivors_completed():
+    (outage,) = goodput.outages(evicted_job())
+    # step 37 ended at 137.0 (the survivor's record); the world of 1 completed step 26 at 143.0
+    assert (outage["kind"], outage["outageSeconds"], outage["stepsLost"]) == ("eviction", 6.0, 12)
+    found = recovery.follow_recovery(lambda job: evicted_job(), "j", {"node": "n0", "evictedAt": 137.2}, timeout=5)
+    assert (found["outageSeconds"], found["recoverySeconds"], found["stepsLost"]) == (6.0, 5.8, 12)
+
+
+def test_the_outage_of_a_scale_up_runs_from_the_smaller_worlds_last_step_to_the_larger_worlds_first():
+    events = scale_up_from_memory()
+    (outage,) = goodput.outages(events)
+    # last step of the world of 1 at 20.0 (not the SIGTERM at 20.2); the world of 2 completed step 21 at 22.0
+    assert (outage["kind"], outage["outageSeconds"], outage["stepsLost"]) == ("scaleUp", 2.0, 0)
+    back = recovery.follow_world_size(lambda job: events, "j", 2, since=20.0, timeout=5)
+    assert back["outageSeconds"] == 2.0 and back["noTrainingSeconds"] == 1.5
+    # the same figure in job show and job timeline
+    view = build_job_view(events, created=None, nodes=[], state_of=lambda summary: "Running",
+                          lost_nodes=lambda state: [])
+    (shown,) = view.describe({}, {})["outages"]
+    assert shown["outageSeconds"] == 2.0 and shown["lastStepAt"] == "1970-01-01T00:00:20.000Z"
+    from azext_elastictrain.core.timeline import series
+
+    assert series(events)["stops"][0]["outageSeconds"] == 2.0
+
+
+def test_a_new_world_that_has_not_completed_a_step_has_no_outage_yet_and_recovery_waits_for_it():
+    events = evicted_with_notice()[:-1]  # restored, no step yet
+    (outage,) = goodput.outages(events)
+    assert outage["outageSeconds"] is None and outage["firstStepAt"] is None
+    from azext_elastictrain.core.errors import EvictionError
+
+    with pytest.raises(EvictionError, match="did not train again"):
+        recovery.follow_recovery(lambda job: events, "j", {"node": "n0", "evictedAt": 118.0}, timeout=0.2,
+                                 sleep=lambda s: None)
+
+
+def test_a_same_size_re_form_after_a_sigterm_alone_is_a_restart():
+    events = [ev(0.0, "restored", step=None, world_size=2), ev(10.0, "progress", step=10, world_size=2),
+              ev(10.2, "preempted", step=10, source="sigterm"),
+              ev(10.3, "interrupted", step=10, step_time=10.0, world_size=2),
+              ev(12.0, "restored", step=10, world_size=2, source="memory"), ev(12.5, "progress", step=11, world_size=2)]
+    (outage,) = goodput.outages(events)
+    assert (outage["kind"], outage["outageSeconds"], outage["stepsLost"]) == ("restart", 2.5, 0)

@@ -322,9 +322,9 @@ def list_jobs(kube: Any, read_events: ReadEvents, *, namespace: str = NAMESPACE,
 def follow_recovery_aks(read_events: ReadEvents, job: str, evicted_at: float, *, node: str | None = None,
                         requested_at: float | None = None, timeout: float | None = None,
                         sleep: Callable[[float], None] = time.sleep) -> dict:
-    """After an eviction: seconds from ``evicted_at`` (the node left, see ``evict.wait_node_evicted``) until the job
-    trained again, and the steps it lost (from the Preempt notice's step, seen since ``requested_at``, the
-    simulateEviction call). The same reading of the events as on the local cluster."""
+    """After an eviction: the job's outage (its last step before to its first step after) and the steps it lost,
+    and seconds from ``evicted_at`` (the node left, see ``evict.wait_node_evicted``) until it trained again.
+    The same reading of the events as on the local cluster (``core.recovery.follow_recovery``)."""
     from azext_elastictrain.core.recovery import RECOVERY_TIMEOUT, follow_recovery
 
     eviction = {"node": node, "evictedAt": evicted_at,

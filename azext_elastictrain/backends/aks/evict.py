@@ -131,8 +131,8 @@ def follow(kube: Any, compute: Compute, evictions: list[dict], read_events: Read
         try:
             found = follow_recovery_aks(read_events, job, gone_at, requested_at=asked_at, timeout=recovery_timeout,
                                         sleep=sleep)
-            recovery = {k: found.get(k) for k in ("recoverySeconds", "stepsLost", "resumedFromStep", "worldSize",
-                                                  "restoreSeconds")}
+            recovery = {k: found.get(k) for k in ("outageSeconds", "stepsLost", "resumedFromStep", "worldSize",
+                                                  "recoverySeconds", "restoreSeconds")}
         except Exception as ex:  # pylint: disable=broad-exception-caught
             # unreadable events or no recovery in time: say which
             from azext_elastictrain.core.chaos import FollowStopped

@@ -30,21 +30,43 @@ def _request(method: str, url: str, body: dict | None = None) -> Any:
     return json.loads(raw) if raw else None
 
 
-def _kill_node(node: dict, marker: str) -> None:
-    """The VM is gone: SIGKILL every process of the node at once (known by the node's name and the job's
-    marker where they are not the agent's descendants)."""
-    import psutil
-
-    from azext_elastictrain.backends.local.jobs import JOB_MARKER_ENV
+def _node_processes(node: dict, marker: str) -> list:
+    """Every process of the node (known by the node's name and the job's marker where they are not the
+    agent's descendants)."""
+    from azext_elastictrain.backends.local.agent import JOB_MARKER_ENV
     from azext_elastictrain.core.launch import ENV_NODE_NAME
 
-    procs = node_processes(node["pid"], {ENV_NODE_NAME: node["name"], JOB_MARKER_ENV: marker})
+    return node_processes(node["pid"], {ENV_NODE_NAME: node["name"], JOB_MARKER_ENV: marker})
+
+
+def kill_processes(procs: list) -> None:
+    """SIGKILL them all at once, and reap them."""
+    import psutil
+
     for proc in procs:
         try:
             proc.kill()
         except psutil.Error:
             pass
     psutil.wait_procs(procs, timeout=10)
+
+
+def vanish_processes(procs: list, seconds: float) -> float:
+    """A VM that vanished: every process frozen at once (SIGSTOP; a frozen process keeps its sockets open and
+    sends nothing, so no FIN or RST reaches a peer, which finds out only by a timeout of its own, as when an
+    Azure Spot VM is evicted without notice), then killed ``seconds`` later (the local kernel would close their
+    sockets at once: a kill alone tells every peer at once, which Azure never does). Returns when they froze."""
+    import psutil
+
+    for proc in procs:
+        try:
+            proc.suspend()
+        except psutil.Error:
+            pass
+    frozen_at = time.time()
+    time.sleep(seconds)
+    kill_processes(procs)
+    return frozen_at
 
 
 def choose_nodes(job: dict, running: list[dict], node: str | None, count: int | None) -> list[dict]:
@@ -66,9 +88,15 @@ def choose_nodes(job: dict, running: list[dict], node: str | None, count: int | 
 
 
 def evict_nodes(backend: Any, cluster: str, job_name: str, *, node: str | None = None, count: int | None = None,
-                notice_seconds: float = 30.0, replace_after: float | None = None, dry_run: bool = False) -> dict:
+                notice_seconds: float = 30.0, replace_after: float | None = None, dry_run: bool = False,
+                vanish_seconds: float = 0.0) -> dict:
     """Evict the chosen nodes, one after the other. Replacements are the caller's next step
-    (``replace_nodes``), so it can follow the recovery at the smaller world size first."""
+    (``replace_nodes``), so it can follow the recovery at the smaller world size first.
+
+    Without notice, ``vanish_seconds`` > 0 freezes the node's processes that long before they are killed
+    (``vanish_processes``: as Azure does it). Not the default yet: nothing in a job detects a silent peer before
+    gloo's collective timeout (30 min unless the script sets one), so the survivors wait for the kill
+    (scripts/bench/recovery.py --vanish measures it)."""
     if notice_seconds < 0:
         raise SpecError(f"--notice-seconds {notice_seconds:g}: use 0 (no notice) or more")
     if replace_after is not None and replace_after < 0:
@@ -83,7 +111,8 @@ def evict_nodes(backend: Any, cluster: str, job_name: str, *, node: str | None =
         return plan
     conn = backend.connection(cluster)
     for target in targets:
-        plan["evictions"].append(_evict_one(backend, cluster, job, target, conn=conn, notice_seconds=notice_seconds))
+        plan["evictions"].append(_evict_one(backend, cluster, job, target, conn=conn, notice_seconds=notice_seconds,
+                                            vanish_seconds=vanish_seconds))
     return plan
 
 
@@ -94,7 +123,8 @@ def replace_nodes(backend: Any, cluster: str, job_name: str, count: int) -> list
     return [_replace(backend, cluster, job, conn) for _ in range(count)]
 
 
-def _evict_one(backend: Any, cluster: str, job: dict, target: dict, *, conn: dict, notice_seconds: float) -> dict:
+def _evict_one(backend: Any, cluster: str, job: dict, target: dict, *, conn: dict, notice_seconds: float,
+               vanish_seconds: float = 0.0) -> dict:
     started = time.time()
     acked_after = None
     event_id = None
@@ -108,8 +138,12 @@ def _evict_one(backend: Any, cluster: str, job: dict, target: dict, *, conn: dic
                 acked_after = round(events[event_id]["AcknowledgedAt"] - started, 2)
                 break
             time.sleep(0.2)
-    _kill_node(target, str(backend.job_dir(cluster, job["name"])))
-    evicted_at = time.time()
+    procs = _node_processes(target, str(backend.job_dir(cluster, job["name"])))
+    if notice_seconds == 0 and vanish_seconds > 0:
+        evicted_at = vanish_processes(procs, vanish_seconds)
+    else:
+        kill_processes(procs)
+        evicted_at = time.time()
     if event_id is not None:
         _request("DELETE", f"{_admin(conn)}/{event_id}")  # the VM is gone, and its events with it
     target["status"] = "evicted"

@@ -24,13 +24,12 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from azext_elastictrain.core import events as job_events
-from azext_elastictrain.core import launch
 from azext_elastictrain.clients.blob import EventReader
 from azext_elastictrain.core.errors import ClusterNotFound, JobNotFound
 from azext_elastictrain.core.view import build_job_view, iso_time, read_job_events
+from azext_elastictrain.backends.local.agent import JOB_MARKER_ENV, AgentLaunch
 from azext_elastictrain.backends.local.state import (
     CHECKPOINT_CONTAINER,
-    REPO_ROOT,
     STOP_TIMEOUT,
     ClusterError,
     ClusterUnhealthy,
@@ -45,10 +44,6 @@ from azext_elastictrain.core.spec import MEMORY_TIER_OFF, JobSpec, LocalClusterS
 
 # A job's workers get this long after SIGTERM (the runtime checkpoints on it) before SIGKILL.
 JOB_STOP_TIMEOUT = 15.0
-PROGRESS_SECONDS = 2
-# Every process of a local job carries this in its environment (inherited by the
-# workers), so orphans of a killed agent can still be found and stopped.
-JOB_MARKER_ENV = "ELASTICTRAIN_LOCAL_JOB"
 
 
 class LocalJobs:
@@ -172,37 +167,16 @@ class LocalJobs:
     def start_node(self, spec: JobSpec, script: str, node: str, conn: dict, *, job_dir: Path, rdzv_id: str) -> dict:
         import psutil
 
-        nodes_dir = job_dir / "nodes"
-        log_path = nodes_dir / f"{node}.log"
-        env = {k: v for k, v in os.environ.items() if not k.startswith(launch.ENV_PREFIX)}
-        env.update(launch.runtime_env(keep=spec.keep, checkpoint_interval=spec.checkpoint_interval,
-                                      memory_tier=spec.memory_tier != MEMORY_TIER_OFF))
-        env.update({
-            JOB_MARKER_ENV: str(job_dir),
-            launch.ENV_CHECKPOINT_URL: f"{conn['blob_endpoint']}/{CHECKPOINT_CONTAINER}/{spec.name}",
-            "AZURE_STORAGE_CONNECTION_STRING": conn["connection_string"],
-            launch.ENV_SCHEDULED_EVENTS_URL: conn["scheduled_events"],
-            launch.ENV_VM_NAME: node,
-            launch.ENV_NODE_NAME: node,
-            # A worker restarted on the same node must not act twice on an acknowledged event.
-            launch.ENV_PREEMPTION_STATE: str(nodes_dir / f"{node}.acked.json"),
-            launch.ENV_NODE_LEAVING_FILE: str(self._leaving_file(job_dir, node)),
-            launch.ENV_PROGRESS_SECONDS: str(PROGRESS_SECONDS),
-            "GLOO_SOCKET_IFNAME": "lo",
-            # The runtime (azext_elastictrain.runtime) importable from a script anywhere.
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
-        })
-        env.setdefault("OMP_NUM_THREADS", "1")
-        argv = [
-            sys.executable, *launch.agent_module(warm=spec.warm_start),
-            *launch.torchrun_options(rdzv_conf=launch.LOCAL_RDZV_CONF, nproc_per_node=spec.nproc_per_node,
-                                     rdzv_id=rdzv_id),
-            f"--nnodes={spec.min_nodes}:{spec.max_nodes}",
-            f"--rdzv-endpoint={conn['etcd']}",
-            "--local-addr=127.0.0.1",
-            "--monitor-interval=0.5",
-            *launch.worker_entry(script, spec.script_args, warm=spec.warm_start),
-        ]
+        log_path = job_dir / "nodes" / f"{node}.log"
+        agent = AgentLaunch(
+            node=node, script=script, script_args=tuple(spec.script_args),
+            checkpoint_url=f"{conn['blob_endpoint']}/{CHECKPOINT_CONTAINER}/{spec.name}",
+            connection_string=conn["connection_string"], etcd_endpoint=conn["etcd"], rdzv_id=rdzv_id,
+            job_dir=job_dir, scheduled_events_url=conn["scheduled_events"], min_nodes=spec.min_nodes,
+            max_nodes=spec.max_nodes, nproc_per_node=spec.nproc_per_node, keep=spec.keep,
+            checkpoint_interval=spec.checkpoint_interval, memory_tier=spec.memory_tier != MEMORY_TIER_OFF,
+            warm_start=spec.warm_start)
+        argv, env = agent.argv(), agent.env(os.environ)
         with open(log_path, "ab") as log:
             # pylint: disable-next=consider-using-with  # a detached agent: outlives this command
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -215,8 +189,7 @@ class LocalJobs:
 
     @staticmethod
     def _leaving_file(job_dir: Path, node: str) -> Path:
-        """Made before the node's processes are stopped: its runtime saves to blob, not only to the node's
-        memory, which does not outlive a stopped node (launch.ENV_NODE_LEAVING_FILE)."""
+        """Made before the node's processes are stopped (AgentLaunch.leaving_file)."""
         return job_dir / "nodes" / f"{node}.leaving"
 
     # -- job processes ----------------------------------------------------------------

@@ -1,0 +1,91 @@
+"""One local node's torchrun agent: its command line and environment, built in one place.
+
+``job run --local`` starts each node from ``AgentLaunch`` (backends/local/jobs.py), and so do the benchmarks
+(``scripts/bench``, through tests/support/elastic.py's thin wrapper), so a benchmark's figures are the
+product's. Pure: it builds, the caller starts the process.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from azext_elastictrain.backends.local.state import REPO_ROOT
+from azext_elastictrain.core import launch
+
+# How often rank 0 reports progress on a local job (the event log's throughput and step).
+PROGRESS_SECONDS = 2
+# Every process of a local job carries this in its environment (inherited by the
+# workers), so orphans of a killed agent can still be found and stopped.
+JOB_MARKER_ENV = "ELASTICTRAIN_LOCAL_JOB"
+
+
+@dataclass(frozen=True)
+class AgentLaunch:  # pylint: disable=too-many-instance-attributes  # one field per launch setting
+    """What one node of a local job runs: ``argv()`` and ``env(inherited)``."""
+
+    node: str
+    script: str
+    checkpoint_url: str
+    connection_string: str
+    etcd_endpoint: str
+    rdzv_id: str
+    job_dir: Path  # the node's state files (acknowledged events, the leaving marker) go in its nodes/ folder
+    script_args: Sequence[str] = ()
+    scheduled_events_url: str = "off"
+    min_nodes: int = 1
+    max_nodes: int = 2
+    nproc_per_node: int = 1
+    keep: int = 3
+    checkpoint_interval: int | None = None
+    memory_tier: bool = True
+    warm_start: bool = True
+    rdzv_conf: str = launch.LOCAL_RDZV_CONF
+    progress_seconds: float = PROGRESS_SECONDS
+    extra_env: Mapping[str, str] = field(default_factory=dict)  # last: a benchmark's own settings
+
+    @property
+    def leaving_file(self) -> Path:
+        """Made before the node's processes are stopped: its runtime saves to blob, not only to the node's
+        memory, which does not outlive a stopped node (launch.ENV_NODE_LEAVING_FILE)."""
+        return self.job_dir / "nodes" / f"{self.node}.leaving"
+
+    def argv(self) -> list[str]:
+        return [
+            sys.executable, *launch.agent_module(warm=self.warm_start),
+            *launch.torchrun_options(rdzv_conf=self.rdzv_conf, nproc_per_node=self.nproc_per_node,
+                                     rdzv_id=self.rdzv_id),
+            f"--nnodes={self.min_nodes}:{self.max_nodes}",
+            f"--rdzv-endpoint={self.etcd_endpoint}",
+            "--local-addr=127.0.0.1",
+            "--monitor-interval=0.5",
+            *launch.worker_entry(self.script, self.script_args, warm=self.warm_start),
+        ]
+
+    def env(self, inherited: Mapping[str, str]) -> dict[str, str]:
+        """The node's environment: ``inherited`` (the caller's) without its ELASTICTRAIN_* settings, then the
+        job's runtime settings, then ``extra_env``."""
+        nodes_dir = self.job_dir / "nodes"
+        env = {k: v for k, v in inherited.items() if not k.startswith(launch.ENV_PREFIX)}
+        env.update(launch.runtime_env(keep=self.keep, checkpoint_interval=self.checkpoint_interval,
+                                      memory_tier=self.memory_tier))
+        env.update({
+            JOB_MARKER_ENV: str(self.job_dir),
+            launch.ENV_CHECKPOINT_URL: self.checkpoint_url,
+            "AZURE_STORAGE_CONNECTION_STRING": self.connection_string,
+            launch.ENV_SCHEDULED_EVENTS_URL: self.scheduled_events_url,
+            launch.ENV_VM_NAME: self.node,
+            launch.ENV_NODE_NAME: self.node,
+            # A worker restarted on the same node must not act twice on an acknowledged event.
+            launch.ENV_PREEMPTION_STATE: str(nodes_dir / f"{self.node}.acked.json"),
+            launch.ENV_NODE_LEAVING_FILE: str(self.leaving_file),
+            launch.ENV_PROGRESS_SECONDS: f"{self.progress_seconds:g}",
+            "GLOO_SOCKET_IFNAME": "lo",
+            # The runtime (azext_elastictrain.runtime) importable from a script anywhere.
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), inherited.get("PYTHONPATH")])),
+        })
+        env.setdefault("OMP_NUM_THREADS", "1")
+        env.update(self.extra_env)
+        return env
