@@ -210,8 +210,10 @@ def _first_completed(seg: Segment) -> tuple[int, float] | None:
 def _outage_kind(before: Segment, seg: Segment, window: list[dict]) -> str:
     if seg.world_size > before.world_size:
         return "scaleUp"
+    # A notice the old world stopped at: every rank saves the step the notice came at and trains no further one.
+    # A notice called off earlier (the hold ran out, training went on) has an older step and is not this re-form's.
     notice = any(e.get("event") == job_events.PREEMPTED and e.get("source") not in (None, "sigterm")
-                 for e in window)
+                 and (not isinstance(e.get("step"), int) or e["step"] >= before.last_step) for e in window)
     if notice:
         return "evictionWithNotice"
     return "eviction" if seg.world_size < before.world_size else "restart"
@@ -225,9 +227,15 @@ def outages(events: Iterable[dict]) -> list[dict]:
     ordered = unique(events)
     worlds = segments(ordered)
     out = []
-    for before, seg in zip(worlds, worlds[1:]):
+    trained = worlds[0] if worlds else None  # the newest world that completed a step: training stopped there
+    for seg in worlds[1:]:
+        # A world that re-formed again before its first step never trained: the outage runs on from the last
+        # world that did (two re-forms seconds apart are one outage for the user), one entry per re-form still.
+        before = trained
         window = [e for e in ordered if before.restored < e["time"] <= seg.restored]
         first = _first_completed(seg)
+        if first is not None:
+            trained = seg
         out.append({
             "kind": _outage_kind(before, seg, window),
             "fromWorldSize": before.world_size, "toWorldSize": seg.world_size,

@@ -38,7 +38,8 @@ def follow_recovery(read_events: Any, job: str, eviction: dict, timeout: float =
                      "recoverySeconds": round(resumed[0]["time"] - evicted_at, 2), "outageSeconds": None}
             after = [o for o in outages(events) if o["restoredAt"] > evicted_at and o["firstStepAt"] is not None]
             if after:
-                found.update({k: after[0][k] for k in ("kind", "outageSeconds", "stepsLost", "lastStep")})
+                found.update({k: after[0][k]
+                              for k in ("kind", "outageSeconds", "stepsLost", "lastStep", "resumedFromStep")})
                 return found
             before = [e["step"] for e in events if e.get("event") == "progress" and e["time"] <= evicted_at]
             notices = [e["step"] for e in events if e.get("event") == "preempted"

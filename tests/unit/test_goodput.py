@@ -284,3 +284,31 @@ def test_a_same_size_re_form_after_a_sigterm_alone_is_a_restart():
               ev(12.0, "restored", step=10, world_size=2, source="memory"), ev(12.5, "progress", step=11, world_size=2)]
     (outage,) = goodput.outages(events)
     assert (outage["kind"], outage["outageSeconds"], outage["stepsLost"]) == ("restart", 2.5, 0)
+
+
+def test_a_world_that_re_formed_before_its_first_step_does_not_shorten_the_outage():
+    """Two re-forms seconds apart: the world of B restores and is stopped before it trains; the outage the user
+    lives through runs from A's last step to C's first, and it is an eviction (2 -> 1), not a restart."""
+    events = [ev(0.0, "restored", step=None, world_size=2), ev(10.0, "progress", step=10, world_size=2),
+              ev(10.3, "interrupted", rank=1, step=10, step_time=10.0, world_size=2),
+              ev(12.0, "restored", step=10, world_size=1, source="memory"),  # B: stopped before a step
+              ev(15.0, "restored", step=10, world_size=1, source="memory"),  # C
+              ev(16.0, "progress", step=11, world_size=1)]
+    first, second = goodput.outages(events)
+    assert first["outageSeconds"] is None
+    assert (second["kind"], second["lastStep"], second["lastStepAt"], second["fromWorldSize"]) == \
+        ("eviction", 10, 10.0, 2)
+    assert (second["outageSeconds"], second["stepsLost"]) == (6.0, 0)
+    found = recovery.follow_recovery(lambda job: events, "j", {"node": "n1", "evictedAt": 10.2}, timeout=5)
+    assert found["outageSeconds"] == 6.0
+
+
+def test_a_notice_called_off_earlier_does_not_make_a_later_re_form_one_with_notice():
+    events = [ev(0.0, "restored", step=None, world_size=2),
+              ev(5.0, "preempted", step=5, source="scheduled-events", event_id="e1"),  # held, then trained on
+              ev(10.0, "progress", step=10, world_size=2),
+              ev(10.3, "interrupted", rank=1, step=10, step_time=10.0, world_size=2),
+              ev(12.0, "restored", step=10, world_size=1, source="memory"), ev(12.5, "progress", step=11, world_size=1)]
+    (outage,) = goodput.outages(events)
+    assert outage["kind"] == "eviction"
+    assert goodput.outages(evicted_with_notice())[0]["kind"] == "evictionWithNotice"  # the notice it stopped at
