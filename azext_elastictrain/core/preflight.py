@@ -295,8 +295,8 @@ def storage_name_refused(name: str, answer: dict, *, chosen: bool) -> PreflightE
     one namespace for all of Azure: a name someone anywhere holds is taken for everyone."""
     reason = str(answer.get("reason") or "")
     said = str(answer.get("message") or "").strip()
-    why = ("is taken: storage account names are unique across all of Azure, and another subscription holds it"
-           if reason == "AlreadyExists" else f"cannot be used ({reason or 'refused'})")
+    why = ("is taken: storage account names are unique across all of Azure, and another resource group or "
+           "subscription holds it" if reason == "AlreadyExists" else f"cannot be used ({reason or 'refused'})")
     whose = "you chose" if chosen else "derived from the subscription, resource group and cluster name"
     return PreflightError(
         f"the storage account name {name!r} ({whose}) {why}" + (f": {said}" if said else "") + ". Nothing was created.",

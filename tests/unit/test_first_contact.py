@@ -17,6 +17,7 @@ SPOT_TAINT = "kubernetes.azure.com/scalesetpriority=spot:NoSchedule"
     ("1.33", "1.33.6", True), ("1.33", "1.33", True), ("1.33", "1.34.1", True), ("1.33", "1.32.9", False),
     ("1.33.2", "1.33.6", True), ("1.33.2", "1.33.2", True), ("1.33.2", "1.33.1", False),
     ("1.33.2", "1.33", False), ("1.33", None, False),
+    ("1.33.9", "1.33.10", True), ("1.33.10", "1.33.9", False), ("1.9", "1.10.0", True),  # numbers, not strings
 ])
 def test_a_version_is_met_by_the_same_or_a_later_release_at_the_precision_asked(asked, have, met):
     assert arm.version_met(asked, have) is met
