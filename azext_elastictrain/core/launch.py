@@ -32,6 +32,20 @@ ENV_PREEMPTION_HOLD_SECONDS = "ELASTICTRAIN_PREEMPTION_HOLD_SECONDS"  # after ac
 ENV_WARM_START = "ELASTICTRAIN_WARM_START"
 ENV_WARM_DIR = "ELASTICTRAIN_WARM_DIR"  # where its sockets live (default: a folder of the user's own in TMPDIR)
 ENV_WARM_IMPORTS = "ELASTICTRAIN_WARM_IMPORTS"  # more modules it imports up front, comma-separated
+# How a job survives a membership change. "restart" (torchrun re-forms the world: every worker restarts and
+# resumes from memory or blob) or "in-process" (workers stay alive; a per-step quorum through the job's
+# coordinator drops a lost node and admits a newcomer, which takes the state from a live peer).
+ENV_RECOVERY = "ELASTICTRAIN_RECOVERY"
+RECOVERY_RESTART = "restart"
+RECOVERY_IN_PROCESS = "in-process"
+RECOVERY_MODES = (RECOVERY_RESTART, RECOVERY_IN_PROCESS)
+# In-process mode: the coordinator (torchft's Lighthouse) the node's workers ask for each step's quorum, as
+# http://HOST:PORT (torchft's own variable: its Manager reads it), and the node's replica group id (local: the
+# node's name; AKS: the pod's name). Each node is one replica group; its own workers are a torchrun --standalone
+# world (RANK, WORLD_SIZE, MASTER_ADDR within the node).
+ENV_COORDINATOR = "TORCHFT_LIGHTHOUSE"
+ENV_REPLICA_ID = "ELASTICTRAIN_REPLICA_ID"
+COORDINATOR_PORT = 29510  # the coordinator's port on AKS (its Service); local: a free port of the machine
 ENV_PREFIX = "ELASTICTRAIN_"  # a local node starts without the caller's ELASTICTRAIN_* settings
 
 # torch 2.13: an elastic scale-up hangs when the rendezvous shares its TCP store with the workers.
