@@ -45,6 +45,10 @@ RECOVERY_MODES = (RECOVERY_RESTART, RECOVERY_IN_PROCESS)
 # world (RANK, WORLD_SIZE, MASTER_ADDR within the node).
 ENV_COORDINATOR = "TORCHFT_LIGHTHOUSE"
 ENV_REPLICA_ID = "ELASTICTRAIN_REPLICA_ID"
+# In-process mode: the address the node's peers reach it at (its manager and the state it serves to a newcomer):
+# AKS: the pod's IP (downward API status.podIP; a pod's hostname does not resolve); local: 127.0.0.1. Default: the
+# machine's hostname.
+ENV_REPLICA_HOST = "ELASTICTRAIN_REPLICA_HOST"
 COORDINATOR_PORT = 29510  # the coordinator's port on AKS (its Service); local: a free port of the machine
 ENV_PREFIX = "ELASTICTRAIN_"  # a local node starts without the caller's ELASTICTRAIN_* settings
 

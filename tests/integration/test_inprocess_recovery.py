@@ -1,0 +1,196 @@
+"""The in-process recovery mode with real processes on loopback: a coordinator (torchft's Lighthouse) in the test,
+replica processes running the README's loop (tests/support/replica_worker.py), real Azurite for the blob tier.
+
+What every test checks on the survivors' own records: their pids never change, the committed steps go on without a
+gap, and each epoch's samples are trained exactly once (the committed slices of each step join into its global
+batch, whatever the world was at that step).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.support import services as svc
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+REPO = Path(__file__).resolve().parents[2]
+SIZE, BATCH = 240, 12  # 20 global batches an epoch
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Replica:
+    """One node (a single worker) of the job and the JSON lines it printed, read as they come."""
+
+    def __init__(self, name: str, env: dict[str, str], log_dir: Path):
+        self.name = name
+        self.records: list[dict] = []
+        self.final: dict | None = None
+        self._log = open(log_dir / f"{name}.log", "ab")  # pylint: disable=consider-using-with
+        port = free_port()
+        self.proc = subprocess.Popen(  # pylint: disable=consider-using-with
+            [sys.executable, "-m", "tests.support.replica_worker"], cwd=REPO, stdout=subprocess.PIPE,
+            stderr=self._log,
+            env={**env, "ELASTICTRAIN_REPLICA_ID": name, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                 "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"})
+        self.pid = self.proc.pid
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if "final" in record:
+                self.final = record
+            else:
+                self.records.append(record)
+
+    def last_step(self) -> int:
+        return max((r["step"] for r in self.records), default=0)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=30)
+        self.proc.stdout.close()
+        self._log.close()
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = predicate()
+        if found:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+@pytest.fixture
+def job(azurite: svc.AzuriteService, container_url: str, tmp_path: Path):
+    """Starts replicas of one job against a coordinator of its own; stops everything afterwards."""
+    from torchft.coordination import LighthouseServer
+
+    server = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=200, quorum_tick_ms=50,
+                              heartbeat_timeout_ms=1000)
+    started: list[Replica] = []
+    base = {k: v for k, v in os.environ.items() if not k.startswith("ELASTICTRAIN_")}
+    env = {**base, "ELASTICTRAIN_RECOVERY": "in-process", "TORCHFT_LIGHTHOUSE": server.address(),
+           "ELASTICTRAIN_REPLICA_HOST": "127.0.0.1", "ELASTICTRAIN_SCHEDULED_EVENTS_URL": "off",
+           "ELASTICTRAIN_MEMORY_RESCUE": "off", "ELASTICTRAIN_WARM_START": "off",
+           "ELASTICTRAIN_CHECKPOINT_URL": f"{container_url}/job-{uuid.uuid4().hex[:6]}",
+           "AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(REPO)}
+
+    class Job:
+        def start(self, name: str, **extra: str) -> Replica:
+            replica = Replica(name, {**env, **extra}, tmp_path)
+            started.append(replica)
+            return replica
+
+    try:
+        yield Job()
+    finally:
+        for replica in started:
+            replica.stop()
+        server.shutdown()
+
+
+def order(epoch: int) -> list[int]:
+    return torch.randperm(SIZE, generator=torch.Generator().manual_seed(epoch)).tolist()
+
+
+def trained(replica: Replica, step: int) -> dict | None:
+    """The replica's record of the last time it trained ``step`` (None: it did not, or only took the state)."""
+    mine = [r for r in replica.records if r["step"] == step]
+    return mine[-1] if mine and mine[-1]["replica_rank"] is not None else None
+
+
+def committed_slices(replicas: list[Replica], survivors: list[Replica]) -> dict[int, list[dict]]:
+    """Per step the survivors committed, the records of the slices trained in it: the survivors' last record of
+    the step, and any other replica's last record of it at the same layout (it took part in the committed step)."""
+    steps: dict[int, list[dict]] = {}
+    for step in range(1, min(s.last_step() for s in survivors) + 1):
+        layouts = {s.name: rec["ranks"] for s in survivors if (rec := trained(s, step)) is not None}
+        assert layouts, f"step {step}: no survivor trained it"
+        assert len(set(layouts.values())) == 1, f"step {step}: the survivors trained it at {layouts}"
+        ranks = next(iter(layouts.values()))
+        steps[step] = [rec for r in replicas if (rec := trained(r, step)) is not None and rec["ranks"] == ranks]
+    return steps
+
+
+def assert_exactly_once(replicas: list[Replica], survivors: list[Replica]) -> None:
+    for step, records in committed_slices(replicas, survivors).items():
+        epoch, index = divmod(step - 1, SIZE // BATCH)
+        expected = order(epoch)[index * BATCH:(index + 1) * BATCH]
+        trained = sorted(i for rec in records for i in rec["ids"])
+        assert trained == sorted(expected), f"step {step}: trained {trained}, the global batch is {sorted(expected)}"
+        assert sorted(rec["rank"] for rec in records) == list(range(records[0]["ranks"])), (step, records)
+
+
+def assert_same_pids(survivors: list[Replica]) -> None:
+    for s in survivors:
+        assert {r["pid"] for r in s.records} == {s.pid}, f"{s.name} restarted its worker"
+
+
+def test_replicas_train_every_sample_once_and_end_identical(job) -> None:
+    replicas = [job.start(f"node-{i}") for i in range(2)]
+    for r in replicas:
+        assert r.proc.wait(timeout=240) == 0, f"{r.name} failed: see its log"
+    assert_same_pids(replicas)
+    assert_exactly_once(replicas, replicas)
+    assert replicas[0].final["final"] == replicas[1].final["final"]
+    assert replicas[0].final["step"] == replicas[1].final["step"] == 2 * SIZE // BATCH
+
+
+def test_killed_replica_survivors_go_on_and_newcomer_heals(job) -> None:
+    replicas = [job.start(f"node-{i}", REPLICA_EPOCHS="3") for i in range(3)]
+    wait_for(lambda: all(r.last_step() >= 5 for r in replicas), 120, "every replica at step 5")
+    victim, survivors = replicas[-1], replicas[:-1]
+    victim.proc.send_signal(signal.SIGKILL)
+    killed_at = max(r.last_step() for r in survivors)
+    wait_for(lambda: all(r.last_step() >= killed_at + 5 for r in survivors), 120, "the survivors 5 steps on")
+    newcomer = job.start("node-new", REPLICA_EPOCHS="3")
+    wait_for(lambda: newcomer.records and newcomer.records[-1]["ranks"] == 3, 120, "the newcomer admitted")
+    everyone = survivors + [newcomer]
+    for r in everyone:
+        assert r.proc.wait(timeout=240) == 0, f"{r.name} failed: see its log"
+    assert_same_pids(everyone)
+    assert_exactly_once(replicas + [newcomer], survivors)
+    finals = {json.dumps(r.final["final"]) for r in everyone}
+    assert len(finals) == 1, "the replicas ended with different models"
+    assert newcomer.records[0]["step"] > killed_at, "the newcomer started from its peers' step, not from 0"
+
+
+def test_frozen_replica_is_dropped_and_the_others_go_on(job) -> None:
+    replicas = [job.start(f"node-{i}", REPLICA_EPOCHS="3") for i in range(3)]
+    wait_for(lambda: all(r.last_step() >= 5 for r in replicas), 120, "every replica at step 5")
+    victim, survivors = replicas[-1], replicas[:-1]
+    victim.proc.send_signal(signal.SIGSTOP)
+    frozen_at = max(r.last_step() for r in survivors)
+    wait_for(lambda: all(r.last_step() >= frozen_at + 5 and r.records[-1]["ranks"] == 2 for r in survivors), 120,
+             "the survivors 5 steps on without the frozen one")
+    victim.proc.send_signal(signal.SIGKILL)
+    for r in survivors:
+        assert r.proc.wait(timeout=240) == 0, f"{r.name} failed: see its log"
+    assert_same_pids(survivors)
+    assert_exactly_once(replicas, survivors)
+    assert survivors[0].final["final"] == survivors[1].final["final"]
