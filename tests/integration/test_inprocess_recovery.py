@@ -162,13 +162,13 @@ def test_replicas_train_every_sample_once_and_end_identical(job) -> None:
 
 
 def test_killed_replica_survivors_go_on_and_newcomer_heals(job) -> None:
-    replicas = [job.start(f"node-{i}", REPLICA_EPOCHS="3") for i in range(3)]
+    replicas = [job.start(f"node-{i}", REPLICA_EPOCHS="12") for i in range(3)]
     wait_for(lambda: all(r.last_step() >= 5 for r in replicas), 120, "every replica at step 5")
     victim, survivors = replicas[-1], replicas[:-1]
     victim.proc.send_signal(signal.SIGKILL)
     killed_at = max(r.last_step() for r in survivors)
     wait_for(lambda: all(r.last_step() >= killed_at + 5 for r in survivors), 120, "the survivors 5 steps on")
-    newcomer = job.start("node-new", REPLICA_EPOCHS="3")
+    newcomer = job.start("node-new", REPLICA_EPOCHS="12")
     wait_for(lambda: newcomer.records and newcomer.records[-1]["ranks"] == 3, 120, "the newcomer admitted")
     everyone = survivors + [newcomer]
     for r in everyone:
@@ -181,7 +181,7 @@ def test_killed_replica_survivors_go_on_and_newcomer_heals(job) -> None:
 
 
 def test_frozen_replica_is_dropped_and_the_others_go_on(job) -> None:
-    replicas = [job.start(f"node-{i}", REPLICA_EPOCHS="3") for i in range(3)]
+    replicas = [job.start(f"node-{i}", REPLICA_EPOCHS="12") for i in range(3)]
     wait_for(lambda: all(r.last_step() >= 5 for r in replicas), 120, "every replica at step 5")
     victim, survivors = replicas[-1], replicas[:-1]
     victim.proc.send_signal(signal.SIGSTOP)
