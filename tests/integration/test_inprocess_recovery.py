@@ -101,6 +101,9 @@ def job(azurite: svc.AzuriteService, container_url: str, tmp_path: Path):
            "PYTHONPATH": str(REPO)}
 
     class Job:
+        prefix = env["ELASTICTRAIN_CHECKPOINT_URL"].rsplit("/", 1)[1]
+        coordinator = server
+
         def start(self, name: str, **extra: str) -> Replica:
             replica = Replica(name, {**env, **extra}, tmp_path)
             started.append(replica)
@@ -125,14 +128,17 @@ def trained(replica: Replica, step: int) -> dict | None:
 
 
 def committed_slices(replicas: list[Replica], survivors: list[Replica]) -> dict[int, list[dict]]:
-    """Per step the survivors committed, the records of the slices trained in it: the survivors' last record of
-    the step, and any other replica's last record of it at the same layout (it took part in the committed step)."""
+    """Per step the survivors ended at, the records of the slices trained in it. A replica trains a step's next
+    one only once the step is committed, so a record followed by a later step's is committed; the step's layout
+    is theirs, and every replica's last record of the step at that layout took part (all of them or none: the
+    step's collective needs every participant)."""
     steps: dict[int, list[dict]] = {}
     for step in range(1, min(s.last_step() for s in survivors) + 1):
-        layouts = {s.name: rec["ranks"] for s in survivors if (rec := trained(s, step)) is not None}
-        assert layouts, f"step {step}: no survivor trained it"
-        assert len(set(layouts.values())) == 1, f"step {step}: the survivors trained it at {layouts}"
-        ranks = next(iter(layouts.values()))
+        done = {r.name: rec["ranks"] for r in replicas
+                if (rec := trained(r, step)) is not None and (r.last_step() > step or r.final is not None)}
+        assert done, f"step {step}: no replica shows it committed"
+        assert len(set(done.values())) == 1, f"step {step}: committed at several layouts {done}"
+        ranks = next(iter(done.values()))
         steps[step] = [rec for r in replicas if (rec := trained(r, step)) is not None and rec["ranks"] == ranks]
     return steps
 
@@ -161,14 +167,27 @@ def test_replicas_train_every_sample_once_and_end_identical(job) -> None:
     assert replicas[0].final["step"] == replicas[1].final["step"] == 2 * SIZE // BATCH
 
 
-def test_killed_replica_survivors_go_on_and_newcomer_heals(job) -> None:
-    replicas = [job.start(f"node-{i}", REPLICA_EPOCHS="12") for i in range(3)]
+def durable_steps(azurite: svc.AzuriteService, container_url: str, prefix: str) -> list[int]:
+    """The steps whose checkpoint is committed in blob (its manifest.json written)."""
+    client = azurite.blob_service_client().get_container_client(container_url.rsplit("/", 1)[1])
+    try:
+        return sorted(int(b.name.split("/")[2]) for b in client.list_blobs(name_starts_with=f"{prefix}/checkpoints/")
+                      if b.name.endswith("/manifest.json"))
+    finally:
+        client.close()
+
+
+def test_killed_replica_survivors_go_on_and_newcomer_heals(job, azurite, container_url) -> None:
+    """The newcomer restores blob's older checkpoint first (a stale copy), then heals from a live peer."""
+    every = {"REPLICA_EPOCHS": "12", "ELASTICTRAIN_CHECKPOINT_INTERVAL_STEPS": "10"}
+    replicas = [job.start(f"node-{i}", **every) for i in range(3)]
     wait_for(lambda: all(r.last_step() >= 5 for r in replicas), 120, "every replica at step 5")
     victim, survivors = replicas[-1], replicas[:-1]
     victim.proc.send_signal(signal.SIGKILL)
     killed_at = max(r.last_step() for r in survivors)
     wait_for(lambda: all(r.last_step() >= killed_at + 5 for r in survivors), 120, "the survivors 5 steps on")
-    newcomer = job.start("node-new", REPLICA_EPOCHS="12")
+    wait_for(lambda: durable_steps(azurite, container_url, job.prefix), 60, "an interval checkpoint in blob")
+    newcomer = job.start("node-new", **every)
     wait_for(lambda: newcomer.records and newcomer.records[-1]["ranks"] == 3, 120, "the newcomer admitted")
     everyone = survivors + [newcomer]
     for r in everyone:
@@ -178,6 +197,49 @@ def test_killed_replica_survivors_go_on_and_newcomer_heals(job) -> None:
     finals = {json.dumps(r.final["final"]) for r in everyone}
     assert len(finals) == 1, "the replicas ended with different models"
     assert newcomer.records[0]["step"] > killed_at, "the newcomer started from its peers' step, not from 0"
+    durable = durable_steps(azurite, container_url, job.prefix)
+    assert durable[-1] == newcomer.final["step"], durable  # the writer group's final checkpoint
+    assert all(step % 10 == 0 for step in durable[:-1]), durable  # one writer: the interval's steps, once each
+
+
+def test_two_replicas_lost_at_once(job) -> None:
+    replicas = [job.start(f"node-{i}", REPLICA_EPOCHS="12") for i in range(4)]
+    wait_for(lambda: all(r.last_step() >= 5 for r in replicas), 120, "every replica at step 5")
+    survivors = replicas[:2]
+    for victim in replicas[2:]:
+        victim.proc.send_signal(signal.SIGKILL)
+    for r in survivors:
+        assert r.proc.wait(timeout=240) == 0, f"{r.name} failed: see its log"
+    assert_same_pids(survivors)
+    assert_exactly_once(replicas, survivors)
+    assert survivors[0].final["final"] == survivors[1].final["final"]
+    assert survivors[0].records[-1]["ranks"] == 2
+
+
+def test_notice_is_a_planned_departure_the_others_do_not_stop(job) -> None:
+    """A Scheduled Events Preempt on one node: it leaves the quorum at a step boundary, acknowledges the event and
+    ends (exit 143, as a stop); the others train on, and no committed step of theirs is discarded."""
+    from azext_elastictrain.backends.local.scheduled_events import ScheduledEventsServer
+
+    with ScheduledEventsServer() as imds:
+        leaving = {"ELASTICTRAIN_SCHEDULED_EVENTS_URL": imds.url, "ELASTICTRAIN_VM_NAME": "vm-2",
+                   "ELASTICTRAIN_PREEMPTION_POLL_SECONDS": "0.2", "ELASTICTRAIN_PREEMPTION_HOLD_SECONDS": "1"}
+        replicas = [job.start(f"node-{i}", REPLICA_EPOCHS="12") for i in range(2)]
+        replicas.append(job.start("node-2", REPLICA_EPOCHS="12", **leaving))
+        wait_for(lambda: all(r.records and r.records[-1]["ranks"] == 3 for r in replicas), 120, "3 replicas")
+        event = imds.post_event(["vm-2"], "Preempt", notice_seconds=30)
+        assert imds.wait_acknowledged(event, timeout=60), "the leaving node never acknowledged the notice"
+        victim, survivors = replicas[-1], replicas[:-1]
+        assert victim.proc.wait(timeout=60) == 143
+        left_at = victim.last_step()
+        for r in survivors:
+            assert r.proc.wait(timeout=240) == 0, f"{r.name} failed: see its log"
+    assert_same_pids(survivors)
+    assert_exactly_once(replicas, survivors)
+    for r in survivors:  # a planned departure discards no step: each step was trained once
+        steps = [rec["step"] for rec in r.records]
+        assert steps == sorted(set(steps)), f"{r.name} trained a step twice around the departure"
+    assert survivors[0].records[-1]["ranks"] == 2 and left_at < survivors[0].final["step"]
 
 
 def test_frozen_replica_is_dropped_and_the_others_go_on(job) -> None:
