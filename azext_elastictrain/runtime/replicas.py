@@ -41,6 +41,9 @@ log = logging.getLogger(__name__)
 COLLECTIVE_TIMEOUT = timedelta(seconds=10)  # a silent peer's allreduce fails after this: the step is discarded
 QUORUM_TIMEOUT = timedelta(seconds=60)  # no quorum this long (the coordinator gone): back to the restart path
 CONNECT_TIMEOUT = timedelta(seconds=10)
+# A quorum request that fails (the coordinator restarting) is tried again this many times before the worker takes
+# the restart path; torchft's TORCHFT_QUORUM_RETRIES overrides it.
+QUORUM_RETRIES = 30
 STATE_KEY = "elastictrain"  # the state's name among torchft's state callbacks
 
 
@@ -88,7 +91,7 @@ class ReplicaGroup:
             rank=self.node_rank, world_size=self.node_size, store_addr=store_addr, store_port=store_port,
             lighthouse_addr=env.get(launch.ENV_COORDINATOR), hostname=host,
             replica_id=env.get(launch.ENV_REPLICA_ID) or socket.gethostname(),
-            checkpoint_transport=PeerTransport(host))
+            checkpoint_transport=PeerTransport(host), quorum_retries=QUORUM_RETRIES)
         self.manager.register_state_dict_fn(STATE_KEY, self._load, self._state_dict)
         self.manager.load_state_dict({"step": step, "batches_committed": 0})
         self._in_hook = False

@@ -84,16 +84,39 @@ def wait_for(predicate, timeout: float, what: str):
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
+class Coordinator:
+    """torchft's Lighthouse as its own process (the binary the wheel ships), so a test can kill and restart it."""
+
+    def __init__(self, log_dir: Path):
+        self.port, self.log_dir, self.proc = free_port(), log_dir, None
+        self.address = f"http://127.0.0.1:{self.port}"
+        self.start()
+
+    def start(self) -> None:
+        with open(self.log_dir / "coordinator.log", "ab") as log:
+            self.proc = subprocess.Popen(  # pylint: disable=consider-using-with
+                [str(Path(sys.executable).parent / "torchft_lighthouse"), "--bind", f"127.0.0.1:{self.port}",
+                 "--min_replicas", "1", "--join_timeout_ms", "200", "--quorum_tick_ms", "50",
+                 "--heartbeat_timeout_ms", "1000"], stdout=log, stderr=log)
+        wait_for(lambda: self._listening(), 30, "the coordinator's port")
+
+    def _listening(self) -> bool:
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", self.port)) == 0
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+
 @pytest.fixture
 def job(azurite: svc.AzuriteService, container_url: str, tmp_path: Path):
     """Starts replicas of one job against a coordinator of its own; stops everything afterwards."""
-    from torchft.coordination import LighthouseServer
-
-    server = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=200, quorum_tick_ms=50,
-                              heartbeat_timeout_ms=1000)
+    coordinator = Coordinator(tmp_path)
     started: list[Replica] = []
     base = {k: v for k, v in os.environ.items() if not k.startswith("ELASTICTRAIN_")}
-    env = {**base, "ELASTICTRAIN_RECOVERY": "in-process", "TORCHFT_LIGHTHOUSE": server.address(),
+    env = {**base, "ELASTICTRAIN_RECOVERY": "in-process", "TORCHFT_LIGHTHOUSE": coordinator.address,
            "ELASTICTRAIN_REPLICA_HOST": "127.0.0.1", "ELASTICTRAIN_SCHEDULED_EVENTS_URL": "off",
            "ELASTICTRAIN_MEMORY_RESCUE": "off", "ELASTICTRAIN_WARM_START": "off",
            "ELASTICTRAIN_CHECKPOINT_URL": f"{container_url}/job-{uuid.uuid4().hex[:6]}",
@@ -102,7 +125,9 @@ def job(azurite: svc.AzuriteService, container_url: str, tmp_path: Path):
 
     class Job:
         prefix = env["ELASTICTRAIN_CHECKPOINT_URL"].rsplit("/", 1)[1]
-        coordinator = server
+
+        def __init__(self) -> None:
+            self.coordinator = coordinator
 
         def start(self, name: str, **extra: str) -> Replica:
             replica = Replica(name, {**env, **extra}, tmp_path)
@@ -114,7 +139,7 @@ def job(azurite: svc.AzuriteService, container_url: str, tmp_path: Path):
     finally:
         for replica in started:
             replica.stop()
-        server.shutdown()
+        coordinator.kill()
 
 
 def order(epoch: int) -> list[int]:
@@ -256,3 +281,34 @@ def test_frozen_replica_is_dropped_and_the_others_go_on(job) -> None:
     assert_same_pids(survivors)
     assert_exactly_once(replicas, survivors)
     assert survivors[0].final["final"] == survivors[1].final["final"]
+
+
+def test_coordinator_restart_never_trains_on_a_wrong_state(job) -> None:
+    """The coordinator is killed and comes back on the same address 2 s later: the replicas go on in place (the
+    quorum request is retried), every committed step trained exactly once, the same model on both. (The new
+    coordinator counts quorums from the start again, so the first re-form may wait out the collective timeout on
+    the old quorum's store keys: that step is discarded.)"""
+    replicas = [job.start(f"node-{i}", REPLICA_EPOCHS="12") for i in range(2)]
+    wait_for(lambda: all(r.records and r.records[-1]["ranks"] == 2 for r in replicas), 120, "2 replicas")
+    job.coordinator.kill()
+    time.sleep(2)
+    job.coordinator.start()
+    codes = [r.proc.wait(timeout=240) for r in replicas]
+    assert codes == [0, 0], codes
+    assert_same_pids(replicas)
+    assert_exactly_once(replicas, replicas)
+    assert replicas[0].final["final"] == replicas[1].final["final"]
+
+
+def test_coordinator_gone_past_the_timeout_stops_with_the_retryable_code(job) -> None:
+    """No quorum past the quorum timeout and its retries (torchft's TORCHFT_QUORUM_TIMEOUT_SEC, _RETRIES): it does not
+    train on alone from a state it cannot agree; it stops with TrainingStopped's code, which torchrun restarts."""
+    bounded = {"TORCHFT_QUORUM_TIMEOUT_SEC": "3", "TORCHFT_QUORUM_RETRIES": "1"}
+    replicas = [job.start(f"node-{i}", REPLICA_EPOCHS="12", **bounded) for i in range(2)]
+    wait_for(lambda: all(r.records and r.records[-1]["ranks"] == 2 for r in replicas), 120, "2 replicas")
+    job.coordinator.kill()
+    stopped = max(r.last_step() for r in replicas)
+    codes = [r.proc.wait(timeout=120) for r in replicas]
+    assert codes == [143, 143], codes
+    assert_same_pids(replicas)
+    assert all(r.last_step() <= stopped + 1 for r in replicas), "trained on without a quorum"
