@@ -312,3 +312,21 @@ def test_coordinator_gone_past_the_timeout_stops_with_the_retryable_code(job) ->
     assert codes == [143, 143], codes
     assert_same_pids(replicas)
     assert all(r.last_step() <= stopped + 1 for r in replicas), "trained on without a quorum"
+
+
+def test_communicator_error_mid_collective_discards_the_step_and_trains_it_again(job) -> None:
+    """A peer gone in the middle of a step (after its forward and backward, before the gradient collective): the
+    survivors' collective fails, the step is discarded (no optimizer update from a partial average) and trained
+    again by the new world, its global batch whole."""
+    replicas = [job.start(f"node-{i}", REPLICA_EPOCHS="12") for i in range(2)]
+    replicas.append(job.start("node-2", REPLICA_EPOCHS="12", REPLICA_DIE_AT_STEP="30"))
+    assert replicas[-1].proc.wait(timeout=180) == 9
+    survivors = replicas[:2]
+    for r in survivors:
+        assert r.proc.wait(timeout=240) == 0, f"{r.name} failed: see its log"
+    for r in survivors:
+        at_30 = [rec["ranks"] for rec in r.records if rec["step"] == 30]
+        assert at_30[0] == 3 and at_30[-1] == 2 and len(at_30) >= 2, f"{r.name} at step 30: {at_30}"
+    assert_same_pids(survivors)
+    assert_exactly_once(replicas, survivors)
+    assert survivors[0].final["final"] == survivors[1].final["final"]

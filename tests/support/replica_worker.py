@@ -4,7 +4,7 @@ Run as ``python -m tests.support.replica_worker`` with the job's environment (EL
 TORCHFT_LIGHTHOUSE, ELASTICTRAIN_REPLICA_ID, the checkpoint URL, MASTER_ADDR/PORT, RANK/WORLD_SIZE of the node).
 Each step prints one JSON line before its body's optimizer step: the step, the sample ids of this worker's slice,
 its layout (ranks, rank), the sampler's position and the pid; the test reads them to check exactly-once data.
-After the loop it prints the final parameters' checksum. ``REPLICA_STEP_SECONDS``: compute slept per step.
+After the loop it prints the final parameters. ``REPLICA_STEP_SECONDS``: compute slept per step.
 """
 from __future__ import annotations
 
@@ -42,6 +42,9 @@ def main() -> int:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     state = {"model": model, "optimizer": optimizer, "data": sampler}
     pause = float(os.environ.get("REPLICA_STEP_SECONDS", "0.05"))
+    die_at = int(os.environ.get("REPLICA_DIE_AT_STEP", "0"))  # gone mid-step: its peers' collective fails
+    if os.environ.get("REPLICA_PAD_MB"):  # a large state, so that a transfer to a newcomer takes a while
+        state["pad"] = torch.zeros(int(os.environ["REPLICA_PAD_MB"]) * 2**18)
     ckpt = Checkpointer.from_env()
     for step, (x, ids) in ckpt.batches(state, loader, epochs=int(os.environ.get("REPLICA_EPOCHS", "2"))):
         loss = model(x).pow(2).mean()
@@ -52,6 +55,8 @@ def main() -> int:
                           "replica_rank": ckpt.replica_rank,
                           "epoch": sampler.epoch, "consumed": sampler.consumed, "pid": os.getpid(),
                           "time": time.time()}), flush=True)
+        if step == die_at:
+            os._exit(9)
         optimizer.step()
     params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     print(json.dumps({"final": params.tolist(), "step": ckpt.last_step, "pid": os.getpid()}), flush=True)
