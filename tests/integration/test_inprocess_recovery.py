@@ -330,3 +330,32 @@ def test_communicator_error_mid_collective_discards_the_step_and_trains_it_again
     assert_same_pids(survivors)
     assert_exactly_once(replicas, survivors)
     assert survivors[0].final["final"] == survivors[1].final["final"]
+
+
+def test_peer_dies_mid_state_transfer_the_newcomer_heals_from_another(job, tmp_path) -> None:
+    """The peer a newcomer fetches the state from is killed while it serves it (a 256 MiB state): the newcomer's
+    step is discarded and it heals at a later quorum from the other live peer, to the same model."""
+    big = {"REPLICA_EPOCHS": "40", "REPLICA_PAD_MB": "256"}
+    replicas = [job.start(f"node-{i}", **big) for i in range(2)]
+    wait_for(lambda: all(r.records and r.records[-1]["ranks"] == 2 for r in replicas), 120, "2 replicas")
+    newcomer = job.start("node-new", **big)
+    log = tmp_path / "node-new.log"
+
+    def source() -> str | None:
+        for line in log.read_text(errors="replace").splitlines():
+            if "healing is required" in line and "recover_src_replica_rank=" in line:
+                return line.split("recover_src_replica_rank=")[1].split()[0].strip(",")
+        return None
+
+    rank = int(wait_for(source, 120, "the newcomer fetching the state"))
+    victim = sorted(replicas, key=lambda r: r.name)[rank]  # the quorum ranks replicas by id
+    victim.proc.send_signal(signal.SIGKILL)
+    survivor = next(r for r in replicas if r is not victim)
+    wait_for(lambda: newcomer.records and newcomer.records[-1]["ranks"] == 2
+             and newcomer.records[-1]["replica_rank"] is not None, 180, "the newcomer admitted")
+    for r in (survivor, newcomer):
+        assert r.proc.wait(timeout=400) == 0, f"{r.name} failed: see its log"
+    assert_same_pids([survivor, newcomer])
+    assert_exactly_once(replicas + [newcomer], [survivor, newcomer])
+    assert survivor.final["final"] == newcomer.final["final"]
+    assert "got exception in recovery" in log.read_text(errors="replace"), "the kill came after the transfer"
