@@ -103,6 +103,7 @@ def job_row(item: dict) -> OrderedDict:
         ("State", item.get("state")),
         ("Nodes", f"{sum(1 for n in nodes if n.get('alive'))}/{len(nodes)}"),
         ("MinMax", f"{item.get('minNodes')}-{item.get('maxNodes')}"),
+        ("Recovery", item.get("recovery") or ""),
         ("WorldSize", item.get("worldSize") if item.get("worldSize") is not None else ""),
         ("Step", item.get("step") if item.get("step") is not None else ""),
         ("SamplesPerSec", _number(item.get("samplesPerSecond"))),
