@@ -168,6 +168,8 @@ def aks_job_delete_table(result) -> list:
                        ("Name", result.get("name")), ("Node", "")])
     pods = [OrderedDict([("Action", "would stop" if dry else "stopping"), ("What", f"rank {p.get('rank')}"),
                          ("Name", p.get("pod")), ("Node", p.get("node") or "")]) for p in result.get("stopped", [])]
+    pods += [OrderedDict([("Action", "would delete" if dry else "deleted"), ("What", f"coordinator {c.get('kind')}"),
+                          ("Name", c.get("name")), ("Node", "")]) for c in result.get("coordinator") or []]
     kept = OrderedDict([("Action", "keeps"), ("What", "checkpoints"), ("Name", result.get("checkpointUrl", "")),
                         ("Node", "")])
     return [job] + pods + [kept]
