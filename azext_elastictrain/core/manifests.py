@@ -489,7 +489,7 @@ def _worker_template(job, cluster: InClusterSpec, image: str, args: list[str], *
             "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
                 {"matchExpressions": [{"key": "kubernetes.azure.com/scalesetpriority", "operator": "In",
                                        "values": ["spot"]}]}]}}},
-            "containers": [_worker_container(job, image, args, gpus, engine, cluster_namespace)],
+            "containers": [_worker_container(job, image, args, gpus, engine, namespace=cluster_namespace)],
             # torch's DataLoader workers and NCCL share tensors through /dev/shm (64 MiB by default).
             "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}, *_memory_tier_volumes(job)],
         },
@@ -511,7 +511,7 @@ def _memory_tier_volumes(job) -> list[dict]:
     return [{"name": MEMORY_TIER_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": job.memory_tier}}]
 
 
-def _worker_container(job, image: str, args: list[str], gpus: int, engine: str, namespace: str) -> dict:
+def _worker_container(job, image: str, args: list[str], gpus: int, engine: str, *, namespace: str) -> dict:
     return {
         "name": WORKER_CONTAINER, "image": image,
         **({"ports": [{"name": WORKER_PORT_NAME, "containerPort": WORKER_PORT}]}
