@@ -45,6 +45,10 @@ RECOVERY_MODES = (RECOVERY_RESTART, RECOVERY_IN_PROCESS)
 # world (RANK, WORLD_SIZE, MASTER_ADDR within the node).
 ENV_COORDINATOR = "TORCHFT_LIGHTHOUSE"
 ENV_REPLICA_ID = "ELASTICTRAIN_REPLICA_ID"
+# The address the node's peers reach it at (torchft's Manager advertises a hostname to the coordinator, by default
+# the machine's name, which another pod cannot resolve: a k8s-job pod's name is not a DNS name; a local node's
+# machine name may not be loopback, where its gloo runs). Local: 127.0.0.1; AKS: the pod's IP (downward API).
+ENV_REPLICA_HOST = "ELASTICTRAIN_REPLICA_HOST"
 COORDINATOR_PORT = 29510  # the coordinator's port on AKS (its Service); local: a free port of the machine
 # The coordinator: python -m COORDINATOR_MODULE (runtime/coordinator.py, torchft's LighthouseServer).
 COORDINATOR_MODULE = "azext_elastictrain.runtime.coordinator"
@@ -146,15 +150,16 @@ def coordinator_args(*, bind: str, min_nodes: int) -> list[str]:
             f"--heartbeat-timeout-ms={COORDINATOR_HEARTBEAT_TIMEOUT_MS}"]
 
 
-def recovery_env(recovery: str, *, coordinator: str | None = None, replica_id: str | None = None) -> dict[str, str]:
-    """The recovery mode's environment of a node; in-process: where its coordinator is and the node's replica id
-    (AKS gives the replica id from the downward API instead: ``replica_id`` None)."""
+def recovery_env(recovery: str, *, coordinator: str | None = None, replica_id: str | None = None,
+                 replica_host: str | None = None) -> dict[str, str]:
+    """The recovery mode's environment of a node; in-process: where its coordinator is, the node's replica id and
+    the address its peers reach it at (AKS gives the last two from the downward API instead: None here)."""
     env = {ENV_RECOVERY: recovery}
     if recovery == RECOVERY_IN_PROCESS:
-        if coordinator:
-            env[ENV_COORDINATOR] = coordinator
-        if replica_id:
-            env[ENV_REPLICA_ID] = replica_id
+        for name, value in ((ENV_COORDINATOR, coordinator), (ENV_REPLICA_ID, replica_id),
+                            (ENV_REPLICA_HOST, replica_host)):
+            if value:
+                env[name] = value
     return env
 
 

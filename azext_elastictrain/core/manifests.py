@@ -546,6 +546,7 @@ def _worker_env(job, namespace: str) -> list[dict]:
         env.append({"name": launch.ENV_NODE_LEAVING_FILE, "value": launch.NODE_LEAVING_FILE})
     if job.in_process:  # each pod is one replica group of the job's quorums, named after itself
         env.append({"name": launch.ENV_REPLICA_ID, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
+        env.append({"name": launch.ENV_REPLICA_HOST, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
     shared = {**launch.runtime_env(keep=job.keep, checkpoint_interval=job.checkpoint_interval,
                                    memory_tier=_memory_tier_on(job)),
               **launch.recovery_env(job.recovery, coordinator=coordinator_url(job.name, namespace)

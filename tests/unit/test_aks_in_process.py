@@ -135,6 +135,7 @@ def test_workers_are_standalone_worlds_told_the_coordinators_service_and_their_p
     assert env[launch.ENV_RECOVERY]["value"] == "in-process"
     assert env[launch.ENV_COORDINATOR]["value"] == f"http://cifar-coordinator.elastictrain.svc:{launch.COORDINATOR_PORT}"
     assert env[launch.ENV_REPLICA_ID]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env[launch.ENV_REPLICA_HOST]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert objects[-1]["metadata"]["labels"][m.RECOVERY_LABEL] == "in-process"
 
 

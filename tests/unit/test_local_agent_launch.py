@@ -96,6 +96,7 @@ def test_an_in_process_node_is_a_standalone_torchrun_world_that_knows_its_coordi
     env = agent.env({"ELASTICTRAIN_RECOVERY": "restart", "PATH": "/bin"})
     assert env[launch.ENV_RECOVERY] == "in-process" and env[launch.ENV_COORDINATOR] == "http://127.0.0.1:40001"
     assert env[launch.ENV_REPLICA_ID] == "job-node-1" and env[launch.ENV_NODE_NAME] == "job-node-1"
+    assert env[launch.ENV_REPLICA_HOST] == "127.0.0.1" and "--local-addr=127.0.0.1" in argv
     # everything a node gets in the restart mode, it gets here too
     restart = _in_process_launch(tmp_path, recovery=launch.RECOVERY_RESTART, coordinator=None).env({})
     assert set(restart) - {launch.ENV_RECOVERY} <= set(env)
