@@ -112,11 +112,30 @@ class AksJobs:
                 kube.get("batch/v1", "Job", name, namespace) is not None:
             raise JobExists(f"job {name!r} already exists in cluster {site.spec.name!r}: delete it first "
                             "(its checkpoints stay, so a new job of the same name resumes from them)")
-        for each in plan.get("objects") or [obj]:
-            kube.apply(each)
+        applied: list[dict] = []
+        try:
+            for each in plan.get("objects") or [obj]:
+                kube.apply(each)
+                applied.append(each)
+        except Exception:
+            # all or nothing: a coordinator left without its job would be found by no later command
+            self._remove(kube, applied)
+            raise
         self._progress(f"Created {obj['kind']} {namespace}/{name}; the autoscaler adds GPU Spot nodes "
                        "as its workers need them (minutes)")
         return self.describe_job(name)
+
+    @staticmethod
+    def _remove(kube: Any, objects: list[dict]) -> None:
+        """Delete what a failed submit created, newest first; what cannot be deleted stays as it is."""
+        from azext_elastictrain.clients.kube import KubeError
+
+        for each in reversed(objects):
+            meta = each["metadata"]
+            try:
+                kube.delete(each["apiVersion"], each["kind"], meta["name"], meta.get("namespace"))
+            except KubeError:
+                pass
 
     # ------------------------------------------------------------------ show, list
 
