@@ -90,6 +90,8 @@ def test_an_in_process_job_runs_with_its_coordinator_and_delete_leaves_no_proces
     table = az("elastictrain", "job", "list", "--local", "-o", "table").stdout
     assert "Recovery" in table and "in-process" in table
 
+    cluster_plan = az.json("elastictrain", "cluster", "delete", "--local", "--dry-run")
+    assert {"component": f"job {JOB} coordinator", "pid": coordinator["pid"]} in cluster_plan["stopped"]
     planned = az.json("elastictrain", "job", "delete", "--local", "--name", JOB, "--dry-run")
     assert {"node": "coordinator", "pid": coordinator["pid"]} in planned["stopped"]
     az.json("elastictrain", "job", "delete", "--local", "--name", JOB, "--yes", timeout=120)
