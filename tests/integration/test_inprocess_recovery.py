@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from azext_elastictrain.core import launch
 from tests.support import services as svc
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -85,7 +86,8 @@ def wait_for(predicate, timeout: float, what: str):
 
 
 class Coordinator:
-    """torchft's Lighthouse as its own process (the binary the wheel ships), so a test can kill and restart it."""
+    """The job's coordinator as its own process (runtime/coordinator.py, job run's settings), so a test can kill
+    and restart it."""
 
     def __init__(self, log_dir: Path):
         self.port, self.log_dir, self.proc = free_port(), log_dir, None
@@ -95,9 +97,8 @@ class Coordinator:
     def start(self) -> None:
         with open(self.log_dir / "coordinator.log", "ab") as log:
             self.proc = subprocess.Popen(  # pylint: disable=consider-using-with
-                [str(Path(sys.executable).parent / "torchft_lighthouse"), "--bind", f"127.0.0.1:{self.port}",
-                 "--min_replicas", "1", "--join_timeout_ms", "200", "--quorum_tick_ms", "50",
-                 "--heartbeat_timeout_ms", "1000"], stdout=log, stderr=log)
+                [sys.executable, "-m", launch.COORDINATOR_MODULE, "--bind", f"127.0.0.1:{self.port}",
+                 "--min-replicas", "1"], cwd=REPO, stdout=log, stderr=log)
         wait_for(lambda: self._listening(), 30, "the coordinator's port")
 
     def _listening(self) -> bool:
