@@ -426,6 +426,8 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
                     raise TrainingStopped(step, "this node leaves the job (a notice or a SIGTERM)")
             if replicas.is_writer() or replicas.participants() == 0:
                 self._finish(step, state, step if total is None else total)
+            else:  # the writer group saves the final step and records the job finished; the others just end
+                self._reporter.finished = True
         finally:
             if not self.finished:
                 self.close()

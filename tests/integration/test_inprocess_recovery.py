@@ -126,6 +126,7 @@ def job(azurite: svc.AzuriteService, container_url: str, tmp_path: Path):
 
     class Job:
         prefix = env["ELASTICTRAIN_CHECKPOINT_URL"].rsplit("/", 1)[1]
+        url = env["ELASTICTRAIN_CHECKPOINT_URL"]
 
         def __init__(self) -> None:
             self.coordinator = coordinator
@@ -191,6 +192,12 @@ def test_replicas_train_every_sample_once_and_end_identical(job) -> None:
     assert_exactly_once(replicas, replicas)
     assert replicas[0].final["final"] == replicas[1].final["final"]
     assert replicas[0].final["step"] == replicas[1].final["step"] == 2 * SIZE // BATCH
+    # The same global batches at one node: the same maths (a mean of equal slices' means is the batch's mean),
+    # equal up to the order floats are summed in.
+    alone = job.start("alone", ELASTICTRAIN_CHECKPOINT_URL=job.url + "-alone")
+    assert alone.proc.wait(timeout=240) == 0
+    assert torch.allclose(torch.tensor(alone.final["final"]), torch.tensor(replicas[0].final["final"]), atol=1e-5)
+    assert {r["ranks"] for r in alone.records} == {1}
 
 
 def durable_steps(azurite: svc.AzuriteService, container_url: str, prefix: str) -> list[int]:
@@ -360,3 +367,34 @@ def test_peer_dies_mid_state_transfer_the_newcomer_heals_from_another(job, tmp_p
     assert_exactly_once(replicas + [newcomer], [survivor, newcomer])
     assert survivor.final["final"] == newcomer.final["final"]
     assert "got exception in recovery" in log.read_text(errors="replace"), "the kill came after the transfer"
+
+
+def test_steps_loop_alone_in_this_process(azurite, container_url, monkeypatch, tmp_path) -> None:
+    """``ckpt.steps()`` in the in-process mode, one replica without a process group (the runtime makes the store
+    torchft needs): every step trained once, committed, the job finished and its final checkpoint written."""
+    from azext_elastictrain.core.blobstore import BlobStore
+    from azext_elastictrain.runtime import Checkpointer
+
+    coordinator = Coordinator(tmp_path)
+    monkeypatch.setenv("ELASTICTRAIN_RECOVERY", "in-process")
+    monkeypatch.setenv("TORCHFT_LIGHTHOUSE", coordinator.address)
+    monkeypatch.setenv("ELASTICTRAIN_REPLICA_HOST", "127.0.0.1")
+    monkeypatch.setenv("ELASTICTRAIN_MEMORY_RESCUE", "off")
+    store = BlobStore.from_url(f"{container_url}/steps-{uuid.uuid4().hex[:6]}",
+                               connection_string=azurite.connection_string)
+    try:
+        model = torch.nn.Linear(4, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        state = {"model": model, "optimizer": optimizer}
+        ckpt = Checkpointer(store, watcher=None, memory_rescue=False)
+        seen = []
+        for step in ckpt.steps(state, total=5):
+            seen.append(step)
+            optimizer.zero_grad()
+            model(torch.randn(3, 4)).sum().backward()
+            optimizer.step()
+        assert seen == [1, 2, 3, 4, 5]
+        assert ckpt.finished and ckpt.last_saved_step == 5
+    finally:
+        store.close()
+        coordinator.kill()
