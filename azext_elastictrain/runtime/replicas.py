@@ -61,7 +61,7 @@ class Quorum:
     rank: int | None  # this group's rank among them; None while it takes the state from a peer
 
 
-class ReplicaGroup:
+class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manager's handles and the step's verdict
     """This node's membership in the job, step by step; see the module's docstring."""
 
     def __init__(self, state: dict[str, Any], *, step: int, environ: Any = None) -> None:
@@ -131,7 +131,7 @@ class ReplicaGroup:
             self.close()
             raise TrainingStopped(self.manager.current_step(), f"in-process recovery: no commit ({ex})") from ex
 
-    def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _before_optimizer_step(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
         """Average the gradients across the replicas, then step only if the quorum commits the step."""
         if self._in_hook or self.committed is not None:  # a re-entry (a healing load), or a second step()
             return None
