@@ -38,7 +38,11 @@ from azext_elastictrain.runtime.stopping import TrainingStopped
 
 log = logging.getLogger(__name__)
 
-COLLECTIVE_TIMEOUT = timedelta(seconds=10)  # a silent peer's allreduce fails after this: the step is discarded
+# A silent peer's collective fails after this and the step is discarded: the figure of a node that vanishes
+# (frozen, no FIN). It also bounds how long the others wait in a newcomer's first step, which joins the collective
+# only once it has the state: a state that takes longer to send can never be admitted. torchft's
+# TORCHFT_TIMEOUT_SEC sets it (measured: 10.08 s outage when a node vanishes at 10 s, see docs/runtime.md).
+COLLECTIVE_TIMEOUT = timedelta(seconds=10)
 QUORUM_TIMEOUT = timedelta(seconds=60)  # no quorum this long (the coordinator gone): back to the restart path
 CONNECT_TIMEOUT = timedelta(seconds=10)
 # A quorum request that fails (the coordinator restarting) is tried again this many times before the worker takes
@@ -84,10 +88,12 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
             self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
             store_addr, store_port = "127.0.0.1", self._store.port
         host = env.get(launch.ENV_REPLICA_HOST) or socket.gethostname()
+        timeout = timedelta(seconds=int(env["TORCHFT_TIMEOUT_SEC"])) if env.get("TORCHFT_TIMEOUT_SEC") \
+            else COLLECTIVE_TIMEOUT
         self.manager = Manager(
-            pg=ProcessGroupGloo(timeout=COLLECTIVE_TIMEOUT), load_state_dict=None, state_dict=None,
+            pg=ProcessGroupGloo(timeout=timeout), load_state_dict=None, state_dict=None,
             min_replica_size=1, use_async_quorum=True, init_sync=False,
-            timeout=COLLECTIVE_TIMEOUT, quorum_timeout=QUORUM_TIMEOUT, connect_timeout=CONNECT_TIMEOUT,
+            timeout=timeout, quorum_timeout=QUORUM_TIMEOUT, connect_timeout=CONNECT_TIMEOUT,
             rank=self.node_rank, world_size=self.node_size, store_addr=store_addr, store_port=store_port,
             lighthouse_addr=env.get(launch.ENV_COORDINATOR), hostname=host,
             replica_id=env.get(launch.ENV_REPLICA_ID) or socket.gethostname(),
