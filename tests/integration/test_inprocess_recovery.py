@@ -398,3 +398,21 @@ def test_steps_loop_alone_in_this_process(azurite, container_url, monkeypatch, t
     finally:
         store.close()
         coordinator.kill()
+
+
+def test_notice_on_the_last_node_saves_its_step_to_blob_before_it_goes(job, azurite, container_url) -> None:
+    """No peer holds the step: the leaving node saves it durably before it acknowledges the notice."""
+    from azext_elastictrain.backends.local.scheduled_events import ScheduledEventsServer
+
+    with ScheduledEventsServer() as imds:
+        only = job.start("node-0", REPLICA_EPOCHS="12", ELASTICTRAIN_SCHEDULED_EVENTS_URL=imds.url,
+                         ELASTICTRAIN_VM_NAME="vm-0", ELASTICTRAIN_PREEMPTION_POLL_SECONDS="0.2",
+                         ELASTICTRAIN_PREEMPTION_HOLD_SECONDS="1")
+        wait_for(lambda: only.last_step() >= 5, 120, "step 5")
+        event = imds.post_event(["vm-0"], "Preempt", notice_seconds=30)
+        assert imds.wait_acknowledged(event, timeout=60), "the node never acknowledged the notice"
+        acknowledged = time.time()
+        assert only.proc.wait(timeout=60) == 143
+    durable = durable_steps(azurite, container_url, job.prefix)
+    assert durable and durable[-1] == only.last_step(), (durable, only.last_step())
+    assert all(r["time"] < acknowledged for r in only.records), "trained after acknowledging"
