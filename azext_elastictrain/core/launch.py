@@ -47,6 +47,14 @@ ENV_COORDINATOR = "TORCHFT_LIGHTHOUSE"
 ENV_REPLICA_ID = "ELASTICTRAIN_REPLICA_ID"
 COORDINATOR_PORT = 29510  # the coordinator's port on AKS (its Service); local: a free port of the machine
 ENV_PREFIX = "ELASTICTRAIN_"  # a local node starts without the caller's ELASTICTRAIN_* settings
+# How long a worker waits in one collective before it gives up (every process group of the job: the runtime's
+# own, and the script's default group through runtime.collective_timeout()). A Spot VM evicted without notice
+# vanishes without a FIN, so this timeout is the only way its peers learn; torch's default is 30 minutes.
+# A timed-out worker fails, and torchrun re-forms the world without the vanished node. It must also cover the
+# longest a healthy peer may lag in a collective: a slow step, or a rank that restores or uploads its part of
+# a checkpoint slower than the others (the value is measured in docs/benchmarks.md, "A vanished peer").
+ENV_COLLECTIVE_TIMEOUT = "ELASTICTRAIN_COLLECTIVE_TIMEOUT_SECONDS"
+DEFAULT_COLLECTIVE_TIMEOUT_SECONDS = 30.0
 
 # torch 2.13: an elastic scale-up hangs when the rendezvous shares its TCP store with the workers.
 TCP_STORE_WORKAROUND = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
@@ -122,7 +130,8 @@ NODE_LEAVING_FILE = MEMORY_TIER_MOUNT + "/node-leaving"  # in the pod's emptyDir
 
 def runtime_env(*, keep: int, checkpoint_interval: int | None, memory_tier: bool = True) -> dict[str, str]:
     """The job-wide runtime settings every node gets (each backend adds where the checkpoints are)."""
-    env = {ENV_KEEP: str(keep), **TCP_STORE_WORKAROUND, "PYTHONUNBUFFERED": "1"}
+    env = {ENV_KEEP: str(keep), ENV_COLLECTIVE_TIMEOUT: f"{DEFAULT_COLLECTIVE_TIMEOUT_SECONDS:g}",
+           **TCP_STORE_WORKAROUND, "PYTHONUNBUFFERED": "1"}
     if not memory_tier:
         env[ENV_MEMORY_RESCUE] = "off"
     if checkpoint_interval is not None:
