@@ -446,5 +446,6 @@ def _worker_env(job) -> list[dict]:
         env.append({"name": launch.ENV_MEMORY_DIR, "value": launch.MEMORY_TIER_MOUNT})
         env.append({"name": launch.ENV_NODE_LEAVING_FILE, "value": launch.NODE_LEAVING_FILE})
     shared = launch.runtime_env(keep=job.keep, checkpoint_interval=job.checkpoint_interval,
-                                memory_tier=_memory_tier_on(job))
+                                memory_tier=_memory_tier_on(job),
+                                collective_timeout=launch.AKS_COLLECTIVE_TIMEOUT_SECONDS)
     return env + [{"name": name, "value": value} for name, value in shared.items()]
