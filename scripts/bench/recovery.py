@@ -6,7 +6,7 @@ A real 2-node job (two torchrun agents, etcd-v2 rendezvous, Azurite, DDP on
 ``scripts/train_cifar10.py``) loses one node, three ways, interleaved:
 
   notice     ours, the node gets an Azure Scheduled Events Preempt first
-  no-notice  ours, the node just dies
+  no-notice  ours, the node is killed at once (its peers told by the closed sockets)
   baseline   plain torchrun: default rendezvous settings, no notice handling,
              a checkpoint once per epoch (as in the AKS TorchElastic lab)
   no-notice-vanish  ours, the node vanishes as `evict simulate --local` does it
