@@ -10,6 +10,7 @@ import threading
 import time
 
 import psutil
+import pytest
 
 from azext_elastictrain.backends.local.evict import evict_nodes, vanish_processes
 
@@ -124,3 +125,19 @@ def test_without_another_node_or_when_asked_an_eviction_without_notice_kills_at_
                 if child.poll() is None:
                     child.kill()
                     child.wait()
+
+
+def test_a_vanished_node_is_killed_even_when_asking_whether_to_fails():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # noqa: S603
+
+    def unreadable(_frozen_at: float) -> bool:
+        raise OSError("the job's events cannot be read")
+
+    try:
+        with pytest.raises(OSError):
+            vanish_processes([psutil.Process(child.pid)], 60, until=unreadable)
+        assert child.wait(5) is not None  # not left frozen for good
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()

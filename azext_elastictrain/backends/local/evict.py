@@ -76,11 +76,13 @@ def vanish_processes(procs: list, seconds: float, *, until: Callable[[float], bo
             pass
     frozen_at = time.time()
     deadline = frozen_at + seconds
-    while (left := deadline - time.time()) > 0:
-        if until is not None and until(frozen_at):
-            break
-        time.sleep(min(poll, left))
-    kill_processes(procs)
+    try:
+        while (left := deadline - time.time()) > 0:
+            if until is not None and until(frozen_at):
+                break
+            time.sleep(min(poll, left))
+    finally:  # whatever ``until`` raised (or a Ctrl-C), a frozen node never stays behind
+        kill_processes(procs)
     return frozen_at
 
 
