@@ -170,7 +170,7 @@ def run(az: Az, args: argparse.Namespace, out: Path) -> dict:
     say("Spot eviction WITH notice: Azure's Preempt event, 30 s before the VM goes")
     evictions.append(evict(az, notice=True, node=f"{JOB}-node-1"))
     time.sleep(3)
-    say("Spot eviction WITHOUT notice: the node just dies")
+    say("Spot eviction WITHOUT notice: the node vanishes (frozen, no peer told) until the job trains without it")
     evictions.append(evict(az, notice=False, node=None))
     say("Training to the end")
     az.json("elastictrain", "job", "wait", "--local", "--cluster", CLUSTER, "--name", JOB,
