@@ -68,8 +68,8 @@ def test_a_frozen_peer_fails_the_survivors_collective_within_the_timeout(tmp_pat
         except subprocess.TimeoutExpired:
             pytest.fail(f"the survivor still waited for the frozen peer after {BOUND_SECONDS}s "
                         f"(its {group} group has no collective timeout)")
-        assert survivor.returncode == 3 and "FAILED" in out, out
-        assert "COMPLETED" not in out
+        # the collective raised (the process may then die of gloo's teardown with a frozen peer: still a failure)
+        assert "FAILED" in out and "COMPLETED" not in out and survivor.returncode != 0, out
     finally:
         for proc in procs:
             if proc.poll() is None:
