@@ -415,7 +415,10 @@ long-summary: |
     On the local cluster (--local --job JOB):
     Posts an Azure Scheduled Events Preempt for the node; the training runtime checkpoints the step
     the notice arrived at on every rank and acknowledges; then the node's agent and all its workers
-    are killed (or when the notice runs out). With --notice-seconds 0 the node just dies.
+    are killed (or when the notice runs out). With --notice-seconds 0 the node vanishes as an Azure
+    VM evicted without notice does: its processes are frozen with their connections open (no peer is
+    told), and killed once the job trains again without it (its peers notice by their collective
+    timeout), at most 120 s later.
     With --wait it follows the job until it trains again and reports the recovery seconds (eviction
     to the first step at the smaller world size) and the steps lost. With --replace-after S, Spot
     capacity comes back S seconds after the eviction (with --wait: once the job recovered, at the

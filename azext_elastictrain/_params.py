@@ -267,7 +267,8 @@ def load_arguments(self, _):  # pylint: disable=too-many-statements  # one state
                         "first.")
         c.argument("notice_seconds", type=float, options_list=["--notice-seconds"],
                    help="Local cluster: seconds of Preempt notice before the node goes (Azure gives at least 30; "
-                        "default 30); 0: no notice. The node goes as soon as the runtime acknowledges (its "
+                        "default 30); 0: no notice (the node vanishes: frozen, killed once the job trains "
+                        "again without it). The node goes as soon as the runtime acknowledges (its "
                         "checkpoint is durable). With --schedule: the notice of those evictions that get one.")
         c.argument("replace_after", type=float, options_list=["--replace-after"],
                    help="Spot capacity comes back: start a replacement node this many seconds after the eviction "

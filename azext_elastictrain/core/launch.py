@@ -67,6 +67,22 @@ COORDINATOR_JOIN_TIMEOUT_MS = 200
 COORDINATOR_QUORUM_TICK_MS = 50
 COORDINATOR_HEARTBEAT_TIMEOUT_MS = 1000
 ENV_PREFIX = "ELASTICTRAIN_"  # a local node starts without the caller's ELASTICTRAIN_* settings
+# How long a worker waits in one collective before it gives up (every process group of the job: the runtime's
+# own, and the script's default group through runtime.collective_timeout()). A Spot VM evicted without notice
+# vanishes without a FIN, so this timeout is the only way its peers learn; torch's default is 30 minutes.
+# A timed-out worker fails, and torchrun re-forms the world without the vanished node. It must also cover the
+# longest a healthy peer may lag in a collective: a slow step, a checkpoint's barrier, a rank that restores or
+# uploads its part of a checkpoint slower than the others.
+#
+# Local: 10 s. Measured (docs/benchmarks.md, "A vanished peer"): a healthy 2-node job soaked 120 s under two CPU
+# hogs with a checkpoint every 10 steps re-formed 0 times even at a 1 s timeout, so 10 s leaves a margin of 10x
+# on this 2-core machine, and a vanished node costs about 10 s plus a re-form instead of 30 minutes.
+# AKS: 60 s, not measured here: a margin for checkpoints of real models, whose parts a rank reads or writes over
+# the network up to tens of seconds slower than its peers (a timeout there re-forms a healthy job).
+ENV_COLLECTIVE_TIMEOUT = "ELASTICTRAIN_COLLECTIVE_TIMEOUT_SECONDS"
+LOCAL_COLLECTIVE_TIMEOUT_SECONDS = 10.0
+AKS_COLLECTIVE_TIMEOUT_SECONDS = 60.0
+DEFAULT_COLLECTIVE_TIMEOUT_SECONDS = LOCAL_COLLECTIVE_TIMEOUT_SECONDS  # a script run outside a job
 
 # torch 2.13: an elastic scale-up hangs when the rendezvous shares its TCP store with the workers.
 TCP_STORE_WORKAROUND = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
@@ -169,9 +185,12 @@ MEMORY_TIER_MOUNT = "/var/run/elastictrain/memory"
 NODE_LEAVING_FILE = MEMORY_TIER_MOUNT + "/node-leaving"  # in the pod's emptyDir: a new pod starts without it
 
 
-def runtime_env(*, keep: int, checkpoint_interval: int | None, memory_tier: bool = True) -> dict[str, str]:
-    """The job-wide runtime settings every node gets (each backend adds where the checkpoints are)."""
-    env = {ENV_KEEP: str(keep), **TCP_STORE_WORKAROUND, "PYTHONUNBUFFERED": "1"}
+def runtime_env(*, keep: int, checkpoint_interval: int | None, memory_tier: bool = True,
+                collective_timeout: float = LOCAL_COLLECTIVE_TIMEOUT_SECONDS) -> dict[str, str]:
+    """The job-wide runtime settings every node gets (each backend adds where the checkpoints are, and AKS its
+    own collective timeout)."""
+    env = {ENV_KEEP: str(keep), ENV_COLLECTIVE_TIMEOUT: f"{collective_timeout:g}",
+           **TCP_STORE_WORKAROUND, "PYTHONUNBUFFERED": "1"}
     if not memory_tier:
         env[ENV_MEMORY_RESCUE] = "off"
     if checkpoint_interval is not None:

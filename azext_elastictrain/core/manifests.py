@@ -548,7 +548,8 @@ def _worker_env(job, namespace: str) -> list[dict]:
         env.append({"name": launch.ENV_REPLICA_ID, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
         env.append({"name": launch.ENV_REPLICA_HOST, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
     shared = {**launch.runtime_env(keep=job.keep, checkpoint_interval=job.checkpoint_interval,
-                                   memory_tier=_memory_tier_on(job)),
+                                   memory_tier=_memory_tier_on(job),
+                                   collective_timeout=launch.AKS_COLLECTIVE_TIMEOUT_SECONDS),
               **launch.recovery_env(job.recovery, coordinator=coordinator_url(job.name, namespace)
                                     if job.in_process else None)}
     return env + [{"name": name, "value": value} for name, value in shared.items()]
