@@ -35,14 +35,15 @@ from azext_elastictrain.runtime import entries
 from azext_elastictrain.runtime.loop import samplers_in
 from azext_elastictrain.runtime.state import capture_rng, modules_in, restore_rng
 from azext_elastictrain.runtime.stopping import TrainingStopped
+from azext_elastictrain.runtime.timeouts import collective_timeout
 
 log = logging.getLogger(__name__)
 
-# A silent peer's collective fails after this and the step is discarded: the figure of a node that vanishes
-# (frozen, no FIN). It also bounds how long the others wait in a newcomer's first step, which joins the collective
-# only once it has the state: a state that takes longer to send can never be admitted. torchft's
-# TORCHFT_TIMEOUT_SEC sets it (measured: 10.08 s outage when a node vanishes at 10 s, see docs/runtime.md).
-COLLECTIVE_TIMEOUT = timedelta(seconds=10)
+# How long the cross-node collective waits for a peer is the job's collective timeout (runtime/timeouts.py; local
+# 10 s, AKS 60 s), torchft's TORCHFT_TIMEOUT_SEC overriding it: a silent peer's collective fails after it and the
+# step is discarded, so it is the figure of a node that vanishes (frozen, no FIN; measured 10.08 s at 10 s, 3.08 s
+# at 3 s: docs/runtime.md). It also bounds how long the others wait in a newcomer's first step, which joins the
+# collective only once it has the state: a state that takes longer to send can never be admitted.
 QUORUM_TIMEOUT = timedelta(seconds=60)  # no quorum this long (the coordinator gone): back to the restart path
 CONNECT_TIMEOUT = timedelta(seconds=10)
 # A quorum request that fails (the coordinator restarting) is tried again this many times before the worker takes
@@ -89,7 +90,7 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
             store_addr, store_port = "127.0.0.1", self._store.port
         host = env.get(launch.ENV_REPLICA_HOST) or socket.gethostname()
         timeout = timedelta(seconds=int(env["TORCHFT_TIMEOUT_SEC"])) if env.get("TORCHFT_TIMEOUT_SEC") \
-            else COLLECTIVE_TIMEOUT
+            else collective_timeout(env)
         self.manager = Manager(
             pg=ProcessGroupGloo(timeout=timeout), load_state_dict=None, state_dict=None,
             min_replica_size=1, use_async_quorum=True, init_sync=False,
