@@ -83,12 +83,15 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         self.healed = False  # this step loaded the state from a peer
         self.rank: int | None = None  # this group's rank in the current step's quorum
         self._store = None
+        host = env.get(launch.ENV_REPLICA_HOST) or socket.gethostname()
         if dist.is_initialized():
-            store_addr, store_port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
+            # Peers reach this node's store (the quorum's primary hands its address out) at the node's own address:
+            # torchrun --standalone's MASTER_ADDR may be a name only this machine resolves; the store listens on all.
+            store_addr = env.get(launch.ENV_REPLICA_HOST) or env["MASTER_ADDR"]
+            store_port = int(env["MASTER_PORT"])
         else:  # one process without a process group: a store of its own for the Manager
             self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
             store_addr, store_port = "127.0.0.1", self._store.port
-        host = env.get(launch.ENV_REPLICA_HOST) or socket.gethostname()
         timeout = timedelta(seconds=int(env["TORCHFT_TIMEOUT_SEC"])) if env.get("TORCHFT_TIMEOUT_SEC") \
             else collective_timeout(env)
         self.manager = Manager(
