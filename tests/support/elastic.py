@@ -21,7 +21,8 @@ import psutil
 
 # The rendezvous settings local jobs run with: one place decides them.
 from azext_elastictrain.backends.local.agent import AgentLaunch
-from azext_elastictrain.backends.local.evict import vanish_processes
+from azext_elastictrain.backends.local.evict import kill_processes, vanish_processes
+from azext_elastictrain.backends.local.jobs import start_coordinator
 from azext_elastictrain.backends.local.state import node_processes
 from azext_elastictrain.core import launch
 from azext_elastictrain.core.launch import LOCAL_RDZV_CONF as TUNED_RDZV_CONF
@@ -44,6 +45,8 @@ class JobConfig:
     rdzv_conf: str = TUNED_RDZV_CONF
     extra_env: dict = field(default_factory=dict)
     warm_start: bool = True  # workers fork from the node's warm server (runtime/warm.py); False: plain torchrun
+    recovery: str = launch.RECOVERY_RESTART  # in-process: each node asks ``coordinator`` (a Coordinator's address)
+    coordinator: str | None = None
 
 
 class Node:
@@ -61,7 +64,7 @@ class Node:
             etcd_endpoint=job.etcd_endpoint, rdzv_id=job.name, job_dir=log_dir,
             scheduled_events_url=job.scheduled_events_url, min_nodes=job.min_nodes, max_nodes=job.max_nodes,
             nproc_per_node=job.nproc_per_node, warm_start=job.warm_start, rdzv_conf=job.rdzv_conf,
-            progress_seconds=1,
+            recovery=job.recovery, coordinator=job.coordinator, progress_seconds=1,
             # the session's memory-tier folder (tests/conftest.py), which the product's launch does not pass on
             extra_env={**{k: os.environ[k] for k in (launch.ENV_MEMORY_DIR,) if k in os.environ},
                        **job.extra_env})
@@ -117,6 +120,27 @@ class Node:
         self._log.close()
 
 
+class Coordinator:
+    """The coordinator of an in-process job, started as ``job run --local`` starts it
+    (backends/local/jobs.py's start_coordinator: runtime/coordinator.py, the product's settings)."""
+
+    def __init__(self, job_dir: Path, min_nodes: int, job: str):
+        job_dir.mkdir(parents=True, exist_ok=True)
+        self.record = start_coordinator(job_dir, min_nodes=min_nodes, job=job)
+        self.address: str = self.record["address"]
+
+    def stop(self) -> None:
+        """SIGTERM (it exits 0 on it), then SIGKILL whatever is left."""
+        try:
+            proc = psutil.Process(self.record["pid"])
+            proc.terminate()
+            proc.wait(timeout=10)
+        except psutil.NoSuchProcess:
+            return
+        except psutil.TimeoutExpired:
+            kill_processes([proc])
+
+
 def read_events(store, job_prefix: str) -> list[dict]:
     from azext_elastictrain.runtime.progress import read_events as _read
 
@@ -142,4 +166,4 @@ def dump(events: list[dict]) -> str:
     return "\n".join(json.dumps(e) for e in events[-40:])
 
 
-__all__ = ["JobConfig", "Node", "read_events", "wait_for", "events_of", "dump", "signal"]
+__all__ = ["JobConfig", "Node", "Coordinator", "read_events", "wait_for", "events_of", "dump", "signal"]

@@ -178,33 +178,7 @@ class LocalJobs:
 
     @staticmethod
     def _start_coordinator(spec: JobSpec, job_dir: Path) -> dict:
-        """The job's coordinator (runtime/coordinator.py) on a free loopback port; returns its record once it
-        listens (pid, start time, address, log)."""
-        import psutil
-
-        coordinator = CoordinatorLaunch(job_dir, min_nodes=spec.min_nodes)
-        with open(coordinator.log, "ab") as log:
-            # pylint: disable-next=consider-using-with  # a detached process: outlives this command
-            proc = subprocess.Popen(coordinator.argv(), stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, env=coordinator.env(os.environ),
-                                    start_new_session=True, close_fds=True)
-        record = {"name": "coordinator", "pid": proc.pid, "log": str(coordinator.log)}
-        try:
-            record["started"] = psutil.Process(proc.pid).create_time()
-        except psutil.Error:
-            record["started"] = 0.0  # gone already: the wait below says why
-        deadline = time.monotonic() + COORDINATOR_START_TIMEOUT
-        while not coordinator.address_file.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                if proc.poll() is None:
-                    proc.kill()
-                proc.wait()
-                tail = coordinator.log.read_text(encoding="utf-8", errors="replace")[-1500:]
-                raise ClusterError(f"the coordinator of job {spec.name!r} did not start (is torchft installed in "
-                                   f"{sys.executable}? pip install torchft==0.2.0); its log ends:\n{tail}")
-            time.sleep(0.1)
-        record["address"] = coordinator.address_file.read_text(encoding="utf-8").strip()
-        return record
+        return start_coordinator(job_dir, min_nodes=spec.min_nodes, job=spec.name)
 
     def start_node(self, spec: JobSpec, script: str, node: str, conn: dict, *, job_dir: Path, rdzv_id: str) -> dict:
         """Start one node of the job. How it recovers (and where its coordinator is) comes from the job's record
@@ -594,3 +568,34 @@ class LocalJobs:
             raise SpecError(str(ex)) from ex
         conn = self.connection(cluster)
         return f"{conn['blob_endpoint']}/{CHECKPOINT_CONTAINER}/{job}", conn["connection_string"]
+
+
+def start_coordinator(job_dir: Path, *, min_nodes: int, job: str) -> dict:
+    """The coordinator of an in-process job (runtime/coordinator.py) on a free loopback port, detached, as
+    ``job run --local`` starts it (the benchmarks start theirs here too); returns its record once it listens
+    (name, pid, start time, address, log). Raises ClusterError with its log's end if it does not start."""
+    import psutil
+
+    coordinator = CoordinatorLaunch(job_dir, min_nodes=min_nodes)
+    with open(coordinator.log, "ab") as log:
+        # pylint: disable-next=consider-using-with  # a detached process: outlives this command
+        proc = subprocess.Popen(coordinator.argv(), stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, env=coordinator.env(os.environ),
+                                start_new_session=True, close_fds=True)
+    record = {"name": "coordinator", "pid": proc.pid, "log": str(coordinator.log)}
+    try:
+        record["started"] = psutil.Process(proc.pid).create_time()
+    except psutil.Error:
+        record["started"] = 0.0  # gone already: the wait below says why
+    deadline = time.monotonic() + COORDINATOR_START_TIMEOUT
+    while not coordinator.address_file.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            tail = coordinator.log.read_text(encoding="utf-8", errors="replace")[-1500:]
+            raise ClusterError(f"the coordinator of job {job!r} did not start (is torchft installed in "
+                               f"{sys.executable}? pip install torchft==0.2.0); its log ends:\n{tail}")
+        time.sleep(0.1)
+    record["address"] = coordinator.address_file.read_text(encoding="utf-8").strip()
+    return record
