@@ -3,7 +3,7 @@
     .venv/bin/python scripts/bench/goodput.py [--duration 600] [--repeats 3] [--json out.json]
 
 A real 2-node job (two torchrun agents, etcd-v2 rendezvous, Azurite, DDP on
-``scripts/train_cifar10.py``) trains under the schedule of ``evict simulate
+``scripts/bench/readme_loop.py``: the README's loop, which both recovery modes run) trains under the schedule of ``evict simulate
 --schedule`` (``core.chaos``: one eviction per ``60/--rate`` s, ``--notice-share``
 of them with a ``--notice-seconds`` Scheduled Events Preempt first, capacity back
 ``--replace-after`` s after each, one ``--seed`` for every config), several ways,
@@ -55,15 +55,20 @@ from azext_elastictrain.core.chaos import (  # noqa: E402
     FollowStopped, ScheduleSpec, Skipped, plan_schedule, run_schedule, sleeper)
 from azext_elastictrain.core.goodput import outages  # noqa: E402
 from azext_elastictrain.core.recovery import follow_recovery, follow_world_size, trained_again  # noqa: E402
-from recovery import DEFAULT_RDZV_CONF, DIGITS_STEPS_PER_EPOCH  # noqa: E402
+from recovery import DEFAULT_RDZV_CONF  # noqa: E402
 from tests.support.elastic import (  # noqa: E402
     TUNED_RDZV_CONF, Coordinator, JobConfig, Node, events_of, read_events, wait_for)
 from tests.support.services import start_azurite, start_etcd  # noqa: E402
 
+# The workload of every config: the README's loop (ckpt.batches), which both recovery modes run
+# (train_cifar10.py's own loop calls ckpt.step(), which the in-process mode does not drive).
+WORKLOAD = REPO / "scripts" / "bench" / "readme_loop.py"
+WORKLOAD_ARGS = ["--step-delay", "0.05"]
+STEPS_PER_EPOCH = 4096 // 64  # readme_loop.py's defaults: samples // global batch
 CONFIGS = {
     "ours": {"notice": True, "rdzv": TUNED_RDZV_CONF, "every": 25, "rescue": "on", "warm": True},
     "rescue-off": {"notice": True, "rdzv": TUNED_RDZV_CONF, "every": 25, "rescue": "off", "warm": True},
-    "baseline": {"notice": False, "rdzv": DEFAULT_RDZV_CONF, "every": DIGITS_STEPS_PER_EPOCH, "rescue": "off",
+    "baseline": {"notice": False, "rdzv": DEFAULT_RDZV_CONF, "every": STEPS_PER_EPOCH, "rescue": "off",
                  "warm": False},
 }
 # Not run by default (--configs ours,cold,...): ours with every worker started cold, as plain torchrun starts them.
@@ -151,8 +156,9 @@ def bench_job(name: str, cfg: dict, blob, etcd, imds: ScheduledEventsServer, scr
         name=name, checkpoint_url=f"{blob.blob_endpoint}/bench/{name}", connection_string=blob.connection_string,
         etcd_endpoint=etcd.endpoint, scheduled_events_url=imds.url if cfg["notice"] else "off",
         rdzv_conf=cfg["rdzv"], max_nodes=max_nodes,
-        extra_env={"ELASTICTRAIN_PROGRESS_SECONDS": "0.2", "ELASTICTRAIN_MEMORY_RESCUE": cfg["rescue"]},
-        warm_start=cfg["warm"], recovery=cfg.get("recovery", launch.RECOVERY_RESTART),
+        extra_env={"ELASTICTRAIN_PROGRESS_SECONDS": "0.2", "ELASTICTRAIN_MEMORY_RESCUE": cfg["rescue"],
+                   launch.ENV_CHECKPOINT_INTERVAL_STEPS: str(cfg["every"])},
+        warm_start=cfg["warm"], recovery=cfg.get("recovery", launch.RECOVERY_RESTART), script=WORKLOAD,
         coordinator=coordinator.address if coordinator else None,
         script_args=script_args,
     )
@@ -169,8 +175,7 @@ def run_config(config: str, spec: ScheduleSpec, blob, etcd, imds: ScheduledEvent
     cfg = CONFIGS[config]
     name = f"gp-{config}-{uuid.uuid4().hex[:6]}"
     coordinator = start_coordinator(cfg, logs / name, name)
-    job = bench_job(name, cfg, blob, etcd, imds, coordinator=coordinator, script_args=[
-        "--steps", "1000000", "--checkpoint-every", str(cfg["every"]), "--step-delay", "0.05", "--log-every", "1000"])
+    job = bench_job(name, cfg, blob, etcd, imds, WORKLOAD_ARGS, coordinator)
     store = BlobStore.from_url(job.checkpoint_url, connection_string=blob.connection_string)
     evictor = BenchEvictor(job, imds, lambda: read_events(store, store.prefix), logs / name)
     try:

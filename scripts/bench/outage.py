@@ -3,8 +3,8 @@
     .venv/bin/python scripts/bench/outage.py [--nodes 2 4 8] [--repeats 1] [--modes in-process,restart]
 
 A real N-node job (the product's launch: tests/support/elastic.py over backends/local/agent.py; an in-process
-job's coordinator started as ``job run --local`` starts it) of a tiny model (``scripts/train_cifar10.py --width
-4``, a global batch of 168 so every world of 1 to 8 nodes but 5 and 6 divides it) goes through four events, in
+job's coordinator started as ``job run --local`` starts it) of a tiny model (``scripts/bench/readme_loop.py``, the README's loop: an MLP of
+width 16, a global batch of 168 so every world of 1 to 4, 7 and 8 nodes divides it) goes through four events, in
 order, as the local cluster does them (goodput.py's BenchEvictor):
 
   notice    the newest node gets a Scheduled Events Preempt (30 s), acknowledges, and is killed
@@ -45,8 +45,8 @@ from tests.support.services import start_azurite, start_etcd  # noqa: E402
 
 MODES = {"in-process": CONFIGS["in-process"], "restart": CONFIGS["ours"]}
 # Tiny: a step is the coordination's, not the model's. 168 = 8 x 7 x 3: worlds of 1-4, 7 and 8 divide it.
-SCRIPT_ARGS = ["--steps", "1000000", "--width", "4", "--global-batch", "168", "--checkpoint-every", "25",
-               "--step-delay", "0.05", "--log-every", "1000"]
+SCRIPT_ARGS = ["--width", "16", "--global-batch", "168", "--samples", "1680",
+               "--step-delay", "0.05"]
 KINDS = {"notice": "evictionWithNotice", "vanish": "eviction", "scale-up": "scaleUp"}
 NOTICE_SECONDS = 30.0
 REPLACE_AFTER = 5.0  # capacity back this long after the node went: the smaller world trains meanwhile

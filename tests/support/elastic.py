@@ -45,6 +45,7 @@ class JobConfig:
     rdzv_conf: str = TUNED_RDZV_CONF
     extra_env: dict = field(default_factory=dict)
     warm_start: bool = True  # workers fork from the node's warm server (runtime/warm.py); False: plain torchrun
+    script: Path = TRAIN_SCRIPT
     recovery: str = launch.RECOVERY_RESTART  # in-process: each node asks ``coordinator`` (a Coordinator's address)
     coordinator: str | None = None
 
@@ -59,7 +60,7 @@ class Node:
         self.log_path = log_dir / f"{name}.log"
         (log_dir / "nodes").mkdir(parents=True, exist_ok=True)
         agent = AgentLaunch(
-            node=name, script=str(TRAIN_SCRIPT), script_args=tuple(job.script_args),
+            node=name, script=str(job.script), script_args=tuple(job.script_args),
             checkpoint_url=job.checkpoint_url, connection_string=job.connection_string,
             etcd_endpoint=job.etcd_endpoint, rdzv_id=job.name, job_dir=log_dir,
             scheduled_events_url=job.scheduled_events_url, min_nodes=job.min_nodes, max_nodes=job.max_nodes,

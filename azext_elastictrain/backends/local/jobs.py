@@ -164,7 +164,7 @@ class LocalJobs:
             try:
                 self.save_job(cluster, state)
                 if spec.in_process:  # before the nodes, which find its address in the job's record
-                    state["coordinator"] = self._start_coordinator(spec, job_dir)
+                    state["coordinator"] = start_coordinator(job_dir, min_nodes=spec.min_nodes, job=spec.name)
                     self.save_job(cluster, state)
                 for node in spec.node_names():  # recorded as each starts: no agent is ever untracked
                     started = self.start_node(spec, script, node, conn, job_dir=job_dir, rdzv_id=state["rdzvId"])
@@ -175,10 +175,6 @@ class LocalJobs:
                 shutil.rmtree(job_dir, ignore_errors=True)
                 raise
         return self.show_job(cluster, spec.name)
-
-    @staticmethod
-    def _start_coordinator(spec: JobSpec, job_dir: Path) -> dict:
-        return start_coordinator(job_dir, min_nodes=spec.min_nodes, job=spec.name)
 
     def start_node(self, spec: JobSpec, script: str, node: str, conn: dict, *, job_dir: Path, rdzv_id: str) -> dict:
         """Start one node of the job. How it recovers (and where its coordinator is) comes from the job's record
