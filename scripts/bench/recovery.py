@@ -44,6 +44,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from azext_elastictrain.core import launch  # noqa: E402
 from azext_elastictrain.core.blobstore import BlobStore  # noqa: E402
 from azext_elastictrain.backends.local.scheduled_events import ScheduledEventsServer  # noqa: E402
 from azext_elastictrain.core.recovery import follow_recovery  # noqa: E402
@@ -66,7 +67,7 @@ def run_case(case: str, blob, etcd, imds: ScheduledEventsServer, logs: Path) -> 
     job = JobConfig(
         name=name, checkpoint_url=f"{blob.blob_endpoint}/bench/{name}", connection_string=blob.connection_string,
         etcd_endpoint=etcd.endpoint, scheduled_events_url=imds.url if cfg["notice"] else "off",
-        rdzv_conf=cfg["rdzv"], extra_env={"ELASTICTRAIN_PROGRESS_SECONDS": "0.2"}, warm_start=cfg["warm"],
+        rdzv_conf=cfg["rdzv"], progress_seconds=0.2, warm_start=cfg["warm"],
         script_args=["--steps", "100000", "--checkpoint-every", str(cfg["every"]), "--step-delay", "0.05",
                      "--log-every", "100"],
     )
@@ -152,7 +153,7 @@ def memory_vs_blob(mib: int, repeats: int, steps: int = 6) -> dict:
         work = Path(tmp)
         memory_dir = Path("/dev/shm") if Path("/dev/shm").is_dir() else work
         memory_dir = Path(tempfile.mkdtemp(prefix="elastictrain-bench-", dir=memory_dir))
-        env = {"ELASTICTRAIN_MEMORY_DIR": str(memory_dir), "TORCHELASTIC_RUN_ID": uuid.uuid4().hex}
+        env = {launch.ENV_MEMORY_DIR: str(memory_dir), "TORCHELASTIC_RUN_ID": uuid.uuid4().hex}
         try:
             with start_azurite(work / "azurite") as blob:
                 blob.blob_service_client().create_container("bench")
