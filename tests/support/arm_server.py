@@ -52,7 +52,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from tests.support.fake_kube import CLUSTER_SCOPED, FakeKube
+from tests.support import kube_apiserver as kube_api
+from tests.support.fake_kube import FakeKube
 
 SUBSCRIPTION = "00000000-1111-2222-3333-444444444444"  # the login's default
 OTHER_SUBSCRIPTION = "00000000-5555-6666-7777-888888888888"  # also in the login: what --subscription can pick
@@ -965,81 +966,23 @@ class ArmServer:
     # ------------------------------------------------------------------ Kubernetes
 
     def _kube(self, method: str, path: str, query: dict, body: bytes) -> tuple[int, dict, Any]:
-        m = re.fullmatch(r"/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
-                         r"(?:/namespaces/(?P<ns>[^/]+))?(?:/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?)?", path)
-        log = re.fullmatch(r"/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/]+)/log", path)
-        if log and method == "GET":
-            return self._kube_log(log["ns"], log["name"], query)
-        if method == "GET" and path in ("/version", "/api", "/apis"):
-            return 200, {}, _kube_discovery_root(path)
-        if not m:
-            return 404, {}, {"kind": "Status", "reason": "NotFound", "message": path}
-        api_version = "v1" if m["core"] else f"{m['group']}/{m['version']}"
-        plural, name, namespace = m["plural"], m["name"], m["ns"]
-        if namespace and plural is None:  # /api/v1/namespaces/NAME: the Namespace itself
-            plural, name, namespace = "namespaces", namespace, None
-        if plural is None:
-            if method != "GET":
-                return 405, {}, {}
-            if api_version not in _KUBE_KINDS:
-                return 404, {}, _kube_status(404, "NotFound", "the server could not find the requested resource")
-            return 200, {}, {"kind": "APIResourceList", "groupVersion": api_version,
-                             "resources": [{"name": _plural(k), "singularName": k.lower(), "kind": k,
-                                            "namespaced": k not in CLUSTER_SCOPED,
-                                            "verbs": ["create", "delete", "get", "list", "patch", "watch"]}
-                                           for k in _KUBE_KINDS.get(api_version, ())]}
-        kind = next((k for k in _KUBE_KINDS.get(api_version, ()) if _plural(k) == plural), None)
-        if kind is None:
-            return 404, {}, {"kind": "Status", "reason": "NotFound"}
-        from azext_elastictrain.clients.kube import KubeError
-
-        try:
-            if method == "PATCH":
-                obj = json.loads(body)
-                if query.get("fieldManager") != "elastictrain":
-                    self.violations.append(f"kube apply {kind}/{name}: fieldManager {query.get('fieldManager')}")
-                if "force" in query:  # taking fields over from another manager is the user's call, never ours
-                    self.violations.append(f"kube apply {kind}/{name}: force={query['force']}")
-                if (obj.get("kind"), (obj.get("metadata") or {}).get("name")) != (kind, name):
-                    self.violations.append(f"kube apply to {path}: the body is {obj.get('kind')} "
-                                           f"{(obj.get('metadata') or {}).get('name')}")
-                return 200, {}, self.kube.apply(obj)
-            if method == "GET" and query.get("watch") in ("true", "True", "1"):
-                # a watch answers the object as it is (ADDED) and ends: an API server may end a watch at any
-                # time, and this server holds one lock for every request
-                wanted = (query.get("fieldSelector") or "").partition("metadata.name=")[2]
-                found = self.kube.get(api_version, kind, wanted, namespace) if wanted else None
-                self.kube_watches.append((kind, wanted))
-                return 200, {}, (json.dumps({"type": "ADDED", "object": found}).encode() + b"\n" if found else b"")
-            if method == "GET" and name:
-                found = self.kube.get(api_version, kind, name, namespace)
-                return (200, {}, found) if found else (404, {}, {"kind": "Status", "reason": "NotFound"})
-            if method == "GET":
-                return 200, {}, {"kind": f"{kind}List", "apiVersion": api_version, "metadata": {"resourceVersion": "1"},
-                                 "items": self.kube.list(api_version, kind, namespace, query.get("labelSelector"))}
-            if method == "DELETE":
-                gone = self.kube.delete(api_version, kind, name, namespace)
-                return (200, {}, {"kind": "Status", "status": "Success"}) if gone else (404, {}, {})
-        except KubeError as ex:  # the API server's Status body (details: what a 422 Invalid names)
-            return ex.status or 500, {}, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                                          "message": str(ex), "reason": ex.reason,
-                                          **({"details": ex.details} if getattr(ex, "details", None) else {}),
-                                          "code": ex.status or 500}
-        return 405, {}, {}
-
-    def _kube_log(self, namespace: str, pod: str, query: dict) -> tuple[int, dict, Any]:
-        """GET .../pods/<pod>/log: the fake's stored text, as text/plain (bytes)."""
-        from azext_elastictrain.clients.kube import KubeError
-
-        tail = query.get("tailLines")
-        try:
-            lines = list(self.kube.pod_logs(pod, namespace, query.get("container"), query.get("follow") == "true",
-                                            int(tail) if tail is not None else None))
-        except KubeError as ex:
-            return ex.status or 500, {}, {"kind": "Status", "reason": ex.reason, "message": str(ex)}
-        if query.get("timestamps") == "true":  # RFC 3339 with nanoseconds, as the kubelet writes them
-            lines = [f"2026-01-01T00:00:{i // 1000:02d}.{i % 1000:09d}Z {line}" for i, line in enumerate(lines)]
-        return 200, {}, "".join(line + "\n" for line in lines).encode()
+        """The cluster's API server (tests/support/kube_apiserver.py's) over ``kube``, and what the extension must
+        never do: apply as another field manager, or force (taking fields over is the user's call)."""
+        if method == "PATCH":
+            what = f"kube apply {path.rsplit('/', 1)[-1]}"
+            if query.get("fieldManager") != "elastictrain":
+                self.violations.append(f"{what}: fieldManager {query.get('fieldManager')}")
+            if "force" in query:
+                self.violations.append(f"{what}: force={query['force']}")
+        if method == "GET" and query.get("watch") in ("true", "True", "1"):
+            self.kube_watches.append((_watched_kind(self.kube, path),
+                                      (query.get("fieldSelector") or "").partition("metadata.name=")[2]))
+        # a watch answers the object as it is (ADDED) and ends: an API server may end a watch at any time, and
+        # this server holds one lock for every request
+        status, payload = kube_api.answer(self.kube, method, path, query, body, watch_timeout=0)
+        if not isinstance(payload, (dict, bytes)):
+            payload = b"".join(payload)
+        return status, {}, payload
 
     # ------------------------------------------------------------------ what a region offers (preflight)
 
@@ -1133,6 +1076,7 @@ class ArmServer:
                                "agentPoolProfiles": profiles, "dnsPrefix": name}}
             for key in [key for key in self.kube.objects if key[1] in ("Node", "Pod", "ElasticJob")]:
                 del self.kube.objects[key]
+            self.kube.with_operator_crd()  # a cluster that trains was created by `cluster create`
             in_ids = node_group.lower() if lowercase_node_group else node_group
             vmss = {"system": k.SYSTEM_VMSS, "gpu": k.GPU_VMSS}
             nodes = [k.node(0, pool="system", spot=False,
@@ -1479,35 +1423,9 @@ def _elastic_job(job: str, workers: int) -> dict:
     return m.render_elastic_job(spec, cluster, "myregistry.azurecr.io/elastictrain:0.1.0")
 
 
-_KUBE_KINDS = {
-    "v1": ("Namespace", "ServiceAccount", "ConfigMap", "Service", "Pod", "Node"),
-    "apps/v1": ("StatefulSet", "Deployment", "DaemonSet"),
-    "rbac.authorization.k8s.io/v1": ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"),
-    "networking.k8s.io/v1": ("NetworkPolicy",),
-    "apiextensions.k8s.io/v1": ("CustomResourceDefinition",),
-    "elastic.pytorch.org/v1alpha1": ("ElasticJob",),
-    "batch/v1": ("Job",),
-}
-
-
-def _kube_discovery_root(path: str) -> dict:
-    """GET /version, /api and /apis: what API discovery asks first."""
-    if path == "/version":
-        return {"major": "1", "minor": "33", "gitVersion": "v1.33.2", "platform": "linux/amd64"}
-    if path == "/api":
-        return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
-    groups = {}
-    for group_version in _KUBE_KINDS:
-        if "/" in group_version:
-            group, version = group_version.split("/")
-            groups.setdefault(group, []).append({"groupVersion": group_version, "version": version})
-    return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
-        {"name": name, "versions": versions, "preferredVersion": versions[0]} for name, versions in groups.items()]}
-
-
-def _plural(kind: str) -> str:
-    lower = kind.lower()
-    return lower[:-1] + "ies" if lower.endswith("y") else lower + ("es" if lower.endswith("s") else "s")
+def _watched_kind(kube: FakeKube, path: str) -> str | None:
+    plural = path.rstrip("/").rsplit("/", 1)[-1]
+    return next((k for v in kube.group_versions() for k in kube.kinds(v) if kube_api.plural_of(k) == plural), None)
 
 
 _PATTERNS = [  # (kind, path regex after /subscriptions/{sub})
