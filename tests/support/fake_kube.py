@@ -1,6 +1,6 @@
 """The one fake Kubernetes of the tests: :class:`FakeKube` implements ``clients.kube.KubeClient`` in memory, and
 ``tests/support/kube_apiserver.py`` serves the same object over HTTP(S) to the real client (alone, or as an AKS
-cluster's API server behind tests/support/arm_server.py).
+cluster's API server behind tests/support/arm_server/).
 
 It keeps objects by (apiVersion, kind, namespace, name) and answers as an API server does for what the
 extension does: server-side apply creates or merges (resourceVersion bumps only on a change, generation

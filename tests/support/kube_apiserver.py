@@ -6,7 +6,7 @@ It speaks the REST shapes the official client uses - discovery (``/version``, ``
 list (label selector, ``limit``/``continue`` paging), delete, watch (one object, until ``timeoutSeconds``), pod
 logs (``container``, ``tailLines``, ``timestamps``), and ``Status`` bodies for errors, with the fake's strictness
 (422 Invalid, 409 Conflict) - over HTTP, or HTTPS with a throw-away CA that can also take a client certificate.
-:func:`answer` is the API itself, which tests/support/arm_server.py serves as each AKS cluster's API server too.
+:func:`answer` is the API itself, which tests/support/arm_server/aks.py serves as each AKS cluster's API server too.
 Started and stopped by a context manager; every request is recorded.
 
 Authentication, as an API server: a static ``token`` (or a client certificate of its CA), or with ``entra=True``
