@@ -166,7 +166,7 @@ def _watched_kind(kube: FakeKube, path: str) -> str | None:
 
 class AksFront:  # pylint: disable=too-few-public-methods
     """AKS: clusters and agent pools as AKS changes them, their credentials, and each cluster's Kubernetes API.
-    A part of ArmServer: its state is the server\'s."""
+    A part of ArmServer: its state is the server's."""
 
     def autoscale(self, group: str, cluster: str, pool: str, count: int) -> None:
         """The cluster autoscaler sets a pool's node count within its bounds: in the cluster's profiles, and in

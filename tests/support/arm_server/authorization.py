@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 import uuid
+
 from tests.support.arm_server.identity import BLOB_DATA_ROLES, TENANT
 from tests.support.arm_server.routes import _TYPE
 
 
-
 class AuthorizationFront:  # pylint: disable=too-few-public-methods
     """Role assignments: who may assign what, and the data roles a principal holds.
-    A part of ArmServer: its state is the server\'s."""
+    A part of ArmServer: its state is the server's."""
 
     def _role_refusal(self, rid: str, body: dict) -> tuple[int, str, str] | None:
         """What ARM answers a role assignment PUT it will not take: 409 RoleAssignmentExists where the principal

@@ -7,9 +7,9 @@ import re
 import threading
 import uuid
 from typing import Any
+
 from tests.support.arm_server.identity import SUBSCRIPTION
 from tests.support.arm_server.routes import _TYPE, _error, _example_body
-
 
 
 #: A real simulated eviction took ~3 minutes (Azure: within 30); a deallocated VM's node gets its out-of-service
@@ -81,7 +81,7 @@ def _provider_id(node_group: str, vmss: str, instance: int) -> str:
 
 class ComputeFront:  # pylint: disable=too-few-public-methods
     """Compute: what a region offers (Resource SKUs, Usage), and the VMSS instances behind the nodes, evicted.
-    A part of ArmServer: its state is the server\'s."""
+    A part of ArmServer: its state is the server's."""
 
     def reset_regions(self) -> None:
         """Every test region offers the GPU sizes of ``GPU_SIZES`` with Spot, unrestricted, and 100 Spot vCPUs; the

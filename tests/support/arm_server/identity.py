@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 
-
 SUBSCRIPTION = "00000000-1111-2222-3333-444444444444"  # the login's default
 
 
@@ -128,7 +127,7 @@ def _pem(item) -> bytes:
 
 class IdentityFront:  # pylint: disable=too-few-public-methods
     """The login: the managed-identity token endpoint, and the certificates of the clusters' local accounts.
-    A part of ArmServer: its state is the server\'s."""
+    A part of ArmServer: its state is the server's."""
 
     def _token(self, headers: dict, query: dict) -> tuple[int, dict, Any]:
         if headers.get("x-identity-header") != IDENTITY_HEADER:

@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import re
 from typing import Any
+
 from tests.support.arm_server.identity import SUBSCRIPTIONS
 from tests.support.arm_server.routes import _error
 
 
-
 class ResourceGraphFront:  # pylint: disable=too-few-public-methods
     """Resource Graph: Spot eviction rates and prices.
-    A part of ArmServer: its state is the server\'s."""
+    A part of ArmServer: its state is the server's."""
 
     def _resource_graph(self, method: str, query: dict, body: Any) -> tuple[int, dict, Any]:
         """POST /providers/Microsoft.ResourceGraph/resources (Resources_Resources, api-version 2022-10-01): the

@@ -9,7 +9,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 
-
 #: api-version each provider's SDK sends, as azure-cli 2.91 builds its clients (profile 'latest' or the SDK's
 #: default where the profile has none). tests/unit/test_api_versions.py checks these against the SDKs.
 API_VERSIONS = {

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import re
 from typing import Any
-from tests.support.arm_server.routes import _TYPE
 
+from tests.support.arm_server.routes import _TYPE
 
 
 class StorageFront:  # pylint: disable=too-few-public-methods
     """Storage account names: one namespace for the whole cloud.
-    A part of ArmServer: its state is the server\'s."""
+    A part of ArmServer: its state is the server's."""
 
     def _storage_name_holder(self, name: str) -> str | None:
         """The id of the account holding ``name`` anywhere (this server's subscriptions), or "elsewhere"."""
