@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from azext_elastictrain.backends.local import components
+from azext_elastictrain.backends.local.components import azurite_argv, azurite_binary, etcd_argv, etcd_binary, etcd_env
 from azext_elastictrain.backends.local.jobs import LocalJobs
 from azext_elastictrain.backends.local.state import (
     AZURITE_ACCOUNT,
@@ -113,9 +113,8 @@ class LocalClusters(LocalJobs):
     def _start_etcd(self, name: str) -> Component:
         port, peer = free_port(), free_port()
         client_url = f"http://127.0.0.1:{port}"
-        argv = components.etcd_argv(components.etcd_binary(), name=name, data_dir=self._dir(name) / "etcd",
-                                    client_port=port, peer_port=peer)
-        env = components.etcd_env(os.environ)
+        argv = etcd_argv(etcd_binary(), name=name, data_dir=self._dir(name) / "etcd", client_port=port, peer_port=peer)
+        env = etcd_env(os.environ)
         component = self._spawn(name, "etcd", argv, port, env)
         # 200 on the v2 keys API proves torchrun's etcd-v2 rendezvous can use it.
         self._wait_ready(name, component, lambda: http_ok(f"{client_url}/v2/keys/"))
@@ -125,7 +124,7 @@ class LocalClusters(LocalJobs):
         port = free_port()
         data = self._dir(name) / "azurite"
         data.mkdir(parents=True, exist_ok=True)
-        argv = components.azurite_argv(components.azurite_binary(), port=port, location=data)
+        argv = azurite_argv(azurite_binary(), port=port, location=data)
         component = self._spawn(name, "azurite", argv, port)
         self._wait_ready(name, component, lambda: http_ok(f"http://127.0.0.1:{port}/{AZURITE_ACCOUNT}?comp=list"))
         self._create_container(port)
