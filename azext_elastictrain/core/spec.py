@@ -4,6 +4,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from azext_elastictrain.core.launch import RECOVERY_IN_PROCESS, RECOVERY_MODES, RECOVERY_RESTART
+
 LOCAL_CLUSTER_DEFAULT = "local"
 # The in-memory rescue tier keeps two copies of each node's state (runtime/rescue.py): the default leaves room
 # for a 4 GiB model + optimizer state. On AKS it is the sizeLimit of a memory-backed emptyDir, which counts
@@ -60,6 +62,20 @@ class JobSpec:  # pylint: disable=too-many-instance-attributes  # one field per 
     # Workers fork from the node's warm server, which imported torch once (runtime/warm.py); False: each
     # worker starts a new Python, as plain torchrun does.
     warm_start: bool = True
+    # How the job survives a membership change (core.launch.RECOVERY_MODES): "restart" (torchrun restarts every
+    # worker) or "in-process" (workers stay alive; a coordinator of the job's own holds a quorum each step).
+    recovery: str = RECOVERY_RESTART
+
+    def __post_init__(self) -> None:
+        # Checked as soon as a spec exists: every later step (the launch, the manifests) branches on it.
+        if self.recovery not in RECOVERY_MODES:
+            raise SpecError(f"unknown recovery mode {self.recovery!r}: use {' or '.join(RECOVERY_MODES)} "
+                            f"({RECOVERY_IN_PROCESS}: workers outlive a membership change; {RECOVERY_RESTART}: "
+                            "torchrun restarts every worker)")
+
+    @property
+    def in_process(self) -> bool:
+        return self.recovery == RECOVERY_IN_PROCESS
 
     @property
     def node_count(self) -> int:

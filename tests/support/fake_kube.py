@@ -9,9 +9,10 @@ delete reports whether there was something. As strict as the API server where we
 
 * kinds are served as discovery says: the built-in ones, and a custom kind once its CustomResourceDefinition is
   there (before, apply is a 404, get None, list empty, as the real client reports them);
-* an object sent is checked against its kind's official schema (kubernetes-validate) or its CRD's
-  openAPIV3Schema: a field that is not in it, or of the wrong type, is a 422 ``Invalid``; so are the names the
-  API server refuses (``validate_name``) and the Job fields its validation refuses (fake_jobs.validate);
+* an object sent is typed with its kind's official schema (kubernetes-validate) or its CRD's openAPIV3Schema, as
+  server-side apply does: an undeclared field fails (500, see fake_workloads), a wrong type is a 422 ``Invalid``;
+  so are the names the API server refuses (``validate_name``) and what its validation refuses in Jobs
+  (fake_jobs.validate) and in Deployments, Services and NetworkPolicies (fake_workloads.problems);
 * a field another manager owns (``take_fields``) is a 409 conflict unless the apply forces, and an apply that
   names a resourceVersion other than the object's is a 409 (optimistic concurrency).
 
@@ -35,6 +36,7 @@ import uuid
 from typing import Any, Iterator
 
 from azext_elastictrain.clients.kube import FIELD_MANAGER, KubeError
+from tests.support import fake_workloads
 from tests.support.fake_jobs import JOB, JobController, validate
 from tests.support.fake_operator import ElasticJobOperator
 
@@ -91,6 +93,10 @@ class FakeKube:
             self._validate_schema(obj)
             if key[:2] == JOB:
                 validate(obj)
+            if key[:2] in fake_workloads.CHECKED:
+                causes = [_cause_of(field, message) for field, message in fake_workloads.problems(obj, current)]
+                if causes:
+                    raise Invalid(obj["kind"], meta["name"], causes)
             self._check_concurrency(key, obj, current, field_manager, force)
             if current is None:
                 created = copy.deepcopy(obj)
@@ -202,10 +208,18 @@ class FakeKube:
         return found
 
     def _validate_schema(self, obj: dict) -> None:
-        """A 422 for a field the kind's schema does not have or a value of the wrong type, as the API server
-        answers an apply (its strict field validation)."""
+        """Refuse what server-side apply cannot type with the kind's schema (the official one, or its CRD's): a
+        field the schema does not declare (500, as fake_workloads.check_schema says why) or a wrong type (422)."""
         custom = self._custom_kinds().get((obj["apiVersion"], obj["kind"]))
-        problem = _custom_problem(obj, custom) if custom is not None else _built_in_problem(obj)
+        if custom is None:
+            fake_workloads.check_schema(obj)  # the kind's official schema
+            return
+        problem = _custom_problem(obj, custom)
+        if problem and problem[2]:
+            meta = obj["metadata"]
+            raise KubeError(f"failed to create typed patch object ({meta.get('namespace')}/{meta['name']}; "
+                            f"{obj['apiVersion']}, Kind={obj['kind']}): .{problem[0]}: field not declared in schema",
+                            status=500, reason="InternalError")
         if problem:
             raise Invalid(obj["kind"], obj["metadata"]["name"], [{"reason": "FieldValueInvalid",
                                                                   "message": problem[1], "field": problem[0]}])
@@ -337,23 +351,18 @@ def validate_name(obj: dict) -> None:
         raise Invalid(kind, name, causes)
 
 
+def _cause_of(field: str, message: str) -> dict:
+    return {"reason": "FieldValueInvalid", "message": message, "field": field}
+
+
 def _cause(field: str, value: str, message: str) -> dict:
     return {"reason": "FieldValueInvalid", "message": f'Invalid value: "{value}": {message}', "field": field}
 
 
-def _built_in_problem(obj: dict) -> tuple[str, str] | None:
-    import kubernetes_validate
-
-    try:
-        kubernetes_validate.validate(obj, VERSION.rsplit(".", 1)[0] + ".0", strict=True)
-    except kubernetes_validate.ValidationError as ex:
-        return ".".join(map(str, ex.path)) or "<root>", ex.message
-    return None
-
-
-def _custom_problem(obj: dict, schema: dict) -> tuple[str, str] | None:
-    """Against a CRD's structural schema: unknown fields are refused (pruned for a custom resource, refused under
-    strict field validation) unless the schema preserves them."""
+def _custom_problem(obj: dict, schema: dict) -> tuple[str, str, bool] | None:
+    """Against a CRD's structural schema: (field, message, whether the field is undeclared) of the first problem.
+    Server-side apply types the body with the schema, so an undeclared field fails as for a built-in kind
+    (fake_workloads.check_schema) unless the schema preserves unknown fields there."""
     import jsonschema
 
     def closed(node: dict) -> dict:
@@ -374,7 +383,14 @@ def _custom_problem(obj: dict, schema: dict) -> tuple[str, str] | None:
              if k not in ("apiVersion", "kind", "metadata", "status")}
     error = jsonschema.exceptions.best_match(jsonschema.Draft7Validator(
         {"type": "object", "properties": props, "additionalProperties": False}).iter_errors(body))
-    return (".".join(map(str, error.path)) or "<root>", error.message) if error else None
+    if error is None:
+        return None
+    undeclared = re.search(r"'([^']+)' was unexpected", error.message) if error.validator == "additionalProperties" \
+        else None
+    where = ".".join(map(str, error.path))
+    if undeclared:
+        return ".".join(filter(None, [where, undeclared[1]])), error.message, True
+    return where or "<root>", error.message, False
 
 
 def _field(obj: dict, dotted: str) -> Any:

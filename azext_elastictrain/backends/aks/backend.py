@@ -142,8 +142,10 @@ class AksBackend:  # pylint: disable=too-many-public-methods  # the Backend prot
                 f"--job {name}'.")
         shown = self.jobs.plan_delete(name)
         pods = ", ".join(p["pod"] for p in shown["stopped"]) or "no pods"
+        coordinator = ", ".join(f"{c['kind']} {c['name']}" for c in shown.get("coordinator") or [])
         return Plan(shown, f"Delete job {name!r} of AKS cluster {self.cluster!r}: the ElasticJob and its pods "
-                           f"({pods}); its checkpoints stay?")
+                           f"({pods}){'; its coordinator (' + coordinator + ')' if coordinator else ''}; "
+                           "its checkpoints stay?")
 
     def delete_job(self, plan: Plan) -> dict:
         return self.jobs.delete(plan.shown)

@@ -19,6 +19,7 @@ from azext_elastictrain.core.manifests import (
     GPU_TAINT,
     SPOT_TAINT,
     WORKER_LABELS,
+    coordinator_name,
 )
 from azext_elastictrain.core.spec import JobSpec, SpecError, check_engine_supported
 from azext_elastictrain.core.view import parse_iso
@@ -27,6 +28,8 @@ from azext_elastictrain.core.view import parse_iso
 # but the cluster spec it is rendered with must be complete.
 _NO_IDENTITY = "00000000-0000-0000-0000-000000000000"
 _WORKERS = ",".join(f"{key}={value}" for key, value in WORKER_LABELS.items())
+# What core.manifests.render_coordinator makes, all named coordinator_name(job).
+COORDINATOR_KINDS = (("apps/v1", "Deployment"), ("v1", "Service"), ("networking.k8s.io/v1", "NetworkPolicy"))
 
 
 class GpuPoolMissing(SpecError):
@@ -59,7 +62,12 @@ class AksJobs:
                run_id: str | None = None, engine: str = ENGINE_TORCHELASTIC) -> list[dict]:
         """The objects running ``job`` on ``site`` with ``engine``, in apply order (the job itself last);
         refuses a cluster without a GPU Spot pool."""
-        from azext_elastictrain.core.manifests import InClusterSpec, render_elastic_job, render_k8s_job
+        from azext_elastictrain.core.manifests import (
+            InClusterSpec,
+            render_coordinator,
+            render_elastic_job,
+            render_k8s_job,
+        )
 
         job.validate(script_in_image=True)
         if site.gpu_pool is None:
@@ -69,8 +77,11 @@ class AksJobs:
         cluster = InClusterSpec(namespace=site.spec.namespace, service_account=site.spec.service_account,
                                 identity_client_id=_NO_IDENTITY, checkpoint_url=site.container_url)
         if engine == ENGINE_K8S_JOB:
-            return render_k8s_job(job, cluster, image, run_id=run_id, gpus_per_node=gpus_per_node)
-        return [render_elastic_job(job, cluster, image, run_id=run_id, gpus_per_node=gpus_per_node)]
+            objects = render_k8s_job(job, cluster, image, run_id=run_id, gpus_per_node=gpus_per_node)
+        else:
+            objects = [render_elastic_job(job, cluster, image, run_id=run_id, gpus_per_node=gpus_per_node)]
+        # In process, the coordinator first: the workers ask it for a quorum from their first step.
+        return [*render_coordinator(job, cluster, image), *objects] if job.in_process else objects
 
     def plan_job(self, job: JobSpec, image: str, *, gpus_per_node: int, engine: str | None = None) -> dict:
         """What `job run` would send (the dry run): the job's objects, and where its checkpoints go. Sends
@@ -88,8 +99,9 @@ class AksJobs:
         # A rendezvous of its own: an earlier job of the same name may have left its state in etcd.
         *others, obj = self.render(site, job, image, gpus_per_node=gpus_per_node,
                                    run_id=f"{job.name}-{uuid.uuid4().hex[:8]}", engine=engine)
-        return {"dryRun": True, "name": job.name, "engine": engine, "cluster": site.spec.name,
-                "resourceGroup": site.spec.resource_group, "checkpointUrl": site.job_url(job.name), "object": obj,
+        return {"dryRun": True, "name": job.name, "engine": engine, "recovery": job.recovery,
+                "cluster": site.spec.name, "resourceGroup": site.spec.resource_group,
+                "checkpointUrl": site.job_url(job.name), "object": obj,
                 **({"objects": [*others, obj]} if others else {})}
 
     def submit_job(self, plan: dict) -> dict:
@@ -100,11 +112,30 @@ class AksJobs:
                 kube.get("batch/v1", "Job", name, namespace) is not None:
             raise JobExists(f"job {name!r} already exists in cluster {site.spec.name!r}: delete it first "
                             "(its checkpoints stay, so a new job of the same name resumes from them)")
-        for each in plan.get("objects") or [obj]:
-            kube.apply(each)
+        applied: list[dict] = []
+        try:
+            for each in plan.get("objects") or [obj]:
+                kube.apply(each)
+                applied.append(each)
+        except Exception:
+            # all or nothing: a coordinator left without its job would be found by no later command
+            self._remove(kube, applied)
+            raise
         self._progress(f"Created {obj['kind']} {namespace}/{name}; the autoscaler adds GPU Spot nodes "
                        "as its workers need them (minutes)")
         return self.describe_job(name)
+
+    @staticmethod
+    def _remove(kube: Any, objects: list[dict]) -> None:
+        """Delete what a failed submit created, newest first; what cannot be deleted stays as it is."""
+        from azext_elastictrain.clients.kube import KubeError
+
+        for each in reversed(objects):
+            meta = each["metadata"]
+            try:
+                kube.delete(each["apiVersion"], each["kind"], meta["name"], meta.get("namespace"))
+            except KubeError:
+                pass
 
     # ------------------------------------------------------------------ show, list
 
@@ -181,6 +212,10 @@ class AksJobs:
         plan = describe.plan_delete(obj, kube.list("v1", "Pod", site.spec.namespace, _WORKERS))
         plan.update(type="aks", cluster=site.spec.name, resourceGroup=site.spec.resource_group, dryRun=True,
                     checkpointUrl=site.job_url(name))
+        # an in-process job's coordinator, looked up by name whatever the job says: none is left behind
+        plan["coordinator"] = [{"apiVersion": v, "kind": k, "name": found["metadata"]["name"]}
+                               for v, k in COORDINATOR_KINDS
+                               if (found := kube.get(v, k, coordinator_name(name), site.spec.namespace))]
         return plan
 
     def delete(self, plan: dict) -> dict:
@@ -188,6 +223,8 @@ class AksJobs:
         kube.delete(target["apiVersion"], target["kind"], plan["name"], plan["namespace"])
         if plan.get("engine") == ENGINE_K8S_JOB:  # the headless Service has the job's name
             kube.delete("v1", "Service", plan["name"], plan["namespace"])
+        for each in plan.get("coordinator") or []:  # after the workers' job: they may ask it until they stop
+            kube.delete(each["apiVersion"], each["kind"], each["name"], plan["namespace"])
         return {**plan, "dryRun": False, "deleted": True}
 
     # ------------------------------------------------------------------ storage

@@ -242,6 +242,9 @@ class LocalClusters(LocalJobs):
             {"component": f"job {job['name']} {node['name']}", "pid": node["pid"]}
             for job in jobs for node in job["nodes"] if self._alive(node)
         ] + [
+            {"component": f"job {job['name']} coordinator", "pid": job["coordinator"]["pid"]}
+            for job in jobs if job.get("coordinator") and self._alive(job["coordinator"])
+        ] + [
             {"component": key, "pid": c["pid"]}
             for key, c in state["components"].items() if self._alive(c)
         ]

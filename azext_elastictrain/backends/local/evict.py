@@ -1,20 +1,29 @@
-"""Spot evictions on the local cluster, as Azure does them: a notice, then the node goes.
+"""Spot evictions on the local cluster, as Azure does them: a notice, then the node goes; or no notice, and
+the node vanishes.
 
-A ``Preempt`` event for the node is posted on the cluster's Scheduled Events
-endpoint; the node's agent and all its workers are killed once the runtime
-acknowledged the event (its checkpoint is durable) or the notice ran out.
-Then Spot capacity may come back: ``replace_nodes`` starts nodes that join the
-job's rendezvous. How the job recovered is read from its events: ``core.recovery``.
+With a notice, a ``Preempt`` event for the node is posted on the cluster's Scheduled Events endpoint; the
+node's agent and all its workers are killed once the runtime acknowledged the event (its checkpoint is durable)
+or the notice ran out. Without one, the node vanishes (``vanish_processes``): frozen, its sockets open, until
+the job's survivors noticed by their own collective timeout and trained again without it, then killed. Then
+Spot capacity may come back: ``replace_nodes`` starts nodes that join the job's rendezvous. How the job
+recovered is read from its events: ``core.recovery``.
 """
 from __future__ import annotations
 
 import json
 import time
 import urllib.request
-from typing import Any
+from typing import Any, Callable
 
 from azext_elastictrain.backends.local.state import alive, node_processes
+from azext_elastictrain.core.recovery import trained_again
 from azext_elastictrain.core.spec import DEFAULT_MEMORY_TIER, JobSpec, SpecError
+
+# A vanished node is killed once the survivors trained again without it, or after this long: a job that cannot
+# notice it (a script whose process group has torch's 30-minute timeout, a minimum of nodes the survivors lack)
+# is then told by the kill, which Azure would not do, rather than stalled for good. Well above the collective
+# timeout (core/launch.py) plus a re-form.
+VANISH_CAP_SECONDS = 120.0
 
 
 def _admin(conn: dict) -> str:
@@ -51,11 +60,13 @@ def kill_processes(procs: list) -> None:
     psutil.wait_procs(procs, timeout=10)
 
 
-def vanish_processes(procs: list, seconds: float) -> float:
+def vanish_processes(procs: list, seconds: float, *, until: Callable[[float], bool] | None = None,
+                     poll: float = 0.5) -> float:
     """A VM that vanished: every process frozen at once (SIGSTOP; a frozen process keeps its sockets open and
     sends nothing, so no FIN or RST reaches a peer, which finds out only by a timeout of its own, as when an
-    Azure Spot VM is evicted without notice), then killed ``seconds`` later (the local kernel would close their
-    sockets at once: a kill alone tells every peer at once, which Azure never does). Returns when they froze."""
+    Azure Spot VM is evicted without notice), then killed once ``until(frozen_at)`` is true, or ``seconds``
+    after the freeze at the latest (the local kernel would close their sockets at once: a kill alone tells every
+    peer at once, which Azure never does). Returns when they froze."""
     import psutil
 
     for proc in procs:
@@ -64,8 +75,14 @@ def vanish_processes(procs: list, seconds: float) -> float:
         except psutil.Error:
             pass
     frozen_at = time.time()
-    time.sleep(seconds)
-    kill_processes(procs)
+    deadline = frozen_at + seconds
+    try:
+        while (left := deadline - time.time()) > 0:
+            if until is not None and until(frozen_at):
+                break
+            time.sleep(min(poll, left))
+    finally:  # whatever ``until`` raised (or a Ctrl-C), a frozen node never stays behind
+        kill_processes(procs)
     return frozen_at
 
 
@@ -89,14 +106,15 @@ def choose_nodes(job: dict, running: list[dict], node: str | None, count: int | 
 
 def evict_nodes(backend: Any, cluster: str, job_name: str, *, node: str | None = None, count: int | None = None,
                 notice_seconds: float = 30.0, replace_after: float | None = None, dry_run: bool = False,
-                vanish_seconds: float = 0.0) -> dict:
+                vanish: bool = True) -> dict:
     """Evict the chosen nodes, one after the other. Replacements are the caller's next step
     (``replace_nodes``), so it can follow the recovery at the smaller world size first.
 
-    Without notice, ``vanish_seconds`` > 0 freezes the node's processes that long before they are killed
-    (``vanish_processes``: as Azure does it). Not the default yet: nothing in a job detects a silent peer before
-    gloo's collective timeout (30 min unless the script sets one), so the survivors wait for the kill
-    (scripts/bench/recovery.py --vanish measures it)."""
+    Without notice the node vanishes, as Azure does it (``vanish_processes``): frozen until the job's other
+    nodes trained again without it (they notice by their collective timeout, core/launch.py), then killed;
+    killed at once when no other node runs (nobody is there to notice). ``vanish=False``: killed at once, which
+    tells its peers at once through their closed sockets (a detection Azure never gives; for tests that
+    need the old behaviour)."""
     if notice_seconds < 0:
         raise SpecError(f"--notice-seconds {notice_seconds:g}: use 0 (no notice) or more")
     if replace_after is not None and replace_after < 0:
@@ -112,7 +130,7 @@ def evict_nodes(backend: Any, cluster: str, job_name: str, *, node: str | None =
     conn = backend.connection(cluster)
     for target in targets:
         plan["evictions"].append(_evict_one(backend, cluster, job, target, conn=conn, notice_seconds=notice_seconds,
-                                            vanish_seconds=vanish_seconds))
+                                            vanish=vanish))
     return plan
 
 
@@ -124,7 +142,7 @@ def replace_nodes(backend: Any, cluster: str, job_name: str, count: int) -> list
 
 
 def _evict_one(backend: Any, cluster: str, job: dict, target: dict, *, conn: dict, notice_seconds: float,
-               vanish_seconds: float = 0.0) -> dict:
+               vanish: bool = True) -> dict:
     started = time.time()
     acked_after = None
     event_id = None
@@ -139,8 +157,12 @@ def _evict_one(backend: Any, cluster: str, job: dict, target: dict, *, conn: dic
                 break
             time.sleep(0.2)
     procs = _node_processes(target, str(backend.job_dir(cluster, job["name"])))
-    if notice_seconds == 0 and vanish_seconds > 0:
-        evicted_at = vanish_processes(procs, vanish_seconds)
+    survivors = [n for n in job["nodes"] if n is not target and alive(n)]
+    if notice_seconds == 0 and vanish and survivors:
+        def reformed(frozen_at: float) -> bool:
+            return trained_again(backend.job_events(cluster, job["name"]), frozen_at)
+
+        evicted_at = vanish_processes(procs, VANISH_CAP_SECONDS, until=reformed)
     else:
         kill_processes(procs)
         evicted_at = time.time()

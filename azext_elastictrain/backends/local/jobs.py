@@ -27,7 +27,12 @@ from azext_elastictrain.core import events as job_events
 from azext_elastictrain.clients.blob import EventReader
 from azext_elastictrain.core.errors import ClusterNotFound, JobNotFound
 from azext_elastictrain.core.view import build_job_view, iso_time, read_job_events
-from azext_elastictrain.backends.local.agent import JOB_MARKER_ENV, AgentLaunch
+from azext_elastictrain.backends.local.agent import (
+    COORDINATOR_MARKER_ENV,
+    JOB_MARKER_ENV,
+    AgentLaunch,
+    CoordinatorLaunch,
+)
 from azext_elastictrain.backends.local.state import (
     CHECKPOINT_CONTAINER,
     STOP_TIMEOUT,
@@ -40,10 +45,13 @@ from azext_elastictrain.backends.local.state import (
     read_state,
     write_state,
 )
+from azext_elastictrain.core import launch
 from azext_elastictrain.core.spec import MEMORY_TIER_OFF, JobSpec, LocalClusterSpec
 
 # A job's workers get this long after SIGTERM (the runtime checkpoints on it) before SIGKILL.
 JOB_STOP_TIMEOUT = 15.0
+# An in-process job's coordinator imports torch before it listens: seconds on a busy machine.
+COORDINATOR_START_TIMEOUT = 60.0
 
 
 class LocalJobs:
@@ -143,6 +151,7 @@ class LocalJobs:
                 "nprocPerNode": spec.nproc_per_node,
                 "checkpointInterval": spec.checkpoint_interval, "memoryTier": spec.memory_tier,
                 "warmStart": spec.warm_start,
+                "recovery": spec.recovery,
                 "keep": spec.keep,
                 "checkpointUrl": f"{conn['blob_endpoint']}/{CHECKPOINT_CONTAINER}/{spec.name}",
                 # One rendezvous per run: torch keeps a finished run's rendezvous closed in etcd for
@@ -154,6 +163,9 @@ class LocalJobs:
             }
             try:
                 self.save_job(cluster, state)
+                if spec.in_process:  # before the nodes, which find its address in the job's record
+                    state["coordinator"] = self._start_coordinator(spec, job_dir)
+                    self.save_job(cluster, state)
                 for node in spec.node_names():  # recorded as each starts: no agent is ever untracked
                     started = self.start_node(spec, script, node, conn, job_dir=job_dir, rdzv_id=state["rdzvId"])
                     state["nodes"].append(started)
@@ -164,10 +176,44 @@ class LocalJobs:
                 raise
         return self.show_job(cluster, spec.name)
 
+    @staticmethod
+    def _start_coordinator(spec: JobSpec, job_dir: Path) -> dict:
+        """The job's coordinator (runtime/coordinator.py) on a free loopback port; returns its record once it
+        listens (pid, start time, address, log)."""
+        import psutil
+
+        coordinator = CoordinatorLaunch(job_dir, min_nodes=spec.min_nodes)
+        with open(coordinator.log, "ab") as log:
+            # pylint: disable-next=consider-using-with  # a detached process: outlives this command
+            proc = subprocess.Popen(coordinator.argv(), stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, env=coordinator.env(os.environ),
+                                    start_new_session=True, close_fds=True)
+        record = {"name": "coordinator", "pid": proc.pid, "log": str(coordinator.log)}
+        try:
+            record["started"] = psutil.Process(proc.pid).create_time()
+        except psutil.Error:
+            record["started"] = 0.0  # gone already: the wait below says why
+        deadline = time.monotonic() + COORDINATOR_START_TIMEOUT
+        while not coordinator.address_file.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait()
+                tail = coordinator.log.read_text(encoding="utf-8", errors="replace")[-1500:]
+                raise ClusterError(f"the coordinator of job {spec.name!r} did not start (is torchft installed in "
+                                   f"{sys.executable}? pip install torchft==0.2.0); its log ends:\n{tail}")
+            time.sleep(0.1)
+        record["address"] = coordinator.address_file.read_text(encoding="utf-8").strip()
+        return record
+
     def start_node(self, spec: JobSpec, script: str, node: str, conn: dict, *, job_dir: Path, rdzv_id: str) -> dict:
+        """Start one node of the job. How it recovers (and where its coordinator is) comes from the job's record
+        when there is one: a node that joins later (an eviction's replacement) is launched as the job was."""
         import psutil
 
         log_path = job_dir / "nodes" / f"{node}.log"
+        record = read_state(job_dir / "job.json", f"job {spec.name!r}") or {}
+        recovery = record.get("recovery", spec.recovery)
         agent = AgentLaunch(
             node=node, script=script, script_args=tuple(spec.script_args),
             checkpoint_url=f"{conn['blob_endpoint']}/{CHECKPOINT_CONTAINER}/{spec.name}",
@@ -175,7 +221,9 @@ class LocalJobs:
             job_dir=job_dir, scheduled_events_url=conn["scheduled_events"], min_nodes=spec.min_nodes,
             max_nodes=spec.max_nodes, nproc_per_node=spec.nproc_per_node, keep=spec.keep,
             checkpoint_interval=spec.checkpoint_interval, memory_tier=spec.memory_tier != MEMORY_TIER_OFF,
-            warm_start=spec.warm_start)
+            warm_start=spec.warm_start, recovery=recovery,
+            coordinator=(record.get("coordinator") or {}).get("address") if recovery == launch.RECOVERY_IN_PROCESS
+            else None)
         argv, env = agent.argv(), agent.env(os.environ)
         with open(log_path, "ab") as log:
             # pylint: disable-next=consider-using-with  # a detached agent: outlives this command
@@ -220,8 +268,52 @@ class LocalJobs:
                 continue
         return list(found.values())
 
+    def _coordinator_processes(self, cluster: str, job: dict) -> list:
+        """The job's coordinator: the recorded process (pid + start time checked), and any process carrying the
+        job's coordinator marker (one whose start this command did not get to record)."""
+        import psutil
+
+        marker = str(self.job_dir(cluster, job["name"]))
+        found = {}
+        recorded = job.get("coordinator")
+        if recorded and self._alive(recorded):
+            try:
+                found[recorded["pid"]] = psutil.Process(recorded["pid"])
+            except psutil.Error:
+                pass
+        for proc in psutil.process_iter():
+            try:
+                if proc.pid not in found and proc.environ().get(COORDINATOR_MARKER_ENV) == marker \
+                        and proc.status() != psutil.STATUS_ZOMBIE:
+                    found[proc.pid] = proc
+            except psutil.Error:
+                continue
+        return list(found.values())
+
     def _stop_job_processes(self, cluster: str, job: dict) -> None:
-        """SIGTERM the job's processes (the runtime checkpoints on it), then SIGKILL what is left."""
+        """SIGTERM the job's processes (the runtime checkpoints on it), then SIGKILL what is left; then its
+        coordinator, which the nodes may ask for a quorum until they are gone."""
+        self._stop_nodes(cluster, job)
+        self._stop_coordinator(cluster, job)
+
+    def _stop_coordinator(self, cluster: str, job: dict) -> None:
+        import psutil
+
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            procs = self._coordinator_processes(cluster, job)
+            if not procs:
+                return
+            for proc in procs:
+                try:
+                    proc.send_signal(sig)
+                except psutil.Error:
+                    pass
+            psutil.wait_procs(procs, timeout=STOP_TIMEOUT)
+        left = self._coordinator_processes(cluster, job)
+        if left:
+            raise ClusterError(f"job {job['name']!r}: coordinator {sorted(p.pid for p in left)} did not stop")
+
+    def _stop_nodes(self, cluster: str, job: dict) -> None:
         import psutil
 
         job_dir = self.job_dir(cluster, job["name"])
@@ -290,8 +382,12 @@ class LocalJobs:
             "checkpointInterval": job["checkpointInterval"],
             "keep": job["keep"],
             "checkpointUrl": f"{self.connection(cluster)['blob_endpoint']}/{CHECKPOINT_CONTAINER}/{job['name']}",
-            "rdzvId": job.get("rdzvId"),
+            "recovery": job.get("recovery", launch.RECOVERY_RESTART),  # jobs started before the option: restart
+            "rdzvId": job.get("rdzvId") if job.get("recovery") != launch.RECOVERY_IN_PROCESS else None,
         }
+        if job.get("coordinator"):
+            launched["coordinator"] = {"address": job["coordinator"].get("address"), "pid": job["coordinator"]["pid"],
+                                       "alive": self._alive(job["coordinator"]), "log": job["coordinator"]["log"]}
         return view.describe(identity, launched, {"stateDir": str(self.job_dir(cluster, job["name"]))})
 
     def show_job(self, cluster: str, job: str) -> dict:
@@ -432,8 +528,10 @@ class LocalJobs:
         """Stop every node (agent and descendants) and remove the job's state; its checkpoints and
         event log stay unless ``delete_checkpoints``."""
         state = self.require_job(cluster, job)
-        procs = self._job_processes(cluster, state)
+        procs = self._job_processes(cluster, state) + self._coordinator_processes(cluster, state)
         agents = {n["pid"]: n["name"] for n in state["nodes"]}
+        if state.get("coordinator"):
+            agents[state["coordinator"]["pid"]] = "coordinator"
         blobs: list = []
         if delete_checkpoints:
             blobs = self._job_blobs(cluster, job)
