@@ -403,8 +403,8 @@ def test_the_log_of_a_missing_pod_is_a_404_kube_error_at_the_call(api, client) -
       "spec": {"clusterIP": "None"}}, "metadata.name", 422, "invalid"),  # not a DNS-1035 label
     (_configmap("settings", {"a": 1}), "data.a", 422, "invalid"),  # a ConfigMap's data are strings
 ])
-def test_an_object_the_api_server_would_refuse_is_refused_naming_the_field(api, client, obj, field, status,
-                                                                            text) -> None:
+def test_an_object_the_api_server_would_refuse_is_refused_naming_the_field(
+        api, client, obj, field, status, text) -> None:
     with pytest.raises(KubeError) as caught:
         client.apply(obj)
     assert caught.value.status == status and text in str(caught.value)
