@@ -66,9 +66,9 @@ WORKLOAD = REPO / "scripts" / "bench" / "readme_loop.py"
 WORKLOAD_ARGS = ["--step-delay", "0.05"]
 STEPS_PER_EPOCH = 4096 // 64  # readme_loop.py's defaults: samples // global batch
 CONFIGS = {
-    "ours": {"notice": True, "rdzv": TUNED_RDZV_CONF, "every": 25, "rescue": "on", "warm": True},
-    "rescue-off": {"notice": True, "rdzv": TUNED_RDZV_CONF, "every": 25, "rescue": "off", "warm": True},
-    "baseline": {"notice": False, "rdzv": DEFAULT_RDZV_CONF, "every": STEPS_PER_EPOCH, "rescue": "off",
+    "ours": {"notice": True, "rdzv": TUNED_RDZV_CONF, "every": 25, "memory_tier": True, "warm": True},
+    "rescue-off": {"notice": True, "rdzv": TUNED_RDZV_CONF, "every": 25, "memory_tier": False, "warm": True},
+    "baseline": {"notice": False, "rdzv": DEFAULT_RDZV_CONF, "every": STEPS_PER_EPOCH, "memory_tier": False,
                  "warm": False},
 }
 # Not run by default (--configs ours,cold,...): ours with every worker started cold, as plain torchrun starts them.
@@ -155,9 +155,8 @@ def bench_job(name: str, cfg: dict, blob, etcd, imds: ScheduledEventsServer, scr
     return JobConfig(
         name=name, checkpoint_url=f"{blob.blob_endpoint}/bench/{name}", connection_string=blob.connection_string,
         etcd_endpoint=etcd.endpoint, scheduled_events_url=imds.url if cfg["notice"] else "off",
-        rdzv_conf=cfg["rdzv"], max_nodes=max_nodes,
-        extra_env={"ELASTICTRAIN_PROGRESS_SECONDS": "0.2", "ELASTICTRAIN_MEMORY_RESCUE": cfg["rescue"],
-                   launch.ENV_CHECKPOINT_INTERVAL_STEPS: str(cfg["every"])},
+        rdzv_conf=cfg["rdzv"], max_nodes=max_nodes, progress_seconds=0.2, memory_tier=cfg["memory_tier"],
+        extra_env={launch.ENV_CHECKPOINT_INTERVAL_STEPS: str(cfg["every"])},
         warm_start=cfg["warm"], recovery=cfg.get("recovery", launch.RECOVERY_RESTART), script=WORKLOAD,
         coordinator=coordinator.address if coordinator else None,
         script_args=script_args,
