@@ -1,9 +1,10 @@
-"""Goodput of a 2-node job under an eviction schedule, three ways side by side.
+"""Goodput of a 2-node job under an eviction schedule, in-process, restart and plain torchrun side by side.
 
     .venv/bin/python scripts/bench/goodput.py [--duration 600] [--repeats 3] [--json out.json]
 
 A real 2-node job (two torchrun agents, etcd-v2 rendezvous, Azurite, DDP on
-``scripts/bench/readme_loop.py``: the README's loop, which both recovery modes run) trains under the schedule of ``evict simulate
+``scripts/bench/readme_loop.py``: the README's loop, which both recovery modes
+run) trains under the schedule of ``evict simulate
 --schedule`` (``core.chaos``: one eviction per ``60/--rate`` s, ``--notice-share``
 of them with a ``--notice-seconds`` Scheduled Events Preempt first, capacity back
 ``--replace-after`` s after each, one ``--seed`` for every config), several ways,

@@ -3,8 +3,9 @@
     .venv/bin/python scripts/bench/outage.py [--nodes 2 4 8] [--repeats 1] [--modes in-process,restart]
 
 A real N-node job (the product's launch: tests/support/elastic.py over backends/local/agent.py; an in-process
-job's coordinator started as ``job run --local`` starts it) of a tiny model (``scripts/bench/readme_loop.py``, the README's loop: an MLP of
-width 16, a global batch of 168 so every world of 1 to 4, 7 and 8 nodes divides it) goes through four events, in
+job's coordinator started as ``job run --local`` starts it) of a tiny model (``scripts/bench/readme_loop.py``,
+the README's loop: an MLP of width 16, a global batch of 168 so every world of 1 to 4, 7 and 8 nodes divides it)
+goes through four events, in
 order, as the local cluster does them (goodput.py's BenchEvictor):
 
   notice    the newest node gets a Scheduled Events Preempt (30 s), acknowledges, and is killed
