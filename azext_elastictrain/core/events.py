@@ -26,6 +26,14 @@ INTERRUPTED = "interrupted"
 # the world re-forms, or the job stops. ``step``: the step every rank stopped at; ``kept_in_memory``: it was
 # in every node's memory, so no blob save was made.
 REFORMING = "reforming"
+# In-process recovery mode (the workers outlive a re-form): written once per change of the job's per-step quorum,
+# by the node that is its first replica (local rank 0), when the quorum's members change: the world that trains
+# from ``step`` on has ``world_size`` ranks (``replicas`` nodes), after ``from_world_size`` (None: this node just
+# joined or started); ``last_step``/``last_step_time``: the old world's last committed step and when;
+# ``discarded``: its steps discarded since the previous change; ``source``: "live" (the members kept their own
+# state) or "peer" (a node took it from a peer). It starts a world as ``restored`` does in the restart mode, so
+# every reading of the log (core/goodput.py) measures both modes alike.
+QUORUM = "quorum"
 
 # Job states, as `job show` reports them.
 RUNNING = "Running"
@@ -81,8 +89,11 @@ def summarize(events: list[dict]) -> dict:
     trained_at = None  # the world size of the last start, restore or progress before this event
     restarts = 0
     failed_checkpoints = 0
+    in_process = any(e.get("event") == QUORUM for e in events)
     for e in events:
         kind = e.get("event")
+        if in_process:  # its worlds begin at quorum changes; a joining node's own start and restore are not one
+            kind = {QUORUM: RESTORED, RESTORED: None, STARTED: None}.get(kind, kind)
         if kind in (STARTED, RESTORED, PROGRESS, CHECKPOINT, REFORMING):
             finished = None  # a world trains after the finished event (an old runtime's done() after a stop)
         if kind == RESTORED and restores >= 1:
@@ -112,7 +123,7 @@ def summarize(events: list[dict]) -> dict:
             failed_checkpoints += 1
         elif kind == PREEMPTED:
             preempted.append(e)
-        elif kind == STARTED:
+        elif e.get("event") == STARTED:
             restarts = max(restarts, int(e.get("restart_count") or 0))
     return {
         "started": any(e.get("event") == STARTED for e in events),

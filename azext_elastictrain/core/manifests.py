@@ -551,5 +551,6 @@ def _worker_env(job, namespace: str) -> list[dict]:
                                    memory_tier=_memory_tier_on(job),
                                    collective_timeout=launch.AKS_COLLECTIVE_TIMEOUT_SECONDS),
               **launch.recovery_env(job.recovery, coordinator=coordinator_url(job.name, namespace)
-                                    if job.in_process else None)}
+                                    if job.in_process else None,
+                                    replica_timeout=launch.AKS_REPLICA_TIMEOUT_SECONDS)}
     return env + [{"name": name, "value": value} for name, value in shared.items()]
