@@ -32,9 +32,12 @@ def follow_recovery(read_events: Any, job: str, eviction: dict, timeout: float =
     deadline = time.time() + timeout
     evicted_at = eviction["evictedAt"]
     started_at = eviction.get("startedAt", evicted_at)
+    # The new world may form before the node goes: in-process, a notice is a planned departure (the survivors
+    # re-form at the next step boundary, then the node acknowledges and is killed). So from the notice on.
+    since = min(started_at, evicted_at)
     while time.time() < deadline:
         events = read_events(job)
-        restored = [e for e in world_starts(events) if e.get("step") is not None and e["time"] > evicted_at]
+        restored = [e for e in world_starts(events) if e.get("step") is not None and e["time"] > since]
         resumed = [e for e in events if e.get("event") == "progress" and restored
                    and e["time"] > restored[0]["time"]]
         if resumed:
@@ -42,7 +45,7 @@ def follow_recovery(read_events: Any, job: str, eviction: dict, timeout: float =
                      "worldSize": resumed[0].get("world_size"),
                      "restoreSeconds": round(restored[0]["time"] - evicted_at, 2),
                      "recoverySeconds": round(resumed[0]["time"] - evicted_at, 2), "outageSeconds": None}
-            after = [o for o in outages(events) if o["restoredAt"] > evicted_at and o["firstStepAt"] is not None]
+            after = [o for o in outages(events) if o["restoredAt"] > since and o["firstStepAt"] is not None]
             if after:
                 found.update({k: after[0][k]
                               for k in ("kind", "outageSeconds", "stepsLost", "lastStep", "resumedFromStep")})
