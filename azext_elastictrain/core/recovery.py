@@ -34,15 +34,17 @@ def follow_recovery(read_events: Any, job: str, eviction: dict, timeout: float =
     started_at = eviction.get("startedAt", evicted_at)
     while time.time() < deadline:
         events = read_events(job)
-        restored = [e for e in world_starts(events) if e.get("step") is not None and e["time"] > evicted_at]
+        # from the eviction's start: an in-process job re-forms at the notice, before the node goes
+        restored = [e for e in world_starts(events) if e.get("step") is not None and e["time"] > started_at]
         resumed = [e for e in events if e.get("event") == "progress" and restored
                    and e["time"] > restored[0]["time"]]
         if resumed:
             found = {"node": eviction["node"], "resumedFromStep": restored[0]["step"],
                      "worldSize": resumed[0].get("world_size"),
-                     "restoreSeconds": round(restored[0]["time"] - evicted_at, 2),
-                     "recoverySeconds": round(resumed[0]["time"] - evicted_at, 2), "outageSeconds": None}
-            after = [o for o in outages(events) if o["restoredAt"] > evicted_at and o["firstStepAt"] is not None]
+                     # 0: an in-process job trained on without the node before it went
+                     "restoreSeconds": round(max(0.0, restored[0]["time"] - evicted_at), 2),
+                     "recoverySeconds": round(max(0.0, resumed[0]["time"] - evicted_at), 2), "outageSeconds": None}
+            after = [o for o in outages(events) if o["restoredAt"] > started_at and o["firstStepAt"] is not None]
             if after:
                 found.update({k: after[0][k]
                               for k in ("kind", "outageSeconds", "stepsLost", "lastStep", "resumedFromStep")})
