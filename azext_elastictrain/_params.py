@@ -1,11 +1,10 @@
 """Arguments: names in the user's words, every one with help."""
 from azure.cli.core.commands.parameters import get_enum_type, get_three_state_flag
 
-JOB_STATES = ["Running", "Succeeded", "Failed", "Stopped"]
-
 
 def load_arguments(self, _):  # pylint: disable=too-many-statements  # one statement per argument, as az does
-    from azext_elastictrain.core.spec import ENGINES, STORAGE_SKUS, UPGRADE_CHANNELS  # pure, stdlib only: cheap
+    from azext_elastictrain.core.events import STATES as JOB_STATES  # pure, stdlib only: cheap
+    from azext_elastictrain.core.spec import ENGINES, STORAGE_SKUS, UPGRADE_CHANNELS
 
     with self.argument_context("elastictrain checkpoint") as c:
         c.argument(
@@ -202,7 +201,7 @@ def load_arguments(self, _):  # pylint: disable=too-many-statements  # one state
         c.argument("timeout", type=int, options_list=["--timeout"],
                    help="With --follow: stop following after this many seconds (default: until the job ends).")
     with self.argument_context("elastictrain job wait") as c:
-        c.argument("state", arg_type=get_enum_type(JOB_STATES), options_list=["--state"],
+        c.argument("state", arg_type=get_enum_type(list(JOB_STATES)), options_list=["--state"],
                    help="Wait until the job is in this state (default: Succeeded, unless --step is given).")
         c.argument("step", type=int, options_list=["--step"],
                    help="Wait until training reached this step.")

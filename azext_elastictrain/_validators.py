@@ -211,7 +211,7 @@ def _check_names(cluster: str | None, job: str | None) -> str:
 
     cluster = cluster or LOCAL_CLUSTER_DEFAULT
     try:
-        LocalClusterSpec(cluster).validate()
+        LocalClusterSpec(cluster)
         if job is not None:
             validate_job_name(job)
     except (SpecError, ValueError) as ex:
@@ -252,8 +252,7 @@ def resolve_schedule(*, schedule: bool, job: str | None, rate: float | None, dur
             f"--schedule needs {', '.join(missing)}: whose nodes go, how many a minute, for how many seconds",
             recommendation="e.g. az elastictrain evict simulate --local --job cifar --schedule --rate 1 "
                            "--duration 600 --yes")
-    ScheduleSpec(rate=rate, duration=duration, notice_share=0.5 if notice_share is None else notice_share,
-                 notice_seconds=30.0 if notice_seconds is None else notice_seconds, replace_after=replace_after,
-                 seed=seed).validate()
+    ScheduleSpec.asked(rate, duration, notice_share=notice_share, notice_seconds=notice_seconds,
+                       replace_after=replace_after, seed=seed)  # raises ScheduleError for a bad value
     return ScheduleRequest(job=job, rate=rate, duration=duration, notice_share=notice_share,
                            notice_seconds=notice_seconds, replace_after=replace_after, seed=seed)

@@ -10,7 +10,8 @@ import uuid
 from dataclasses import dataclass, field
 
 from azext_elastictrain.core.preflight import PoolHardware
-from azext_elastictrain.core.spec import GPU_TAINT, NODE_OS_UPGRADE_CHANNEL, SYSTEM_POOL, ClusterSpec
+from azext_elastictrain.core.constants import GPU_TAINT
+from azext_elastictrain.core.spec import NODE_OS_UPGRADE_CHANNEL, SYSTEM_POOL, ClusterSpec
 
 #: Built-in role: read, write and delete blobs and containers (no keys, no account management).
 STORAGE_BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"

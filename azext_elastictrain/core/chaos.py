@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Protocol
 
+from azext_elastictrain.core.constants import AZURE_NOTICE_SECONDS
 from azext_elastictrain.core.spec import SpecError
 
 MAX_EVICTIONS = 1000  # a schedule is for minutes or hours of chaos, not a typo's millions
@@ -48,16 +49,21 @@ class ScheduleSpec:
     rate: float
     duration: float
     notice_share: float = 0.5
-    notice_seconds: float = 30.0
+    notice_seconds: float = AZURE_NOTICE_SECONDS
     replace_after: float | None = 30.0
     seed: int | None = None
+
+    @classmethod
+    def asked(cls, rate: float, duration: float, **given: Any) -> "ScheduleSpec":
+        """The spec of a command's values: one left out (None) takes the default above."""
+        return cls(rate, duration, **{k: v for k, v in given.items() if v is not None})
 
     @property
     def interval(self) -> float:
         return 60.0 / self.rate
 
-    def validate(self) -> None:
-        """Raises ScheduleError for the first bad value; nothing is planned from a bad spec."""
+    def __post_init__(self) -> None:
+        """Raises ScheduleError for the first bad value: a bad spec never exists, nothing is planned from one."""
         rate, duration = self.rate, self.duration
         if not _finite(rate) or rate <= 0:
             raise ScheduleError(f"--rate {rate:g}: give evictions per minute, more than 0 (e.g. --rate 1 for one "
@@ -127,7 +133,6 @@ class Schedule:
 def plan_schedule(spec: ScheduleSpec) -> Schedule:
     """The evictions of ``spec``, in time order. Without a seed one is drawn and recorded, so the printed
     schedule can be run again with ``--seed``. Raises ScheduleError."""
-    spec.validate()
     seed = spec.seed if spec.seed is not None else random.SystemRandom().randrange(2**31)
     rng = random.Random(seed)
     count = spec.count

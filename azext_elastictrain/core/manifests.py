@@ -14,16 +14,16 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from azext_elastictrain.core import launch
+from azext_elastictrain.core.constants import GPU_TAINT, TRAINING_NAMESPACE, TRAINING_SERVICE_ACCOUNT
 from azext_elastictrain.core.spec import (
     ENGINE_K8S_JOB,
     ENGINE_TORCHELASTIC,
     ENGINES,
     MEMORY_TIER_OFF,
+    JobSpec,
     SpecError,
 )
 
-NAMESPACE = "elastictrain"
-TRAINING_SERVICE_ACCOUNT = "elastictrain-training"
 CHECKPOINT_CONFIGMAP = "elastictrain-checkpoints"
 CHECKPOINT_URL_KEY = "checkpoint-url"
 ETCD_NAME = "elastictrain-etcd"  # the StatefulSet and its Service
@@ -32,7 +32,6 @@ OPERATOR_DEPLOYMENT = "elastictrain-elastic-job-controller"
 DEVICE_PLUGIN_DAEMONSET = "elastictrain-nvidia-device-plugin"
 ELASTICJOB_CRD = "elasticjobs.elastic.pytorch.org"
 ELASTICJOB_API_VERSION = "elastic.pytorch.org/v1alpha1"
-GPU_TAINT = "sku=gpu:NoSchedule"
 SPOT_TAINT = "kubernetes.azure.com/scalesetpriority=spot:NoSchedule"
 CLIENT_ID_ANNOTATION = "azure.workload.identity/client-id"
 TENANT_ID_ANNOTATION = "azure.workload.identity/tenant-id"
@@ -58,7 +57,7 @@ _WORKLOAD_RANK = 6
 class InClusterSpec:
     """What differs between clusters in the objects az elastictrain installs."""
 
-    namespace: str = NAMESPACE
+    namespace: str = TRAINING_NAMESPACE
     service_account: str = TRAINING_SERVICE_ACCOUNT
     identity_client_id: str  # the user-assigned identity's clientId
     tenant_id: str | None = None
@@ -66,7 +65,7 @@ class InClusterSpec:
     gpu_taint: str = GPU_TAINT
     engine: str = ENGINE_TORCHELASTIC  # k8s-job: no operator (CRD, RBAC, controller) is installed
 
-    def validate(self) -> "InClusterSpec":
+    def __post_init__(self) -> None:
         if not _DNS_LABEL.fullmatch(self.namespace or ""):
             raise SpecError(f"invalid namespace {self.namespace!r}: use 1-63 lowercase letters, digits and '-', "
                             "starting and ending with a letter or digit")
@@ -81,7 +80,6 @@ class InClusterSpec:
         parse_taint(self.gpu_taint)
         if self.engine not in ENGINES:
             raise SpecError(f"unknown engine {self.engine!r}: use one of {', '.join(ENGINES)}")
-        return self
 
 
 def validate_checkpoint_url(url: str) -> str:
@@ -164,7 +162,6 @@ def _base_dir():
 
 def render_cluster_objects(spec: InClusterSpec) -> list[dict]:
     """Every object to apply for ``spec``, in apply order: CRD and namespace first."""
-    spec.validate()
     objects = [_place(copy.deepcopy(obj), spec) for obj in load_base_objects(spec.engine)]
     return sorted(objects, key=lambda obj: _APPLY_RANK.get(obj["kind"], _WORKLOAD_RANK))  # stable
 
@@ -233,7 +230,7 @@ def etcd_endpoint(namespace: str) -> str:
     return f"{ETCD_NAME}.{namespace}.svc.cluster.local:{ETCD_CLIENT_PORT}"
 
 
-def render_elastic_job(job, cluster: InClusterSpec, image: str, *, run_id: str | None = None,
+def render_elastic_job(job: JobSpec, cluster: InClusterSpec, image: str, *, run_id: str | None = None,
                        gpus_per_node: int | None = None) -> dict:
     """The ElasticJob running ``job`` (a core.spec.JobSpec; its script is a path inside ``image``).
 
@@ -243,7 +240,7 @@ def render_elastic_job(job, cluster: InClusterSpec, image: str, *, run_id: str |
     of its own even when an earlier job of the same name left state in etcd. Each worker asks for
     ``gpus_per_node`` GPUs (default: one per training process).
     """
-    gpus = _validate_job_inputs(job, cluster, image, gpus_per_node)
+    gpus = _validate_job_inputs(job, image, gpus_per_node)
     _validate_kubernetes_names(job, [f"{job.name}-worker-{job.node_count - 1}"], [])
     args = [*_torchrun_options(job, run_id), *launch.worker_entry(job.script, job.script_args, warm=job.warm_start)]
     return {
@@ -260,7 +257,7 @@ def render_elastic_job(job, cluster: InClusterSpec, image: str, *, run_id: str |
     }
 
 
-def render_k8s_job(job, cluster: InClusterSpec, image: str, *, run_id: str | None = None,
+def render_k8s_job(job: JobSpec, cluster: InClusterSpec, image: str, *, run_id: str | None = None,
                    gpus_per_node: int | None = None) -> list[dict]:
     """The headless Service and the batch/v1 Indexed Job running ``job`` with no operator, in apply order.
 
@@ -284,7 +281,7 @@ def render_k8s_job(job, cluster: InClusterSpec, image: str, *, run_id: str | Non
       one exits 0 only then; the Job is done at the first success and the controller removes the lingering
       pods, e.g. an index still Pending for Spot capacity that would otherwise hold the Job open forever.
     """
-    gpus = _validate_job_inputs(job, cluster, image, gpus_per_node)
+    gpus = _validate_job_inputs(job, image, gpus_per_node)
     _validate_kubernetes_names(job, [job.name], [f"{job.name}-{job.max_nodes - 1}"])
     labels = _job_labels(job, ENGINE_K8S_JOB)
     args = [*_torchrun_options(job, run_id or job.name),
@@ -318,22 +315,13 @@ def render_k8s_job(job, cluster: InClusterSpec, image: str, *, run_id: str | Non
     return [service, batch_job]
 
 
-def _validate_job_inputs(job, cluster: InClusterSpec, image: str, gpus_per_node: int | None) -> int:
-    """Refuses what no engine can run; returns the GPUs each node asks for (default: one per process)."""
-    from azext_elastictrain.core.layout import validate_job_name
-
-    cluster.validate()
-    try:
-        validate_job_name(job.name)
-    except ValueError as ex:
-        raise SpecError(str(ex)) from ex
+def _validate_job_inputs(job: JobSpec, image: str, gpus_per_node: int | None) -> int:
+    """Refuses what no engine can run (the job and the cluster's objects are valid as built); returns the GPUs
+    each node asks for (default: one per process)."""
     _validate_image(image)
     gpus = job.nproc_per_node if gpus_per_node is None else gpus_per_node
     if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
         raise SpecError(f"--gpus-per-node must be a whole number of at least 1, not {gpus!r}")
-    if not 1 <= job.min_nodes <= job.node_count <= job.max_nodes:
-        raise SpecError(f"nodes must satisfy 1 <= --min-nodes ({job.min_nodes}) <= --nodes ({job.node_count}) "
-                        f"<= --max-nodes ({job.max_nodes})")
     return gpus
 
 

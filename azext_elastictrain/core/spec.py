@@ -1,8 +1,14 @@
-"""What users ask for, validated before anything is created. Pure, but for JobSpec looking that its script exists."""
+"""What users ask for: each spec is valid once built (``SpecError`` otherwise). Pure, but for ``check_local_script``."""
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+from azext_elastictrain.core.constants import (
+    CHECKPOINT_CONTAINER,
+    TRAINING_NAMESPACE,
+    TRAINING_SERVICE_ACCOUNT,
+)
 
 LOCAL_CLUSTER_DEFAULT = "local"
 # The in-memory rescue tier keeps two copies of each node's state (runtime/rescue.py): the default leaves room
@@ -26,22 +32,21 @@ class LocalClusterSpec:
 
     name: str = LOCAL_CLUSTER_DEFAULT
 
-    def validate(self) -> "LocalClusterSpec":
+    def __post_init__(self) -> None:
         if not _LOCAL_NAME.fullmatch(self.name or ""):
             raise SpecError(
                 f"invalid local cluster name {self.name!r}: use 1-32 lowercase letters, digits and '-', "
                 "starting and ending with a letter or digit"
             )
-        return self
 
 
 @dataclass(frozen=True)
 class JobSpec:  # pylint: disable=too-many-instance-attributes  # one field per user option
     """An elastic job: ``nodes`` torchrun agents (between ``min_nodes`` and ``max_nodes``) running ``script``.
 
-    ``nodes`` defaults to ``max_nodes``. ``script`` must be an existing file
-    (checked by ``validate``, the one look at the file system here), unless it is a path inside the job's
-    container image (``validate(script_in_image=True)``, on AKS), which only the cluster can check.
+    ``nodes`` defaults to ``max_nodes``. Valid once built (``SpecError`` otherwise). Where ``script`` is looked for
+    is the backend's: a file of this machine (``check_local_script``) or a path inside the job's container image
+    (``check_script_in_image``), which only the cluster can open.
     """
 
     name: str
@@ -53,7 +58,6 @@ class JobSpec:  # pylint: disable=too-many-instance-attributes  # one field per 
     script_args: tuple[str, ...] = ()
     checkpoint_interval: int | None = None
     keep: int = 3
-    cluster: str = LOCAL_CLUSTER_DEFAULT
     # The in-memory rescue tier: "off", or the node memory it may use (a Kubernetes quantity: on AKS the
     # sizeLimit of the memory-backed emptyDir it lives in).
     memory_tier: str = DEFAULT_MEMORY_TIER
@@ -68,17 +72,13 @@ class JobSpec:  # pylint: disable=too-many-instance-attributes  # one field per 
     def node_names(self) -> list[str]:
         return [f"{self.name}-node-{i}" for i in range(self.node_count)]
 
-    def validate(self, *, script_in_image: bool = False) -> "JobSpec":
-        import os
-
+    def __post_init__(self) -> None:
         from azext_elastictrain.core.layout import validate_job_name
 
         try:
             validate_job_name(self.name)
         except ValueError as ex:
             raise SpecError(str(ex)) from ex
-        if not script_in_image:
-            LocalClusterSpec(self.cluster).validate()
         for flag, value in (("--min-nodes", self.min_nodes), ("--max-nodes", self.max_nodes),
                             ("--nproc-per-node", self.nproc_per_node)):
             _at_least_one(flag, value)
@@ -96,14 +96,22 @@ class JobSpec:  # pylint: disable=too-many-instance-attributes  # one field per 
         validate_memory_tier(self.memory_tier)
         if not self.script:
             raise SpecError("no training script: pass --script PATH")
-        if script_in_image:
-            if self.script.startswith("-") or any(c.isspace() for c in self.script):
-                raise SpecError(f"training script {self.script!r} is not a path: pass the script's path inside "
-                                "the image (e.g. /app/train_cifar10.py); its arguments go in --script-args")
-        elif not os.path.isfile(self.script):
-            raise SpecError(f"training script {self.script!r} is not a file: pass the path of a Python script "
-                            "that runs under torchrun (e.g. scripts/train_cifar10.py)")
-        return self
+
+
+def check_local_script(script: str) -> None:
+    """A local job's script is a file of this machine (the one look at the file system in this module)."""
+    import os
+
+    if not os.path.isfile(script):
+        raise SpecError(f"training script {script!r} is not a file: pass the path of a Python script "
+                        "that runs under torchrun (e.g. scripts/train_cifar10.py)")
+
+
+def check_script_in_image(script: str) -> None:
+    """A job's script on AKS is a path inside its image: only its form can be checked here."""
+    if script.startswith("-") or any(c.isspace() for c in script):
+        raise SpecError(f"training script {script!r} is not a path: pass the script's path inside "
+                        "the image (e.g. /app/train_cifar10.py); its arguments go in --script-args")
 
 
 def validate_memory_tier(value: str) -> None:
@@ -149,10 +157,6 @@ WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", 
 MAINTENANCE_HOURS = (4, 24)
 SYSTEM_POOL = "system"
 GPU_POOL = "gpu"
-CHECKPOINT_CONTAINER = "checkpoints"
-TRAINING_NAMESPACE = "elastictrain"
-TRAINING_SERVICE_ACCOUNT = "elastictrain-training"
-GPU_TAINT = "sku=gpu:NoSchedule"
 #: A pool autoscales up to this many nodes at most (AKS: 1000 per pool).
 MAX_POOL_NODES = 1000
 
@@ -339,7 +343,7 @@ class ClusterSpec:  # pylint: disable=too-many-instance-attributes  # one field 
         labels.update(dict(self.node_labels))
         return labels
 
-    def validate(self) -> "ClusterSpec":
+    def __post_init__(self) -> None:
         if not _AKS_NAME.fullmatch(self.name or ""):
             raise SpecError(f"invalid cluster name {self.name!r}: use 1-63 letters, digits, '-' and '_', "
                             "starting and ending with a letter or digit (AKS naming rules)")
@@ -400,7 +404,6 @@ class ClusterSpec:  # pylint: disable=too-many-instance-attributes  # one field 
         if self.engine == ENGINE_K8S_JOB and self.kubernetes_version:
             check_engine_supported(self.engine, self.kubernetes_version)
         self._validate_access()
-        return self
 
     def _validate_access(self) -> None:
         """--admin-principal and --local-accounts; raises SpecError."""

@@ -26,10 +26,11 @@ def run_job(cmd, *, name: str, script: str, min_nodes: int, max_nodes: int, loca
     from azext_elastictrain.backends.base import JobRequest
 
     target = resolve_target(local=local, resource_group=resource_group_name, cluster=cluster, job=name)
-    spec = _job_spec(target, script_args=script_args, gpus_per_node=gpus_per_node, nproc_per_node=nproc_per_node,
-                     memory_tier=memory_tier, name=name, script=script, min_nodes=min_nodes, max_nodes=max_nodes,
-                     nodes=nodes, checkpoint_interval=checkpoint_interval, keep=keep,
-                     warm_start=warm_start is not False)
+    with az_errors(target, job=name):  # the spec checks itself as it is built, before the backend is opened
+        spec = _job_spec(target, script_args=script_args, gpus_per_node=gpus_per_node,
+                         nproc_per_node=nproc_per_node, memory_tier=memory_tier, name=name, script=script,
+                         min_nodes=min_nodes, max_nodes=max_nodes, nodes=nodes,
+                         checkpoint_interval=checkpoint_interval, keep=keep, warm_start=warm_start is not False)
     with az_errors(target, job=name), target.opened(cmd) as backend:
         plan = backend.plan_job(JobRequest(spec, image, gpus_per_node, engine))
         return plan.shown if dry_run else backend.submit_job(plan)
@@ -54,8 +55,7 @@ def _job_spec(target, *, script_args: str | None, gpus_per_node: int | None, npr
     if nproc_per_node is None:
         nproc_per_node = (gpus_per_node or 1) if target.kind == "aks" else 1
     return JobSpec(**fields, nproc_per_node=nproc_per_node, script_args=args,
-                   memory_tier=memory_tier or DEFAULT_MEMORY_TIER,
-                   **({"cluster": target.cluster} if target.kind == "local" else {}))
+                   memory_tier=memory_tier or DEFAULT_MEMORY_TIER)
 
 
 def list_jobs(cmd, local: bool = False, cluster: str | None = None,

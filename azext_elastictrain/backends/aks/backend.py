@@ -23,12 +23,12 @@ from azext_elastictrain.backends.base import (
     WaitFor,
 )
 from azext_elastictrain.backends.logs import merged_streams
+from azext_elastictrain.core.constants import AZURE_NOTICE_SECONDS
 from azext_elastictrain.core.errors import NotSupported, OptionNotHere
 from azext_elastictrain.core.eviction import check_selector
 from azext_elastictrain.core.spec import ClusterSpec
 from azext_elastictrain.core.view import wait_for_job
 
-AZURE_NOTICE_SECONDS = 30.0  # the least notice Azure gives a Spot VM (Scheduled Events Preempt)
 WAIT_INTERVAL = 10.0  # a look asks Kubernetes and blob storage (ARM and the credentials only once)
 
 
@@ -153,7 +153,7 @@ class AksBackend:  # pylint: disable=too-many-public-methods  # the Backend prot
         if request.notice_seconds is not None or request.replace_after is not None:
             raise OptionNotHere("--notice-seconds and --replace-after are for the local cluster: on AKS, Azure "
                                 "gives the Spot notice (>= 30 s) and the autoscaler brings capacity back")
-        self._spec().validate()
+        self._spec()  # a bad cluster or group name fails here, before any request
         selector = {"node": request.node, "job": request.job, "rank": request.rank, "pool": request.pool,
                     "count": request.count}
         check_selector(**selector)
@@ -193,7 +193,7 @@ class AksBackend:  # pylint: disable=too-many-public-methods  # the Backend prot
         a share without notice, a notice's length or a replacement delay cannot be asked of Azure."""
         from azext_elastictrain.backends.aks.describe import find_job, min_nodes
         from azext_elastictrain.core.chaos import ScheduleSpec, plan_schedule
-        from azext_elastictrain.core.manifests import NAMESPACE
+        from azext_elastictrain.core.constants import TRAINING_NAMESPACE
 
         if request.notice_share not in (None, 1) or request.notice_seconds is not None \
                 or request.replace_after is not None:
@@ -205,9 +205,9 @@ class AksBackend:  # pylint: disable=too-many-public-methods  # the Backend prot
         spec = ScheduleSpec(rate=request.rate, duration=request.duration, notice_share=1.0,
                             notice_seconds=AZURE_NOTICE_SECONDS, replace_after=None, seed=request.seed)
         schedule = plan_schedule(spec)  # bad values fail here, before Azure or Kubernetes is asked
-        self._spec().validate()
+        self._spec()  # a bad cluster or group name fails here, before any request
         pools = self._spot_pools()
-        least = min_nodes(find_job(self.session.kube(), request.job, NAMESPACE))
+        least = min_nodes(find_job(self.session.kube(), request.job, TRAINING_NAMESPACE))
         shown = {"type": "aks", "cluster": self.cluster, "resourceGroup": self.resource_group, "job": request.job,
                  "dryRun": True, "minNodes": least, **schedule.to_dict()}
         prompt = (f"Evict a Spot node of job {request.job!r} on cluster {self.cluster!r} for real (the VM is "

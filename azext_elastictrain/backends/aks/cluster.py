@@ -214,7 +214,6 @@ class AksClusters:  # pylint: disable=too-many-instance-attributes  # one comman
         where there is a login (an Arm without ``signed_in = False``), else the checks are skipped and the plan
         says so."""
         live_checks = getattr(self.arm, "signed_in", True)
-        spec.validate()
         if live_checks:
             spec = self._before_writes(replace(spec, subscription=self.arm.subscription))
         elif not spec.storage_account:  # its 8 hex digits hash the subscription, unknown here: zeros stand in
@@ -251,7 +250,7 @@ class AksClusters:  # pylint: disable=too-many-instance-attributes  # one comman
 
     def create(self, spec: ClusterSpec, *, no_wait: bool = False, install: bool = True) -> dict:
         """Run the plan: every step whose resource is missing or not right; stop at the first failure."""
-        spec = self._before_writes(replace(spec.validate(), subscription=self.arm.subscription))
+        spec = self._before_writes(replace(spec, subscription=self.arm.subscription))
         checked = self._preflight(spec)  # before anything is created
         ctx = _Context(spec, self.arm.subscription, self.arm.tenant, hardware=_hardware(spec, checked),
                        admin=self._admin(spec, True), creator=self._creator(spec, True))
@@ -586,7 +585,7 @@ class AksClusters:  # pylint: disable=too-many-instance-attributes  # one comman
 
     def delete_plan(self, spec: ClusterSpec, *, delete_storage: bool = False) -> dict:
         """What delete would remove and keep, looked up with GETs only."""
-        spec = replace(spec.validate(), subscription=spec.subscription or self.arm.subscription)
+        spec = replace(spec, subscription=spec.subscription or self.arm.subscription)
         rg = spec.resource_group
         cluster = self.arm.get("cluster", {"resource_group": rg, "name": spec.name})
         if cluster is not None:

@@ -25,17 +25,15 @@ from azext_elastictrain.core.eviction import (
     pod_job,
     pod_node,
 )
+from azext_elastictrain.core.constants import TRAINING_NAMESPACE
 from azext_elastictrain.core.manifests import (
     ELASTICJOB_API_VERSION,
-    ENGINE_K8S_JOB,
     ENGINE_LABEL,
-    ENGINE_TORCHELASTIC,
-    NAMESPACE,
     WORKER_CONTAINER,
     WORKER_LABELS,
 )
 from azext_elastictrain.core.errors import JobNotFound
-from azext_elastictrain.core.spec import SpecError
+from azext_elastictrain.core.spec import ENGINE_K8S_JOB, ENGINE_TORCHELASTIC, SpecError
 from azext_elastictrain.core.view import build_job_view, parse_iso, read_job_events
 
 CREATED = "Created"
@@ -292,7 +290,7 @@ def find_job(kube: Any, name: str, namespace: str) -> dict:
     return job
 
 
-def show_job(kube: Any, name: str, read_events: ReadEvents, *, namespace: str = NAMESPACE,
+def show_job(kube: Any, name: str, read_events: ReadEvents, *, namespace: str = TRAINING_NAMESPACE,
              cluster: str | None = None) -> dict:
     """`job show` for ElasticJob ``name``; raises JobNotFound (naming the jobs there are)."""
     job = find_job(kube, name, namespace)
@@ -302,7 +300,7 @@ def show_job(kube: Any, name: str, read_events: ReadEvents, *, namespace: str = 
     return describe_job(job, pods, nodes, events, cluster=cluster, events_error=error)
 
 
-def list_jobs(kube: Any, read_events: ReadEvents, *, namespace: str = NAMESPACE,
+def list_jobs(kube: Any, read_events: ReadEvents, *, namespace: str = TRAINING_NAMESPACE,
               cluster: str | None = None) -> list[dict]:
     """`job list`: every ElasticJob of the namespace, described; one pod and one node list for all."""
     jobs = all_jobs(kube, namespace)

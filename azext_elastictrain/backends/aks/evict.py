@@ -29,7 +29,7 @@ from azext_elastictrain.core.eviction import (
     VmssInstance,
     plan_evictions,
 )
-from azext_elastictrain.core.manifests import NAMESPACE
+from azext_elastictrain.core.constants import TRAINING_NAMESPACE
 from azext_elastictrain.core.view import iso_time, parse_iso
 
 EVICTED = "Evicted"
@@ -67,7 +67,7 @@ class EvictionFailed(Exception):
 
 def plan(kube: Any, *, node: str | None = None, job: str | None = None, rank: int | None = None,
          pool: str | None = None, count: int | None = None, pools: list[str] | None = None,
-         namespace: str = NAMESPACE) -> EvictionPlan:
+         namespace: str = TRAINING_NAMESPACE) -> EvictionPlan:
     """The targets, from the cluster's nodes and the training namespace's pods; raises EvictionPlanError."""
     nodes = kube.list("v1", "Node")
     pods = kube.list("v1", "Pod", namespace)

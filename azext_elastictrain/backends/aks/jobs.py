@@ -12,15 +12,16 @@ from typing import Any, Callable
 from azext_elastictrain.backends.aks import describe
 from azext_elastictrain.backends.aks.session import AksSession, ClusterSite
 from azext_elastictrain.core import events as job_events
-from azext_elastictrain.core.manifests import (
-    ELASTICJOB_API_VERSION,
+from azext_elastictrain.core.constants import GPU_TAINT
+from azext_elastictrain.core.manifests import ELASTICJOB_API_VERSION, SPOT_TAINT, WORKER_LABELS
+from azext_elastictrain.core.spec import (
     ENGINE_K8S_JOB,
     ENGINE_TORCHELASTIC,
-    GPU_TAINT,
-    SPOT_TAINT,
-    WORKER_LABELS,
+    JobSpec,
+    SpecError,
+    check_engine_supported,
+    check_script_in_image,
 )
-from azext_elastictrain.core.spec import JobSpec, SpecError, check_engine_supported
 from azext_elastictrain.core.view import parse_iso
 
 # Any GUID: the ElasticJob does not carry the identity (its pods run as the cluster's service account),
@@ -61,7 +62,7 @@ class AksJobs:
         refuses a cluster without a GPU Spot pool."""
         from azext_elastictrain.core.manifests import InClusterSpec, render_elastic_job, render_k8s_job
 
-        job.validate(script_in_image=True)
+        check_script_in_image(job.script)
         if site.gpu_pool is None:
             raise GpuPoolMissing(
                 f"cluster {site.spec.name!r} has no GPU Spot pool: the workers need a node pool of Spot "

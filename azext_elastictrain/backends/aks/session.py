@@ -19,7 +19,7 @@ from azext_elastictrain.backends.aks.cluster import Arm, spec_from_tags
 from azext_elastictrain.clients.blob import EventReader
 from azext_elastictrain.core.arm import blob_endpoint
 from azext_elastictrain.core.errors import ClusterNotFound
-from azext_elastictrain.core.manifests import GPU_TAINT
+from azext_elastictrain.core.constants import GPU_TAINT
 from azext_elastictrain.core.spec import ClusterSpec, is_gpu_size_name
 
 

@@ -20,13 +20,12 @@ from azext_elastictrain.backends.base import (
     WaitFor,
 )
 from azext_elastictrain.backends.local.cluster import COMPONENTS, LocalClusters
+from azext_elastictrain.core.constants import AZURE_NOTICE_SECONDS
 from azext_elastictrain.core.errors import NotSupported, OptionNotHere
-from azext_elastictrain.core.spec import LocalClusterSpec
+from azext_elastictrain.core.spec import LocalClusterSpec, check_local_script
 from azext_elastictrain.core.view import wait_for_job
 
 WAIT_INTERVAL = 1.0  # a look reads local files and one blob
-NOTICE_SECONDS = 30.0  # Azure's Spot notice is at least 30 s
-REPLACE_AFTER_SECONDS = 30.0  # an eviction schedule's capacity comes back this long after each eviction
 
 
 class LocalBackend:  # pylint: disable=too-many-public-methods  # the Backend protocol (base.py), method for method
@@ -41,7 +40,6 @@ class LocalBackend:  # pylint: disable=too-many-public-methods  # the Backend pr
 
     # -- the cluster -------------------------------------------------------------------------------------------
     def plan_cluster(self, spec: LocalClusterSpec) -> Plan:
-        spec.validate()
         return Plan({"dryRun": True, "type": "local", "name": spec.name, "start": list(COMPONENTS)})
 
     def create_cluster(self, spec: LocalClusterSpec, *, no_wait: bool = False) -> dict:
@@ -71,14 +69,14 @@ class LocalBackend:  # pylint: disable=too-many-public-methods  # the Backend pr
             raise OptionNotHere("--image, --gpus-per-node and --engine are for a job on AKS (-g RG -c CLUSTER)",
                                 "A local job runs the script of this checkout: drop them.")
         spec = request.spec
-        spec.validate()
+        check_local_script(spec.script)
         shown = {"dryRun": True, "type": "local", "name": spec.name, "cluster": self.cluster,
                  "nodes": list(spec.node_names()), "script": str(Path(spec.script).resolve()),
                  "scriptArgs": list(spec.script_args)}
         return Plan(shown, request=spec)
 
     def submit_job(self, plan: Plan) -> dict:
-        return self.clusters.run_job(plan.request)
+        return self.clusters.run_job(self.cluster, plan.request)
 
     def describe_job(self, name: str) -> dict:
         return self.clusters.show_job(self.cluster, name)
@@ -127,7 +125,7 @@ class LocalBackend:  # pylint: disable=too-many-public-methods  # the Backend pr
                                 "On the local cluster name a --node or give a --count.")
         if not request.job:
             raise OptionNotHere("--local evicts nodes of a job: give --job JOB")
-        notice = NOTICE_SECONDS if request.notice_seconds is None else request.notice_seconds
+        notice = AZURE_NOTICE_SECONDS if request.notice_seconds is None else request.notice_seconds
         options = {"node": request.node, "count": request.count, "notice_seconds": notice,
                    "replace_after": request.replace_after}
         shown = self.clusters.evict(self.cluster, request.job, dry_run=True, **options)
@@ -154,13 +152,11 @@ class LocalBackend:  # pylint: disable=too-many-public-methods  # the Backend pr
     def plan_schedule(self, request: ScheduleRequest) -> Plan:
         from azext_elastictrain.core.chaos import ScheduleSpec, plan_schedule
 
-        spec = ScheduleSpec(
-            rate=request.rate, duration=request.duration,
-            notice_share=0.5 if request.notice_share is None else request.notice_share,
-            notice_seconds=NOTICE_SECONDS if request.notice_seconds is None else request.notice_seconds,
-            replace_after=REPLACE_AFTER_SECONDS if request.replace_after is None else request.replace_after,
-            seed=request.seed)
-        schedule = plan_schedule(spec)  # bad values fail here, before the job is even looked at
+        # bad values fail here, before the job is even looked at
+        spec = ScheduleSpec.asked(request.rate, request.duration, notice_share=request.notice_share,
+                                  notice_seconds=request.notice_seconds, replace_after=request.replace_after,
+                                  seed=request.seed)
+        schedule = plan_schedule(spec)
         shown = self.describe_job(request.job)
         running = [n["name"] for n in shown["nodes"] if n["alive"]]
         if not running:

@@ -25,7 +25,6 @@ from typing import Callable
 from azext_elastictrain.backends.local.jobs import LocalJobs
 from azext_elastictrain.backends.local.state import (
     AZURITE_ACCOUNT,
-    CHECKPOINT_CONTAINER,
     REPO_ROOT,
     STOP_TIMEOUT,
     ClusterError,
@@ -38,6 +37,7 @@ from azext_elastictrain.backends.local.state import (
     which_tool,
     write_state,
 )
+from azext_elastictrain.core.constants import CHECKPOINT_CONTAINER
 from azext_elastictrain.core.errors import ClusterNotFound
 from azext_elastictrain.core.spec import LocalClusterSpec
 from azext_elastictrain.core.view import iso_time
@@ -162,7 +162,6 @@ class LocalClusters(LocalJobs):
 
     # -- the backend interface: clusters ----------------------------------------------
     def create_cluster(self, spec: LocalClusterSpec) -> dict:
-        spec.validate()
         existing = self._load(spec.name)
         fresh = existing is None
         state = existing or {"name": spec.name, "created": time.time(), "components": {}}

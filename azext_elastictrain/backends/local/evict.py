@@ -14,6 +14,7 @@ import urllib.request
 from typing import Any
 
 from azext_elastictrain.backends.local.state import alive, node_processes
+from azext_elastictrain.core.constants import AZURE_NOTICE_SECONDS
 from azext_elastictrain.core.spec import DEFAULT_MEMORY_TIER, JobSpec, SpecError
 
 
@@ -88,7 +89,7 @@ def choose_nodes(job: dict, running: list[dict], node: str | None, count: int | 
 
 
 def evict_nodes(backend: Any, cluster: str, job_name: str, *, node: str | None = None, count: int | None = None,
-                notice_seconds: float = 30.0, replace_after: float | None = None, dry_run: bool = False,
+                notice_seconds: float = AZURE_NOTICE_SECONDS, replace_after: float | None = None, dry_run: bool = False,
                 vanish_seconds: float = 0.0) -> dict:
     """Evict the chosen nodes, one after the other. Replacements are the caller's next step
     (``replace_nodes``), so it can follow the recovery at the smaller world size first.
@@ -159,7 +160,7 @@ def _replace(backend: Any, cluster: str, job: dict, conn: dict) -> dict:
     spec = JobSpec(
         name=job["name"], script=job["script"], min_nodes=job["minNodes"], max_nodes=job["maxNodes"],
         nproc_per_node=job["nprocPerNode"], script_args=tuple(job["scriptArgs"]),
-        checkpoint_interval=job["checkpointInterval"], keep=job["keep"], cluster=cluster,
+        checkpoint_interval=job["checkpointInterval"], keep=job["keep"],
         memory_tier=job.get("memoryTier", DEFAULT_MEMORY_TIER), warm_start=job.get("warmStart", True),
     )
     name = f"{job['name']}-node-{len(job['nodes'])}"

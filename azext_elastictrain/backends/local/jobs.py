@@ -25,11 +25,11 @@ from typing import Any, Iterator
 
 from azext_elastictrain.core import events as job_events
 from azext_elastictrain.clients.blob import EventReader
+from azext_elastictrain.core.constants import CHECKPOINT_CONTAINER
 from azext_elastictrain.core.errors import ClusterNotFound, JobNotFound
 from azext_elastictrain.core.view import build_job_view, iso_time, read_job_events
 from azext_elastictrain.backends.local.agent import JOB_MARKER_ENV, AgentLaunch
 from azext_elastictrain.backends.local.state import (
-    CHECKPOINT_CONTAINER,
     STOP_TIMEOUT,
     ClusterError,
     ClusterUnhealthy,
@@ -40,7 +40,7 @@ from azext_elastictrain.backends.local.state import (
     read_state,
     write_state,
 )
-from azext_elastictrain.core.spec import MEMORY_TIER_OFF, JobSpec, LocalClusterSpec
+from azext_elastictrain.core.spec import MEMORY_TIER_OFF, JobSpec, LocalClusterSpec, check_local_script
 
 # A job's workers get this long after SIGTERM (the runtime checkpoints on it) before SIGKILL.
 JOB_STOP_TIMEOUT = 15.0
@@ -86,7 +86,7 @@ class LocalJobs:
         from azext_elastictrain.core.layout import validate_job_name
         from azext_elastictrain.core.spec import SpecError
 
-        LocalClusterSpec(cluster).validate()
+        LocalClusterSpec(cluster)  # it becomes a path
         try:
             validate_job_name(job)  # it becomes a path: never '..' or '/'
         except ValueError as ex:
@@ -102,10 +102,9 @@ class LocalJobs:
         """One job-changing command at a time per cluster (two `job run`s of one name must not both start)."""
         return FileLock(self._jobs_dir(cluster) / ".lock")
 
-    def run_job(self, spec: JobSpec) -> dict:
+    def run_job(self, cluster: str, spec: JobSpec) -> dict:
         """Start ``spec.node_count`` torchrun agents, detached; all or nothing."""
-        spec.validate()
-        cluster = spec.cluster
+        check_local_script(spec.script)
         shown = self.show_cluster(cluster)  # ClusterNotFound
         if shown["health"] != "Healthy":
             down = ", ".join(k for k, v in shown["components"].items() if v["state"] != "running")
@@ -489,7 +488,7 @@ class LocalJobs:
         from azext_elastictrain.core.layout import validate_job_name
         from azext_elastictrain.core.spec import SpecError
 
-        LocalClusterSpec(cluster).validate()
+        LocalClusterSpec(cluster)  # it becomes a path
         try:
             validate_job_name(job)
         except ValueError as ex:

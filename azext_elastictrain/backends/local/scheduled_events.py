@@ -42,6 +42,8 @@ from types import FrameType, TracebackType
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from azext_elastictrain.core.constants import AZURE_NOTICE_SECONDS
+
 EVENTS_PATH = "/metadata/scheduledevents"
 API_VERSION = "2020-07-01"
 ADMIN_PATH = "/admin"
@@ -319,7 +321,7 @@ class _ImdsRequestHandler(BaseHTTPRequestHandler):
             event_id = self.server.store.add(
                 body.get("resources"),
                 body.get("event_type", "Preempt"),
-                body.get("notice_seconds", 30.0),
+                body.get("notice_seconds", AZURE_NOTICE_SECONDS),
                 body.get("description", ""),
             )
         except ValueError as exc:
@@ -423,7 +425,7 @@ class ScheduledEventsServer:
         return f"{self.base_url}{ADMIN_PATH}"
 
     def post_event(self, resources: list[str], event_type: str = "Preempt",
-                   notice_seconds: float = 30.0, description: str = "") -> str:
+                   notice_seconds: float = AZURE_NOTICE_SECONDS, description: str = "") -> str:
         """Schedule an event for the given VM names; returns its EventId."""
         if isinstance(resources, str):
             raise ValueError("resources must be a list of VM names, not a string")

@@ -20,7 +20,6 @@ AZURITE_ACCOUNT = "devstoreaccount1"
 # Azurite's documented, public development account: not a secret, still never printed.
 _AZURITE_AUTH = ("AccountName=devstoreaccount1;"
                  "AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==")
-CHECKPOINT_CONTAINER = "checkpoints"
 STOP_TIMEOUT = 10.0
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
