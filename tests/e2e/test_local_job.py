@@ -275,8 +275,8 @@ def test_a_node_that_fails_to_start_takes_the_started_ones_down(tmp_path, monkey
                 "log": str(job_dir / "nodes" / f"{node}.log"), "status": "started"}
 
     monkeypatch.setattr(backend, "start_node", start_node)
-    spec = JobSpec(name="half", script=str(REPO_ROOT / SCRIPT), min_nodes=1, max_nodes=3, cluster="c")
+    spec = JobSpec(name="half", script=str(REPO_ROOT / SCRIPT), min_nodes=1, max_nodes=3)
     with pytest.raises(OSError, match="temporarily unavailable"):
-        backend.run_job(spec)
+        backend.run_job("c", spec)
     assert len(started) == 1 and started[0].wait(timeout=20) is not None, "the started node was left running"
     assert not (tmp_path / "c" / "jobs" / "half").exists(), "a half-started job left its state"
