@@ -10,8 +10,8 @@ from __future__ import annotations
 import copy
 import re
 from dataclasses import dataclass
-from typing import Any
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING, Any
+from urllib.parse import SplitResult, urlsplit
 
 from azext_elastictrain.core import launch
 from azext_elastictrain.core.constants import GPU_TAINT, TRAINING_NAMESPACE, TRAINING_SERVICE_ACCOUNT
@@ -23,6 +23,9 @@ from azext_elastictrain.core.spec import (
     JobSpec,
     SpecError,
 )
+
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
 
 CHECKPOINT_CONFIGMAP = "elastictrain-checkpoints"
 CHECKPOINT_URL_KEY = "checkpoint-url"
@@ -100,7 +103,7 @@ def validate_checkpoint_url(url: str) -> str:
     return url
 
 
-def _account_and_container(parts) -> tuple[str, str, bool]:
+def _account_and_container(parts: SplitResult) -> tuple[str, str, bool]:
     """(account, container, whether the host is a blob endpoint) of a container URL as ARM's
     ``primaryEndpoints.blob`` makes it: <account>.blob.<cloud suffix> or <account>.zNN.blob.storage.azure.net
     name the account in the host; an IP endpoint (Azurite) names it in the path."""
@@ -123,7 +126,7 @@ def _is_ip(host: str | None) -> bool:
     return True
 
 
-def parse_taint(taint: str) -> dict:
+def parse_taint(taint: str) -> dict[str, Any]:
     """``key=value:Effect`` (as ``az aks nodepool add --node-taints`` takes it) -> a toleration for it."""
     match = _TAINT.fullmatch(taint or "")
     if not match:
@@ -139,7 +142,7 @@ def parse_taint(taint: str) -> dict:
 OPERATOR_FILES = ("operator-crd.yaml", "operator-rbac.yaml", "operator-deployment.yaml")
 
 
-def load_base_objects(engine: str = ENGINE_TORCHELASTIC) -> list[dict]:
+def load_base_objects(engine: str = ENGINE_TORCHELASTIC) -> list[dict[str, Any]]:
     """The objects of the shipped kustomize base that ``engine`` needs, in its ``resources`` order."""
     import yaml  # PyYAML: azure-cli ships it (knack needs it)
 
@@ -154,19 +157,19 @@ def load_base_objects(engine: str = ENGINE_TORCHELASTIC) -> list[dict]:
     return objects
 
 
-def _base_dir():
+def _base_dir() -> Traversable:
     from importlib.resources import files
 
     return files("azext_elastictrain").joinpath(_PACKAGE_DIR)
 
 
-def render_cluster_objects(spec: InClusterSpec) -> list[dict]:
+def render_cluster_objects(spec: InClusterSpec) -> list[dict[str, Any]]:
     """Every object to apply for ``spec``, in apply order: CRD and namespace first."""
     objects = [_place(copy.deepcopy(obj), spec) for obj in load_base_objects(spec.engine)]
     return sorted(objects, key=lambda obj: _APPLY_RANK.get(obj["kind"], _WORKLOAD_RANK))  # stable
 
 
-def _place(obj: dict, spec: InClusterSpec) -> dict:
+def _place(obj: dict[str, Any], spec: InClusterSpec) -> dict[str, Any]:
     meta = obj["metadata"]
     if obj["kind"] == "Namespace":
         meta["name"] = spec.namespace
@@ -184,7 +187,7 @@ def _place(obj: dict, spec: InClusterSpec) -> dict:
     return obj
 
 
-def _place_training_account(meta: dict, spec: InClusterSpec) -> None:
+def _place_training_account(meta: dict[str, Any], spec: InClusterSpec) -> None:
     meta["name"] = spec.service_account
     annotations = meta.setdefault("annotations", {})
     annotations[CLIENT_ID_ANNOTATION] = spec.identity_client_id
@@ -192,7 +195,7 @@ def _place_training_account(meta: dict, spec: InClusterSpec) -> None:
         annotations[TENANT_ID_ANNOTATION] = spec.tenant_id
 
 
-def _tolerate_gpu_taint(pod_spec: dict, gpu_taint: str) -> None:
+def _tolerate_gpu_taint(pod_spec: dict[str, Any], gpu_taint: str) -> None:
     base = parse_taint(GPU_TAINT)
     tolerations = [t for t in pod_spec.get("tolerations", []) if t != base]
     pod_spec["tolerations"] = tolerations + [parse_taint(gpu_taint)]
@@ -231,7 +234,7 @@ def etcd_endpoint(namespace: str) -> str:
 
 
 def render_elastic_job(job: JobSpec, cluster: InClusterSpec, image: str, *, run_id: str | None = None,
-                       gpus_per_node: int | None = None) -> dict:
+                       gpus_per_node: int | None = None) -> dict[str, Any]:
     """The ElasticJob running ``job`` (a core.spec.JobSpec; its script is a path inside ``image``).
 
     The operator prepends ``--rdzv_backend=etcd --rdzv_endpoint=.. --rdzv_id=<name> --nnodes=min:max`` to the
@@ -258,7 +261,7 @@ def render_elastic_job(job: JobSpec, cluster: InClusterSpec, image: str, *, run_
 
 
 def render_k8s_job(job: JobSpec, cluster: InClusterSpec, image: str, *, run_id: str | None = None,
-                   gpus_per_node: int | None = None) -> list[dict]:
+                   gpus_per_node: int | None = None) -> list[dict[str, Any]]:
     """The headless Service and the batch/v1 Indexed Job running ``job`` with no operator, in apply order.
 
     One pod per index, ``--max-nodes`` indexes; a pod without a Spot node stays Pending and torchrun admits it
@@ -331,7 +334,7 @@ _DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 _LABEL_MAX = 63
 
 
-def _validate_kubernetes_names(job, services: list[str], hostnames: list[str]) -> None:
+def _validate_kubernetes_names(job: JobSpec, services: list[str], hostnames: list[str]) -> None:
     """Refuse, before anything is sent, a job name whose objects the API server would refuse (or, for the
     operator's per-worker Services, refuse to the operator later, leaving the job without them).
 
@@ -351,7 +354,7 @@ def _validate_kubernetes_names(job, services: list[str], hostnames: list[str]) -
                             f"of at most {room} characters")
 
 
-def _torchrun_options(job, run_id: str | None) -> list[str]:
+def _torchrun_options(job: JobSpec, run_id: str | None) -> list[str]:
     return launch.torchrun_options(rdzv_conf=launch.AKS_RDZV_CONF, nproc_per_node=job.nproc_per_node,
                                    rdzv_id=run_id)
 
@@ -363,11 +366,12 @@ def _validate_image(image: str) -> None:
                         "worker of the job runs the same code")
 
 
-def _job_labels(job, engine: str) -> dict:
+def _job_labels(job: JobSpec, engine: str) -> dict[str, Any]:
     return {"app.kubernetes.io/part-of": "elastictrain", JOB_LABEL: job.name, ENGINE_LABEL: engine}
 
 
-def _worker_template(job, cluster: InClusterSpec, image: str, args: list[str], *, gpus: int, engine: str) -> dict:
+def _worker_template(job: JobSpec, cluster: InClusterSpec, image: str, args: list[str], *, gpus: int,
+                     engine: str) -> dict[str, Any]:
     labels = {**_job_labels(job, engine), **WORKER_LABELS, "azure.workload.identity/use": "true"}
     return {
         "metadata": {"labels": labels},
@@ -385,11 +389,11 @@ def _worker_template(job, cluster: InClusterSpec, image: str, args: list[str], *
     }
 
 
-def _memory_tier_on(job) -> bool:
+def _memory_tier_on(job: JobSpec) -> bool:
     return job.memory_tier != MEMORY_TIER_OFF
 
 
-def _memory_tier_volumes(job) -> list[dict]:
+def _memory_tier_volumes(job: JobSpec) -> list[dict[str, Any]]:
     """The memory tier's own memory-backed emptyDir (runtime/rescue.py: two copies of the node's state).
 
     It outlives a worker process (torchrun restarts them in place), not the pod. Its pages count against the
@@ -400,7 +404,7 @@ def _memory_tier_volumes(job) -> list[dict]:
     return [{"name": MEMORY_TIER_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": job.memory_tier}}]
 
 
-def _worker_container(job, image: str, args: list[str], gpus: int, engine: str) -> dict:
+def _worker_container(job: JobSpec, image: str, args: list[str], gpus: int, engine: str) -> dict[str, Any]:
     return {
         "name": WORKER_CONTAINER, "image": image,
         **({"ports": [{"name": WORKER_PORT_NAME, "containerPort": WORKER_PORT}]}
@@ -422,9 +426,9 @@ def _worker_container(job, image: str, args: list[str], gpus: int, engine: str) 
     }
 
 
-def _worker_env(job) -> list[dict]:
+def _worker_env(job: JobSpec) -> list[dict[str, Any]]:
     # The container URL comes from the cluster's ConfigMap; Kubernetes expands $(VAR) of earlier entries.
-    env = [
+    env: list[dict[str, Any]] = [
         {"name": launch.ENV_CHECKPOINT_CONTAINER_URL, "valueFrom": {"configMapKeyRef": {
             "name": CHECKPOINT_CONFIGMAP, "key": CHECKPOINT_URL_KEY}}},
         {"name": launch.ENV_CHECKPOINT_URL, "value": f"$({launch.ENV_CHECKPOINT_CONTAINER_URL})/{job.name}"},
@@ -433,6 +437,4 @@ def _worker_env(job) -> list[dict]:
     if _memory_tier_on(job):
         env.append({"name": launch.ENV_MEMORY_DIR, "value": launch.MEMORY_TIER_MOUNT})
         env.append({"name": launch.ENV_NODE_LEAVING_FILE, "value": launch.NODE_LEAVING_FILE})
-    shared = launch.runtime_env(keep=job.keep, checkpoint_interval=job.checkpoint_interval,
-                                memory_tier=_memory_tier_on(job))
-    return env + [{"name": name, "value": value} for name, value in shared.items()]
+    return env + [{"name": name, "value": value} for name, value in launch.job_env(job).items()]

@@ -175,6 +175,11 @@ _VM_SIZE = re.compile(r"Standard_[A-Za-z0-9_]+")
 _GPU_FAMILY = re.compile(r"Standard_N[A-Z]", re.IGNORECASE)
 
 
+def unknown_location(spec: "ClusterSpec") -> str:
+    """What a dry run shows for a location only the resource group's creation tells (no -l given)."""
+    return f"<location of resource group {spec.resource_group}>"
+
+
 def is_gpu_size_name(vm_size: str | None) -> bool:
     """Whether a size's name is of Azure's GPU family (for pools read back from ARM; no region lookup)."""
     return bool(vm_size and _GPU_FAMILY.match(vm_size))
@@ -250,7 +255,8 @@ def spot_price(value: "str | float | int") -> float:
         return -1.0
     if price <= 0:
         raise SpecError(f"--max-price {value} must be -1 (up to the on-demand price) or more than 0")
-    if -price.as_tuple().exponent > 5:
+    exponent = price.as_tuple().exponent
+    if isinstance(exponent, int) and -exponent > 5:
         raise SpecError(f"--max-price {value} has more than 5 decimals: Azure takes prices like 0.12345")
     return float(price)
 
@@ -350,7 +356,7 @@ class ClusterSpec:  # pylint: disable=too-many-instance-attributes  # one field 
         if not _RESOURCE_GROUP.fullmatch(self.resource_group or ""):
             raise SpecError(f"invalid resource group name {self.resource_group!r}: use 1-90 letters, digits, "
                             "'-', '_', '.', '(' and ')', not ending with '.'")
-        if self.location and not _LOCATION.fullmatch(self.location):
+        if self.location and not _LOCATION.fullmatch(self.location) and self.location != unknown_location(self):
             raise SpecError(f"invalid location {self.location!r}: use a region name such as 'eastus' "
                             "('az account list-locations -o table')")
         if not _STORAGE_ACCOUNT.fullmatch(self.storage_account_name):
@@ -376,9 +382,9 @@ class ClusterSpec:  # pylint: disable=too-many-instance-attributes  # one field 
                             "--resource-type virtualMachines -o table' lists a region's)")
         if self.eviction_policy not in EVICTION_POLICIES:
             raise SpecError(f"unknown eviction policy {self.eviction_policy!r}: use Delete or Deallocate")
-        for flag, value, least in (("--min-count", self.min_count, 0), ("--max-count", self.max_count, 1)):
-            if not isinstance(value, int) or isinstance(value, bool) or not least <= value <= MAX_POOL_NODES:
-                raise SpecError(f"{flag} must be a whole number from {least} to {MAX_POOL_NODES}, not {value!r}")
+        for flag, count, least in (("--min-count", self.min_count, 0), ("--max-count", self.max_count, 1)):
+            if not isinstance(count, int) or isinstance(count, bool) or not least <= count <= MAX_POOL_NODES:
+                raise SpecError(f"{flag} must be a whole number from {least} to {MAX_POOL_NODES}, not {count!r}")
         if self.min_count > self.max_count:
             raise SpecError(f"--min-count {self.min_count} is more than --max-count {self.max_count}: the GPU "
                             "pool autoscales between the two, so min <= max")

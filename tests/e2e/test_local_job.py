@@ -256,11 +256,13 @@ def test_a_node_that_fails_to_start_takes_the_started_ones_down(tmp_path, monkey
     import sys
 
     from azext_elastictrain.backends.local.cluster import LocalClusters
+    from azext_elastictrain.backends.local.jobs import LocalJobs
     from azext_elastictrain.core.spec import JobSpec
 
-    backend = LocalClusters(tmp_path)
-    monkeypatch.setattr(backend, "show_cluster", lambda name: {"health": "Healthy", "components": {}})
-    monkeypatch.setattr(backend, "connection", lambda name: {
+    clusters = LocalClusters(tmp_path)
+    backend = LocalJobs(clusters)
+    monkeypatch.setattr(clusters, "show_cluster", lambda name: {"health": "Healthy", "components": {}})
+    monkeypatch.setattr(clusters, "connection", lambda name: {
         "etcd": "127.0.0.1:1", "blob_endpoint": "http://127.0.0.1:1/devstoreaccount1",
         "connection_string": "", "scheduled_events": "off"})
     started: list[subprocess.Popen] = []

@@ -249,7 +249,8 @@ def test_a_stopped_wait_ends_the_poll():
 # -- the local evictor ---------------------------------------------------------------------------------------
 
 class FakeClusters:
-    """LocalClusters as the local evictor uses it (our interface), recording what it was asked."""
+    """The local jobs and their evictions as the local evictor uses them (our interfaces), recording what it was
+    asked."""
 
     def __init__(self, alive, min_nodes=1):
         self.alive, self.min_nodes, self.asked = list(alive), min_nodes, []
@@ -275,7 +276,7 @@ class FakeClusters:
 
 def test_the_local_evictor_skips_a_job_at_its_minimum_and_replaces_after_the_delay():
     clusters = FakeClusters(["job-node-0", "job-node-1"])
-    evictor = LocalScheduleEvictor(clusters, "local", "job")
+    evictor = LocalScheduleEvictor(clusters, clusters, "local", "job")
     [item] = plan_schedule(ScheduleSpec(rate=60, duration=1, notice_share=0, replace_after=0.2, seed=1)).evictions
     eviction = evictor.evict(item)
     assert clusters.asked[0] == ("evict", {"node": eviction["node"], "notice_seconds": 0.0, "replace_after": None})
@@ -288,7 +289,7 @@ def test_the_local_evictor_skips_a_job_at_its_minimum_and_replaces_after_the_del
 
 def test_the_local_evictor_gives_capacity_back_at_once_when_stopped():
     clusters = FakeClusters(["job-node-0", "job-node-1"])
-    evictor = LocalScheduleEvictor(clusters, "local", "job")
+    evictor = LocalScheduleEvictor(clusters, clusters, "local", "job")
     [item] = plan_schedule(ScheduleSpec(rate=60, duration=1, replace_after=30, seed=1)).evictions
     eviction = evictor.evict(item)
     stop = threading.Event()

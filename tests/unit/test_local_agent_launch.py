@@ -32,8 +32,8 @@ def _product_launch(monkeypatch, tmp_path: Path) -> _Started:
     (tmp_path / "job" / "nodes").mkdir(parents=True)
     conn = {"blob_endpoint": "http://127.0.0.1:10000/devstoreaccount1", "connection_string": "UseDevelopment",
             "etcd": "127.0.0.1:2379", "scheduled_events": "http://127.0.0.1:9/metadata/scheduledevents"}
-    local_jobs.LocalJobs().start_node(spec, str(elastic.TRAIN_SCRIPT), "job-node-0", conn, job_dir=tmp_path / "job",
-                                      rdzv_id="job-1234")
+    jobs = local_jobs.LocalJobs(local_jobs.LocalClusters(tmp_path))
+    jobs.start_node(spec, str(elastic.TRAIN_SCRIPT), "job-node-0", conn, job_dir=tmp_path / "job", rdzv_id="job-1234")
     return _Started.last
 
 
