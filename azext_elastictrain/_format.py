@@ -103,6 +103,7 @@ def job_row(item: dict) -> OrderedDict:
         ("State", item.get("state")),
         ("Nodes", f"{sum(1 for n in nodes if n.get('alive'))}/{len(nodes)}"),
         ("MinMax", f"{item.get('minNodes')}-{item.get('maxNodes')}"),
+        ("Recovery", item.get("recovery") or ""),
         ("WorldSize", item.get("worldSize") if item.get("worldSize") is not None else ""),
         ("Step", item.get("step") if item.get("step") is not None else ""),
         ("SamplesPerSec", _number(item.get("samplesPerSecond"))),
@@ -167,6 +168,8 @@ def aks_job_delete_table(result) -> list:
                        ("Name", result.get("name")), ("Node", "")])
     pods = [OrderedDict([("Action", "would stop" if dry else "stopping"), ("What", f"rank {p.get('rank')}"),
                          ("Name", p.get("pod")), ("Node", p.get("node") or "")]) for p in result.get("stopped", [])]
+    pods += [OrderedDict([("Action", "would delete" if dry else "deleted"), ("What", f"coordinator {c.get('kind')}"),
+                          ("Name", c.get("name")), ("Node", "")]) for c in result.get("coordinator") or []]
     kept = OrderedDict([("Action", "keeps"), ("What", "checkpoints"), ("Name", result.get("checkpointUrl", "")),
                         ("Node", "")])
     return [job] + pods + [kept]

@@ -243,6 +243,9 @@ long-summary: >
     script with the job's checkpoint URL, storage credentials and Scheduled Events endpoint in its
     environment (read by azext_elastictrain.runtime). Nothing starts unless everything is valid;
     if a node fails to start, the others are stopped again. Node logs: 'az elastictrain job logs'.
+    With --recovery in-process the job first gets a coordinator of its own (locally a process; on
+    AKS a Deployment and Service on the system pool) and each node is a torchrun --standalone world
+    that asks it for a quorum at every step: workers outlive a lost or added node.
 examples:
   - name: Train the example on 2 nodes that may shrink to 1, checkpointing every 25 steps.
     text: az elastictrain job run --local --name cifar --script scripts/train_cifar10.py --script-args "--steps 300 --step-delay 0.05" --min-nodes 1 --max-nodes 2 --checkpoint-interval 25
@@ -252,6 +255,8 @@ examples:
     text: az elastictrain job run -g ml-rg -c trainer -n cifar --image myregistry.azurecr.io/elastictrain:0.1.0 --script /app/train_cifar10.py --script-args "--steps 3000" --min-nodes 2 --max-nodes 4
   - name: Nodes with 4 GPUs and 4 training processes each.
     text: az elastictrain job run -g ml-rg -c trainer -n big --image myregistry.azurecr.io/elastictrain:0.1.0 --script /app/train.py --min-nodes 1 --max-nodes 2 --gpus-per-node 4 --nproc-per-node 4
+  - name: Workers that keep running when a node is lost or added (a coordinator of the job's own).
+    text: az elastictrain job run --local --name cifar --script scripts/train_cifar10.py --min-nodes 1 --max-nodes 2 --recovery in-process
   - name: Print the ElasticJob it would create; create nothing.
     text: az elastictrain job run -g ml-rg -c trainer -n cifar --image myregistry.azurecr.io/elastictrain:0.1.0 --script /app/train_cifar10.py --min-nodes 1 --max-nodes 2 --dry-run
 """
@@ -410,7 +415,10 @@ long-summary: |
     On the local cluster (--local --job JOB):
     Posts an Azure Scheduled Events Preempt for the node; the training runtime checkpoints the step
     the notice arrived at on every rank and acknowledges; then the node's agent and all its workers
-    are killed (or when the notice runs out). With --notice-seconds 0 the node just dies.
+    are killed (or when the notice runs out). With --notice-seconds 0 the node vanishes as an Azure
+    VM evicted without notice does: its processes are frozen with their connections open (no peer is
+    told), and killed once the job trains again without it (its peers notice by their collective
+    timeout), at most 120 s later.
     With --wait it follows the job until it trains again and reports the recovery seconds (eviction
     to the first step at the smaller world size) and the steps lost. With --replace-after S, Spot
     capacity comes back S seconds after the eviction (with --wait: once the job recovered, at the

@@ -4,6 +4,7 @@ from azure.cli.core.commands.parameters import get_enum_type, get_three_state_fl
 
 def load_arguments(self, _):  # pylint: disable=too-many-statements  # one statement per argument, as az does
     from azext_elastictrain.core.events import STATES as JOB_STATES  # pure, stdlib only: cheap
+    from azext_elastictrain.core.launch import RECOVERY_MODES
     from azext_elastictrain.core.spec import ENGINES, STORAGE_SKUS, UPGRADE_CHANNELS
 
     with self.argument_context("elastictrain checkpoint") as c:
@@ -190,6 +191,12 @@ def load_arguments(self, _):  # pylint: disable=too-many-statements  # one state
                    help="Start each worker by forking a per-node process that has imported torch and the "
                         "runtime once (seconds less without training at every re-form). false: every worker "
                         "starts a new Python, as plain torchrun does.")
+        c.argument("recovery", arg_type=get_enum_type(RECOVERY_MODES), options_list=["--recovery"],
+                   help="How the job survives a node lost or added. restart (default): torchrun restarts every "
+                        "worker, which resumes from memory or blob. in-process: the workers keep running; a "
+                        "coordinator of the job's own (locally a process, on AKS a Deployment on the system pool) "
+                        "holds a quorum each step, drops a lost node and admits a newcomer, which takes the state "
+                        "from a live peer (torchft); a worker that fails is still restarted in place.")
     with self.argument_context("elastictrain job logs") as c:
         c.argument("node", options_list=["--node"],
                    help="Only this node's log, e.g. myjob-node-0 (default: every node, lines prefixed by node).")
@@ -259,7 +266,8 @@ def load_arguments(self, _):  # pylint: disable=too-many-statements  # one state
                         "first.")
         c.argument("notice_seconds", type=float, options_list=["--notice-seconds"],
                    help="Local cluster: seconds of Preempt notice before the node goes (Azure gives at least 30; "
-                        "default 30); 0: no notice. The node goes as soon as the runtime acknowledges (its "
+                        "default 30); 0: no notice (the node vanishes: frozen, killed once the job trains "
+                        "again without it). The node goes as soon as the runtime acknowledges (its "
                         "checkpoint is durable). With --schedule: the notice of those evictions that get one.")
         c.argument("replace_after", type=float, options_list=["--replace-after"],
                    help="Spot capacity comes back: start a replacement node this many seconds after the eviction "

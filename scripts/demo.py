@@ -12,8 +12,9 @@ as the job's nodes, training ``scripts/train_cifar10.py`` with DDP:
 2. ``evict simulate`` with Azure's 30 s Preempt notice: every rank checkpoints
    the step the notice arrived at, the node acknowledges and goes; the job goes
    on alone from that step (world size 2 -> 1), then capacity comes back (-> 2);
-3. ``evict simulate --notice-seconds 0``: a node just dies; the job resumes from
-   its last checkpoint (at most one interval lost); capacity comes back again;
+3. ``evict simulate --notice-seconds 0``: a node vanishes as an Azure VM evicted
+   without notice does (frozen, no peer told); the survivor notices by its
+   collective timeout and resumes from the last completed step; capacity comes back again;
 4. ``job wait`` until every step is trained, ``checkpoint list`` and ``prune``;
 5. ``job show --price-as``: what the job's node-hours would have cost as Azure Spot nodes of a size
    (default Standard_NC4as_T4_v3 in eastus), against the same node-hours on demand. Prices come from
@@ -83,7 +84,7 @@ def evict(az: Az, notice: bool, node: str | None) -> dict:
     (eviction,), (recovery,) = result["evictions"], result["recovery"]
     back = result.get("capacityBack") or {}
     acked = (f"checkpointed and acknowledged the notice after {eviction['acknowledgedAfterSeconds']}s, then went"
-             if eviction["acknowledged"] else "was killed without notice")
+             if eviction["acknowledged"] else "vanished without notice (frozen until the job trained without it)")
     print(f"  {eviction['node']} {acked}\n"
           f"  outage {recovery['outageSeconds']}s (last step before to first step after) at world size "
           f"{recovery['worldSize']}, from step {recovery['resumedFromStep']}: {recovery['stepsLost']} step(s) lost\n"
@@ -170,7 +171,7 @@ def run(az: Az, args: argparse.Namespace, out: Path) -> dict:
     say("Spot eviction WITH notice: Azure's Preempt event, 30 s before the VM goes")
     evictions.append(evict(az, notice=True, node=f"{JOB}-node-1"))
     time.sleep(3)
-    say("Spot eviction WITHOUT notice: the node just dies")
+    say("Spot eviction WITHOUT notice: the node vanishes (frozen, no peer told) until the job trains without it")
     evictions.append(evict(az, notice=False, node=None))
     say("Training to the end")
     az.json("elastictrain", "job", "wait", "--local", "--cluster", CLUSTER, "--name", JOB,

@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(REPO))
 
-from azext_elastictrain.runtime import Checkpointer, ElasticSampler, TrainingState  # noqa: E402
+from azext_elastictrain.runtime import Checkpointer, ElasticSampler, TrainingState, collective_timeout  # noqa: E402
 
 try:  # the offline dataset; imported at the top so a node's warm server imports it once (runtime/warm.py)
     from sklearn.datasets import load_digits
@@ -215,9 +215,9 @@ def setup_distributed() -> torch.device:
     if torch.cuda.is_available():
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local_rank)
-        dist.init_process_group("cpu:gloo,cuda:nccl")
+        dist.init_process_group("cpu:gloo,cuda:nccl", timeout=collective_timeout())
         return torch.device("cuda", local_rank)
-    dist.init_process_group("gloo")
+    dist.init_process_group("gloo", timeout=collective_timeout())  # a vanished peer fails, not hangs
     return torch.device("cpu")
 
 

@@ -50,8 +50,43 @@ RECOVERY_MODES = (RECOVERY_RESTART, RECOVERY_IN_PROCESS)
 # world (RANK, WORLD_SIZE, MASTER_ADDR within the node).
 ENV_COORDINATOR = "TORCHFT_LIGHTHOUSE"
 ENV_REPLICA_ID = "ELASTICTRAIN_REPLICA_ID"
+# The address the node's peers reach it at (torchft's Manager advertises a hostname to the coordinator, by default
+# the machine's name, which another pod cannot resolve: a k8s-job pod's name is not a DNS name; a local node's
+# machine name may not be loopback, where its gloo runs). Local: 127.0.0.1; AKS: the pod's IP (downward API).
+ENV_REPLICA_HOST = "ELASTICTRAIN_REPLICA_HOST"
 COORDINATOR_PORT = 29510  # the coordinator's port on AKS (its Service); local: a free port of the machine
+# The coordinator: python -m COORDINATOR_MODULE (runtime/coordinator.py, torchft's LighthouseServer).
+COORDINATOR_MODULE = "azext_elastictrain.runtime.coordinator"
+# Its settings, the same on both backends: each is a wait in a re-form, so short ones; torchft's defaults are
+# made for jobs whose replicas rarely change (a 60 s wait for stragglers before each new quorum, a 5 s heartbeat
+# timeout). Measured with scripts/bench/inprocess.py (0.31 s outage after a kill, 0.07 s for the survivors when
+# a newcomer joins).
+# - join_timeout_ms 200: once min nodes are in, how long the quorum waits for more; a newcomer later than this
+#   joins at the next step's quorum, so a short wait costs a newcomer one step, never the survivors a second.
+# - quorum_tick_ms 50: how often a waiting quorum is looked at again: a step's quorum is never late by more.
+# - heartbeat_timeout_ms 1000: a node not heard from this long is out of the next quorum. torchft's Manager
+#   beats every 100 ms, so ten beats lost in a row: a busy CPU or a slow network does not drop a live node
+#   (and a needless drop costs one re-form, well under a second, not a restart).
+COORDINATOR_JOIN_TIMEOUT_MS = 200
+COORDINATOR_QUORUM_TICK_MS = 50
+COORDINATOR_HEARTBEAT_TIMEOUT_MS = 1000
 ENV_PREFIX = "ELASTICTRAIN_"  # a local node starts without the caller's ELASTICTRAIN_* settings
+# How long a worker waits in one collective before it gives up (every process group of the job: the runtime's
+# own, and the script's default group through runtime.collective_timeout()). A Spot VM evicted without notice
+# vanishes without a FIN, so this timeout is the only way its peers learn; torch's default is 30 minutes.
+# A timed-out worker fails, and torchrun re-forms the world without the vanished node. It must also cover the
+# longest a healthy peer may lag in a collective: a slow step, a checkpoint's barrier, a rank that restores or
+# uploads its part of a checkpoint slower than the others.
+#
+# Local: 10 s. Measured (docs/benchmarks.md, "A vanished peer"): a healthy 2-node job soaked 120 s under two CPU
+# hogs with a checkpoint every 10 steps re-formed 0 times even at a 1 s timeout, so 10 s leaves a margin of 10x
+# on this 2-core machine, and a vanished node costs about 10 s plus a re-form instead of 30 minutes.
+# AKS: 60 s, not measured here: a margin for checkpoints of real models, whose parts a rank reads or writes over
+# the network up to tens of seconds slower than its peers (a timeout there re-forms a healthy job).
+ENV_COLLECTIVE_TIMEOUT = "ELASTICTRAIN_COLLECTIVE_TIMEOUT_SECONDS"
+LOCAL_COLLECTIVE_TIMEOUT_SECONDS = 10.0
+AKS_COLLECTIVE_TIMEOUT_SECONDS = 60.0
+DEFAULT_COLLECTIVE_TIMEOUT_SECONDS = LOCAL_COLLECTIVE_TIMEOUT_SECONDS  # a script run outside a job
 
 # torch 2.13: an elastic scale-up hangs when the rendezvous shares its TCP store with the workers.
 TCP_STORE_WORKAROUND = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
@@ -120,14 +155,46 @@ def torchrun_options(*, rdzv_conf: str, nproc_per_node: int, rdzv_id: str | None
             f"--nproc-per-node={nproc_per_node}", f"--max-restarts={MAX_RESTARTS}"]
 
 
+def standalone_torchrun_options(*, nproc_per_node: int) -> list[str]:
+    """torchrun's options for a node of an in-process job: the node is a world of its own (``--standalone``: a
+    rendezvous on loopback, no etcd; it overrides any ``--rdzv-*`` option, the ElasticJob operator's prepended
+    ones included, and ``--nnodes=1`` after theirs wins), and a worker that fails is restarted in place, from
+    the node's memory or blob: the fallback when a worker cannot go on in process."""
+    return ["--standalone", "--nnodes=1", f"--nproc-per-node={nproc_per_node}", f"--max-restarts={MAX_RESTARTS}"]
+
+
+def coordinator_args(*, bind: str, min_nodes: int) -> list[str]:
+    """The coordinator's options (runtime/coordinator.py): where it listens, and the fewest nodes a quorum takes
+    (the job's --min-nodes: below it the workers wait, as a torchrun rendezvous waits for --nnodes MIN)."""
+    return [f"--bind={bind}", f"--min-replicas={min_nodes}",
+            f"--join-timeout-ms={COORDINATOR_JOIN_TIMEOUT_MS}", f"--quorum-tick-ms={COORDINATOR_QUORUM_TICK_MS}",
+            f"--heartbeat-timeout-ms={COORDINATOR_HEARTBEAT_TIMEOUT_MS}"]
+
+
+def recovery_env(recovery: str, *, coordinator: str | None = None, replica_id: str | None = None,
+                 replica_host: str | None = None) -> dict[str, str]:
+    """The recovery mode's environment of a node; in-process: where its coordinator is, the node's replica id and
+    the address its peers reach it at (AKS gives the last two from the downward API instead: None here)."""
+    env = {ENV_RECOVERY: recovery}
+    if recovery == RECOVERY_IN_PROCESS:
+        for name, value in ((ENV_COORDINATOR, coordinator), (ENV_REPLICA_ID, replica_id),
+                            (ENV_REPLICA_HOST, replica_host)):
+            if value:
+                env[name] = value
+    return env
+
+
 # AKS: where a worker pod mounts the memory-backed emptyDir of the memory tier (core/manifests.py).
 MEMORY_TIER_MOUNT = "/var/run/elastictrain/memory"
 NODE_LEAVING_FILE = MEMORY_TIER_MOUNT + "/node-leaving"  # in the pod's emptyDir: a new pod starts without it
 
 
-def runtime_env(*, keep: int, checkpoint_interval: int | None, memory_tier: bool = True) -> dict[str, str]:
-    """The job-wide runtime settings every node gets (each backend adds where the checkpoints are)."""
-    env = {ENV_KEEP: str(keep), **TCP_STORE_WORKAROUND, "PYTHONUNBUFFERED": "1"}
+def runtime_env(*, keep: int, checkpoint_interval: int | None, memory_tier: bool = True,
+                collective_timeout: float = LOCAL_COLLECTIVE_TIMEOUT_SECONDS) -> dict[str, str]:
+    """The job-wide runtime settings every node gets (each backend adds where the checkpoints are, and AKS its
+    own collective timeout)."""
+    env = {ENV_KEEP: str(keep), ENV_COLLECTIVE_TIMEOUT: f"{collective_timeout:g}",
+           **TCP_STORE_WORKAROUND, "PYTHONUNBUFFERED": "1"}
     if not memory_tier:
         env[ENV_MEMORY_RESCUE] = "off"
     if checkpoint_interval is not None:
@@ -135,10 +202,10 @@ def runtime_env(*, keep: int, checkpoint_interval: int | None, memory_tier: bool
     return env
 
 
-def job_env(job: JobSpec) -> dict[str, str]:
+def job_env(job: JobSpec, *, collective_timeout: float, coordinator: str | None = None) -> dict[str, str]:
     """The environment a job's options give every node, the same on both backends (a local node's agent and an
-    AKS worker pod): the runtime's settings. An option that reaches the training processes is added here."""
-    from azext_elastictrain.core.spec import MEMORY_TIER_OFF
-
-    return runtime_env(keep=job.keep, checkpoint_interval=job.checkpoint_interval,
-                       memory_tier=job.memory_tier != MEMORY_TIER_OFF)
+    AKS worker pod; each says its collective timeout and, in process, where the job's coordinator is). An option
+    that reaches the training processes is added here."""
+    return {**runtime_env(keep=job.keep, checkpoint_interval=job.checkpoint_interval, memory_tier=job.memory_tier_on,
+                          collective_timeout=collective_timeout),
+            **recovery_env(job.recovery, coordinator=coordinator if job.in_process else None)}

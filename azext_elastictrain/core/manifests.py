@@ -19,7 +19,6 @@ from azext_elastictrain.core.spec import (
     ENGINE_K8S_JOB,
     ENGINE_TORCHELASTIC,
     ENGINES,
-    MEMORY_TIER_OFF,
     JobSpec,
     SpecError,
 )
@@ -226,11 +225,93 @@ MEMORY_TIER_VOLUME = "memory-tier"
 JOB_LABEL = "elastictrain.azure.com/job"
 # Which engine made a job: later commands find it by this label whichever engine ran it.
 ENGINE_LABEL = "elastictrain.azure.com/engine"
+# How the job recovers (core.launch.RECOVERY_MODES), on the job object: job show reads it back.
+RECOVERY_LABEL = "elastictrain.azure.com/recovery"
+# A k8s-job in-process job's node range: its workers' torchrun is --nnodes=1 (each node a world of its own).
+NODES_ANNOTATION = "elastictrain.azure.com/nodes"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+COORDINATOR_COMPONENT = "coordinator"
+COORDINATOR_CONTAINER = "coordinator"
+COORDINATOR_PORT_NAME = "coordinator"  # a container port name: an IANA service name, at most 15 characters
+# The training image's user (scripts/Dockerfile: useradd --uid 10001 trainer).
+IMAGE_USER = 10001
 
 
 def etcd_endpoint(namespace: str) -> str:
     """host:port of the rendezvous server, as pods of any namespace reach it."""
     return f"{ETCD_NAME}.{namespace}.svc.cluster.local:{ETCD_CLIENT_PORT}"
+
+
+def coordinator_name(job_name: str) -> str:
+    """The Deployment, Service and NetworkPolicy of an in-process job's coordinator."""
+    return f"{job_name}-coordinator"
+
+
+def coordinator_url(job_name: str, namespace: str) -> str:
+    """Where an in-process job's workers reach its coordinator: its Service (launch.ENV_COORDINATOR)."""
+    return f"http://{coordinator_name(job_name)}.{namespace}.svc:{launch.COORDINATOR_PORT}"
+
+
+def render_coordinator(job: JobSpec, cluster: InClusterSpec, image: str) -> list[dict[str, Any]]:
+    """The coordinator of an in-process ``job`` (runtime/coordinator.py in the training image), in apply order:
+    a Deployment of one pod where etcd runs (the system pool: never Spot, so an eviction cannot take the
+    quorum down with the workers), its ClusterIP Service on launch.COORDINATOR_PORT, and a NetworkPolicy that
+    admits only the job's own workers (anything else could join its quorums).
+
+    strategy Recreate: two coordinators at once (a rolling update) would each form quorums of their own. It
+    holds no state: a rescheduled one forms the next quorum from the workers' heartbeats."""
+    name = coordinator_name(job.name)
+    selector = {"app.kubernetes.io/part-of": "elastictrain", JOB_LABEL: job.name,
+                COMPONENT_LABEL: COORDINATOR_COMPONENT}
+    labels = {**selector, RECOVERY_LABEL: launch.RECOVERY_IN_PROCESS}
+    meta = {"name": name, "namespace": cluster.namespace, "labels": labels}
+    container = {
+        "name": COORDINATOR_CONTAINER, "image": image,
+        "command": ["python", "-m", launch.COORDINATOR_MODULE],
+        "args": launch.coordinator_args(bind=f"0.0.0.0:{launch.COORDINATOR_PORT}", min_nodes=job.min_nodes),
+        "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}, {"name": "OMP_NUM_THREADS", "value": "1"},
+                {"name": "HOME", "value": "/tmp"}],  # the root filesystem is read-only: anything cached goes there
+        "ports": [{"name": COORDINATOR_PORT_NAME, "containerPort": launch.COORDINATOR_PORT, "protocol": "TCP"}],
+        "readinessProbe": {"tcpSocket": {"port": COORDINATOR_PORT_NAME}, "periodSeconds": 2},
+        "livenessProbe": {"tcpSocket": {"port": COORDINATOR_PORT_NAME}, "initialDelaySeconds": 30,
+                          "periodSeconds": 10, "failureThreshold": 6},
+        # It imports torch (torchft does): ~230 MiB resident, measured; one core at most for quorum ticks.
+        "resources": {"requests": {"cpu": "100m", "memory": "384Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}},
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "capabilities": {"drop": ["ALL"]}},
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+    }
+    deployment = {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta,
+        "spec": {
+            "replicas": 1, "revisionHistoryLimit": 1, "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": dict(selector)},
+            "template": {"metadata": {"labels": dict(selector)}, "spec": {
+                "nodeSelector": {"kubernetes.azure.com/mode": "system"},
+                # AKS system pools may carry CriticalAddonsOnly=true:NoSchedule (as etcd tolerates it).
+                "tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"}],
+                "automountServiceAccountToken": False, "enableServiceLinks": False,
+                "securityContext": {"runAsNonRoot": True, "runAsUser": IMAGE_USER, "runAsGroup": IMAGE_USER,
+                                    "seccompProfile": {"type": "RuntimeDefault"}},
+                "terminationGracePeriodSeconds": 10,
+                "containers": [container],
+                "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
+            }},
+        },
+    }
+    service = {
+        "apiVersion": "v1", "kind": "Service", "metadata": copy.deepcopy(meta),
+        "spec": {"type": "ClusterIP", "selector": dict(selector),
+                 "ports": [{"name": COORDINATOR_PORT_NAME, "port": launch.COORDINATOR_PORT,
+                            "targetPort": COORDINATOR_PORT_NAME, "protocol": "TCP"}]},
+    }
+    policy = {
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": copy.deepcopy(meta),
+        "spec": {"podSelector": {"matchLabels": dict(selector)}, "policyTypes": ["Ingress"],
+                 "ingress": [{"from": [{"podSelector": {"matchLabels": {JOB_LABEL: job.name, **WORKER_LABELS}}}],
+                              "ports": [{"protocol": "TCP", "port": launch.COORDINATOR_PORT}]}]},
+    }
+    return [deployment, service, policy]
 
 
 def render_elastic_job(job: JobSpec, cluster: InClusterSpec, image: str, *, run_id: str | None = None,
@@ -244,8 +325,12 @@ def render_elastic_job(job: JobSpec, cluster: InClusterSpec, image: str, *, run_
     ``gpus_per_node`` GPUs (default: one per training process).
     """
     gpus = _validate_job_inputs(job, image, gpus_per_node)
-    _validate_kubernetes_names(job, [f"{job.name}-worker-{job.node_count - 1}"], [])
-    args = [*_torchrun_options(job, run_id), *launch.worker_entry(job.script, job.script_args, warm=job.warm_start)]
+    _validate_kubernetes_names(job, [f"{job.name}-worker-{job.node_count - 1}", *_coordinator_names(job)], [])
+    # In process, the operator's prepended rendezvous options stay but do nothing: --standalone overrides every
+    # --rdzv-* option, and our --nnodes=1 comes after theirs (tests/unit/test_aks_in_process.py parses it).
+    world = launch.standalone_torchrun_options(nproc_per_node=job.nproc_per_node) if job.in_process \
+        else _torchrun_options(job, run_id)
+    args = [*world, *launch.worker_entry(job.script, job.script_args, warm=job.warm_start)]
     return {
         "apiVersion": ELASTICJOB_API_VERSION, "kind": "ElasticJob",
         "metadata": {"name": job.name, "namespace": cluster.namespace,
@@ -255,7 +340,8 @@ def render_elastic_job(job: JobSpec, cluster: InClusterSpec, image: str, *, run_
             "minReplicas": job.min_nodes, "maxReplicas": job.max_nodes,
             "replicaSpecs": {"Worker": {"replicas": job.node_count, "restartPolicy": "ExitCode",
                                         "template": _worker_template(job, cluster, image, args, gpus=gpus,
-                                                                     engine=ENGINE_TORCHELASTIC)}},
+                                                                     engine=ENGINE_TORCHELASTIC,
+                                                                     cluster_namespace=cluster.namespace)}},
         },
     }
 
@@ -285,13 +371,16 @@ def render_k8s_job(job: JobSpec, cluster: InClusterSpec, image: str, *, run_id: 
       pods, e.g. an index still Pending for Spot capacity that would otherwise hold the Job open forever.
     """
     gpus = _validate_job_inputs(job, image, gpus_per_node)
-    _validate_kubernetes_names(job, [job.name], [f"{job.name}-{job.max_nodes - 1}"])
+    _validate_kubernetes_names(job, [job.name, *_coordinator_names(job)], [f"{job.name}-{job.max_nodes - 1}"])
     labels = _job_labels(job, ENGINE_K8S_JOB)
-    args = [*_torchrun_options(job, run_id or job.name),
-            f"--rdzv-endpoint={etcd_endpoint(cluster.namespace)}",
-            f"--nnodes={job.min_nodes}:{job.max_nodes}",
-            *launch.worker_entry(job.script, job.script_args, warm=job.warm_start)]
-    template = _worker_template(job, cluster, image, args, gpus=gpus, engine=ENGINE_K8S_JOB)
+    if job.in_process:
+        world = launch.standalone_torchrun_options(nproc_per_node=job.nproc_per_node)
+    else:
+        world = [*_torchrun_options(job, run_id or job.name), f"--rdzv-endpoint={etcd_endpoint(cluster.namespace)}",
+                 f"--nnodes={job.min_nodes}:{job.max_nodes}"]
+    args = [*world, *launch.worker_entry(job.script, job.script_args, warm=job.warm_start)]
+    template = _worker_template(job, cluster, image, args, gpus=gpus, engine=ENGINE_K8S_JOB,
+                                cluster_namespace=cluster.namespace)
     template["spec"].update(restartPolicy="Never", subdomain=job.name)
     service = {
         "apiVersion": "v1", "kind": "Service",
@@ -302,7 +391,9 @@ def render_k8s_job(job: JobSpec, cluster: InClusterSpec, image: str, *, run_id: 
     }
     batch_job = {
         "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": job.name, "namespace": cluster.namespace, "labels": labels},
+        "metadata": {"name": job.name, "namespace": cluster.namespace, "labels": labels,
+                     **({"annotations": {NODES_ANNOTATION: f"{job.min_nodes}:{job.max_nodes}"}}
+                        if job.in_process else {})},
         "spec": {
             "completionMode": "Indexed", "completions": job.max_nodes, "parallelism": job.max_nodes,
             "podReplacementPolicy": "Failed",
@@ -354,6 +445,10 @@ def _validate_kubernetes_names(job: JobSpec, services: list[str], hostnames: lis
                             f"of at most {room} characters")
 
 
+def _coordinator_names(job: JobSpec) -> list[str]:
+    return [coordinator_name(job.name)] if job.in_process else []
+
+
 def _torchrun_options(job: JobSpec, run_id: str | None) -> list[str]:
     return launch.torchrun_options(rdzv_conf=launch.AKS_RDZV_CONF, nproc_per_node=job.nproc_per_node,
                                    rdzv_id=run_id)
@@ -367,11 +462,12 @@ def _validate_image(image: str) -> None:
 
 
 def _job_labels(job: JobSpec, engine: str) -> dict[str, Any]:
-    return {"app.kubernetes.io/part-of": "elastictrain", JOB_LABEL: job.name, ENGINE_LABEL: engine}
+    recovery = {RECOVERY_LABEL: launch.RECOVERY_IN_PROCESS} if job.in_process else {}
+    return {"app.kubernetes.io/part-of": "elastictrain", JOB_LABEL: job.name, ENGINE_LABEL: engine, **recovery}
 
 
-def _worker_template(job: JobSpec, cluster: InClusterSpec, image: str, args: list[str], *, gpus: int,
-                     engine: str) -> dict[str, Any]:
+def _worker_template(job: JobSpec, cluster: InClusterSpec, image: str, args: list[str], *, gpus: int, engine: str,
+                     cluster_namespace: str) -> dict[str, Any]:
     labels = {**_job_labels(job, engine), **WORKER_LABELS, "azure.workload.identity/use": "true"}
     return {
         "metadata": {"labels": labels},
@@ -382,7 +478,7 @@ def _worker_template(job: JobSpec, cluster: InClusterSpec, image: str, args: lis
             "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
                 {"matchExpressions": [{"key": "kubernetes.azure.com/scalesetpriority", "operator": "In",
                                        "values": ["spot"]}]}]}}},
-            "containers": [_worker_container(job, image, args, gpus, engine)],
+            "containers": [_worker_container(job, image, args, gpus, engine, namespace=cluster_namespace)],
             # torch's DataLoader workers and NCCL share tensors through /dev/shm (64 MiB by default).
             "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}, *_memory_tier_volumes(job)],
         },
@@ -390,7 +486,7 @@ def _worker_template(job: JobSpec, cluster: InClusterSpec, image: str, args: lis
 
 
 def _memory_tier_on(job: JobSpec) -> bool:
-    return job.memory_tier != MEMORY_TIER_OFF
+    return job.memory_tier_on
 
 
 def _memory_tier_volumes(job: JobSpec) -> list[dict[str, Any]]:
@@ -404,7 +500,8 @@ def _memory_tier_volumes(job: JobSpec) -> list[dict[str, Any]]:
     return [{"name": MEMORY_TIER_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": job.memory_tier}}]
 
 
-def _worker_container(job: JobSpec, image: str, args: list[str], gpus: int, engine: str) -> dict[str, Any]:
+def _worker_container(job: JobSpec, image: str, args: list[str], gpus: int, engine: str, *,
+                      namespace: str) -> dict[str, Any]:
     return {
         "name": WORKER_CONTAINER, "image": image,
         **({"ports": [{"name": WORKER_PORT_NAME, "containerPort": WORKER_PORT}]}
@@ -413,7 +510,7 @@ def _worker_container(job: JobSpec, image: str, args: list[str], gpus: int, engi
         # same arguments, the operator's prepended ones included, after starting the node's warm server).
         "command": ["python", *launch.agent_module(warm=job.warm_start)],
         "args": args,
-        "env": _worker_env(job),
+        "env": _worker_env(job, namespace),
         "resources": {"limits": {"nvidia.com/gpu": gpus}},
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"},
                          *([{"name": MEMORY_TIER_VOLUME, "mountPath": launch.MEMORY_TIER_MOUNT}]
@@ -426,7 +523,7 @@ def _worker_container(job: JobSpec, image: str, args: list[str], gpus: int, engi
     }
 
 
-def _worker_env(job: JobSpec) -> list[dict[str, Any]]:
+def _worker_env(job: JobSpec, namespace: str) -> list[dict[str, Any]]:
     # The container URL comes from the cluster's ConfigMap; Kubernetes expands $(VAR) of earlier entries.
     env: list[dict[str, Any]] = [
         {"name": launch.ENV_CHECKPOINT_CONTAINER_URL, "valueFrom": {"configMapKeyRef": {
@@ -437,4 +534,9 @@ def _worker_env(job: JobSpec) -> list[dict[str, Any]]:
     if _memory_tier_on(job):
         env.append({"name": launch.ENV_MEMORY_DIR, "value": launch.MEMORY_TIER_MOUNT})
         env.append({"name": launch.ENV_NODE_LEAVING_FILE, "value": launch.NODE_LEAVING_FILE})
-    return env + [{"name": name, "value": value} for name, value in launch.job_env(job).items()]
+    if job.in_process:  # each pod is one replica group of the job's quorums, named after itself
+        env.append({"name": launch.ENV_REPLICA_ID, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
+        env.append({"name": launch.ENV_REPLICA_HOST, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
+    shared = launch.job_env(job, collective_timeout=launch.AKS_COLLECTIVE_TIMEOUT_SECONDS,
+                            coordinator=coordinator_url(job.name, namespace))
+    return env + [{"name": name, "value": value} for name, value in shared.items()]

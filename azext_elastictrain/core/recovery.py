@@ -15,6 +15,12 @@ from azext_elastictrain.core.goodput import last_completed_step, outages, scale_
 RECOVERY_TIMEOUT = 240.0
 
 
+def trained_again(events: list[dict[str, Any]], since: float) -> bool:
+    """Whether a world formed after ``since`` completed a step: it restored, then reported progress."""
+    restored = [e["time"] for e in events if e.get("event") == "restored" and e["time"] > since]
+    return bool(restored) and any(e.get("event") == "progress" and e["time"] > restored[0] for e in events)
+
+
 def follow_recovery(read_events: Any, job: str, eviction: dict[str, Any], timeout: float = RECOVERY_TIMEOUT,
                     sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
     """After an eviction: the job's outage (``core.goodput.outages``: from the old world's last completed step

@@ -9,6 +9,7 @@ from azext_elastictrain.core.constants import (
     TRAINING_NAMESPACE,
     TRAINING_SERVICE_ACCOUNT,
 )
+from azext_elastictrain.core.launch import RECOVERY_IN_PROCESS, RECOVERY_MODES, RECOVERY_RESTART
 
 LOCAL_CLUSTER_DEFAULT = "local"
 # The in-memory rescue tier keeps two copies of each node's state (runtime/rescue.py): the default leaves room
@@ -64,6 +65,17 @@ class JobSpec:  # pylint: disable=too-many-instance-attributes  # one field per 
     # Workers fork from the node's warm server, which imported torch once (runtime/warm.py); False: each
     # worker starts a new Python, as plain torchrun does.
     warm_start: bool = True
+    # How the job survives a membership change (core.launch.RECOVERY_MODES): "restart" (torchrun restarts every
+    # worker) or "in-process" (workers stay alive; a coordinator of the job's own holds a quorum each step).
+    recovery: str = RECOVERY_RESTART
+
+    @property
+    def memory_tier_on(self) -> bool:
+        return self.memory_tier != MEMORY_TIER_OFF
+
+    @property
+    def in_process(self) -> bool:
+        return self.recovery == RECOVERY_IN_PROCESS
 
     @property
     def node_count(self) -> int:
@@ -96,6 +108,10 @@ class JobSpec:  # pylint: disable=too-many-instance-attributes  # one field per 
         validate_memory_tier(self.memory_tier)
         if not self.script:
             raise SpecError("no training script: pass --script PATH")
+        if self.recovery not in RECOVERY_MODES:
+            raise SpecError(f"unknown recovery mode {self.recovery!r}: use {' or '.join(RECOVERY_MODES)} "
+                            f"({RECOVERY_IN_PROCESS}: workers outlive a membership change; {RECOVERY_RESTART}: "
+                            "torchrun restarts every worker)")
 
 
 def check_local_script(script: str) -> None:

@@ -1,6 +1,6 @@
 """The training runtime: what training scripts import inside the job.
 
-    from azext_elastictrain.runtime import Checkpointer, ElasticSampler, TrainingState
+    from azext_elastictrain.runtime import Checkpointer, ElasticSampler, TrainingState, collective_timeout
 
 torch is imported on first use of these names, not when this package loads.
 """
@@ -14,6 +14,7 @@ _EXPORTS = {
     "PreemptionWatcher": "azext_elastictrain.runtime.preemption",
     "ElasticSampler": "azext_elastictrain.runtime.data",
     "TrainingStopped": "azext_elastictrain.runtime.stopping",
+    "collective_timeout": "azext_elastictrain.runtime.timeouts",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,9 +1,10 @@
 """The collectives the Checkpointer runs, on CPU process groups of its own.
 
 Two gloo groups: ``control`` for the step-by-step agreement and restore (the training thread), ``io`` for DCP's
-collectives in the upload thread; one group each keeps their collectives from interleaving across ranks. Without
-an initialised process group (one process) every collective is the identity, so the rest of the runtime never
-asks whether it runs distributed.
+collectives in the upload thread; one group each keeps their collectives from interleaving across ranks. Both wait
+for a peer at most the job's collective timeout (runtime/timeouts.py): a vanished peer fails them, not hangs them.
+Without an initialised process group (one process) every collective is the identity, so the rest of the runtime
+never asks whether it runs distributed.
 """
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from azext_elastictrain.runtime.timeouts import collective_timeout
 
 
 class Collectives:
@@ -20,8 +23,9 @@ class Collectives:
         self.distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self.distributed else 0
         self.world_size = dist.get_world_size() if self.distributed else 1
-        self.control = dist.new_group(backend="gloo") if self.distributed else None
-        self.io = dist.new_group(backend="gloo") if self.distributed else None
+        timeout = collective_timeout()
+        self.control = dist.new_group(backend="gloo", timeout=timeout) if self.distributed else None
+        self.io = dist.new_group(backend="gloo", timeout=timeout) if self.distributed else None
 
     def all_gather(self, obj: Any) -> list[Any]:
         """Every rank's ``obj``, in rank order (picklable values of our own making only: never from storage)."""

@@ -44,12 +44,13 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts" / "bench"))
 
+from azext_elastictrain.backends.local.evict import VANISH_CAP_SECONDS  # noqa: E402
 from azext_elastictrain.backends.local.scheduled_events import ScheduledEventsServer  # noqa: E402
 from azext_elastictrain.core.blobstore import BlobStore  # noqa: E402
 from azext_elastictrain.core.chaos import (  # noqa: E402
     FollowStopped, ScheduleSpec, Skipped, plan_schedule, run_schedule, sleeper)
 from azext_elastictrain.core.goodput import outages  # noqa: E402
-from azext_elastictrain.core.recovery import follow_recovery, follow_world_size  # noqa: E402
+from azext_elastictrain.core.recovery import follow_recovery, follow_world_size, trained_again  # noqa: E402
 from recovery import DEFAULT_RDZV_CONF, DIGITS_STEPS_PER_EPOCH  # noqa: E402
 from tests.support.elastic import TUNED_RDZV_CONF, JobConfig, Node, events_of, read_events, wait_for  # noqa: E402
 from tests.support.services import start_azurite, start_etcd  # noqa: E402
@@ -69,7 +70,8 @@ FULL_SIZE = 2
 class BenchEvictor:
     """``core.chaos.ScheduleEvictor`` over ``tests.support.elastic`` nodes: the local cluster's eviction (a
     Preempt on the Scheduled Events endpoint, then every process of the node killed once the runtime
-    acknowledged or the notice ran out) and its capacity coming back as a new node."""
+    acknowledged or the notice ran out; without notice the node vanishes, backends/local/evict.py) and its
+    capacity coming back as a new node."""
 
     def __init__(self, job: JobConfig, imds: ScheduledEventsServer, events, logs: Path) -> None:
         self.job, self.imds, self._events, self.logs = job, imds, events, logs
@@ -93,8 +95,11 @@ class BenchEvictor:
             event_id = self.imds.post_event([node.name], "Preempt", notice_seconds=item.notice_seconds)
             if self.imds.wait_acknowledged(event_id, timeout=item.notice_seconds):
                 acked = round(time.time() - started, 2)
-        node.kill()
-        evicted = time.time()
+        if item.notice_seconds:
+            node.kill()
+            evicted = time.time()
+        else:  # vanished, as evict simulate --local does it: frozen until the survivors trained again
+            evicted = node.vanish(VANISH_CAP_SECONDS, until=lambda frozen_at: trained_again(self._events(), frozen_at))
         if event_id is not None:
             self.imds.remove_event(event_id)
         return {"node": node.name, "startedAt": started, "evictedAt": evicted, "acknowledgedAfterSeconds": acked}

@@ -1,13 +1,16 @@
 """Does a rendezvous setting re-form a healthy job for nothing? A soak under CPU load.
 
     .venv/bin/python scripts/bench/rdzv_soak.py [--seconds 180] [--hogs 2] [--conf RDZV_CONF ...]
+        [--collective-timeout SECONDS ...] [--checkpoint-every STEPS]
 
 Shorter keep-alives notice a dead node sooner (faster recovery) but call a live
 node dead when its agent's heartbeat is late: the job then re-forms for
 nothing. Per setting, a real 2-node job (two torchrun agents, etcd-v2
 rendezvous, Azurite) trains for ``--seconds`` with no eviction while ``--hogs``
 busy processes compete for the CPU; every restore after the first is a
-needless re-form. Everything runs on loopback and is stopped at the end.
+needless re-form. The same soak prices a collective timeout (``--collective-timeout``: each value soaked with the
+shipped rendezvous settings): too short, and a peer that is slow rather than gone fails a collective and the job
+re-forms for nothing. Everything runs on loopback and is stopped at the end.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ sys.path.insert(0, str(REPO))
 from tests.support.elastic import TUNED_RDZV_CONF, JobConfig, Node, events_of, read_events, wait_for  # noqa: E402
 from tests.support.services import start_azurite, start_etcd  # noqa: E402
 
+from azext_elastictrain.core import launch  # noqa: E402
 from azext_elastictrain.core.blobstore import BlobStore  # noqa: E402
 
 
@@ -33,12 +37,14 @@ def _hog() -> None:
         pass
 
 
-def soak(conf: str, seconds: float, blob, etcd, logs: Path) -> dict:
+def soak(conf: str, seconds: float, blob, etcd, logs: Path, timeout: float | None = None,
+         checkpoint_every: int = 50) -> dict:
     name = f"soak-{uuid.uuid4().hex[:6]}"
     job = JobConfig(name=name, checkpoint_url=f"{blob.blob_endpoint}/bench/{name}",
                     connection_string=blob.connection_string, etcd_endpoint=etcd.endpoint, rdzv_conf=conf,
-                    script_args=["--steps", "1000000", "--checkpoint-every", "50", "--step-delay", "0.05",
-                                 "--log-every", "1000"])
+                    extra_env={launch.ENV_COLLECTIVE_TIMEOUT: f"{timeout:g}"} if timeout is not None else {},
+                    script_args=["--steps", "1000000", "--checkpoint-every", str(checkpoint_every),
+                                 "--step-delay", "0.05", "--log-every", "1000"])
     store = BlobStore.from_url(job.checkpoint_url, connection_string=blob.connection_string)
     nodes = [Node(job, "node-a", logs), Node(job, "node-b", logs)]
     try:
@@ -61,6 +67,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=180)
     parser.add_argument("--hogs", type=int, default=2, help="busy processes competing for the CPU")
     parser.add_argument("--conf", action="append", help="rendezvous settings to soak (default: the shipped ones)")
+    parser.add_argument("--collective-timeout", type=float, action="append", metavar="SECONDS",
+                        help="instead: soak these collective timeouts, with the shipped rendezvous settings")
+    parser.add_argument("--checkpoint-every", type=int, default=50, help="steps between blob checkpoints")
     args = parser.parse_args()
     hogs = [multiprocessing.Process(target=_hog, daemon=True) for _ in range(args.hogs)]
     for hog in hogs:
@@ -70,8 +79,13 @@ def main() -> int:
             work = Path(tmp)
             with start_azurite(work / "azurite") as blob, start_etcd(work / "etcd") as etcd:
                 blob.blob_service_client().create_container("bench")
-                for conf in args.conf or [TUNED_RDZV_CONF]:
-                    r = soak(conf, args.seconds, blob, etcd, work / "logs")
+                for timeout in args.collective_timeout or []:
+                    r = soak(TUNED_RDZV_CONF, args.seconds, blob, etcd, work / "logs", timeout, args.checkpoint_every)
+                    print(f"{r['reforms']} needless re-form(s) in {r['seconds']:.0f}s ({r['steps']} steps, "
+                          f"{args.hogs} CPU hogs, a checkpoint every {args.checkpoint_every} steps): collective "
+                          f"timeout {timeout:g}s", flush=True)
+                for conf in [] if args.collective_timeout else args.conf or [TUNED_RDZV_CONF]:
+                    r = soak(conf, args.seconds, blob, etcd, work / "logs", None, args.checkpoint_every)
                     print(f"{r['reforms']} needless re-form(s) in {r['seconds']:.0f}s ({r['steps']} steps, "
                           f"{args.hogs} CPU hogs): {conf}", flush=True)
     finally:

@@ -6,9 +6,15 @@ A real 2-node job (two torchrun agents, etcd-v2 rendezvous, Azurite, DDP on
 ``scripts/train_cifar10.py``) loses one node, three ways, interleaved:
 
   notice     ours, the node gets an Azure Scheduled Events Preempt first
-  no-notice  ours, the node just dies
+  no-notice  ours, the node is killed at once (its peers told by the closed sockets)
   baseline   plain torchrun: default rendezvous settings, no notice handling,
              a checkpoint once per epoch (as in the AKS TorchElastic lab)
+  no-notice-vanish  ours, the node vanishes as `evict simulate --local` does it
+             without notice (frozen, sockets open, no FIN: killed once the
+             survivor trained again, which it notices by its collective timeout)
+  no-notice-vanish-30min  (with --vanish SECONDS) the same freeze with every
+             process group at torch's 30-minute default timeout, killed SECONDS
+             later: what every job did before the launch set a timeout
 
 outage = the old world's last completed step -> the new world's first
 completed step (core.goodput.outages, what `evict simulate --wait`, `job show`
@@ -46,7 +52,9 @@ sys.path.insert(0, str(REPO))
 
 from azext_elastictrain.core.blobstore import BlobStore  # noqa: E402
 from azext_elastictrain.backends.local.scheduled_events import ScheduledEventsServer  # noqa: E402
-from azext_elastictrain.core.recovery import follow_recovery  # noqa: E402
+from azext_elastictrain.backends.local.evict import VANISH_CAP_SECONDS  # noqa: E402
+from azext_elastictrain.core import launch  # noqa: E402
+from azext_elastictrain.core.recovery import follow_recovery, trained_again  # noqa: E402
 from tests.support.elastic import TUNED_RDZV_CONF, JobConfig, Node, events_of, read_events, wait_for  # noqa: E402
 from tests.support.services import start_azurite, start_etcd  # noqa: E402
 
@@ -57,7 +65,11 @@ CASES = {
     "notice": {"notice": True, "rdzv": TUNED_RDZV_CONF, "every": 25, "warm": True},
     "no-notice": {"notice": False, "rdzv": TUNED_RDZV_CONF, "every": 25, "warm": True},
     "baseline": {"notice": False, "rdzv": DEFAULT_RDZV_CONF, "every": DIGITS_STEPS_PER_EPOCH, "warm": False},
+    # "until trained again": frozen until the survivor's new world completed a step (capped), as the product does
+    "no-notice-vanish": {"notice": False, "rdzv": TUNED_RDZV_CONF, "every": 25, "warm": True,
+                         "vanish": "until trained again"},
 }
+TORCH_DEFAULT_TIMEOUT_SECONDS = 1800  # torch.distributed's default for gloo groups
 
 
 def run_case(case: str, blob, etcd, imds: ScheduledEventsServer, logs: Path) -> dict:
@@ -66,7 +78,9 @@ def run_case(case: str, blob, etcd, imds: ScheduledEventsServer, logs: Path) -> 
     job = JobConfig(
         name=name, checkpoint_url=f"{blob.blob_endpoint}/bench/{name}", connection_string=blob.connection_string,
         etcd_endpoint=etcd.endpoint, scheduled_events_url=imds.url if cfg["notice"] else "off",
-        rdzv_conf=cfg["rdzv"], extra_env={"ELASTICTRAIN_PROGRESS_SECONDS": "0.2"}, warm_start=cfg["warm"],
+        rdzv_conf=cfg["rdzv"], warm_start=cfg["warm"],
+        extra_env={"ELASTICTRAIN_PROGRESS_SECONDS": "0.2",
+                   **({launch.ENV_COLLECTIVE_TIMEOUT: str(cfg["timeout"])} if "timeout" in cfg else {})},
         script_args=["--steps", "100000", "--checkpoint-every", str(cfg["every"]), "--step-delay", "0.05",
                      "--log-every", "100"],
     )
@@ -80,7 +94,9 @@ def run_case(case: str, blob, etcd, imds: ScheduledEventsServer, logs: Path) -> 
             event_id = imds.post_event(["node-b"], "Preempt", notice_seconds=30)
             if not imds.wait_acknowledged(event_id, timeout=60):
                 raise RuntimeError("the notice was never acknowledged")
-        if cfg.get("vanish") is not None:  # frozen (no FIN reaches node-a), killed cfg["vanish"] s later
+        if cfg.get("vanish") == "until trained again":  # frozen (no FIN reaches node-a), as evict simulate does
+            evicted = b.vanish(VANISH_CAP_SECONDS, until=lambda frozen_at: trained_again(events(), frozen_at))
+        elif cfg.get("vanish") is not None:  # frozen, killed cfg["vanish"] s later
             evicted = b.vanish(cfg["vanish"])
         else:
             b.kill()
@@ -197,7 +213,7 @@ def memory_vs_blob(mib: int, repeats: int, steps: int = 6) -> dict:
           f"from blob {medians['blob']:.3f}s, ratio {medians['blob'] / medians['memory']:.1f}x (goal >= 10x)")
     print(f"{'per step':10s} {'step() s':>9s} {'iteration s':>12s} {'cost vs off s':>14s}")
     for case in ("off", "sync", "async"):
-        print(f"{case:10s} {medians[f'hook_{case}']:9.3f} {medians[f'iteration_{case}']:12.3f} "
+        print(f"{case:22s} {medians[f'hook_{case}']:9.3f} {medians[f'iteration_{case}']:12.3f} "
               f"{medians[f'iteration_{case}'] - medians['iteration_off']:14.3f}")
     return {"samples": samples, "medians": medians, "bytes": size}
 
@@ -213,8 +229,9 @@ def main() -> int:
                         help="also measure notice and no-notice with every worker started cold (cases notice-cold "
                              "and no-notice-cold: plain torchrun worker starts, no warm server)")
     parser.add_argument("--vanish", type=float, metavar="SECONDS",
-                        help="also measure no-notice-vanish: the node frozen (SIGSTOP, sockets open, as an Azure "
-                             "VM that vanished) and killed SECONDS later, as evict simulate --local does")
+                        help="also measure no-notice-vanish-30min: the node frozen (SIGSTOP, sockets open, as an "
+                             "Azure VM that vanished) with torch's 30-minute collective timeout, killed SECONDS "
+                             "later (what every job did before the launch set a timeout)")
     parser.add_argument("--cases", help="only these cases, comma-separated (default: all)")
     parser.add_argument("--state-mib", type=int, nargs="+",
                         help="instead: a survivor's restore of a state this size (or sizes), from memory vs from "
@@ -232,7 +249,8 @@ def main() -> int:
         CASES["notice-cold"] = dict(CASES["notice"], warm=False)
         CASES["no-notice-cold"] = dict(CASES["no-notice"], warm=False)
     if args.vanish is not None:
-        CASES["no-notice-vanish"] = dict(CASES["no-notice"], vanish=args.vanish)
+        CASES["no-notice-vanish-30min"] = dict(CASES["no-notice"], vanish=args.vanish,
+                                               timeout=TORCH_DEFAULT_TIMEOUT_SECONDS)
     if args.cases:
         for case in set(CASES) - set(args.cases.split(",")):
             del CASES[case]
@@ -246,25 +264,26 @@ def main() -> int:
                 for case in order:
                     sample = run_case(case, blob, etcd, imds, work / "logs")
                     samples.append(sample)
-                    print(f"  rep {rep + 1} {case:10s} outage {sample['outage_s']:6.2f}s  "
+                    print(f"  rep {rep + 1} {case:22s} outage {sample['outage_s']:6.2f}s  "
                           f"recovery {sample['recovery_s']:6.2f}s  restore {sample['restore_s']:6.2f}s  "
                           f"steps lost {sample['steps_lost']}", flush=True)
-    print(f"\n{'case':10s} {'n':>2s} {'outage s':>9s} {'recovery s':>11s} {'restore s':>10s} {'steps lost':>11s}")
+    print(f"\n{'case':22s} {'n':>2s} {'outage s':>9s} {'recovery s':>11s} {'restore s':>10s} {'steps lost':>11s}")
     medians = {}
     for case in CASES:
         rows = [s for s in samples if s["case"] == case]
         medians[case] = {k: statistics.median(r[k] for r in rows)
                          for k in ("outage_s", "recovery_s", "restore_s", "steps_lost")}
         m = medians[case]
-        print(f"{case:10s} {len(rows):2d} {m['outage_s']:9.2f} {m['recovery_s']:11.2f} {m['restore_s']:10.2f} "
+        print(f"{case:22s} {len(rows):2d} {m['outage_s']:9.2f} {m['recovery_s']:11.2f} {m['restore_s']:10.2f} "
               f"{m['steps_lost']:11.1f}")
     ratio = None
     if "baseline" in medians and "notice" in medians:
         ratio = medians["baseline"]["outage_s"] / medians["notice"]["outage_s"]
         print(f"\nbaseline / notice outage: {ratio:.2f}x   (goal for notice: <= 10 s and 0 steps lost)")
-    if "no-notice-vanish" in medians and "no-notice" in medians:
-        print(f"no-notice-vanish / no-notice outage: "
-              f"{medians['no-notice-vanish']['outage_s'] / medians['no-notice']['outage_s']:.2f}x")
+    for slower, faster in (("no-notice-vanish", "no-notice"), ("no-notice-vanish-30min", "no-notice-vanish")):
+        if slower in medians and faster in medians:
+            print(f"{slower} / {faster} outage: "
+                  f"{medians[slower]['outage_s'] / medians[faster]['outage_s']:.2f}x")
     if args.candidate:
         print(f"candidate {args.candidate}: notice* / notice outage "
               f"{medians['notice*']['outage_s'] / medians['notice']['outage_s']:.2f}")

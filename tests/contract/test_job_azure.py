@@ -203,7 +203,7 @@ def test_show_renders_the_operator_status_the_pods_and_the_events(az, arm, clust
     assert shown["operator"]["replicaStatuses"] == {"Worker": {"active": 2}}
 
     table = az("elastictrain", "job", "show", "-n", name, *_where(cluster), "-o", "table").stdout
-    assert re.search(rf"{name}\s+Running\s+2/2\s+1-3\s+2\s+150\s+830.0\s+100", table), table
+    assert re.search(rf"{name}\s+Running\s+2/2\s+1-3\s+restart\s+2\s+150\s+830.0\s+100", table), table
     listed = az.json("elastictrain", "job", "list", *_where(cluster))
     mine = next(j for j in listed if j["name"] == name)
     assert (mine["state"], mine["step"]) == ("Running", 150)

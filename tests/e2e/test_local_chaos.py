@@ -1,5 +1,5 @@
 """az elastictrain evict simulate --schedule --local through the real az: a real 2-node job under a seeded
-eviction schedule, each recovery printed as it comes, then Ctrl-C in the middle of an eviction."""
+eviction schedule, each recovery printed as it comes, then Ctrl-C before an eviction's capacity came back."""
 from __future__ import annotations
 
 import json
@@ -80,8 +80,10 @@ def _check_schedule(az) -> None:
     assert first["recovery"]["worldSize"] == 1 and first["recovery"]["outageSeconds"] > 0, first
     assert first["recovery"]["stepsLost"] == 0, first  # the runtime checkpointed the notice's step
     assert first["capacityBack"]["fullSize"]["worldSize"] == 2, first
-    # the second: no notice; Ctrl-C while its recovery was followed: its capacity came back at once
-    assert second["noticeSeconds"] == 0 and second["recovery"] == {"stopped": True}, second
+    # the second: no notice, so the node vanished until the job trained again without it (its recovery is known
+    # when the eviction is printed); Ctrl-C then: its capacity came back at once
+    assert second["noticeSeconds"] == 0 and second["acknowledged"] is False, second
+    assert second["recovery"]["worldSize"] == 1 and second["recovery"]["outageSeconds"] > 0, second
     assert second["capacityBack"]["stopped"] is True and len(second["capacityBack"]["replacements"]) == 1
     assert "eviction 1/4 at +15s:" in text and "outage " in text and "stopped: goodput" in text, text
     assert 0 < report["goodput"]["goodput"] < 1, report

@@ -93,11 +93,11 @@ class Node:
         self.proc.wait(timeout=10)
         self._log.close()
 
-    def vanish(self, seconds: float) -> float:
+    def vanish(self, seconds: float, until: Callable[[float], bool] | None = None) -> float:
         """The VM vanishes as a Spot VM evicted without notice does: every process of the node frozen at once
-        (SIGSTOP: its sockets stay open, no FIN reaches a peer), then killed ``seconds`` later (what
-        backends/local/evict.py does). Returns when it froze them."""
-        return vanish_processes(self.tree(), seconds)
+        (SIGSTOP: its sockets stay open, no FIN reaches a peer), then killed once ``until(frozen_at)`` or
+        ``seconds`` later (backends/local/evict.py's vanish_processes). Returns when it froze them."""
+        return vanish_processes(self.tree(), seconds, until=until)
 
     def wait(self, timeout: float) -> int:
         return self.proc.wait(timeout=timeout)

@@ -21,6 +21,7 @@ import uuid
 from typing import Any, Iterator
 
 from azext_elastictrain.clients.kube import KubeError
+from tests.support import fake_workloads
 from tests.support.fake_jobs import JOB, JobController, validate
 from tests.support.fake_operator import ElasticJobOperator
 
@@ -55,6 +56,11 @@ class FakeKube:
             validate_name(obj)
         if key[:2] == JOB:
             validate(obj)
+        if key[:2] in fake_workloads.CHECKED:
+            fake_workloads.check_schema(obj)
+            causes = [_cause_of(field, message) for field, message in fake_workloads.problems(obj, current)]
+            if causes:
+                raise Invalid(obj["kind"], meta["name"], causes)
         if current is None:
             created = copy.deepcopy(obj)
             created.pop("status", None)  # status is the cluster's to write
@@ -194,6 +200,10 @@ def validate_name(obj: dict) -> None:
                                      + hostname))
     if causes:
         raise Invalid(kind, name, causes)
+
+
+def _cause_of(field: str, message: str) -> dict:
+    return {"reason": "FieldValueInvalid", "message": message, "field": field}
 
 
 def _cause(field: str, value: str, message: str) -> dict:

@@ -11,9 +11,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from azext_elastictrain.runtime import Checkpointer, ElasticSampler, TrainingState
+from azext_elastictrain.runtime import Checkpointer, ElasticSampler, TrainingState, collective_timeout
 
-dist.init_process_group("gloo")
+dist.init_process_group("gloo", timeout=collective_timeout())
 torch.manual_seed(0)
 dataset = TensorDataset(torch.randn(2048, 16), torch.randint(0, 4, (2048,)))
 model = nn.parallel.DistributedDataParallel(nn.Linear(16, 4))

@@ -9,9 +9,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from azext_elastictrain.runtime import Checkpointer
+from azext_elastictrain.runtime import Checkpointer, collective_timeout
 
-dist.init_process_group("gloo")                  # under torchrun
+dist.init_process_group("gloo", timeout=collective_timeout())  # under torchrun
 torch.manual_seed(0)
 model = nn.parallel.DistributedDataParallel(nn.Linear(16, 4))
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)

@@ -160,11 +160,13 @@ def test_fake_kube_lists_by_namespace_and_label_and_seeds_nodes(kube) -> None:
 
 
 def test_fake_kube_bumps_generation_only_when_the_spec_changes(kube) -> None:
-    obj = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d", "namespace": NS},
-           "spec": {"replicas": 1}}
+    # a Deployment the API server takes: a selector that matches its template's labels
+    spec = {"replicas": 1, "selector": {"matchLabels": {"app": "d"}},
+            "template": {"metadata": {"labels": {"app": "d"}}, "spec": {"containers": [{"name": "c", "image": "i:1"}]}}}
+    obj = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d", "namespace": NS}, "spec": spec}
     first = kube.apply(obj)
     labelled = kube.apply({**obj, "metadata": {**obj["metadata"], "labels": {"a": "b"}}})
-    scaled = kube.apply({**obj, "spec": {"replicas": 2}})
+    scaled = kube.apply({**obj, "spec": {**spec, "replicas": 2}})
     assert (first["metadata"]["generation"], labelled["metadata"]["generation"],
             scaled["metadata"]["generation"]) == (1, 1, 2)
     assert len({first["metadata"]["resourceVersion"], labelled["metadata"]["resourceVersion"],

@@ -83,6 +83,13 @@ def test_a_bad_local_cluster_name_is_refused_as_the_spec_is_built() -> None:
         LocalClusterSpec("Bad/Cluster")
 
 
+def test_the_recovery_mode_defaults_to_restart_and_is_checked_when_the_spec_is_made() -> None:
+    assert spec().recovery == "restart" and not spec().in_process
+    assert spec(recovery="in-process").in_process
+    with pytest.raises(SpecError, match="unknown recovery mode 'inprocess': use restart or in-process"):
+        spec(recovery="inprocess")  # refused as it is made
+
+
 def test_name_is_checked_before_the_file_system() -> None:
     with pytest.raises(SpecError, match="invalid job name"):
         local_job(name="BAD", script="/nonexistent")
@@ -203,7 +210,8 @@ def test_runtime_progress_re_exports_the_core_events() -> None:
 # --------------------------------------------------------------------------- tables
 
 SHOWN = {
-    "name": "cifar", "state": "Running", "minNodes": 1, "maxNodes": 2, "worldSize": 2, "step": 40,
+    "name": "cifar", "state": "Running", "minNodes": 1, "maxNodes": 2, "recovery": "in-process", "worldSize": 2,
+    "step": 40,
     "samplesPerSecond": 880.123, "lastCheckpointStep": 25, "evictions": 1, "recoveries": 1, "goodput": 0.93456,
     "created": "2026-01-01T00:00:00Z",
     "nodes": [{"name": "cifar-node-0", "alive": True}, {"name": "cifar-node-1", "alive": False}],
@@ -212,10 +220,10 @@ SHOWN = {
 
 def test_job_table_row_is_ordered_and_readable() -> None:
     row = _format.job_row(SHOWN)
-    assert list(row) == ["Name", "State", "Nodes", "MinMax", "WorldSize", "Step", "SamplesPerSec",
+    assert list(row) == ["Name", "State", "Nodes", "MinMax", "Recovery", "WorldSize", "Step", "SamplesPerSec",
                          "LastCheckpoint", "Evictions", "Recoveries", "Goodput", "Created"]
-    assert list(row.values()) == ["cifar", "Running", "1/2", "1-2", 2, 40, "880.1", 25, 1, 1, "93.5%",
-                                  "2026-01-01T00:00:00Z"]
+    assert list(row.values()) == ["cifar", "Running", "1/2", "1-2", "in-process", 2, 40, "880.1", 25, 1, 1,
+                                  "93.5%", "2026-01-01T00:00:00Z"]
     assert _format.job_show_table(SHOWN) == [row]
     assert _format.job_list_table([SHOWN, SHOWN]) == [row, row]
 

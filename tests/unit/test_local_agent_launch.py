@@ -75,3 +75,73 @@ def test_no_torchrun_command_line_is_typed_outside_the_product():
              for p in sorted((REPO / folder).glob("*.py"))
              if p.name != "fake_operator.py" and options.search(p.read_text())]
     assert typed == []
+
+
+def _in_process_launch(tmp_path: Path, **changes) -> local_agent.AgentLaunch:
+    fields = dict(node="job-node-1", script=str(elastic.TRAIN_SCRIPT), checkpoint_url="http://127.0.0.1:1/x/job",
+                  connection_string="UseDevelopment", etcd_endpoint="127.0.0.1:2379", rdzv_id="job-1234",
+                  job_dir=tmp_path, min_nodes=1, max_nodes=3, nproc_per_node=2, script_args=("--steps", "10"),
+                  recovery=launch.RECOVERY_IN_PROCESS, coordinator="http://127.0.0.1:40001")
+    fields.update(changes)
+    return local_agent.AgentLaunch(**fields)
+
+
+def test_an_in_process_node_is_a_standalone_torchrun_world_that_knows_its_coordinator(tmp_path):
+    agent = _in_process_launch(tmp_path)
+    argv = agent.argv()
+    options = argv[argv.index("--standalone"):argv.index(launch.SCRIPT_SEPARATOR)]
+    assert options[:4] == ["--standalone", "--nnodes=1", "--nproc-per-node=2", f"--max-restarts={launch.MAX_RESTARTS}"]
+    assert not [a for a in argv if a.startswith(("--rdzv", "--nnodes=1:"))]  # no etcd rendezvous at all
+    assert argv[-3:] == [str(elastic.TRAIN_SCRIPT), "--steps", "10"]
+    env = agent.env({"ELASTICTRAIN_RECOVERY": "restart", "PATH": "/bin"})
+    assert env[launch.ENV_RECOVERY] == "in-process" and env[launch.ENV_COORDINATOR] == "http://127.0.0.1:40001"
+    assert env[launch.ENV_REPLICA_ID] == "job-node-1" and env[launch.ENV_NODE_NAME] == "job-node-1"
+    assert env[launch.ENV_REPLICA_HOST] == "127.0.0.1" and "--local-addr=127.0.0.1" in argv
+    # everything a node gets in the restart mode, it gets here too
+    restart = _in_process_launch(tmp_path, recovery=launch.RECOVERY_RESTART, coordinator=None).env({})
+    assert set(restart) - {launch.ENV_RECOVERY} <= set(env)
+    assert restart[launch.ENV_RECOVERY] == "restart" and launch.ENV_COORDINATOR not in restart
+
+
+def test_an_in_process_node_without_a_coordinator_is_refused(tmp_path):
+    import pytest
+
+    with pytest.raises(ValueError, match="coordinator"):
+        _in_process_launch(tmp_path, coordinator=None)
+    with pytest.raises(ValueError, match="unknown recovery mode"):
+        _in_process_launch(tmp_path, recovery="bogus")
+
+
+def test_a_node_that_joins_later_is_launched_as_the_jobs_record_says(monkeypatch, tmp_path):
+    """An eviction's replacement is started from the job's record (backends/local/record.py: every option of
+    the spec is in it), so it recovers as the job does; its coordinator's address is the record's too."""
+    import json
+
+    from azext_elastictrain.backends.local import record
+
+    recorded = record.new_record(JobSpec(name="job", script=str(elastic.TRAIN_SCRIPT), min_nodes=1, max_nodes=2,
+                                         recovery="in-process"),
+                                 cluster="local", script=str(elastic.TRAIN_SCRIPT), rdzv_id="job-1234")
+    recorded["coordinator"] = {"address": "http://127.0.0.1:40002"}
+    (tmp_path / "job" / "nodes").mkdir(parents=True)
+    (tmp_path / "job" / "job.json").write_text(json.dumps(recorded))
+    monkeypatch.setattr(local_jobs.subprocess, "Popen", _Started)
+    conn = {"blob_endpoint": "http://127.0.0.1:10000/devstoreaccount1", "connection_string": "UseDevelopment",
+            "etcd": "127.0.0.1:2379", "scheduled_events": "http://127.0.0.1:9/metadata/scheduledevents"}
+    jobs = local_jobs.LocalJobs(local_jobs.LocalClusters(tmp_path))
+    jobs.start_node(record.spec_of(recorded), str(elastic.TRAIN_SCRIPT), "job-node-2", conn,
+                    job_dir=tmp_path / "job", rdzv_id="job-1234")
+    started = _Started.last
+    assert "--standalone" in started.argv and started.env[launch.ENV_COORDINATOR] == "http://127.0.0.1:40002"
+    assert started.env[launch.ENV_REPLICA_ID] == "job-node-2"
+
+
+def test_the_local_coordinator_listens_on_loopback_with_the_jobs_min_nodes(tmp_path):
+    coordinator = local_agent.CoordinatorLaunch(tmp_path, min_nodes=2)
+    argv = coordinator.argv()
+    assert argv[1:3] == ["-m", launch.COORDINATOR_MODULE]
+    assert "--bind=127.0.0.1:0" in argv and "--min-replicas=2" in argv
+    assert f"--address-file={tmp_path / 'coordinator.address'}" in argv
+    env = coordinator.env({"ELASTICTRAIN_KEEP": "9"})
+    assert env[local_agent.COORDINATOR_MARKER_ENV] == str(tmp_path) and local_agent.JOB_MARKER_ENV not in env
+    assert "ELASTICTRAIN_KEEP" not in env

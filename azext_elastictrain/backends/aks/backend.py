@@ -166,8 +166,11 @@ class AksBackend:  # pylint: disable=too-many-public-methods  # the Backend prot
                 f"--job {name}'.")
         plan = self.jobs.plan_delete(name)
         pods = ", ".join(p["pod"] for p in plan.shown["stopped"]) or "no pods"
+        coordinator = ", ".join(f"{c['kind']} {c['name']}" for c in plan.shown.get("coordinator") or [])
         return Plan(plan.shown, plan.request, f"Delete job {name!r} of AKS cluster {self.cluster!r}: the ElasticJob "
-                                              f"and its pods ({pods}); its checkpoints stay?")
+                                              f"and its pods ({pods})"
+                                              f"{'; its coordinator (' + coordinator + ')' if coordinator else ''}; "
+                                              "its checkpoints stay?")
 
     def delete_job(self, plan: Plan[AksJobDeletion]) -> dict[str, Any]:
         self.jobs.delete(plan.request)

@@ -31,6 +31,8 @@ from azext_elastictrain.core.ports import KubeClient
 from azext_elastictrain.core.manifests import (
     ELASTICJOB_API_VERSION,
     ENGINE_LABEL,
+    NODES_ANNOTATION,
+    RECOVERY_LABEL,
     WORKER_CONTAINER,
     WORKER_LABELS,
 )
@@ -86,7 +88,8 @@ def describe_job(elastic_job: dict[str, Any], pods: list[dict[str, Any]], nodes:
         "nprocPerNode": args["nprocPerNode"],
         "checkpointInterval": _int(env.get(launch.ENV_CHECKPOINT_INTERVAL_STEPS)),
         "keep": _int(env.get(launch.ENV_KEEP)),
-        "rdzvId": args["rdzvId"] or name,
+        "recovery": shape["recovery"],
+        "rdzvId": None if shape["recovery"] == launch.RECOVERY_IN_PROCESS else args["rdzvId"] or name,
     }
     operator = {
         "conditions": [_condition(c) for c in status.get("conditions") or []],
@@ -199,14 +202,18 @@ def _script_args(args: list[str]) -> dict[str, Any]:
 def _shape(job: dict[str, Any]) -> dict[str, Any]:
     """Engine, worker pod template and node counts of an ElasticJob or of a k8s-job's batch/v1 Job (whose
     node range is torchrun's --nnodes, read from the args by the caller)."""
-    spec = job.get("spec") or {}
+    spec, meta = job.get("spec") or {}, job.get("metadata") or {}
+    # jobs made before the label: restart, the only mode there was
+    recovery = (meta.get("labels") or {}).get(RECOVERY_LABEL) or launch.RECOVERY_RESTART
     if job.get("kind") == "Job":
-        return {"engine": ENGINE_K8S_JOB, "template": spec.get("template") or {}, "minNodes": None,
-                "maxNodes": None, "nodeCount": spec.get("parallelism")}
+        # in process, torchrun's --nnodes is 1 (each node a world of its own): the range is in an annotation
+        low, _, high = ((meta.get("annotations") or {}).get(NODES_ANNOTATION) or "").partition(":")
+        return {"engine": ENGINE_K8S_JOB, "template": spec.get("template") or {}, "minNodes": _int(low),
+                "maxNodes": _int(high), "nodeCount": spec.get("parallelism"), "recovery": recovery}
     worker = (spec.get("replicaSpecs") or {}).get(_WORKER_REPLICA) or {}
     return {"engine": ENGINE_TORCHELASTIC, "template": worker.get("template") or {},
             "minNodes": spec.get("minReplicas"), "maxNodes": spec.get("maxReplicas"),
-            "nodeCount": worker.get("replicas")}
+            "nodeCount": worker.get("replicas"), "recovery": recovery}
 
 
 def min_nodes(job: dict[str, Any]) -> int:

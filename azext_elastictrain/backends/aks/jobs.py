@@ -16,7 +16,8 @@ from azext_elastictrain.backends.base import Plan
 from azext_elastictrain.core import events as job_events
 from azext_elastictrain.core.constants import GPU_TAINT
 from azext_elastictrain.core.errors import JobNotFound
-from azext_elastictrain.core.manifests import ELASTICJOB_API_VERSION, SPOT_TAINT, WORKER_LABELS
+from azext_elastictrain.core.ports import KubeClient
+from azext_elastictrain.core.manifests import ELASTICJOB_API_VERSION, SPOT_TAINT, WORKER_LABELS, coordinator_name
 from azext_elastictrain.core.spec import (
     ENGINE_K8S_JOB,
     ENGINE_TORCHELASTIC,
@@ -31,6 +32,8 @@ from azext_elastictrain.core.view import parse_iso
 # but the cluster spec it is rendered with must be complete.
 _NO_IDENTITY = "00000000-0000-0000-0000-000000000000"
 _WORKERS = ",".join(f"{key}={value}" for key, value in WORKER_LABELS.items())
+# What core.manifests.render_coordinator makes, all named coordinator_name(job).
+COORDINATOR_KINDS = (("apps/v1", "Deployment"), ("v1", "Service"), ("networking.k8s.io/v1", "NetworkPolicy"))
 
 
 class GpuPoolMissing(SpecError):
@@ -63,7 +66,12 @@ class AksJobs:
                run_id: str | None = None, engine: str = ENGINE_TORCHELASTIC) -> list[dict[str, Any]]:
         """The objects running ``job`` on ``site`` with ``engine``, in apply order (the job itself last);
         refuses a cluster without a GPU Spot pool."""
-        from azext_elastictrain.core.manifests import InClusterSpec, render_elastic_job, render_k8s_job
+        from azext_elastictrain.core.manifests import (
+            InClusterSpec,
+            render_coordinator,
+            render_elastic_job,
+            render_k8s_job,
+        )
 
         check_script_in_image(job.script)
         if site.gpu_pool is None:
@@ -73,8 +81,11 @@ class AksJobs:
         cluster = InClusterSpec(namespace=site.spec.namespace, service_account=site.spec.service_account,
                                 identity_client_id=_NO_IDENTITY, checkpoint_url=site.container_url)
         if engine == ENGINE_K8S_JOB:
-            return render_k8s_job(job, cluster, image, run_id=run_id, gpus_per_node=gpus_per_node)
-        return [render_elastic_job(job, cluster, image, run_id=run_id, gpus_per_node=gpus_per_node)]
+            objects = render_k8s_job(job, cluster, image, run_id=run_id, gpus_per_node=gpus_per_node)
+        else:
+            objects = [render_elastic_job(job, cluster, image, run_id=run_id, gpus_per_node=gpus_per_node)]
+        # In process, the coordinator first: the workers ask it for a quorum from their first step.
+        return [*render_coordinator(job, cluster, image), *objects] if job.in_process else objects
 
     def plan_job(self, job: JobSpec, image: str, *, gpus_per_node: int, engine: str | None = None) -> Plan[AksJob]:
         """What `job run` would send (the dry run): the job's objects, and where its checkpoints go. Sends
@@ -92,8 +103,9 @@ class AksJobs:
         # A rendezvous of its own: an earlier job of the same name may have left its state in etcd.
         *others, obj = self.render(site, job, image, gpus_per_node=gpus_per_node,
                                    run_id=f"{job.name}-{uuid.uuid4().hex[:8]}", engine=engine)
-        shown = {"dryRun": True, "name": job.name, "engine": engine, "cluster": site.spec.name,
-                 "resourceGroup": site.spec.resource_group, "checkpointUrl": site.job_url(job.name), "object": obj,
+        shown = {"dryRun": True, "name": job.name, "engine": engine, "recovery": job.recovery,
+                 "cluster": site.spec.name, "resourceGroup": site.spec.resource_group,
+                 "checkpointUrl": site.job_url(job.name), "object": obj,
                  **({"objects": [*others, obj]} if others else {})}
         return Plan(shown, AksJob((*others, obj)))
 
@@ -105,11 +117,30 @@ class AksJobs:
                 kube.get("batch/v1", "Job", name, namespace) is not None:
             raise JobExists(f"job {name!r} already exists in cluster {site.spec.name!r}: delete it first "
                             "(its checkpoints stay, so a new job of the same name resumes from them)")
-        for each in job.objects:
-            kube.apply(each)
+        applied: list[dict[str, Any]] = []
+        try:
+            for each in job.objects:
+                kube.apply(each)
+                applied.append(each)
+        except Exception:
+            # all or nothing: a coordinator left without its job would be found by no later command
+            self._remove(kube, applied)
+            raise
         self._progress(f"Created {obj['kind']} {namespace}/{name}; the autoscaler adds GPU Spot nodes "
                        "as its workers need them (minutes)")
         return self.describe_job(name)
+
+    @staticmethod
+    def _remove(kube: KubeClient, objects: list[dict[str, Any]]) -> None:
+        """Delete what a failed submit created, newest first; what cannot be deleted stays as it is."""
+        from azext_elastictrain.clients.kube import KubeError
+
+        for each in reversed(objects):
+            meta = each["metadata"]
+            try:
+                kube.delete(each["apiVersion"], each["kind"], meta["name"], meta.get("namespace"))
+            except KubeError:
+                pass
 
     # ------------------------------------------------------------------ show, list
 
@@ -185,15 +216,23 @@ class AksJobs:
         shown = describe.plan_delete(obj, kube.list("v1", "Pod", site.spec.namespace, _WORKERS))
         shown.update(type="aks", cluster=site.spec.name, resourceGroup=site.spec.resource_group, dryRun=True,
                      checkpointUrl=site.job_url(name))
+        # an in-process job's coordinator, looked up by name whatever the job says: none is left behind
+        shown["coordinator"] = [{"apiVersion": v, "kind": k, "name": found["metadata"]["name"]}
+                                for v, k in COORDINATOR_KINDS
+                                if (found := kube.get(v, k, coordinator_name(name), site.spec.namespace))]
         target = shown["object"]
-        return Plan(shown, AksJobDeletion(target["apiVersion"], target["kind"], target["name"],
-                                          target["namespace"], with_service=shown.get("engine") == ENGINE_K8S_JOB))
+        return Plan(shown, AksJobDeletion(
+            target["apiVersion"], target["kind"], target["name"], target["namespace"],
+            with_service=shown.get("engine") == ENGINE_K8S_JOB,
+            coordinator=tuple((c["apiVersion"], c["kind"], c["name"]) for c in shown["coordinator"])))
 
     def delete(self, job: AksJobDeletion) -> None:
         kube = self.session.kube()
         kube.delete(job.api_version, job.kind, job.name, job.namespace)
         if job.with_service:  # k8s-job's headless Service has the job's name
             kube.delete("v1", "Service", job.name, job.namespace)
+        for api_version, kind, name in job.coordinator:  # after the workers' job: they may ask it until they stop
+            kube.delete(api_version, kind, name, job.namespace)
 
     # ------------------------------------------------------------------ storage
 

@@ -20,13 +20,15 @@ class AksJob:
 
 @dataclass(frozen=True)
 class AksJobDeletion:
-    """The job object to delete (its pods go with it), and k8s-job's headless Service of the same name."""
+    """The job object to delete (its pods go with it), k8s-job's headless Service of the same name, and an
+    in-process job's coordinator objects (apiVersion, kind, name), deleted after the job."""
 
     api_version: str
     kind: str
     name: str
     namespace: str
     with_service: bool
+    coordinator: tuple[tuple[str, str, str], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,9 @@ PROGRESS_SECONDS = 2
 # Every process of a local job carries this in its environment (inherited by the
 # workers), so orphans of a killed agent can still be found and stopped.
 JOB_MARKER_ENV = "ELASTICTRAIN_LOCAL_JOB"
+# The coordinator of an in-process job carries this instead: it is found as surely, and stopped only once the
+# nodes are (they may still ask it for a quorum while they stop).
+COORDINATOR_MARKER_ENV = "ELASTICTRAIN_LOCAL_COORDINATOR"
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,15 @@ class AgentLaunch:  # pylint: disable=too-many-instance-attributes  # one field 
     # A job's own environment (launch.job_env of its spec: what its options set, as an AKS pod gets it); it
     # replaces what keep, checkpoint_interval and memory_tier set, for callers without a spec.
     job_env: Mapping[str, str] = field(default_factory=dict)
+    recovery: str = launch.RECOVERY_RESTART
+    coordinator: str | None = None  # in-process: the job's coordinator, http://127.0.0.1:PORT
     extra_env: Mapping[str, str] = field(default_factory=dict)  # last: a benchmark's own settings
+
+    def __post_init__(self) -> None:
+        if self.recovery not in launch.RECOVERY_MODES:
+            raise ValueError(f"unknown recovery mode {self.recovery!r}")
+        if self.recovery == launch.RECOVERY_IN_PROCESS and not self.coordinator:
+            raise ValueError("a node of an in-process job needs its coordinator's address")
 
     @property
     def leaving_file(self) -> Path:
@@ -56,12 +67,15 @@ class AgentLaunch:  # pylint: disable=too-many-instance-attributes  # one field 
         return self.job_dir / "nodes" / f"{self.node}.leaving"
 
     def argv(self) -> list[str]:
+        if self.recovery == launch.RECOVERY_IN_PROCESS:  # the node is a world of its own; no etcd
+            world = launch.standalone_torchrun_options(nproc_per_node=self.nproc_per_node)
+        else:
+            world = [*launch.torchrun_options(rdzv_conf=self.rdzv_conf, nproc_per_node=self.nproc_per_node,
+                                              rdzv_id=self.rdzv_id),
+                     f"--nnodes={self.min_nodes}:{self.max_nodes}", f"--rdzv-endpoint={self.etcd_endpoint}"]
         return [
             sys.executable, *launch.agent_module(warm=self.warm_start),
-            *launch.torchrun_options(rdzv_conf=self.rdzv_conf, nproc_per_node=self.nproc_per_node,
-                                     rdzv_id=self.rdzv_id),
-            f"--nnodes={self.min_nodes}:{self.max_nodes}",
-            f"--rdzv-endpoint={self.etcd_endpoint}",
+            *world,
             "--local-addr=127.0.0.1",
             "--monitor-interval=0.5",
             *launch.worker_entry(self.script, self.script_args, warm=self.warm_start),
@@ -89,6 +103,36 @@ class AgentLaunch:  # pylint: disable=too-many-instance-attributes  # one field 
             # The runtime (azext_elastictrain.runtime) importable from a script anywhere.
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), inherited.get("PYTHONPATH")])),
         })
+        env.update(launch.recovery_env(self.recovery, coordinator=self.coordinator, replica_id=self.node,
+                                       replica_host="127.0.0.1"))  # as --local-addr: every node is on loopback
         env.setdefault("OMP_NUM_THREADS", "1")
         env.update(self.extra_env)
+        return env
+
+
+@dataclass(frozen=True)
+class CoordinatorLaunch:
+    """What the coordinator of a local in-process job runs (runtime/coordinator.py): on a free loopback port,
+    writing its address to ``address_file`` once it listens."""
+
+    job_dir: Path
+    min_nodes: int = 1
+
+    @property
+    def address_file(self) -> Path:
+        return self.job_dir / "coordinator.address"
+
+    @property
+    def log(self) -> Path:
+        return self.job_dir / "coordinator.log"
+
+    def argv(self) -> list[str]:
+        return [sys.executable, "-m", launch.COORDINATOR_MODULE,
+                *launch.coordinator_args(bind="127.0.0.1:0", min_nodes=self.min_nodes),
+                f"--address-file={self.address_file}"]
+
+    def env(self, inherited: Mapping[str, str]) -> dict[str, str]:
+        env = {k: v for k, v in inherited.items() if not k.startswith(launch.ENV_PREFIX)}
+        env.update({COORDINATOR_MARKER_ENV: str(self.job_dir), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
+                    "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), inherited.get("PYTHONPATH")]))})
         return env

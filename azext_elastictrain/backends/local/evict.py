@@ -1,23 +1,32 @@
-"""Spot evictions on the local cluster, as Azure does them: a notice, then the node goes.
+"""Spot evictions on the local cluster, as Azure does them: a notice, then the node goes; or no notice, and
+the node vanishes.
 
-A ``Preempt`` event for the node is posted on the cluster's Scheduled Events
-endpoint; the node's agent and all its workers are killed once the runtime
-acknowledged the event (its checkpoint is durable) or the notice ran out.
-Then Spot capacity may come back: ``replace_nodes`` starts nodes that join the
-job's rendezvous. How the job recovered is read from its events: ``core.recovery``.
+With a notice, a ``Preempt`` event for the node is posted on the cluster's Scheduled Events endpoint; the
+node's agent and all its workers are killed once the runtime acknowledged the event (its checkpoint is durable)
+or the notice ran out. Without one, the node vanishes (``vanish_processes``): frozen, its sockets open, until
+the job's survivors noticed by their own collective timeout and trained again without it, then killed. Then
+Spot capacity may come back: ``replace_nodes`` starts nodes that join the job's rendezvous. How the job
+recovered is read from its events: ``core.recovery``.
 """
 from __future__ import annotations
 
 import json
 import time
 import urllib.request
-from typing import Any
+from typing import Any, Callable
 
 from azext_elastictrain.backends.local import record
 from azext_elastictrain.backends.local.jobs import LocalJobs
 from azext_elastictrain.backends.local.state import alive, node_processes
 from azext_elastictrain.core.constants import AZURE_NOTICE_SECONDS
+from azext_elastictrain.core.recovery import trained_again
 from azext_elastictrain.core.spec import SpecError
+
+# A vanished node is killed once the survivors trained again without it, or after this long: a job that cannot
+# notice it (a script whose process group has torch's 30-minute timeout, a minimum of nodes the survivors lack)
+# is then told by the kill, which Azure would not do, rather than stalled for good. Well above the collective
+# timeout (core/launch.py) plus a re-form.
+VANISH_CAP_SECONDS = 120.0
 
 
 def _admin(conn: dict[str, Any]) -> str:
@@ -54,11 +63,13 @@ def kill_processes(procs: list[Any]) -> None:
     psutil.wait_procs(procs, timeout=10)
 
 
-def vanish_processes(procs: list[Any], seconds: float) -> float:
+def vanish_processes(procs: list[Any], seconds: float, *, until: Callable[[float], bool] | None = None,
+                     poll: float = 0.5) -> float:
     """A VM that vanished: every process frozen at once (SIGSTOP; a frozen process keeps its sockets open and
     sends nothing, so no FIN or RST reaches a peer, which finds out only by a timeout of its own, as when an
-    Azure Spot VM is evicted without notice), then killed ``seconds`` later (the local kernel would close their
-    sockets at once: a kill alone tells every peer at once, which Azure never does). Returns when they froze."""
+    Azure Spot VM is evicted without notice), then killed once ``until(frozen_at)`` is true, or ``seconds``
+    after the freeze at the latest (the local kernel would close their sockets at once: a kill alone tells every
+    peer at once, which Azure never does). Returns when they froze."""
     import psutil
 
     for proc in procs:
@@ -67,8 +78,14 @@ def vanish_processes(procs: list[Any], seconds: float) -> float:
         except psutil.Error:
             pass
     frozen_at = time.time()
-    time.sleep(seconds)
-    kill_processes(procs)
+    deadline = frozen_at + seconds
+    try:
+        while (left := deadline - time.time()) > 0:
+            if until is not None and until(frozen_at):
+                break
+            time.sleep(min(poll, left))
+    finally:  # whatever ``until`` raised (or a Ctrl-C), a frozen node never stays behind
+        kill_processes(procs)
     return frozen_at
 
 
@@ -92,15 +109,17 @@ def choose_nodes(job: dict[str, Any], running: list[dict[str, Any]], node: str |
 
 
 def evict_nodes(jobs: LocalJobs, cluster: str, job_name: str, *, node: str | None = None, count: int | None = None,
-                notice_seconds: float = AZURE_NOTICE_SECONDS, replace_after: float | None = None, dry_run: bool = False,
-                vanish_seconds: float = 0.0) -> dict[str, Any]:
+                notice_seconds: float = AZURE_NOTICE_SECONDS, replace_after: float | None = None,
+                dry_run: bool = False, vanish: bool = True) -> dict[str, Any]:
     """Evict the chosen nodes, one after the other. Replacements are the caller's next step
-    (``replace_nodes``), so it can follow the recovery at the smaller world size first.
+    (``replace_nodes``), so it can follow the recovery at the smaller world size first. One job-changing command
+    at a time: job starts wait.
 
-    Without notice, ``vanish_seconds`` > 0 freezes the node's processes that long before they are killed
-    (``vanish_processes``: as Azure does it). Not the default yet: nothing in a job detects a silent peer before
-    gloo's collective timeout (30 min unless the script sets one), so the survivors wait for the kill
-    (scripts/bench/recovery.py --vanish measures it). One job-changing command at a time: job starts wait."""
+    Without notice the node vanishes, as Azure does it (``vanish_processes``): frozen until the job's other
+    nodes trained again without it (they notice by their collective timeout, core/launch.py), then killed;
+    killed at once when no other node runs (nobody is there to notice). ``vanish=False``: killed at once, which
+    tells its peers at once through their closed sockets (a detection Azure never gives; for tests that
+    need the old behaviour)."""
     if notice_seconds < 0:
         raise SpecError(f"--notice-seconds {notice_seconds:g}: use 0 (no notice) or more")
     if replace_after is not None and replace_after < 0:
@@ -118,7 +137,7 @@ def evict_nodes(jobs: LocalJobs, cluster: str, job_name: str, *, node: str | Non
         conn = jobs.clusters.connection(cluster)
         for target in targets:
             evictions.append(_evict_one(jobs, cluster, job, target, conn=conn, notice_seconds=notice_seconds,
-                                        vanish_seconds=vanish_seconds))
+                                        vanish=vanish))
         return plan
 
 
@@ -130,9 +149,8 @@ def replace_nodes(jobs: LocalJobs, cluster: str, job_name: str, count: int) -> l
         return [_replace(jobs, cluster, job, conn) for _ in range(count)]
 
 
-def _evict_one(jobs: LocalJobs, cluster: str, job: dict[str, Any], target: dict[str, Any], *, conn: dict[str, Any],
-               notice_seconds: float,
-               vanish_seconds: float = 0.0) -> dict[str, Any]:
+def _evict_one(jobs: LocalJobs, cluster: str, job: dict[str, Any], target: dict[str, Any], *,
+               conn: dict[str, Any], notice_seconds: float, vanish: bool = True) -> dict[str, Any]:
     started = time.time()
     acked_after = None
     event_id = None
@@ -147,8 +165,12 @@ def _evict_one(jobs: LocalJobs, cluster: str, job: dict[str, Any], target: dict[
                 break
             time.sleep(0.2)
     procs = _node_processes(target, str(jobs.job_dir(cluster, job["name"])))
-    if notice_seconds == 0 and vanish_seconds > 0:
-        evicted_at = vanish_processes(procs, vanish_seconds)
+    survivors = [n for n in job["nodes"] if n is not target and alive(n)]
+    if notice_seconds == 0 and vanish and survivors:
+        def reformed(frozen_at: float) -> bool:
+            return trained_again(jobs.job_events(cluster, job["name"]), frozen_at)
+
+        evicted_at = vanish_processes(procs, VANISH_CAP_SECONDS, until=reformed)
     else:
         kill_processes(procs)
         evicted_at = time.time()

@@ -29,7 +29,12 @@ from azext_elastictrain.core.constants import CHECKPOINT_CONTAINER
 from azext_elastictrain.core.errors import ClusterNotFound, JobNotFound
 from azext_elastictrain.core.view import build_job_view, iso_time, read_job_events
 from azext_elastictrain.backends.local import record
-from azext_elastictrain.backends.local.agent import JOB_MARKER_ENV, AgentLaunch
+from azext_elastictrain.backends.local.agent import (
+    COORDINATOR_MARKER_ENV,
+    JOB_MARKER_ENV,
+    AgentLaunch,
+    CoordinatorLaunch,
+)
 from azext_elastictrain.backends.local.cluster import LocalClusters
 from azext_elastictrain.backends.local.state import (
     STOP_TIMEOUT,
@@ -50,6 +55,8 @@ if TYPE_CHECKING:
 
 # A job's workers get this long after SIGTERM (the runtime checkpoints on it) before SIGKILL.
 JOB_STOP_TIMEOUT = 15.0
+# An in-process job's coordinator imports torch before it listens: seconds on a busy machine.
+COORDINATOR_START_TIMEOUT = 60.0
 
 
 class LocalJobs:
@@ -137,6 +144,9 @@ class LocalJobs:
                                       rdzv_id=f"{spec.name}-{uuid.uuid4().hex[:8]}")
             try:
                 self.save_job(cluster, state)
+                if spec.in_process:  # before the nodes, which find its address in the job's record
+                    state["coordinator"] = self._start_coordinator(spec, job_dir)
+                    self.save_job(cluster, state)
                 for node in spec.node_names():  # recorded as each starts: no agent is ever untracked
                     started = self.start_node(spec, script, node, conn, job_dir=job_dir, rdzv_id=state["rdzvId"])
                     state["nodes"].append(started)
@@ -147,18 +157,55 @@ class LocalJobs:
                 raise
         return self.show_job(cluster, spec.name)
 
+    @staticmethod
+    def _start_coordinator(spec: JobSpec, job_dir: Path) -> dict[str, Any]:
+        """The job's coordinator (runtime/coordinator.py) on a free loopback port; returns its record once it
+        listens (pid, start time, address, log)."""
+        import psutil
+
+        coordinator = CoordinatorLaunch(job_dir, min_nodes=spec.min_nodes)
+        with open(coordinator.log, "ab") as log:
+            # pylint: disable-next=consider-using-with  # a detached process: outlives this command
+            proc = subprocess.Popen(coordinator.argv(), stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, env=coordinator.env(os.environ),
+                                    start_new_session=True, close_fds=True)
+        started: dict[str, Any] = {"name": "coordinator", "pid": proc.pid, "log": str(coordinator.log)}
+        try:
+            started["started"] = psutil.Process(proc.pid).create_time()
+        except psutil.Error:
+            started["started"] = 0.0  # gone already: the wait below says why
+        deadline = time.monotonic() + COORDINATOR_START_TIMEOUT
+        while not coordinator.address_file.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait()
+                tail = coordinator.log.read_text(encoding="utf-8", errors="replace")[-1500:]
+                raise ClusterError(f"the coordinator of job {spec.name!r} did not start (is torchft installed in "
+                                   f"{sys.executable}? pip install torchft==0.2.0); its log ends:\n{tail}")
+            time.sleep(0.1)
+        started["address"] = coordinator.address_file.read_text(encoding="utf-8").strip()
+        return started
+
     def start_node(self, spec: JobSpec, script: str, node: str, conn: dict[str, Any], *, job_dir: Path,
                    rdzv_id: str) -> dict[str, Any]:
+        """Start one node of the job, as its spec says (a node that joins later, an eviction's replacement, is
+        started from the job's record: record.spec_of); an in-process node is told where the job's coordinator is,
+        from the record."""
         import psutil
 
         log_path = job_dir / "nodes" / f"{node}.log"
+        recorded = read_state(job_dir / "job.json", f"job {spec.name!r}") or {}
+        coordinator = (recorded.get("coordinator") or {}).get("address") if spec.in_process else None
         agent = AgentLaunch(
             node=node, script=script, script_args=tuple(spec.script_args),
             checkpoint_url=f"{conn['blob_endpoint']}/{CHECKPOINT_CONTAINER}/{spec.name}",
             connection_string=conn["connection_string"], etcd_endpoint=conn["etcd"], rdzv_id=rdzv_id,
             job_dir=job_dir, scheduled_events_url=conn["scheduled_events"], min_nodes=spec.min_nodes,
             max_nodes=spec.max_nodes, nproc_per_node=spec.nproc_per_node, warm_start=spec.warm_start,
-            job_env=launch.job_env(spec))
+            recovery=spec.recovery, coordinator=coordinator,
+            job_env=launch.job_env(spec, collective_timeout=launch.LOCAL_COLLECTIVE_TIMEOUT_SECONDS,
+                                   coordinator=coordinator))
         argv, env = agent.argv(), agent.env(os.environ)
         with open(log_path, "ab") as log:
             # pylint: disable-next=consider-using-with  # a detached agent: outlives this command
@@ -203,8 +250,52 @@ class LocalJobs:
                 continue
         return list(found.values())
 
+    def _coordinator_processes(self, cluster: str, job: dict[str, Any]) -> list[Any]:
+        """The job's coordinator: the recorded process (pid + start time checked), and any process carrying the
+        job's coordinator marker (one whose start this command did not get to record)."""
+        import psutil
+
+        marker = str(self.job_dir(cluster, job["name"]))
+        found: dict[int, Any] = {}
+        recorded = job.get("coordinator")
+        if recorded and self._alive(recorded):
+            try:
+                found[recorded["pid"]] = psutil.Process(recorded["pid"])
+            except psutil.Error:
+                pass
+        for proc in psutil.process_iter():
+            try:
+                if proc.pid not in found and proc.environ().get(COORDINATOR_MARKER_ENV) == marker \
+                        and proc.status() != psutil.STATUS_ZOMBIE:
+                    found[proc.pid] = proc
+            except psutil.Error:
+                continue
+        return list(found.values())
+
     def _stop_job_processes(self, cluster: str, job: dict[str, Any]) -> None:
-        """SIGTERM the job's processes (the runtime checkpoints on it), then SIGKILL what is left."""
+        """SIGTERM the job's processes (the runtime checkpoints on it), then SIGKILL what is left; then its
+        coordinator, which the nodes may ask for a quorum until they are gone."""
+        self._stop_nodes(cluster, job)
+        self._stop_coordinator(cluster, job)
+
+    def _stop_coordinator(self, cluster: str, job: dict[str, Any]) -> None:
+        import psutil
+
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            procs = self._coordinator_processes(cluster, job)
+            if not procs:
+                return
+            for proc in procs:
+                try:
+                    proc.send_signal(sig)
+                except psutil.Error:
+                    pass
+            psutil.wait_procs(procs, timeout=STOP_TIMEOUT)
+        left = self._coordinator_processes(cluster, job)
+        if left:
+            raise ClusterError(f"job {job['name']!r}: coordinator {sorted(p.pid for p in left)} did not stop")
+
+    def _stop_nodes(self, cluster: str, job: dict[str, Any]) -> None:
         import psutil
 
         job_dir = self.job_dir(cluster, job["name"])
@@ -263,6 +354,11 @@ class LocalJobs:
         identity = {"name": job["name"], "cluster": cluster, "type": "local"}
         launched = {"created": iso_time(job["created"]),
                     **record.launched(job, self.checkpoint_url(cluster, job["name"]))}
+        if job.get("recovery") == launch.RECOVERY_IN_PROCESS:
+            launched["rdzvId"] = None  # its nodes are worlds of their own: no rendezvous
+        if job.get("coordinator"):
+            launched["coordinator"] = {"address": job["coordinator"].get("address"), "pid": job["coordinator"]["pid"],
+                                       "alive": self._alive(job["coordinator"]), "log": job["coordinator"]["log"]}
         return view.describe(identity, launched, {"stateDir": str(self.job_dir(cluster, job["name"]))})
 
     def show_job(self, cluster: str, job: str) -> dict[str, Any]:
@@ -284,9 +380,13 @@ class LocalJobs:
             read.close()
 
     def running_nodes(self, cluster: str) -> list[dict[str, Any]]:
-        """The live nodes of every job of the cluster (what deleting the cluster stops first)."""
+        """The live nodes (and in-process coordinators) of every job of the cluster: what deleting the cluster
+        stops first."""
+        jobs = self._jobs(cluster)
         return [{"component": f"job {job['name']} {node['name']}", "pid": node["pid"]}
-                for job in self._jobs(cluster) for node in job["nodes"] if self._alive(node)]
+                for job in jobs for node in job["nodes"] if self._alive(node)] + \
+            [{"component": f"job {job['name']} coordinator", "pid": job["coordinator"]["pid"]}
+             for job in jobs if job.get("coordinator") and self._alive(job["coordinator"])]
 
     def stop_all(self, cluster: str) -> None:
         """Stop every job of the cluster (their state stays, for the cluster's folder to go with)."""
@@ -405,8 +505,10 @@ class LocalJobs:
         """Stop every node (agent and descendants) and remove the job's state; its checkpoints and
         event log stay unless ``delete_checkpoints``."""
         state = self.require_job(cluster, job)
-        procs = self._job_processes(cluster, state)
+        procs = self._job_processes(cluster, state) + self._coordinator_processes(cluster, state)
         agents = {n["pid"]: n["name"] for n in state["nodes"]}
+        if state.get("coordinator"):
+            agents[state["coordinator"]["pid"]] = "coordinator"
         blobs: list[Any] = []
         if delete_checkpoints:
             blobs = self._job_blobs(cluster, job)

@@ -1,0 +1,39 @@
+"""How long a collective may wait for a peer: the one value every process group of the job is created with.
+
+A Spot VM evicted without notice vanishes: its sockets stay open and no FIN arrives, so a peer blocked in a
+collective learns only when the collective times out (torch's default: 30 minutes). torch has no public way to
+give the default group a timeout other than ``init_process_group(timeout=...)``, so the script passes this::
+
+    dist.init_process_group("gloo", timeout=collective_timeout())
+
+and the runtime creates its own groups with it. The job's launch sets the value (core/launch.py); a timed-out
+collective raises, the worker fails, and torchrun re-forms the world without the vanished node.
+"""
+from __future__ import annotations
+
+import math
+import os
+from datetime import timedelta
+from typing import Any, Mapping
+
+from azext_elastictrain.core import launch
+
+
+def collective_timeout(environ: Mapping[str, Any] | None = None) -> timedelta:
+    """The job's collective timeout (``ELASTICTRAIN_COLLECTIVE_TIMEOUT_SECONDS``, set by the launch); outside a
+    job, the launch's default. Raises ValueError for a value that is not a number of seconds above 0."""
+    env = os.environ if environ is None else environ
+    raw = env.get(launch.ENV_COLLECTIVE_TIMEOUT)
+    if raw in (None, ""):
+        return timedelta(seconds=launch.DEFAULT_COLLECTIVE_TIMEOUT_SECONDS)
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"{launch.ENV_COLLECTIVE_TIMEOUT}={raw!r}: give the seconds a collective may wait for a "
+                         f"peer, more than 0 (default {launch.DEFAULT_COLLECTIVE_TIMEOUT_SECONDS:g})")
+    return timedelta(seconds=seconds)
+
+
+__all__ = ["collective_timeout"]

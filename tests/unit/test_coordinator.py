@@ -1,0 +1,78 @@
+"""The coordinator of an in-process job (runtime/coordinator.py): the real process on loopback - it listens where
+it says, forms quorums with the job's min nodes, and stops cleanly on SIGTERM."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from azext_elastictrain.core import launch
+from azext_elastictrain.runtime.coordinator import parse_args, reachable_address
+
+REPO = Path(__file__).resolve().parents[2]
+START_TIMEOUT = 60  # it imports torch before it listens: seconds on a busy machine
+
+
+def test_nodes_are_given_the_address_bound_not_the_machines_name():
+    assert reachable_address("127.0.0.1:0", "http://vm:41303") == "http://127.0.0.1:41303"
+    assert reachable_address("0.0.0.0:29510", "http://vm:29510") == "http://vm:29510"
+    assert reachable_address("[::]:29510", "http://vm:29510/") == "http://vm:29510/"
+
+
+def test_its_defaults_are_the_launch_settings():
+    args = parse_args([])
+    assert args.bind == f"0.0.0.0:{launch.COORDINATOR_PORT}" and args.min_replicas == 1
+    assert (args.join_timeout_ms, args.quorum_tick_ms, args.heartbeat_timeout_ms) == (
+        launch.COORDINATOR_JOIN_TIMEOUT_MS, launch.COORDINATOR_QUORUM_TICK_MS, launch.COORDINATOR_HEARTBEAT_TIMEOUT_MS)
+    given = parse_args(launch.coordinator_args(bind="127.0.0.1:0", min_nodes=3))
+    assert (given.bind, given.min_replicas) == ("127.0.0.1:0", 3)
+
+
+def test_a_bad_setting_is_refused_before_torch_is_imported():
+    result = subprocess.run([sys.executable, "-m", launch.COORDINATOR_MODULE, "--min-replicas", "0"],
+                            capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert result.returncode == 2 and "must be at least 1" in result.stderr
+
+
+@pytest.fixture
+def coordinator(tmp_path):
+    pytest.importorskip("torchft", reason="the coordinator runs torchft's Lighthouse (the train extra)")
+    address_file = tmp_path / "address"
+    proc = subprocess.Popen(  # pylint: disable=consider-using-with
+        [sys.executable, "-m", launch.COORDINATOR_MODULE,
+         *launch.coordinator_args(bind="127.0.0.1:0", min_nodes=1), f"--address-file={address_file}"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        while not address_file.exists():
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "the coordinator did not listen in time"
+            time.sleep(0.1)
+        yield proc, address_file.read_text().strip()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)
+        proc.stdout.close()
+
+
+def test_it_forms_a_quorum_on_the_address_it_wrote_and_stops_cleanly_on_sigterm(coordinator):
+    from torchft.coordination import LighthouseClient
+
+    proc, address = coordinator
+    assert address.startswith("http://127.0.0.1:")
+    client = LighthouseClient(address, connect_timeout=timedelta(seconds=10))
+    quorum = client.quorum(replica_id="job-node-0", timeout=timedelta(seconds=10), address="a", store_address="s",
+                           step=0, world_size=1)
+    assert [m.replica_id for m in quorum.participants] == ["job-node-0"]  # min nodes 1: it formed alone
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    assert f"coordinator listening on {address}" in out and "coordinator stopped" in out
