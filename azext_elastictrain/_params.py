@@ -191,6 +191,11 @@ def load_arguments(self, _):  # pylint: disable=too-many-statements  # one state
                    help="Start each worker by forking a per-node process that has imported torch and the "
                         "runtime once (seconds less without training at every re-form). false: every worker "
                         "starts a new Python, as plain torchrun does.")
+        c.argument("env", nargs="+", options_list=["--env"],
+                   help="Environment variables of the training script, as KEY=VALUE (space-separated; repeatable): "
+                        "on every node, the same on AKS and locally, e.g. --env NCCL_DEBUG=INFO WANDB_MODE=offline. "
+                        "Not for secrets: the values are kept in the job's record and its Kubernetes object. Names "
+                        "starting with ELASTICTRAIN_ are the job's own settings and are refused.")
         c.argument("recovery", arg_type=get_enum_type(RECOVERY_MODES), options_list=["--recovery"],
                    help="How the job survives a node lost or added. restart (default): torchrun restarts every "
                         "worker, which resumes from memory or blob. in-process: the workers keep running; a "

@@ -208,4 +208,5 @@ def job_env(job: JobSpec, *, collective_timeout: float, coordinator: str | None 
     that reaches the training processes is added here."""
     return {**runtime_env(keep=job.keep, checkpoint_interval=job.checkpoint_interval, memory_tier=job.memory_tier_on,
                           collective_timeout=collective_timeout),
-            **recovery_env(job.recovery, coordinator=coordinator if job.in_process else None)}
+            **recovery_env(job.recovery, coordinator=coordinator if job.in_process else None),
+            **job.env_vars}

@@ -9,7 +9,7 @@ from azext_elastictrain.core.constants import (
     TRAINING_NAMESPACE,
     TRAINING_SERVICE_ACCOUNT,
 )
-from azext_elastictrain.core.launch import RECOVERY_IN_PROCESS, RECOVERY_MODES, RECOVERY_RESTART
+from azext_elastictrain.core.launch import ENV_PREFIX, RECOVERY_IN_PROCESS, RECOVERY_MODES, RECOVERY_RESTART
 
 LOCAL_CLUSTER_DEFAULT = "local"
 # The in-memory rescue tier keeps two copies of each node's state (runtime/rescue.py): the default leaves room
@@ -20,6 +20,7 @@ MEMORY_TIER_OFF = "off"
 _QUANTITY = re.compile(r"([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?")
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _LOCAL_NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?")
 
 
@@ -68,6 +69,12 @@ class JobSpec:  # pylint: disable=too-many-instance-attributes  # one field per 
     # How the job survives a membership change (core.launch.RECOVERY_MODES): "restart" (torchrun restarts every
     # worker) or "in-process" (workers stay alive; a coordinator of the job's own holds a quorum each step).
     recovery: str = RECOVERY_RESTART
+    # The training script's own environment, "KEY=VALUE" each (--env): on every node of either backend.
+    env: tuple[str, ...] = ()
+
+    @property
+    def env_vars(self) -> dict[str, str]:
+        return dict(item.split("=", 1) for item in self.env)
 
     @property
     def memory_tier_on(self) -> bool:
@@ -108,6 +115,7 @@ class JobSpec:  # pylint: disable=too-many-instance-attributes  # one field per 
         validate_memory_tier(self.memory_tier)
         if not self.script:
             raise SpecError("no training script: pass --script PATH")
+        _check_env(self.env)
         if self.recovery not in RECOVERY_MODES:
             raise SpecError(f"unknown recovery mode {self.recovery!r}: use {' or '.join(RECOVERY_MODES)} "
                             f"({RECOVERY_IN_PROCESS}: workers outlive a membership change; {RECOVERY_RESTART}: "
@@ -128,6 +136,22 @@ def check_script_in_image(script: str) -> None:
     if script.startswith("-") or any(c.isspace() for c in script):
         raise SpecError(f"training script {script!r} is not a path: pass the script's path inside "
                         "the image (e.g. /app/train_cifar10.py); its arguments go in --script-args")
+
+
+def _check_env(env: tuple[str, ...]) -> None:
+    """--env: KEY=VALUE items with names a shell and Kubernetes take, each once, none of the job's own."""
+    seen: set[str] = set()
+    for item in env:
+        key, sep, _ = item.partition("=")
+        if not sep or not _ENV_NAME.fullmatch(key):
+            raise SpecError(f"--env {item!r} is not KEY=VALUE with a name of letters, digits and '_' (not starting "
+                            "with a digit): e.g. --env NCCL_DEBUG=INFO")
+        if key.startswith(ENV_PREFIX):
+            raise SpecError(f"--env {key}: names starting with {ENV_PREFIX} are the job's own settings, set "
+                            "from its options (e.g. --checkpoint-interval, --keep): use those")
+        if key in seen:
+            raise SpecError(f"--env {key} is given twice: give each variable once")
+        seen.add(key)
 
 
 def validate_memory_tier(value: str) -> None:

@@ -20,7 +20,7 @@ def run_job(cmd, *, name: str, script: str, min_nodes: int, max_nodes: int, loca
             nproc_per_node: int | None = None, checkpoint_interval: int | None = None, keep: int = 3,
             resource_group_name: str | None = None, image: str | None = None, gpus_per_node: int | None = None,
             dry_run: bool = False, engine: str | None = None, memory_tier: str | None = None,
-            warm_start: bool = True, recovery: str | None = None) -> dict:
+            warm_start: bool = True, recovery: str | None = None, env: list[str] | None = None) -> dict:
     """Validate everything, then start the job: torchrun agents here (--local), or on AKS an ElasticJob
     (--engine torchelastic, the default) or a batch/v1 Indexed Job (--engine k8s-job)."""
     from azext_elastictrain.backends.base import JobRequest
@@ -31,7 +31,7 @@ def run_job(cmd, *, name: str, script: str, min_nodes: int, max_nodes: int, loca
                          nproc_per_node=nproc_per_node, memory_tier=memory_tier, name=name, script=script,
                          min_nodes=min_nodes, max_nodes=max_nodes, nodes=nodes,
                          checkpoint_interval=checkpoint_interval, keep=keep, warm_start=warm_start is not False,
-                         **({"recovery": recovery} if recovery else {}))
+                         env=tuple(env or ()), **({"recovery": recovery} if recovery else {}))
     with az_errors(target, job=name), target.opened(cmd) as backend:
         plan = backend.plan_job(JobRequest(spec, image, gpus_per_node, engine))
         return plan.shown if dry_run else backend.submit_job(plan)
