@@ -1,4 +1,4 @@
-"""ARM, the one place the CLI talks to it: ``AzureArm`` sends the bodies ``core.arm`` built, verbatim, through
+"""ARM, the one place the CLI talks to it: ``AzureArm`` sends the bodies ``core.arm_bodies`` built, verbatim, through
 the azure-cli SDK clients (``_client_factory.cf_*``), and hands back what ARM answered in wire format (the SDKs'
 own models differ between SDK generations; the JSON does not). SDK errors become ``core.errors.ArmError``.
 
@@ -324,7 +324,7 @@ def _json_or_empty(response: Any) -> dict[str, Any]:
     return found if isinstance(found, dict) else {}
 
 
-#: The SDK model of the kinds whose update is built from a GET (core.arm.merged_update).
+#: The SDK model of the kinds whose update is built from a GET (core.arm_bodies.merged_update).
 _MODELS = {"cluster": ("azure.mgmt.containerservice.models", "ManagedCluster"),
            "agent_pool": ("azure.mgmt.containerservice.models", "AgentPool")}
 

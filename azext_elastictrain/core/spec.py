@@ -359,7 +359,7 @@ class ClusterSpec:  # pylint: disable=too-many-instance-attributes  # one field 
         return spot_price(self.max_price)
 
     def checkpoint_url(self, blob_endpoint: str) -> str:
-        """The checkpoint container under the storage account's blob endpoint (core.arm.blob_endpoint)."""
+        """The checkpoint container under the storage account's blob endpoint (core.arm_bodies.blob_endpoint)."""
         return f"{blob_endpoint.rstrip('/')}/{self.container}"
 
     @property

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from azext_elastictrain.core import arm, preflight
+from azext_elastictrain.core import arm_bodies as arm
+from azext_elastictrain.core import preflight
 from azext_elastictrain.core.preflight import PoolHardware, PreflightError, VmSize
 from azext_elastictrain.core.spec import ClusterSpec, SpecError
 from tests.support.sdk_schema import problems

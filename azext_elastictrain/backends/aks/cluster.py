@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable
 
-from azext_elastictrain.core import arm, preflight
+from azext_elastictrain.core import arm_bodies, preflight
 from azext_elastictrain.core.errors import ArmError, ClusterNotFound
 from azext_elastictrain.core.ports import Arm, KubeClient
 from azext_elastictrain.core.spec import ENGINE_TORCHELASTIC, GPU_POOL, SYSTEM_POOL, ClusterSpec, unknown_location
@@ -65,7 +65,7 @@ class _Context:  # pylint: disable=too-many-instance-attributes  # what the plan
     tenant: str
     found: dict[str, Any] = field(default_factory=dict)  # kind -> the resource as ARM returned it
     placeholders: bool = False  # dry run: values only Azure knows become "<...>"
-    hardware: arm.NodeHardware = field(default_factory=arm.NodeHardware)  # from the region preflight
+    hardware: arm_bodies.NodeHardware = field(default_factory=arm_bodies.NodeHardware)  # from the region preflight
     admin: tuple[str, str | None] | None = None  # who gets the cluster's Kubernetes admin role (Entra ID only)
     creator: tuple[str, str | None] | None = None  # who gets the data role on the checkpoint container
 
@@ -82,51 +82,51 @@ class _Context:  # pylint: disable=too-many-instance-attributes  # what the plan
 def plan_steps(spec: ClusterSpec, subscription: str) -> list[Step]:
     """The create plan, in the order the resources depend on each other."""
     rg = spec.resource_group
-    container_scope = arm.container_id(subscription, spec)
-    cluster_scope = arm.cluster_id(subscription, spec)
+    container_scope = arm_bodies.container_id(subscription, spec)
+    cluster_scope = arm_bodies.cluster_id(subscription, spec)
 
     def role_ref(c: _Context) -> dict[str, Any]:
         return {"scope": container_scope,
-                "name": arm.role_assignment_name(container_scope, c.identity("principalId"))}
+                "name": arm_bodies.role_assignment_name(container_scope, c.identity("principalId"))}
 
     return [
-        Step("resource group", "resource_group", {"resource_group": rg}, lambda c: arm.resource_group(c.spec),
+        Step("resource group", "resource_group", {"resource_group": rg}, lambda c: arm_bodies.resource_group(c.spec),
              compare=False),
         Step("storage account", "storage_account", {"resource_group": rg, "name": spec.storage_account_name},
-             lambda c: arm.storage_account(c.spec), long_running=True),
+             lambda c: arm_bodies.storage_account(c.spec), long_running=True),
         Step("checkpoint container", "container",
              {"resource_group": rg, "account": spec.storage_account_name, "name": spec.container},
-             lambda c: arm.blob_container(c.spec)),
+             lambda c: arm_bodies.blob_container(c.spec)),
         Step("managed identity", "identity", {"resource_group": rg, "name": spec.identity_name},
-             lambda c: arm.user_assigned_identity(c.spec)),
+             lambda c: arm_bodies.user_assigned_identity(c.spec)),
         Step("AKS cluster", "cluster", {"resource_group": rg, "name": spec.name},
-             lambda c: arm.managed_cluster(c.spec, c.hardware), long_running=True),
+             lambda c: arm_bodies.managed_cluster(c.spec, c.hardware), long_running=True),
         Step("GPU Spot pool", "agent_pool", {"resource_group": rg, "cluster": spec.name, "name": GPU_POOL},
-             lambda c: arm.gpu_agent_pool(c.spec, c.hardware), long_running=True),
+             lambda c: arm_bodies.gpu_agent_pool(c.spec, c.hardware), long_running=True),
         *[Step(title, "maintenance_configuration", {"resource_group": rg, "cluster": spec.name, "name": name},
-               lambda c: arm.maintenance_window(c.spec)) for title, name in _maintenance(spec)],
+               lambda c: arm_bodies.maintenance_window(c.spec)) for title, name in _maintenance(spec)],
         Step("federated credential", "federated_credential",
-             {"resource_group": rg, "identity": spec.identity_name, "name": arm.federated_credential_name(spec)},
-             lambda c: arm.federated_credential(c.spec, c.issuer())),
+             {"resource_group": rg, "identity": spec.identity_name, "name": arm_bodies.federated_credential_name(spec)},
+             lambda c: arm_bodies.federated_credential(c.spec, c.issuer())),
         Step("role assignment", "role_assignment", role_ref,
-             lambda c: arm.role_assignment(c.subscription, c.identity("principalId"))),
+             lambda c: arm_bodies.role_assignment(c.subscription, c.identity("principalId"))),
     ] + ([] if spec.local_accounts else [
         Step("Kubernetes admin role", "role_assignment", lambda c: _admin_ref(c, cluster_scope),
-             lambda c: arm.cluster_admin_assignment(c.subscription, *_principal(c.admin, "admin"))),
+             lambda c: arm_bodies.cluster_admin_assignment(c.subscription, *_principal(c.admin, "admin"))),
     ]) + [
         Step("your checkpoint access", "role_assignment", lambda c: _creator_ref(c, container_scope),
-             lambda c: arm.checkpoint_access_assignment(c.subscription, *_principal(c.creator, "creator"))),
+             lambda c: arm_bodies.checkpoint_access_assignment(c.subscription, *_principal(c.creator, "creator"))),
     ]
 
 
 def _creator_ref(ctx: "_Context", scope: str) -> dict[str, Any]:
     principal = ctx.creator[0] if ctx.creator else ""
-    return {"scope": scope, "name": arm.role_assignment_name(scope, principal, arm.CREATOR_DATA_ROLE)}
+    return {"scope": scope, "name": arm_bodies.role_assignment_name(scope, principal, arm_bodies.CREATOR_DATA_ROLE)}
 
 
 def _admin_ref(ctx: "_Context", scope: str) -> dict[str, Any]:
     principal = ctx.admin[0] if ctx.admin else ""
-    return {"scope": scope, "name": arm.role_assignment_name(scope, principal, arm.AKS_RBAC_CLUSTER_ADMIN)}
+    return {"scope": scope, "name": arm_bodies.role_assignment_name(scope, principal, arm_bodies.AKS_RBAC_CLUSTER_ADMIN)}
 
 
 def _maintenance(spec: ClusterSpec) -> list[tuple[str, str]]:
@@ -134,19 +134,19 @@ def _maintenance(spec: ClusterSpec) -> list[tuple[str, str]]:
     upgrades where a channel upgrades it."""
     if not spec.maintenance_window:
         return []
-    windows = [("node image upgrade window", arm.NODE_OS_MAINTENANCE)]
+    windows = [("node image upgrade window", arm_bodies.NODE_OS_MAINTENANCE)]
     if spec.upgrade_channel != "none":
-        windows.append(("Kubernetes upgrade window", arm.AUTO_UPGRADE_MAINTENANCE))
+        windows.append(("Kubernetes upgrade window", arm_bodies.AUTO_UPGRADE_MAINTENANCE))
     return windows
 
 
-def _hardware(spec: ClusterSpec, checked: "preflight.PreflightResult | None") -> arm.NodeHardware:
+def _hardware(spec: ClusterSpec, checked: "preflight.PreflightResult | None") -> arm_bodies.NodeHardware:
     """The pools' OS disks and host encryption from the region's Resource SKUs; unknown without a preflight."""
     if checked is None:  # the sizes are not known: what was asked explicitly, and nothing else
         asked = preflight.PoolHardware(encryption_at_host=spec.encryption_at_host)
-        return arm.NodeHardware(system=asked, gpu=asked)
+        return arm_bodies.NodeHardware(system=asked, gpu=asked)
     registered = checked.encryption_at_host_registered
-    return arm.NodeHardware(
+    return arm_bodies.NodeHardware(
         system=preflight.pool_hardware(checked.system, spec.encryption_at_host, registered),
         gpu=preflight.pool_hardware(checked.gpu, spec.encryption_at_host, registered))
 
@@ -275,8 +275,8 @@ class AksClusters:  # pylint: disable=too-many-instance-attributes  # one comman
         found = self.arm.get("cluster", {"resource_group": rg, "name": spec.name})
         if found is not None:
             tags = found.get("tags") or {}
-            spec = replace(spec, storage_account=spec.storage_account or tags.get(arm.TAG + "-storage") or "",
-                           identity=spec.identity or tags.get(arm.TAG + "-identity") or "")
+            spec = replace(spec, storage_account=spec.storage_account or tags.get(arm_bodies.TAG + "-storage") or "",
+                           identity=spec.identity or tags.get(arm_bodies.TAG + "-identity") or "")
             _check_fixed_fields(spec, found)
         if self.arm.get("storage_account", {"resource_group": rg, "name": spec.storage_account_name}) is None:
             answer = self.arm.storage_name_available(spec.storage_account_name)
@@ -314,7 +314,7 @@ class AksClusters:  # pylint: disable=too-many-instance-attributes  # one comman
                 raise ArmError(404, "ResourceGroupNotFound",
                                f"resource group {spec.resource_group!r} does not exist; pass --location to create it")
             self._progress(f"{title} {spec.resource_group}: creating in {spec.location}")
-            found = self.arm.put("resource_group", ref, arm.resource_group(spec))
+            found = self.arm.put("resource_group", ref, arm_bodies.resource_group(spec))
             changes.append({"step": step.title, "action": "created"})
         else:
             changes.append({"step": step.title, "action": "unchanged"})
@@ -333,8 +333,8 @@ class AksClusters:  # pylint: disable=too-many-instance-attributes  # one comman
                 return True
             self._progress(f"{title}: waiting, it is {state}")
             found = self._await(step.kind, ref)
-        body = arm.as_existing(step.body(ctx), found)
-        wrong = arm.differences(body, found or {}) if found is not None else None
+        body = arm_bodies.as_existing(step.body(ctx), found)
+        wrong = arm_bodies.differences(body, found or {}) if found is not None else None
         if found is not None and state != "failed" and (not wrong or not step.compare):
             self._progress(f"{title}: already right")
             changes.append({"step": step.title, "action": "unchanged"})
@@ -347,8 +347,8 @@ class AksClusters:  # pylint: disable=too-many-instance-attributes  # one comman
         self._progress(f"{title}: {'creating' if found is None else 'updating'}{detail}"
                        + ("" if wait else ", not waiting (--no-wait)")
                        + (" - this takes several minutes" if step.long_running and wait else ""))
-        if found is not None and step.kind in arm.MERGED_KINDS:
-            body = arm.merged_update(body, found)  # GET -> merge ours -> PUT: what others set stays
+        if found is not None and step.kind in arm_bodies.MERGED_KINDS:
+            body = arm_bodies.merged_update(body, found)  # GET -> merge ours -> PUT: what others set stays
         if step.kind == "role_assignment":
             result, action = self._assign_role(step, ref, body, title, action)
         else:
@@ -407,7 +407,7 @@ class AksClusters:  # pylint: disable=too-many-instance-attributes  # one comman
                              engine=ctx.spec.engine)
 
     def _checkpoint_url(self, spec: ClusterSpec, account: dict[str, Any] | None) -> str:
-        return spec.checkpoint_url(arm.blob_endpoint(account, spec, self.arm.storage_suffix))
+        return spec.checkpoint_url(arm_bodies.blob_endpoint(account, spec, self.arm.storage_suffix))
 
     def _kube(self, spec: ClusterSpec) -> KubeClient:
         """A Kubernetes client from the user credentials, which stay in memory: the command's session's where it
@@ -460,7 +460,7 @@ class AksClusters:  # pylint: disable=too-many-instance-attributes  # one comman
         cluster = self.arm.get("cluster", {"resource_group": spec.resource_group, "name": spec.name})
         if cluster is None:
             raise ClusterNotFound(f"no AKS cluster named {spec.name!r} in resource group {spec.resource_group!r}")
-        spec = ctx.spec = arm.spec_from_tags(spec, cluster)
+        spec = ctx.spec = arm_bodies.spec_from_tags(spec, cluster)
         ctx.found["cluster"] = cluster
         for kind, ref in (("storage_account", {"resource_group": spec.resource_group,
                                                "name": spec.storage_account_name}),
@@ -482,10 +482,10 @@ class AksClusters:  # pylint: disable=too-many-instance-attributes  # one comman
     def list(self, resource_group: str | None) -> list[dict[str, Any]]:
         rows = []
         for cluster in self.arm.list_clusters(resource_group):
-            if arm.TAG not in (cluster.get("tags") or {}):
+            if arm_bodies.TAG not in (cluster.get("tags") or {}):
                 continue  # not one of ours
             group = _resource_group_of(cluster.get("id", "")) or resource_group or ""
-            spec = arm.spec_from_tags(ClusterSpec(name=cluster.get("name", ""), resource_group=group), cluster)
+            spec = arm_bodies.spec_from_tags(ClusterSpec(name=cluster.get("name", ""), resource_group=group), cluster)
             rows.append(self._describe(spec, cluster, None, health=None))
         return rows
 
@@ -561,17 +561,17 @@ class AksClusters:  # pylint: disable=too-many-instance-attributes  # one comman
         rg = spec.resource_group
         cluster = self.arm.get("cluster", {"resource_group": rg, "name": spec.name})
         if cluster is not None:
-            spec = arm.spec_from_tags(spec, cluster)
-        container_scope = arm.container_id(self.arm.subscription, spec)
+            spec = arm_bodies.spec_from_tags(spec, cluster)
+        container_scope = arm_bodies.container_id(self.arm.subscription, spec)
         identity = self.arm.get("identity", {"resource_group": rg, "name": spec.identity_name})
         items: list[tuple[str, str, dict[str, Any]]] = []
         if identity is not None:
             principal = (identity.get("properties") or {}).get("principalId", "")
             items.append(("role assignment", "role_assignment", {
-                "scope": container_scope, "name": arm.role_assignment_name(container_scope, principal)}))
+                "scope": container_scope, "name": arm_bodies.role_assignment_name(container_scope, principal)}))
             items.append(("federated credential", "federated_credential", {
                 "resource_group": rg, "identity": spec.identity_name,
-                "name": arm.federated_credential_name(spec)}))
+                "name": arm_bodies.federated_credential_name(spec)}))
         if cluster is not None:
             items.append(("AKS cluster", "cluster", {"resource_group": rg, "name": spec.name}))
         if identity is not None:
@@ -584,7 +584,7 @@ class AksClusters:  # pylint: disable=too-many-instance-attributes  # one comman
                 items.append(("storage account (with every checkpoint)", "storage_account", storage_ref))
             else:
                 kept.append({"what": "storage account and its checkpoints", "id":
-                             arm.storage_account_id(self.arm.subscription, spec)})
+                             arm_bodies.storage_account_id(self.arm.subscription, spec)})
         if not items and not kept:
             raise ClusterNotFound(f"no AKS cluster named {spec.name!r} in resource group {rg!r}, "
                                   "nor its identity or storage")
@@ -637,11 +637,11 @@ def _check_fixed_fields(spec: ClusterSpec, cluster: dict[str, Any]) -> None:
     changed = []
     gpu = pools.get(GPU_POOL)
     if gpu is not None:
-        wanted = arm.gpu_agent_pool(spec)["properties"]
+        wanted = arm_bodies.gpu_agent_pool(spec)["properties"]
         changed += [(f"GPU pool {field}", option, gpu.get(field), wanted[field]) for field, option in FIXED_POOL_FIELDS
-                    if gpu.get(field) is not None and not arm.same_value(wanted[field], gpu.get(field))]
+                    if gpu.get(field) is not None and not arm_bodies.same_value(wanted[field], gpu.get(field))]
     system = pools.get(SYSTEM_POOL)
-    if system is not None and system.get("vmSize") and not arm.same_value(spec.system_vm_size, system["vmSize"]):
+    if system is not None and system.get("vmSize") and not arm_bodies.same_value(spec.system_vm_size, system["vmSize"]):
         changed.append(("system pool vmSize", "--node-vm-size", system["vmSize"], spec.system_vm_size))
     if changed:
         what = "; ".join(f"{name} is {have!r}, asked {want!r}" for name, _, have, want in changed)
