@@ -23,8 +23,6 @@ def run_job(cmd, *, name: str, script: str, min_nodes: int, max_nodes: int, loca
             warm_start: bool = True, recovery: str | None = None, env: list[str] | None = None) -> dict:
     """Validate everything, then start the job: torchrun agents here (--local), or on AKS an ElasticJob
     (--engine torchelastic, the default) or a batch/v1 Indexed Job (--engine k8s-job)."""
-    from azext_elastictrain.backends.base import JobRequest
-
     target = resolve_target(local=local, resource_group=resource_group_name, cluster=cluster, job=name)
     with az_errors(target, job=name):  # the spec checks itself as it is built, before the backend is opened
         spec = _job_spec(target, script_args=script_args, gpus_per_node=gpus_per_node,
@@ -32,7 +30,16 @@ def run_job(cmd, *, name: str, script: str, min_nodes: int, max_nodes: int, loca
                          min_nodes=min_nodes, max_nodes=max_nodes, nodes=nodes,
                          checkpoint_interval=checkpoint_interval, keep=keep, warm_start=warm_start is not False,
                          env=tuple(env or ()), **({"recovery": recovery} if recovery else {}))
-    with az_errors(target, job=name), target.opened(cmd) as backend:
+    return _plan_and_submit(cmd, target, spec, image=image, gpus_per_node=gpus_per_node, engine=engine,
+                            dry_run=dry_run)
+
+
+def _plan_and_submit(cmd, target, spec, *, image: str | None, gpus_per_node: int | None, engine: str | None,
+                     dry_run: bool) -> dict:
+    """The backend's plan (what --dry-run prints), then, unless a dry run, the submit that takes it."""
+    from azext_elastictrain.backends.base import JobRequest
+
+    with az_errors(target, job=spec.name), target.opened(cmd) as backend:
         plan = backend.plan_job(JobRequest(spec, image, gpus_per_node, engine))
         return plan.shown if dry_run else backend.submit_job(plan)
 

@@ -126,7 +126,8 @@ def _creator_ref(ctx: "_Context", scope: str) -> dict[str, Any]:
 
 def _admin_ref(ctx: "_Context", scope: str) -> dict[str, Any]:
     principal = ctx.admin[0] if ctx.admin else ""
-    return {"scope": scope, "name": arm_bodies.role_assignment_name(scope, principal, arm_bodies.AKS_RBAC_CLUSTER_ADMIN)}
+    return {"scope": scope,
+            "name": arm_bodies.role_assignment_name(scope, principal, arm_bodies.AKS_RBAC_CLUSTER_ADMIN)}
 
 
 def _maintenance(spec: ClusterSpec) -> list[tuple[str, str]]:
