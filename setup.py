@@ -26,6 +26,7 @@ EXTRAS = {
         "xxhash>=3.0",  # the memory tier's checksum (runtime/rescue.py): xxh3-64, ~3x zlib's CRC32 here
         "numpy",
         "scikit-learn",
+        "torchft==0.2.0",  # the in-process recovery mode (runtime/replicas.py): quorum, in-place re-form, peer healing
     ],
     "plot": ["matplotlib"],  # az elastictrain job timeline --output-file
     "test": [

@@ -52,7 +52,8 @@ ENV_COORDINATOR = "TORCHFT_LIGHTHOUSE"
 ENV_REPLICA_ID = "ELASTICTRAIN_REPLICA_ID"
 # The address the node's peers reach it at (torchft's Manager advertises a hostname to the coordinator, by default
 # the machine's name, which another pod cannot resolve: a k8s-job pod's name is not a DNS name; a local node's
-# machine name may not be loopback, where its gloo runs). Local: 127.0.0.1; AKS: the pod's IP (downward API).
+# machine name may not be loopback, where its gloo runs). The runtime serves a newcomer the state at it too.
+# Local: 127.0.0.1; AKS: the pod's IP (downward API).
 ENV_REPLICA_HOST = "ELASTICTRAIN_REPLICA_HOST"
 COORDINATOR_PORT = 29510  # the coordinator's port on AKS (its Service); local: a free port of the machine
 # The coordinator: python -m COORDINATOR_MODULE (runtime/coordinator.py, torchft's LighthouseServer).

@@ -60,6 +60,7 @@ from azext_elastictrain.runtime.data import ElasticSampler
 from azext_elastictrain.runtime.errors import CheckpointError, FencedError
 from azext_elastictrain.runtime.loop import count, epoch_batches, samplers_in
 from azext_elastictrain.runtime.memory import MemoryKeeper
+from azext_elastictrain.runtime.replicas import in_process as in_process_recovery
 from azext_elastictrain.runtime.reporting import Reporter
 from azext_elastictrain.runtime.restoring import Restorer
 from azext_elastictrain.runtime.saving import BlobSaver
@@ -147,6 +148,8 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
         # The step a stop (step() returned True) happened at; the metrics report()ed for the step being trained.
         self.stopped_at, self._metrics = None, {}  # int | None, dict[str, float]
         self._newest_blob: int | None = None  # the newest durable checkpoint in blob, as restore found it
+        self.in_process = in_process_recovery(os.environ)  # workers outlive a re-form (runtime/replicas.py)
+        self._replicas: Any = None  # the node's replica group, while the in-process loop runs
 
         event_log = progress.EventLog(store, self.job_prefix, rank=self.rank, node=self.node) if events else None
         self._reporter = Reporter(event_log, rank=self.rank, world_size=self.world_size,
@@ -219,6 +222,12 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
     def last_step(self) -> int | None:
         """The last step every rank completed (its per-step agreement succeeded, or a restore resumed from it)."""
         return self._reporter.last_step
+
+    @property
+    def replica_rank(self) -> int | None:
+        """In-process recovery: this node's rank among the replicas training the current step; None while it takes
+        the state from a peer (its batch is not trained), or outside that mode."""
+        return self._replicas.rank if self._replicas is not None else None
 
     @property
     def memory_step(self) -> int | None:
@@ -342,6 +351,8 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
         if total < 0:
             raise ValueError(f"total must be at least 0, not {total}")
         step = self.restore(state) or 0
+        if self.in_process:
+            return self._run_replicated(state, step, total=total, samples=samples)
         return self._run(state, step, total, count(step, total), samples=samples)
 
     def batches(self, state: dict[str, Any], loader: Iterable[Any], epochs: int) -> Iterator[tuple[int, Any]]:
@@ -363,6 +374,11 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
         if epochs < 0:
             raise ValueError(f"epochs must be at least 0, not {epochs}")
         step = self.restore(state) or 0
+        if self.in_process:
+            from azext_elastictrain.runtime.replica_data import ReplicaBatches
+
+            data = ReplicaBatches(loader, sampler, epochs, node_rank=self.rank, node_size=self.world_size)
+            return self._run_replicated(state, step, data=data, samples=sampler.global_batch_size)
         # The planned work is every batch of every epoch: done when they are exhausted, whatever a script
         # migrated from another loop counted its steps as.
         return self._run(state, step, None, epoch_batches(loader, sampler, epochs),
@@ -385,6 +401,78 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
         finally:
             if not self.finished:
                 self.close()  # a break, an exception or a stop: unfinished, the interruption is recorded
+
+    # -- the in-process recovery mode (runtime/replicas.py, runtime/replica_data.py) ------------------------
+    def _run_replicated(self, state: dict[str, Any], step: int, *, total: int | None = None, data: Any = None,
+                        samples: float | None = None) -> Iterator[Any]:
+        """The loop of ``steps()`` and ``batches()`` when workers outlive a re-form: a quorum at each step
+        boundary before the batch is fetched; a discarded step is trained again; only committed steps count."""
+        from azext_elastictrain.runtime.replicas import ReplicaGroup
+
+        replicas = self._replicas = ReplicaGroup(state, step=step)
+        try:
+            while not (data.finished() if data is not None else step >= (total or 0)):
+                quorum = replicas.begin_step(step)
+                item = data.next(quorum) if data is not None else None
+                yield (quorum.step + 1, item) if data is not None else quorum.step + 1
+                if not replicas.end_step():
+                    if data is not None:
+                        data.discarded()
+                    continue
+                step = quorum.step + 1
+                if data is not None:
+                    data.trained(replicas.healed)
+                if self._replica_step(step, state, replicas, samples):
+                    raise TrainingStopped(step, "this node leaves the job (a notice or a SIGTERM)")
+            if replicas.is_writer() or replicas.participants() == 0:
+                self._finish(step, state, step if total is None else total)
+            else:  # the writer group saves the final step and records the job finished; the others just end
+                self._reporter.finished = True
+        finally:
+            if not self.finished:
+                self.close()
+            replicas.close()
+
+    def _replica_step(self, step: int, state: dict[str, Any], replicas: Any, samples: float | None) -> bool:
+        """After a committed step: keep it in memory, save on the interval (the writer group only), and on a
+        notice or a SIGTERM on this node leave the quorum (the others train on). True: this node left."""
+        self._check_running("step()")
+        metrics, self._metrics = self._metrics, {}
+        self._reporter.reached(step)
+        if self._memory is not None:
+            self._memory.keep(step, state, self.world_size)
+        notices = self._notices.live()
+        leaving, due = self._ranks.all_reduce_max([1 if notices else 0,
+                                                   1 if self.rank == 0 and self._policy.due(step) else 0])
+        self._reporter.completed(step)
+        writer = replicas.is_writer()
+        if writer:
+            self._reporter.record_progress(step, samples, metrics)
+        if leaving:
+            self._depart(step, state, notices, replicas)
+            return True
+        if due and writer:
+            self.save(step, state)
+        return False
+
+    def _depart(self, step: int, state: dict[str, Any], notices: list[Any], replicas: Any) -> None:
+        """A planned departure: out of the quorum first (the survivors' next quorum goes on without this node),
+        the step durable (the peers that committed it hold it; alone, blob), the notice acknowledged, then hold
+        until the node goes."""
+        alone = replicas.participants() <= 1
+        replicas.close()
+        for notice in notices:
+            self._notices.handled(notice)
+            if self.local_rank == 0:
+                self._reporter.emit(progress.PREEMPTED, step=step, source=notice.source, event_id=notice.event_id)
+        log.warning("leaving the job at step %d (%s)", step, "saving it: no peer holds it" if alone
+                    else "its peers hold it")
+        if alone:
+            self.save(step, state, blocking=True)
+        self._stop(step, state)
+        if any(n.source != "sigterm" for n in notices):
+            self._notices.acknowledge()
+            self._notices.wait_for_sigterm(self.hold_seconds, poll=0.1)
 
     # -- end ---------------------------------------------------------------------------
     def done(self, step: int, state: dict[str, Any]) -> None:
@@ -420,6 +508,8 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
         self._stopping = True
         atexit.unregister(self._record_interruption)
         self._record_interruption()  # first: waiting for an upload whose peers died can take long
+        if self._replicas is not None:
+            self._replicas.close()  # out of the quorum at once: the others go on without this node
         try:
             self.kept_in_memory()  # the step kept last is committed before the process goes
             self.wait(raise_errors=False)

@@ -152,6 +152,25 @@ class ElasticSampler(Sampler[list[int]], Stateful):  # pylint: disable=too-many-
         self._advanced += 1
         self.consumed = min(self.consumed + self.global_batch_size, self.samples_per_epoch)
 
+    def reshard(self, num_replicas: int, rank: int) -> None:
+        """From the trained position on, take slice ``rank`` of ``num_replicas`` of each global batch.
+
+        For a world that changes size while the process lives (the in-process recovery mode): batches drawn
+        ahead for the old world are dropped (a new pass starts at the trained position, so the loader's
+        iterator must be created again), and the global position is untouched, so no sample is skipped or
+        trained twice.
+        """
+        self._check_running("reshard()")
+        if num_replicas < 1 or not 0 <= rank < num_replicas:
+            raise ValueError(f"rank {rank} is not in [0, {num_replicas}) (num_replicas {num_replicas})")
+        if self.global_batch_size % num_replicas:
+            raise ValueError(
+                f"global batch size {self.global_batch_size} is not divisible by the world size {num_replicas} "
+                "the job now has: choose a global batch size that every world size the job may run at divides")
+        self.num_replicas, self.rank = num_replicas, rank
+        self._pass += 1
+        self._drawn = self._advanced = 0
+
     def set_epoch(self, epoch: int) -> None:
         """Move to the start of ``epoch``; setting the epoch the sampler is in keeps its (restored) position."""
         self._check_running(f"set_epoch({epoch})")

@@ -92,6 +92,7 @@ class Watched(FakeKube):
 
     def __init__(self, change_after: float | None) -> None:
         super().__init__()
+        self.with_operator_crd()
         self.change_after, self.watched = change_after, []
 
     def watch(self, api_version, kind, name, namespace=None, timeout=60.0):

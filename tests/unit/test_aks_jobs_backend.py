@@ -36,7 +36,7 @@ class FakeArm:
 
 @pytest.fixture
 def kube() -> FakeKube:
-    return FakeKube()
+    return FakeKube().with_operator_crd()
 
 
 def _jobs(kube, pools=(SYSTEM, GPU), blob="https://acct1.blob.core.windows.net/", cluster="trainer") -> AksJobs:

@@ -12,7 +12,7 @@ from azext_elastictrain.core import preflight
 from azext_elastictrain.core.preflight import PoolHardware, PreflightError, VmSize
 from azext_elastictrain.core.spec import ClusterSpec, SpecError
 from tests.support.sdk_schema import problems
-from tests.unit.test_arm_requests import assert_named_like_azure, example, example_paths, paths
+from tests.unit.test_arm import assert_named_like_azure, example, example_paths, paths
 
 SUB = "00000000-1111-2222-3333-444444444444"
 SUBNET = f"/subscriptions/{SUB}/resourceGroups/net/providers/Microsoft.Network/virtualNetworks/v/subnets/nodes"

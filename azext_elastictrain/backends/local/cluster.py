@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
+from azext_elastictrain.backends.local.components import azurite_argv, azurite_binary, etcd_argv, etcd_binary, etcd_env
 from azext_elastictrain.backends.local.state import (
     AZURITE_ACCOUNT,
     REPO_ROOT,
@@ -33,7 +34,6 @@ from azext_elastictrain.backends.local.state import (
     free_port,
     http_ok,
     read_state,
-    which_tool,
     write_state,
 )
 from azext_elastictrain.core.constants import CHECKPOINT_CONTAINER
@@ -121,27 +121,21 @@ class LocalClusters:
 
     # -- components -----------------------------------------------------------------
     def _start_etcd(self, name: str) -> Component:
-        etcd = which_tool("ETCD_BIN", [], "etcd", "apt-get install etcd-server (etcd 3.4/3.5: 3.6 has no v2 API)")
         port, peer = free_port(), free_port()
-        client_url, peer_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{peer}"
-        argv = [etcd, "--name", name, "--data-dir", str(self.cluster_dir(name) / "etcd"), "--enable-v2",
-                "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
-                "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
-                "--initial-cluster", f"{name}={peer_url}"]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD_")}
+        client_url = f"http://127.0.0.1:{port}"
+        argv = etcd_argv(etcd_binary(), name=name, data_dir=self.cluster_dir(name) / "etcd", client_port=port,
+                         peer_port=peer)
+        env = etcd_env(os.environ)
         component = self._spawn(name, "etcd", argv, port, env)
         # 200 on the v2 keys API proves torchrun's etcd-v2 rendezvous can use it.
         self._wait_ready(name, component, lambda: http_ok(f"{client_url}/v2/keys/"))
         return component
 
     def _start_azurite(self, name: str) -> Component:
-        azurite = which_tool("AZURITE_BIN", [REPO_ROOT / ".tools" / "node_modules" / ".bin" / "azurite-blob"],
-                             "azurite-blob", "npm install -g azurite@3.37.0")
         port = free_port()
         data = self.cluster_dir(name) / "azurite"
         data.mkdir(parents=True, exist_ok=True)
-        argv = [azurite, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", str(data),
-                "--skipApiVersionCheck", "--loose", "--silent"]
+        argv = azurite_argv(azurite_binary(), port=port, location=data)
         component = self._spawn(name, "azurite", argv, port)
         self._wait_ready(name, component, lambda: http_ok(f"http://127.0.0.1:{port}/{AZURITE_ACCOUNT}?comp=list"))
         self._create_container(port)

@@ -1,0 +1,93 @@
+"""How a replica that is behind gets the live state from a peer: torchft's checkpoint transport, in a safe format.
+
+torchft's own transports unpickle what a peer sends (``HTTPTransport`` loads with ``weights_only=False``,
+``PGTransport`` ``pickle.loads`` its metadata), so any process that can reach the port could run code in the
+receiver. This one sends what the runtime's state shapes are made of (runtime/state.py: tensors and JSON values,
+in dicts and lists) with ``torch.save`` and reads it back with ``torch.load(weights_only=True)``, torch's
+restricted unpickler that builds tensors and plain containers only.
+
+The sender serialises the state when the quorum asks for it (``send_checkpoint``, at a step boundary before its
+next optimizer step), so the bytes served are that step's state even while it trains on; the receiver polls until
+the peer has it or the timeout passes.
+"""
+from __future__ import annotations
+
+import io
+import threading
+import time
+import urllib.error
+import urllib.request
+from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import torch
+from torchft.checkpointing import CheckpointTransport
+
+PATH = "/elastictrain/state/"
+
+
+class PeerTransport(CheckpointTransport):
+    """Serves this replica's state for one step over HTTP; fetches a peer's."""
+
+    def __init__(self, host: str, bind: str = "0.0.0.0") -> None:
+        self._host = host
+        self._payload: tuple[int, bytes] | None = None
+        self._lock = threading.Lock()
+        transport = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                payload = transport.served(self.path)
+                if payload is None:
+                    self.send_error(503, "no state for this step yet")
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "application/octet-stream")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args: Any) -> None:  # one line per request on stderr is noise here
+                pass
+
+        self._server = ThreadingHTTPServer((bind, 0), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, name="elastictrain-peer-state", daemon=True).start()
+
+    def served(self, path: str) -> bytes | None:
+        """The bytes of the state asked for by ``path`` (its step), if this replica offers that step now."""
+        with self._lock:
+            if self._payload is None or path != f"{PATH}{self._payload[0]}":
+                return None
+            return self._payload[1]
+
+    def metadata(self) -> str:
+        return f"http://{self._host}:{self._server.server_address[1]}"
+
+    def send_checkpoint(self, dst_ranks: list[int], step: int, state_dict: Any, timeout: timedelta) -> None:
+        buffer = io.BytesIO()
+        torch.save(state_dict, buffer)
+        with self._lock:
+            self._payload = (step, buffer.getvalue())
+
+    def disallow_checkpoint(self) -> None:
+        with self._lock:
+            self._payload = None
+
+    def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> Any:
+        deadline = time.monotonic() + timeout.total_seconds()
+        url = f"{metadata}{PATH}{step}"
+        while True:
+            try:
+                with urllib.request.urlopen(url, timeout=max(0.1, deadline - time.monotonic())) as response:
+                    data = response.read()
+                return torch.load(io.BytesIO(data), weights_only=True)
+            except urllib.error.HTTPError as ex:
+                if ex.code != 503 or time.monotonic() >= deadline:
+                    raise
+            time.sleep(0.02)
+
+    def shutdown(self, wait: bool = True) -> None:
+        self._server.shutdown()
+        self._server.server_close()

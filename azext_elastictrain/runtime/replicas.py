@@ -1,0 +1,259 @@
+"""The in-process recovery mode's replica group: this node in the job's per-step quorum (torchft's Manager).
+
+Each node is one replica group; its workers are a world of their own (torchrun --standalone). At every step
+boundary the group asks the coordinator (torchft's Lighthouse) for the step's quorum: which replicas train it,
+this one's rank among them, and whether this one is behind and takes the state from a live peer. The gradients
+are averaged across the participants and the step is committed only if every participant finished it.
+
+How the user's script is adapted, public APIs only, nothing in the script changes:
+
+- the optimizer gets a step pre-hook (``register_step_pre_hook``) that averages the gradients across the replicas
+  (DDP has already averaged them within the node) and asks ``should_commit()``; a step that must be discarded
+  leaves every gradient ``None``, and torch's optimizers skip parameters without one (the step is a no-op).
+  Why not a DDP comm hook: the cross-replica collective must pair the same tensors on every replica, and a DDP
+  rebuilds its gradient buckets after its first iteration, so a newcomer in its first step and the survivors in
+  their thousandth could pair different buckets (torchft's own DDP forces ``find_unused_parameters=True`` to stop
+  that, which the user's DDP does not have). The optimizer's parameter order is the same on every replica by
+  construction.
+- the state a newcomer needs (model, optimizer, sampler position, RNG: runtime/state.py's flat items) goes through
+  torchft's state callbacks and runtime/peer_transfer.py.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from azext_elastictrain.core import launch
+from azext_elastictrain.runtime import entries
+from azext_elastictrain.runtime.loop import samplers_in
+from azext_elastictrain.runtime.state import capture_rng, modules_in, restore_rng
+from azext_elastictrain.runtime.stopping import TrainingStopped
+from azext_elastictrain.runtime.timeouts import collective_timeout
+
+log = logging.getLogger(__name__)
+
+# How long the cross-node collective waits for a peer is the job's collective timeout (runtime/timeouts.py; local
+# 10 s, AKS 60 s), torchft's TORCHFT_TIMEOUT_SEC overriding it: a silent peer's collective fails after it and the
+# step is discarded, so it is the figure of a node that vanishes (frozen, no FIN; measured 10.08 s at 10 s, 3.08 s
+# at 3 s: docs/runtime.md). It also bounds how long the others wait in a newcomer's first step, which joins the
+# collective only once it has the state: a state that takes longer to send can never be admitted.
+QUORUM_TIMEOUT = timedelta(seconds=60)  # no quorum this long (the coordinator gone): back to the restart path
+CONNECT_TIMEOUT = timedelta(seconds=10)
+# A quorum request that fails (the coordinator restarting) is tried again this many times before the worker takes
+# the restart path; torchft's TORCHFT_QUORUM_RETRIES overrides it.
+QUORUM_RETRIES = 30
+STATE_KEY = "elastictrain"  # the state's name among torchft's state callbacks
+
+
+def in_process(environ: Any = None) -> bool:
+    """Whether this job runs in the in-process recovery mode (launch.ENV_RECOVERY)."""
+    return (os.environ if environ is None else environ).get(launch.ENV_RECOVERY) == launch.RECOVERY_IN_PROCESS
+
+
+@dataclass(frozen=True)
+class Quorum:
+    """One step's quorum as this replica group sees it."""
+
+    step: int  # the job's committed steps (a healing replica: its peers')
+    participants: int  # replica groups that train this step
+    rank: int | None  # this group's rank among them; None while it takes the state from a peer
+
+
+class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manager's handles and the step's verdict
+    """This node's membership in the job, step by step; see the module's docstring."""
+
+    def __init__(self, state: dict[str, Any], *, step: int, environ: Any = None) -> None:
+        from torchft import Manager, ProcessGroupGloo
+
+        from azext_elastictrain.runtime.peer_transfer import PeerTransport
+
+        env = os.environ if environ is None else environ
+        self.state = state
+        self.optimizer = _the_optimizer(state)
+        self.node_rank = dist.get_rank() if dist.is_initialized() else 0
+        self.node_size = dist.get_world_size() if dist.is_initialized() else 1
+        self.committed: bool | None = None  # the current step's verdict, once asked
+        self.healed = False  # this step loaded the state from a peer
+        self.rank: int | None = None  # this group's rank in the current step's quorum
+        self._store = None
+        host = env.get(launch.ENV_REPLICA_HOST) or socket.gethostname()
+        if dist.is_initialized():
+            # Peers reach this node's store (the quorum's primary hands its address out) at the node's own address:
+            # torchrun --standalone's MASTER_ADDR may be a name only this machine resolves; the store listens on all.
+            store_addr = env.get(launch.ENV_REPLICA_HOST) or env["MASTER_ADDR"]
+            store_port = int(env["MASTER_PORT"])
+        else:  # one process without a process group: a store of its own for the Manager
+            self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+            store_addr, store_port = "127.0.0.1", self._store.port
+        timeout = timedelta(seconds=int(env["TORCHFT_TIMEOUT_SEC"])) if env.get("TORCHFT_TIMEOUT_SEC") \
+            else collective_timeout(env)
+        self.manager = Manager(
+            pg=ProcessGroupGloo(timeout=timeout), load_state_dict=None, state_dict=None,
+            min_replica_size=1, use_async_quorum=True, init_sync=False,
+            timeout=timeout, quorum_timeout=QUORUM_TIMEOUT, connect_timeout=CONNECT_TIMEOUT,
+            rank=self.node_rank, world_size=self.node_size, store_addr=store_addr, store_port=store_port,
+            lighthouse_addr=env.get(launch.ENV_COORDINATOR), hostname=host,
+            replica_id=env.get(launch.ENV_REPLICA_ID) or socket.gethostname(),
+            checkpoint_transport=PeerTransport(host), quorum_retries=QUORUM_RETRIES)
+        self.manager.register_state_dict_fn(STATE_KEY, self._load, self._state_dict)
+        self.manager.load_state_dict({"step": step, "batches_committed": 0})
+        self._in_hook = False
+        self._hook = self.optimizer.register_step_pre_hook(self._before_optimizer_step)
+        self.left = False
+
+    # -- the step ---------------------------------------------------------------------------
+    def begin_step(self, last_step: int) -> Quorum:
+        """At a step boundary, before the batch is fetched: this step's quorum (a newcomer has the state after it).
+
+        If no quorum can be had (the coordinator gone past the timeout, this group's manager failed), the worker
+        stops (TrainingStopped): torchrun restarts it and it resumes from its node's memory, a peer or blob.
+        """
+        self.committed, self.healed = None, False
+        try:
+            self.manager.start_quorum()
+            rank = self.manager.participating_rank()  # waits for the quorum (and a newcomer's transfer)
+            participants = self.manager.num_participants()
+        except Exception as ex:  # pylint: disable=broad-exception-caught  # any failure: the restart path
+            log.error("no quorum for the step after %d: %s; restarting this worker", last_step, ex)
+            self.close()
+            raise TrainingStopped(last_step, f"in-process recovery: no quorum ({ex})") from ex
+        self.rank = rank
+        return Quorum(self.manager.current_step(), participants, rank)
+
+    def end_step(self) -> bool:
+        """After the step's body: whether it is committed (asks the quorum if the optimizer hook did not)."""
+        if self.committed is None:
+            self.committed = self._should_commit()
+        return self.committed
+
+    def _should_commit(self) -> bool:
+        try:
+            return bool(self.manager.should_commit())
+        except Exception as ex:  # pylint: disable=broad-exception-caught
+            log.error("the step's commit could not be agreed: %s; restarting this worker", ex)
+            self.close()
+            raise TrainingStopped(self.manager.current_step(), f"in-process recovery: no commit ({ex})") from ex
+
+    def _before_optimizer_step(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
+        """Average the gradients across the replicas, then step only if the quorum commits the step."""
+        if self._in_hook or self.committed is not None:  # a re-entry (a healing load), or a second step()
+            return None
+        self._in_hook = True
+        try:
+            params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+            average_across_replicas(params, self.manager.allreduce)
+            self.committed = self._should_commit()
+            if not self.committed:
+                discard_step(optimizer)
+        finally:
+            self._in_hook = False
+        return None
+
+    # -- state transfer (runtime/peer_transfer.py) ---------------------------------------------
+    def _state_dict(self) -> dict[str, Any]:
+        flat = entries.tree(self.state).flat
+        return {"flat": flat, "rng": capture_rng()}
+
+    def _load(self, payload: dict[str, Any]) -> None:
+        """A live peer's state into this replica's (in the optimizer's pre-hook: the gradients stay)."""
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        grads = [p.grad for p in params]
+        for p in params:  # a fresh optimizer's state is initialised without gradients (runtime/state.py)
+            p.grad = None
+        for sampler in samplers_in(self.state):  # mid-step: its drawn batch is dropped, the peer's position comes
+            sampler.reshard(sampler.num_replicas, sampler.rank)
+        self._in_hook = True
+        try:
+            tree = entries.tree(self.state)
+            missing = set(tree.flat) - set(payload["flat"])
+            if missing:
+                raise RuntimeError(f"the peer's state lacks {sorted(missing)[:5]}: the replicas run other scripts")
+            tree.apply({key: payload["flat"][key] for key in tree.flat})
+            restore_rng(payload["rng"])
+        finally:
+            self._in_hook = False
+            for p, g in zip(params, grads):
+                p.grad = g
+        self.healed = True
+
+    # -- leaving -------------------------------------------------------------------------------
+    def is_writer(self) -> bool:
+        """This group writes the job's blob checkpoints: the lowest rank of the quorum."""
+        return self.manager.participating_rank() == 0
+
+    def participants(self) -> int:
+        return self.manager.num_participants()
+
+    def close(self) -> None:
+        """Leave the quorum (the coordinator drops this group once its heartbeats stop). Idempotent."""
+        if self.left:
+            return
+        self.left = True
+        self._hook.remove()
+        try:
+            self.manager.shutdown(wait=False)
+        except Exception as ex:  # pylint: disable=broad-exception-caught  # leaving must not fail the exit
+            log.warning("leaving the quorum: %s", ex)
+
+
+def average_across_replicas(params: list[torch.Tensor], allreduce: Any) -> None:
+    """Every parameter's gradient averaged across the replicas in one collective, in the optimizer's order.
+
+    A parameter without a gradient counts as zeros, so every replica sends the same layout; after it every
+    parameter has the averaged gradient. ``allreduce``: torchft's (averages over the participants; a healing
+    replica sends zeros; an error is recorded and fails the commit).
+    """
+    if not params:
+        return
+    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+    allreduce(flat).wait()
+    offset = 0
+    for p in params:
+        size = p.numel()
+        p.grad = flat[offset:offset + size].view_as(p).clone()
+        offset += size
+
+
+def discard_step(optimizer: torch.optim.Optimizer) -> None:
+    """Make the optimizer's coming step a no-op: torch's optimizers skip every parameter whose grad is None."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            p.grad = None
+
+
+def _the_optimizer(state: dict[str, Any]) -> torch.optim.Optimizer:
+    """The state's one optimizer, with its model a DDP: what the in-process mode adapts (see the docstring)."""
+    found: list[Any] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, torch.optim.Optimizer):
+            found.append(value)
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                walk(item)
+        elif hasattr(value, "optimizer") and isinstance(getattr(value, "optimizer"), torch.optim.Optimizer):
+            found.append(value.optimizer)
+
+    walk(state)
+    if len(found) != 1:
+        raise ValueError(
+            f"in-process recovery needs exactly one optimizer in the state, found {len(found)}: its step is where "
+            "the replicas average gradients and commit; put the optimizer in the state, or use --recovery restart")
+    modules = [m for m in modules_in(state) if any(p.requires_grad for p in m.parameters())]
+    plain = [m for m in modules if not isinstance(m, torch.nn.parallel.DistributedDataParallel)]
+    if plain and dist.is_initialized() and dist.get_world_size() > 1:
+        raise ValueError(
+            f"in-process recovery: the model ({type(plain[0]).__name__}) is not a DistributedDataParallel, so the "
+            "workers of a node would train unsynchronised copies; wrap it: "
+            "model = torch.nn.parallel.DistributedDataParallel(model)")
+    return found[0]

@@ -1,0 +1,418 @@
+"""The in-process recovery mode with real processes on loopback: a coordinator (torchft's Lighthouse) in the test,
+replica processes running the README's loop (tests/support/replica_worker.py), real Azurite for the blob tier.
+
+What every test checks on the survivors' own records: their pids never change, the committed steps go on without a
+gap, and each epoch's samples are trained exactly once (the committed slices of each step join into its global
+batch, whatever the world was at that step).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+from azext_elastictrain.core import launch
+from tests.support import services as svc
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+REPO = Path(__file__).resolve().parents[2]
+SIZE, BATCH = 240, 12  # 20 global batches an epoch
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Replica:
+    """One node (a single worker) of the job and the JSON lines it printed, read as they come."""
+
+    def __init__(self, name: str, env: dict[str, str], log_dir: Path):
+        self.name = name
+        self.records: list[dict] = []
+        self.final: dict | None = None
+        self._log = open(log_dir / f"{name}.log", "ab")  # pylint: disable=consider-using-with
+        port = free_port()
+        self.proc = subprocess.Popen(  # pylint: disable=consider-using-with
+            [sys.executable, "-m", "tests.support.replica_worker"], cwd=REPO, stdout=subprocess.PIPE,
+            stderr=self._log,
+            env={**env, "ELASTICTRAIN_REPLICA_ID": name, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                 "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"})
+        self.pid = self.proc.pid
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if "final" in record:
+                self.final = record
+            else:
+                self.records.append(record)
+
+    def last_step(self) -> int:
+        return max((r["step"] for r in self.records), default=0)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=30)
+        self.proc.stdout.close()
+        self._log.close()
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = predicate()
+        if found:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+class Coordinator:
+    """The job's coordinator as its own process (runtime/coordinator.py, job run's settings), so a test can kill
+    and restart it."""
+
+    def __init__(self, log_dir: Path):
+        self.port, self.log_dir, self.proc = free_port(), log_dir, None
+        self.address = f"http://127.0.0.1:{self.port}"
+        self.start()
+
+    def start(self) -> None:
+        with open(self.log_dir / "coordinator.log", "ab") as log:
+            self.proc = subprocess.Popen(  # pylint: disable=consider-using-with
+                [sys.executable, "-m", launch.COORDINATOR_MODULE, "--bind", f"127.0.0.1:{self.port}",
+                 "--min-replicas", "1"], cwd=REPO, stdout=log, stderr=log)
+        wait_for(lambda: self._listening(), 30, "the coordinator's port")
+
+    def _listening(self) -> bool:
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", self.port)) == 0
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def job(azurite: svc.AzuriteService, container_url: str, tmp_path: Path):
+    """Starts replicas of one job against a coordinator of its own; stops everything afterwards."""
+    coordinator = Coordinator(tmp_path)
+    started: list[Replica] = []
+    base = {k: v for k, v in os.environ.items() if not k.startswith("ELASTICTRAIN_")}
+    env = {**base, "ELASTICTRAIN_RECOVERY": "in-process", "TORCHFT_LIGHTHOUSE": coordinator.address,
+           "ELASTICTRAIN_REPLICA_HOST": "127.0.0.1", "ELASTICTRAIN_SCHEDULED_EVENTS_URL": "off",
+           "ELASTICTRAIN_MEMORY_RESCUE": "off", "ELASTICTRAIN_WARM_START": "off",
+           "ELASTICTRAIN_CHECKPOINT_URL": f"{container_url}/job-{uuid.uuid4().hex[:6]}",
+           "AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(REPO)}
+
+    class Job:
+        prefix = env["ELASTICTRAIN_CHECKPOINT_URL"].rsplit("/", 1)[1]
+        url = env["ELASTICTRAIN_CHECKPOINT_URL"]
+
+        def __init__(self) -> None:
+            self.coordinator = coordinator
+
+        def start(self, name: str, **extra: str) -> Replica:
+            replica = Replica(name, {**env, **extra}, tmp_path)
+            started.append(replica)
+            return replica
+
+    try:
+        yield Job()
+    finally:
+        for replica in started:
+            replica.stop()
+        coordinator.kill()
+
+
+def order(epoch: int) -> list[int]:
+    return torch.randperm(SIZE, generator=torch.Generator().manual_seed(epoch)).tolist()
+
+
+def trained(replica: Replica, step: int) -> dict | None:
+    """The replica's record of the last time it trained ``step`` (None: it did not, or only took the state)."""
+    mine = [r for r in replica.records if r["step"] == step]
+    return mine[-1] if mine and mine[-1]["replica_rank"] is not None else None
+
+
+def committed_slices(replicas: list[Replica], survivors: list[Replica]) -> dict[int, list[dict]]:
+    """Per step the survivors ended at, the records of the slices trained in it. A replica trains a step's next
+    one only once the step is committed, so a record followed by a later step's is committed; the step's layout
+    is theirs, and every replica's last record of the step at that layout took part (all of them or none: the
+    step's collective needs every participant)."""
+    steps: dict[int, list[dict]] = {}
+    for step in range(1, min(s.last_step() for s in survivors) + 1):
+        done = {r.name: rec["ranks"] for r in replicas
+                if (rec := trained(r, step)) is not None and (r.last_step() > step or r.final is not None)}
+        assert done, f"step {step}: no replica shows it committed"
+        assert len(set(done.values())) == 1, f"step {step}: committed at several layouts {done}"
+        ranks = next(iter(done.values()))
+        steps[step] = [rec for r in replicas if (rec := trained(r, step)) is not None and rec["ranks"] == ranks]
+    return steps
+
+
+def assert_exactly_once(replicas: list[Replica], survivors: list[Replica]) -> None:
+    for step, records in committed_slices(replicas, survivors).items():
+        epoch, index = divmod(step - 1, SIZE // BATCH)
+        expected = order(epoch)[index * BATCH:(index + 1) * BATCH]
+        trained = sorted(i for rec in records for i in rec["ids"])
+        assert trained == sorted(expected), f"step {step}: trained {trained}, the global batch is {sorted(expected)}"
+        assert sorted(rec["rank"] for rec in records) == list(range(records[0]["ranks"])), (step, records)
+
+
+def assert_same_pids(survivors: list[Replica]) -> None:
+    for s in survivors:
+        assert {r["pid"] for r in s.records} == {s.pid}, f"{s.name} restarted its worker"
+
+
+def test_replicas_train_every_sample_once_and_end_identical(job) -> None:
+    replicas = [job.start(f"node-{i}") for i in range(2)]
+    for r in replicas:
+        assert r.proc.wait(timeout=240) == 0, f"{r.name} failed: see its log"
+    assert_same_pids(replicas)
+    assert_exactly_once(replicas, replicas)
+    assert replicas[0].final["final"] == replicas[1].final["final"]
+    assert replicas[0].final["step"] == replicas[1].final["step"] == 2 * SIZE // BATCH
+    # The same global batches at one node: the same maths (a mean of equal slices' means is the batch's mean),
+    # equal up to the order floats are summed in.
+    alone = job.start("alone", ELASTICTRAIN_CHECKPOINT_URL=job.url + "-alone")
+    assert alone.proc.wait(timeout=240) == 0
+    assert torch.allclose(torch.tensor(alone.final["final"]), torch.tensor(replicas[0].final["final"]), atol=1e-5)
+    assert {r["ranks"] for r in alone.records} == {1}
+
+
+def durable_steps(azurite: svc.AzuriteService, container_url: str, prefix: str) -> list[int]:
+    """The steps whose checkpoint is committed in blob (its manifest.json written)."""
+    client = azurite.blob_service_client().get_container_client(container_url.rsplit("/", 1)[1])
+    try:
+        return sorted(int(b.name.split("/")[2]) for b in client.list_blobs(name_starts_with=f"{prefix}/checkpoints/")
+                      if b.name.endswith("/manifest.json"))
+    finally:
+        client.close()
+
+
+def test_killed_replica_survivors_go_on_and_newcomer_heals(job, azurite, container_url) -> None:
+    """The newcomer restores blob's older checkpoint first (a stale copy), then heals from a live peer."""
+    every = {"REPLICA_EPOCHS": "12", "ELASTICTRAIN_CHECKPOINT_INTERVAL_STEPS": "10"}
+    replicas = [job.start(f"node-{i}", **every) for i in range(3)]
+    wait_for(lambda: all(r.last_step() >= 5 for r in replicas), 120, "every replica at step 5")
+    victim, survivors = replicas[-1], replicas[:-1]
+    victim.proc.send_signal(signal.SIGKILL)
+    killed_at = max(r.last_step() for r in survivors)
+    wait_for(lambda: all(r.last_step() >= killed_at + 5 for r in survivors), 120, "the survivors 5 steps on")
+    wait_for(lambda: durable_steps(azurite, container_url, job.prefix), 60, "an interval checkpoint in blob")
+    newcomer = job.start("node-new", **every)
+    wait_for(lambda: newcomer.records and newcomer.records[-1]["ranks"] == 3, 120, "the newcomer admitted")
+    everyone = survivors + [newcomer]
+    for r in everyone:
+        assert r.proc.wait(timeout=240) == 0, f"{r.name} failed: see its log"
+    assert_same_pids(everyone)
+    assert_exactly_once(replicas + [newcomer], survivors)
+    finals = {json.dumps(r.final["final"]) for r in everyone}
+    assert len(finals) == 1, "the replicas ended with different models"
+    assert newcomer.records[0]["step"] > killed_at, "the newcomer started from its peers' step, not from 0"
+    durable = durable_steps(azurite, container_url, job.prefix)
+    assert durable[-1] == newcomer.final["step"], durable  # the writer group's final checkpoint
+    assert all(step % 10 == 0 for step in durable[:-1]), durable  # one writer: the interval's steps, once each
+
+
+def test_two_replicas_lost_at_once(job) -> None:
+    replicas = [job.start(f"node-{i}", REPLICA_EPOCHS="12") for i in range(4)]
+    wait_for(lambda: all(r.last_step() >= 5 for r in replicas), 120, "every replica at step 5")
+    survivors = replicas[:2]
+    for victim in replicas[2:]:
+        victim.proc.send_signal(signal.SIGKILL)
+    for r in survivors:
+        assert r.proc.wait(timeout=240) == 0, f"{r.name} failed: see its log"
+    assert_same_pids(survivors)
+    assert_exactly_once(replicas, survivors)
+    assert survivors[0].final["final"] == survivors[1].final["final"]
+    assert survivors[0].records[-1]["ranks"] == 2
+
+
+def test_notice_is_a_planned_departure_the_others_do_not_stop(job) -> None:
+    """A Scheduled Events Preempt on one node: it leaves the quorum at a step boundary, acknowledges the event and
+    ends (exit 143, as a stop); the others train on, and no committed step of theirs is discarded."""
+    from azext_elastictrain.backends.local.scheduled_events import ScheduledEventsServer
+
+    with ScheduledEventsServer() as imds:
+        leaving = {"ELASTICTRAIN_SCHEDULED_EVENTS_URL": imds.url, "ELASTICTRAIN_VM_NAME": "vm-2",
+                   "ELASTICTRAIN_PREEMPTION_POLL_SECONDS": "0.2", "ELASTICTRAIN_PREEMPTION_HOLD_SECONDS": "1"}
+        replicas = [job.start(f"node-{i}", REPLICA_EPOCHS="12") for i in range(2)]
+        replicas.append(job.start("node-2", REPLICA_EPOCHS="12", **leaving))
+        wait_for(lambda: all(r.records and r.records[-1]["ranks"] == 3 for r in replicas), 120, "3 replicas")
+        event = imds.post_event(["vm-2"], "Preempt", notice_seconds=30)
+        assert imds.wait_acknowledged(event, timeout=60), "the leaving node never acknowledged the notice"
+        victim, survivors = replicas[-1], replicas[:-1]
+        assert victim.proc.wait(timeout=60) == 143
+        left_at = victim.last_step()
+        for r in survivors:
+            assert r.proc.wait(timeout=240) == 0, f"{r.name} failed: see its log"
+    assert_same_pids(survivors)
+    assert_exactly_once(replicas, survivors)
+    for r in survivors:  # a planned departure discards no step: each step was trained once
+        steps = [rec["step"] for rec in r.records]
+        assert steps == sorted(set(steps)), f"{r.name} trained a step twice around the departure"
+    assert survivors[0].records[-1]["ranks"] == 2 and left_at < survivors[0].final["step"]
+
+
+def test_frozen_replica_is_dropped_and_the_others_go_on(job) -> None:
+    replicas = [job.start(f"node-{i}", REPLICA_EPOCHS="12") for i in range(3)]
+    wait_for(lambda: all(r.last_step() >= 5 for r in replicas), 120, "every replica at step 5")
+    victim, survivors = replicas[-1], replicas[:-1]
+    victim.proc.send_signal(signal.SIGSTOP)
+    frozen_at = max(r.last_step() for r in survivors)
+    wait_for(lambda: all(r.last_step() >= frozen_at + 5 and r.records[-1]["ranks"] == 2 for r in survivors), 120,
+             "the survivors 5 steps on without the frozen one")
+    victim.proc.send_signal(signal.SIGKILL)
+    for r in survivors:
+        assert r.proc.wait(timeout=240) == 0, f"{r.name} failed: see its log"
+    assert_same_pids(survivors)
+    assert_exactly_once(replicas, survivors)
+    assert survivors[0].final["final"] == survivors[1].final["final"]
+
+
+def test_coordinator_restart_never_trains_on_a_wrong_state(job) -> None:
+    """The coordinator is killed and comes back on the same address 2 s later: the replicas go on in place (the
+    quorum request is retried), every committed step trained exactly once, the same model on both. (The new
+    coordinator counts quorums from the start again, so the first re-form may wait out the collective timeout on
+    the old quorum's store keys: that step is discarded.)"""
+    replicas = [job.start(f"node-{i}", REPLICA_EPOCHS="12") for i in range(2)]
+    wait_for(lambda: all(r.records and r.records[-1]["ranks"] == 2 for r in replicas), 120, "2 replicas")
+    job.coordinator.kill()
+    time.sleep(2)
+    job.coordinator.start()
+    codes = [r.proc.wait(timeout=240) for r in replicas]
+    assert codes == [0, 0], codes
+    assert_same_pids(replicas)
+    assert_exactly_once(replicas, replicas)
+    assert replicas[0].final["final"] == replicas[1].final["final"]
+
+
+def test_coordinator_gone_past_the_timeout_stops_with_the_retryable_code(job) -> None:
+    """No quorum past the quorum timeout and its retries (torchft's TORCHFT_QUORUM_TIMEOUT_SEC, _RETRIES): it does not
+    train on alone from a state it cannot agree; it stops with TrainingStopped's code, which torchrun restarts."""
+    bounded = {"TORCHFT_QUORUM_TIMEOUT_SEC": "3", "TORCHFT_QUORUM_RETRIES": "1"}
+    replicas = [job.start(f"node-{i}", REPLICA_EPOCHS="12", **bounded) for i in range(2)]
+    wait_for(lambda: all(r.records and r.records[-1]["ranks"] == 2 for r in replicas), 120, "2 replicas")
+    job.coordinator.kill()
+    stopped = max(r.last_step() for r in replicas)
+    codes = [r.proc.wait(timeout=120) for r in replicas]
+    assert codes == [143, 143], codes
+    assert_same_pids(replicas)
+    assert all(r.last_step() <= stopped + 1 for r in replicas), "trained on without a quorum"
+
+
+def test_communicator_error_mid_collective_discards_the_step_and_trains_it_again(job) -> None:
+    """A peer gone in the middle of a step (after its forward and backward, before the gradient collective): the
+    survivors' collective fails, the step is discarded (no optimizer update from a partial average) and trained
+    again by the new world, its global batch whole."""
+    replicas = [job.start(f"node-{i}", REPLICA_EPOCHS="12") for i in range(2)]
+    replicas.append(job.start("node-2", REPLICA_EPOCHS="12", REPLICA_DIE_AT_STEP="30"))
+    assert replicas[-1].proc.wait(timeout=180) == 9
+    survivors = replicas[:2]
+    for r in survivors:
+        assert r.proc.wait(timeout=240) == 0, f"{r.name} failed: see its log"
+    for r in survivors:
+        at_30 = [rec["ranks"] for rec in r.records if rec["step"] == 30]
+        assert at_30[0] == 3 and at_30[-1] == 2 and len(at_30) >= 2, f"{r.name} at step 30: {at_30}"
+    assert_same_pids(survivors)
+    assert_exactly_once(replicas, survivors)
+    assert survivors[0].final["final"] == survivors[1].final["final"]
+
+
+def test_peer_dies_mid_state_transfer_the_newcomer_heals_from_another(job, tmp_path) -> None:
+    """The peer a newcomer fetches the state from is killed while it serves it (a 256 MiB state): the newcomer's
+    step is discarded and it heals at a later quorum from the other live peer, to the same model."""
+    big = {"REPLICA_EPOCHS": "40", "REPLICA_PAD_MB": "256"}
+    replicas = [job.start(f"node-{i}", **big) for i in range(2)]
+    wait_for(lambda: all(r.records and r.records[-1]["ranks"] == 2 for r in replicas), 120, "2 replicas")
+    newcomer = job.start("node-new", **big)
+    log = tmp_path / "node-new.log"
+
+    def source() -> str | None:
+        for line in log.read_text(errors="replace").splitlines():
+            if "healing is required" in line and "recover_src_replica_rank=" in line:
+                return line.split("recover_src_replica_rank=")[1].split()[0].strip(",")
+        return None
+
+    rank = int(wait_for(source, 120, "the newcomer fetching the state"))
+    victim = sorted(replicas, key=lambda r: r.name)[rank]  # the quorum ranks replicas by id
+    victim.proc.send_signal(signal.SIGKILL)
+    survivor = next(r for r in replicas if r is not victim)
+    wait_for(lambda: newcomer.records and newcomer.records[-1]["ranks"] == 2
+             and newcomer.records[-1]["replica_rank"] is not None, 180, "the newcomer admitted")
+    for r in (survivor, newcomer):
+        assert r.proc.wait(timeout=400) == 0, f"{r.name} failed: see its log"
+    assert_same_pids([survivor, newcomer])
+    assert_exactly_once(replicas + [newcomer], [survivor, newcomer])
+    assert survivor.final["final"] == newcomer.final["final"]
+    assert "got exception in recovery" in log.read_text(errors="replace"), "the kill came after the transfer"
+
+
+def test_steps_loop_alone_in_this_process(azurite, container_url, monkeypatch, tmp_path) -> None:
+    """``ckpt.steps()`` in the in-process mode, one replica without a process group (the runtime makes the store
+    torchft needs): every step trained once, committed, the job finished and its final checkpoint written."""
+    from azext_elastictrain.core.blobstore import BlobStore
+    from azext_elastictrain.runtime import Checkpointer
+
+    coordinator = Coordinator(tmp_path)
+    monkeypatch.setenv("ELASTICTRAIN_RECOVERY", "in-process")
+    monkeypatch.setenv("TORCHFT_LIGHTHOUSE", coordinator.address)
+    monkeypatch.setenv("ELASTICTRAIN_REPLICA_HOST", "127.0.0.1")
+    monkeypatch.setenv("ELASTICTRAIN_MEMORY_RESCUE", "off")
+    store = BlobStore.from_url(f"{container_url}/steps-{uuid.uuid4().hex[:6]}",
+                               connection_string=azurite.connection_string)
+    try:
+        model = torch.nn.Linear(4, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        state = {"model": model, "optimizer": optimizer}
+        ckpt = Checkpointer(store, watcher=None, memory_rescue=False)
+        seen = []
+        for step in ckpt.steps(state, total=5):
+            seen.append(step)
+            optimizer.zero_grad()
+            model(torch.randn(3, 4)).sum().backward()
+            optimizer.step()
+        assert seen == [1, 2, 3, 4, 5]
+        assert ckpt.finished and ckpt.last_saved_step == 5
+    finally:
+        store.close()
+        coordinator.kill()
+
+
+def test_notice_on_the_last_node_saves_its_step_to_blob_before_it_goes(job, azurite, container_url) -> None:
+    """No peer holds the step: the leaving node saves it durably before it acknowledges the notice."""
+    from azext_elastictrain.backends.local.scheduled_events import ScheduledEventsServer
+
+    with ScheduledEventsServer() as imds:
+        only = job.start("node-0", REPLICA_EPOCHS="12", ELASTICTRAIN_SCHEDULED_EVENTS_URL=imds.url,
+                         ELASTICTRAIN_VM_NAME="vm-0", ELASTICTRAIN_PREEMPTION_POLL_SECONDS="0.2",
+                         ELASTICTRAIN_PREEMPTION_HOLD_SECONDS="1")
+        wait_for(lambda: only.last_step() >= 5, 120, "step 5")
+        event = imds.post_event(["vm-0"], "Preempt", notice_seconds=30)
+        assert imds.wait_acknowledged(event, timeout=60), "the node never acknowledged the notice"
+        acknowledged = time.time()
+        assert only.proc.wait(timeout=60) == 143
+    durable = durable_steps(azurite, container_url, job.prefix)
+    assert durable and durable[-1] == only.last_step(), (durable, only.last_step())
+    assert all(r["time"] < acknowledged for r in only.records), "trained after acknowledging"

@@ -1,0 +1,67 @@
+"""A node of an in-process recovery job for the tests: the README's loop over a dataset whose samples are their ids.
+
+Run as ``python -m tests.support.replica_worker`` with the job's environment (ELASTICTRAIN_RECOVERY=in-process,
+TORCHFT_LIGHTHOUSE, ELASTICTRAIN_REPLICA_ID, the checkpoint URL, MASTER_ADDR/PORT, RANK/WORLD_SIZE of the node).
+Each step prints one JSON line before its body's optimizer step: the step, the sample ids of this worker's slice,
+its layout (ranks, rank), the sampler's position and the pid; the test reads them to check exactly-once data.
+After the loop it prints the final parameters. ``REPLICA_STEP_SECONDS``: compute slept per step.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from azext_elastictrain.runtime import Checkpointer, ElasticSampler
+
+SIZE, BATCH = int(os.environ.get("REPLICA_SAMPLES", "240")), 12
+
+
+class Ids(Dataset):
+    def __len__(self) -> int:
+        return SIZE
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        generator = torch.Generator().manual_seed(index)
+        return torch.randn(8, generator=generator), index
+
+
+def main() -> int:
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    data = Ids()
+    sampler = ElasticSampler(data, global_batch_size=BATCH, seed=0)
+    loader = DataLoader(data, batch_sampler=sampler, num_workers=int(os.environ.get("REPLICA_LOADER_WORKERS", "0")))
+    model = nn.parallel.DistributedDataParallel(nn.Linear(8, 4))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    state = {"model": model, "optimizer": optimizer, "data": sampler}
+    pause = float(os.environ.get("REPLICA_STEP_SECONDS", "0.05"))
+    die_at = int(os.environ.get("REPLICA_DIE_AT_STEP", "0"))  # gone mid-step: its peers' collective fails
+    if os.environ.get("REPLICA_PAD_MB"):  # a large state, so that a transfer to a newcomer takes a while
+        state["pad"] = torch.zeros(int(os.environ["REPLICA_PAD_MB"]) * 2**18)
+    ckpt = Checkpointer.from_env()
+    for step, (x, ids) in ckpt.batches(state, loader, epochs=int(os.environ.get("REPLICA_EPOCHS", "2"))):
+        loss = model(x).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        time.sleep(pause)
+        print(json.dumps({"step": step, "ids": ids.tolist(), "ranks": sampler.num_replicas, "rank": sampler.rank,
+                          "replica_rank": ckpt.replica_rank,
+                          "epoch": sampler.epoch, "consumed": sampler.consumed, "pid": os.getpid(),
+                          "time": time.time()}), flush=True)
+        if step == die_at:
+            os._exit(9)
+        optimizer.step()
+    params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    print(json.dumps({"final": params.tolist(), "step": ckpt.last_step, "pid": os.getpid()}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""The pure parts of the in-process recovery mode: the sampler's slice per quorum, the discarded optimizer step,
+the cross-replica average, and the peer transfer's format (nothing but tensors and plain values is ever loaded)."""
+from __future__ import annotations
+
+import io
+import pickle
+from datetime import timedelta
+
+import pytest
+import torch
+
+from azext_elastictrain.runtime.data import ElasticSampler
+from azext_elastictrain.runtime.replica_data import ReplicaBatches, layout, skip_one
+from azext_elastictrain.runtime.replicas import Quorum, average_across_replicas, discard_step
+
+SIZE, BATCH = 48, 12
+
+
+class Ids(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return SIZE
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+def test_slice_follows_the_quorum_and_every_sample_is_trained_once() -> None:
+    """3 replicas, then 2 (one lost), then 4 (two admitted): each step's slices join into its global batch."""
+    samplers = [ElasticSampler(Ids(), BATCH, num_replicas=1, rank=0, seed=3) for _ in range(4)]
+    loaders = [ReplicaBatches(s, s, epochs=2, node_rank=0, node_size=1) for s in samplers]
+    order = samplers[0].order(0)
+    worlds = [3, 3, 2, 4]  # participants at steps 1..4 (one epoch of 4 global batches)
+    for step, size in enumerate(worlds):
+        trained = []
+        for rank in range(size):
+            trained += loaders[rank].next(Quorum(step, size, rank))
+        assert sorted(trained) == sorted(order[step * BATCH:(step + 1) * BATCH])
+        for rank in range(4):
+            if rank < size:
+                loaders[rank].trained(healed=False)
+            else:  # not in this quorum: its position comes from a peer when it is admitted
+                samplers[rank].load_state_dict(samplers[0].state_dict())
+
+
+def test_a_discarded_step_trains_the_same_global_batch_again_at_the_new_layout() -> None:
+    sampler = ElasticSampler(Ids(), BATCH, num_replicas=1, rank=0, seed=1)
+    batches = ReplicaBatches(sampler, sampler, epochs=1, node_rank=0, node_size=1)
+    first = batches.next(Quorum(0, 2, 0))
+    batches.discarded()  # a peer died mid-step
+    again = batches.next(Quorum(0, 1, 0))
+    assert set(first) < set(again) and len(again) == BATCH
+    assert sampler.consumed == 0
+
+
+def test_a_healing_replica_moves_on_from_the_peers_position() -> None:
+    peer = ElasticSampler(Ids(), BATCH, num_replicas=1, rank=0, seed=0)
+    peer.consumed = 2 * BATCH
+    newcomer = ElasticSampler(Ids(), BATCH, num_replicas=1, rank=0, seed=0)
+    newcomer.load_state_dict(peer.state_dict())
+    skip_one(newcomer)
+    assert newcomer.consumed == 3 * BATCH
+
+
+def test_layout_counts_the_node_workers() -> None:
+    assert layout(Quorum(5, 3, 2), node_rank=1, node_size=2) == (6, 5)
+    assert layout(Quorum(5, 3, None), node_rank=1, node_size=2) == (6, 1)
+
+
+def test_reshard_refuses_a_world_the_global_batch_does_not_divide() -> None:
+    sampler = ElasticSampler(Ids(), BATCH, num_replicas=1, rank=0)
+    with pytest.raises(ValueError, match="not divisible by the world size 5"):
+        sampler.reshard(5, 0)
+
+
+@pytest.mark.parametrize("make", [
+    lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=0.1),
+    lambda p: torch.optim.Adam(p, lr=0.1, weight_decay=0.1),
+    lambda p: torch.optim.AdamW(p, lr=0.1, weight_decay=0.1),
+], ids=["SGD", "Adam", "AdamW"])
+def test_a_discarded_step_changes_neither_the_model_nor_the_optimizer(make) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    optimizer = make(model.parameters())
+    model(torch.randn(2, 4)).sum().backward()
+    optimizer.step()  # moments and step counts exist
+    before_params = [p.detach().clone() for p in model.parameters()]
+    before_state = pickle.dumps(optimizer.state_dict())
+    model(torch.randn(2, 4)).sum().backward()
+    discard_step(optimizer)
+    optimizer.step()
+    assert all(torch.equal(a, p) for a, p in zip(before_params, model.parameters()))
+    assert pickle.dumps(optimizer.state_dict()) == before_state
+
+
+def test_gradients_are_averaged_across_replicas_in_the_optimizer_order() -> None:
+    params = [torch.nn.Parameter(torch.ones(2, 2)), torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(1))]
+    params[0].grad = torch.full((2, 2), 2.0)
+    params[1].grad = torch.arange(3.0)
+    # params[2] has no gradient: it counts as zeros, so every replica sends the same layout
+
+    class Done:
+        def wait(self) -> None:
+            pass
+
+    def allreduce(flat: torch.Tensor) -> Done:  # another replica sent all ones: the average of the two
+        flat.add_(1).div_(2)
+        return Done()
+
+    average_across_replicas(params, allreduce)
+    assert torch.equal(params[0].grad, torch.full((2, 2), 1.5))
+    assert torch.equal(params[1].grad, torch.tensor([0.5, 1.0, 1.5]))
+    assert torch.equal(params[2].grad, torch.tensor([0.5]))
+
+
+class Evil:
+    def __reduce__(self):
+        return (print, ("code ran in the receiver",))
+
+
+def test_peer_transfer_round_trips_state_and_refuses_arbitrary_objects() -> None:
+    pytest.importorskip("torchft")
+    from azext_elastictrain.runtime.peer_transfer import PeerTransport
+
+    sender, receiver = PeerTransport("127.0.0.1", bind="127.0.0.1"), PeerTransport("127.0.0.1", bind="127.0.0.1")
+    try:
+        state = {"user": {"flat": {"model.weight": torch.ones(2), "data.epoch": 1, "opt.param_groups": [{"lr": 0.1}]}},
+                 "torchft": {"step": 7, "batches_committed": 7}}
+        sender.send_checkpoint([1], 7, state, timedelta(seconds=5))
+        got = receiver.recv_checkpoint(0, sender.metadata(), 7, timedelta(seconds=5))
+        assert torch.equal(got["user"]["flat"]["model.weight"], torch.ones(2))
+        assert got["user"]["flat"]["opt.param_groups"] == [{"lr": 0.1}] and got["torchft"]["step"] == 7
+        buffer = io.BytesIO()
+        torch.save({"x": Evil()}, buffer)
+        with pytest.raises(pickle.UnpicklingError):
+            torch.load(io.BytesIO(buffer.getvalue()), weights_only=True)  # what recv_checkpoint reads with
+        sender.send_checkpoint([1], 8, {"x": Evil()}, timedelta(seconds=5))
+        with pytest.raises(pickle.UnpicklingError):
+            receiver.recv_checkpoint(0, sender.metadata(), 8, timedelta(seconds=5))
+    finally:
+        sender.shutdown()
+        receiver.shutdown()
