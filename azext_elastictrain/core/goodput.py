@@ -43,14 +43,14 @@ from __future__ import annotations
 import json
 from bisect import bisect_left
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Any, Iterable
 
 from azext_elastictrain.core import events as job_events
 
 CAUSES = ("reforming", "restoring", "stepsLost", "scaleUps", "starting")
 
 
-def unique(events: Iterable[dict]) -> list[dict]:
+def unique(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """The events in time order, each once: an append retried after a lost reply writes a line twice."""
     seen, out = set(), []
     for e in events:
@@ -96,7 +96,7 @@ class Segment:
         return t0 + (t1 - t0) * (step - s0) / (s1 - s0)
 
 
-def _step_point(e: dict) -> tuple[int, float] | None:
+def _step_point(e: dict[str, Any]) -> tuple[int, float] | None:
     kind, step = e.get("event"), e.get("step")
     if not isinstance(step, int):
         return None
@@ -107,7 +107,7 @@ def _step_point(e: dict) -> tuple[int, float] | None:
     return None
 
 
-def segments(events: Iterable[dict]) -> list[Segment]:
+def segments(events: Iterable[dict[str, Any]]) -> list[Segment]:
     """The worlds of a run, in order (events of one run: see ``core.events.since``)."""
     found: list[Segment] = []
     last_started: float | None = None
@@ -117,7 +117,7 @@ def segments(events: Iterable[dict]) -> list[Segment]:
         if kind == job_events.STARTED:
             last_started = e["time"]
         elif kind == job_events.RESTORED:
-            step = e.get("step") if isinstance(e.get("step"), int) else 0
+            step = e["step"] if isinstance(e.get("step"), int) else 0
             found.append(Segment(started=last_started, restored=e["time"],
                                  world_size=int(e.get("world_size") or 1), first_step=step,
                                  points=[(step, e["time"])], source=e.get("source"),
@@ -143,7 +143,7 @@ def _kept_steps(worlds: list[Segment]) -> list[int]:
     return kept[::-1]
 
 
-def goodput(events: Iterable[dict]) -> dict | None:
+def goodput(events: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
     """``{"goodput", "usefulRankSeconds", "lostRankSeconds": {cause: s}, "stepsLost"}``; None before training."""
     worlds = segments(events)
     if not worlds:
@@ -174,7 +174,7 @@ def goodput(events: Iterable[dict]) -> dict | None:
             "stepsLost": steps_lost}
 
 
-def scale_ups(events: Iterable[dict]) -> list[dict]:
+def scale_ups(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per world that formed larger than the one before: when the node joined, the seconds to training at
     full size and of no training, the steps lost and where it restored from (module doc)."""
     ordered = unique(events)
@@ -207,7 +207,7 @@ def _first_completed(seg: Segment) -> tuple[int, float] | None:
     return (min(done)[1], min(done)[0]) if done else None
 
 
-def _outage_kind(before: Segment, seg: Segment, window: list[dict]) -> str:
+def _outage_kind(before: Segment, seg: Segment, window: list[dict[str, Any]]) -> str:
     if seg.world_size > before.world_size:
         return "scaleUp"
     # A notice the old world stopped at: every rank saves the step the notice came at and trains no further one.
@@ -219,15 +219,17 @@ def _outage_kind(before: Segment, seg: Segment, window: list[dict]) -> str:
     return "eviction" if seg.world_size < before.world_size else "restart"
 
 
-def outages(events: Iterable[dict]) -> list[dict]:
+def outages(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per re-form, in order: its kind (scaleUp, evictionWithNotice, eviction, restart), the old world's last
     completed step and its time, where the new world resumed, its first completed step and its time,
     ``outageSeconds`` between the two (None while the new world has not completed a step) and ``stepsLost``
     (module doc)."""
     ordered = unique(events)
     worlds = segments(ordered)
-    out = []
-    trained = worlds[0] if worlds else None  # the newest world that completed a step: training stopped there
+    out: list[dict[str, Any]] = []
+    if not worlds:
+        return out
+    trained = worlds[0]  # the newest world that completed a step: training stopped there
     for seg in worlds[1:]:
         # A world that re-formed again before its first step never trained: the outage runs on from the last
         # world that did (two re-forms seconds apart are one outage for the user), one entry per re-form still.
@@ -249,7 +251,7 @@ def outages(events: Iterable[dict]) -> list[dict]:
     return out
 
 
-def last_completed_step(events: Iterable[dict], after: float, before: float) -> int | None:
+def last_completed_step(events: Iterable[dict[str, Any]], after: float, before: float) -> int | None:
     """The newest step a world completed, as its survivors recorded it when it broke in ``(after, before]``."""
     steps = [e["step"] for e in unique(events) if e.get("event") == job_events.INTERRUPTED
              and isinstance(e.get("step"), int) and after < e["time"] <= before]
