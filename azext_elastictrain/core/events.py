@@ -43,7 +43,7 @@ STOPPED = "Stopped"
 STATES = (RUNNING, SUCCEEDED, FAILED, STOPPED)
 
 
-def read_events(store: Any, job_prefix: str) -> list[dict]:
+def read_events(store: Any, job_prefix: str) -> list[dict[str, Any]]:
     """All events of a job, in append order; unreadable lines are skipped."""
     from azext_elastictrain.core.blobstore import NotFound
 
@@ -54,7 +54,7 @@ def read_events(store: Any, job_prefix: str) -> list[dict]:
     return parse_events(data)
 
 
-def parse_events(data: bytes) -> list[dict]:
+def parse_events(data: bytes) -> list[dict[str, Any]]:
     events = []
     for line in data.splitlines():
         try:
@@ -66,13 +66,13 @@ def parse_events(data: bytes) -> list[dict]:
     return events
 
 
-def since(events: Iterable[dict], start_time: float) -> list[dict]:
+def since(events: Iterable[dict[str, Any]], start_time: float) -> list[dict[str, Any]]:
     """The events of a run that began at ``start_time``: a job name used again keeps its old log
     (next to the checkpoints it resumes from). One clock: the local cluster's machine."""
     return [e for e in events if isinstance(e.get("time"), (int, float)) and e["time"] >= start_time]
 
 
-def summarize(events: list[dict]) -> dict:
+def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
     """What the events say about a run: step, world size, throughput, checkpoints, notices, recoveries.
 
     ``step`` follows the training: the last progress or final step, or the step
@@ -84,7 +84,7 @@ def summarize(events: list[dict]) -> dict:
     step = world_size = samples_per_s = loss = None
     last_checkpoint = None
     finished = None  # the finished event, while no world trained after it
-    preempted: list[dict] = []
+    preempted: list[dict[str, Any]] = []
     restores = recoveries = scale_ups = 0
     trained_at = None  # the world size of the last start, restore or progress before this event
     restarts = 0
@@ -142,7 +142,7 @@ def summarize(events: list[dict]) -> dict:
     }
 
 
-def _completes(finished: dict) -> bool:
+def _completes(finished: dict[str, Any]) -> bool:
     """A finished event says the planned work is done: its step reached its total, where it names one."""
     step, total = finished.get("step"), finished.get("total")
     return not (isinstance(step, int) and isinstance(total, int) and step < total)

@@ -15,15 +15,15 @@ from azext_elastictrain.core.goodput import last_completed_step, outages, scale_
 RECOVERY_TIMEOUT = 240.0
 
 
-def trained_again(events: list[dict], since: float) -> bool:
+def trained_again(events: list[dict[str, Any]], since: float) -> bool:
     """Whether a world formed after ``since`` completed a step: it restored (in-process: its quorum formed), then
     reported progress."""
     restored = [e["time"] for e in world_starts(events) if e["time"] > since]
     return bool(restored) and any(e.get("event") == "progress" and e["time"] > restored[0] for e in events)
 
 
-def follow_recovery(read_events: Any, job: str, eviction: dict, timeout: float = RECOVERY_TIMEOUT,
-                    sleep: Callable[[float], None] = time.sleep) -> dict:
+def follow_recovery(read_events: Any, job: str, eviction: dict[str, Any], timeout: float = RECOVERY_TIMEOUT,
+                    sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
     """After an eviction: the job's outage (``core.goodput.outages``: from the old world's last completed step
     to the new world's first completed step) and the steps it lost, once the new world completed a step; also
     ``restoreSeconds``/``recoverySeconds``, from the node going to the restore and to that first step. Events
@@ -62,7 +62,8 @@ def follow_recovery(read_events: Any, job: str, eviction: dict, timeout: float =
 
 
 def follow_world_size(read_events: Any, job: str, world_size: int, since: float,
-                      timeout: float = RECOVERY_TIMEOUT, *, sleep: Callable[[float], None] = time.sleep) -> dict:
+                      timeout: float = RECOVERY_TIMEOUT, *,
+                      sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
     """After capacity came back: seconds from the replacement's start until the job trains at ``world_size``
     again, and the scale-up as its events measure it (seconds from the node joining to training at full size,
     seconds of no training, steps lost, where the grown world restored from)."""

@@ -56,9 +56,9 @@ from tests.support.elastic import TUNED_RDZV_CONF, JobConfig, Node, events_of, r
 from tests.support.services import start_azurite, start_etcd  # noqa: E402
 
 CONFIGS = {
-    "ours": {"notice": True, "rdzv": TUNED_RDZV_CONF, "every": 25, "rescue": "on", "warm": True},
-    "rescue-off": {"notice": True, "rdzv": TUNED_RDZV_CONF, "every": 25, "rescue": "off", "warm": True},
-    "baseline": {"notice": False, "rdzv": DEFAULT_RDZV_CONF, "every": DIGITS_STEPS_PER_EPOCH, "rescue": "off",
+    "ours": {"notice": True, "rdzv": TUNED_RDZV_CONF, "every": 25, "memory_tier": True, "warm": True},
+    "rescue-off": {"notice": True, "rdzv": TUNED_RDZV_CONF, "every": 25, "memory_tier": False, "warm": True},
+    "baseline": {"notice": False, "rdzv": DEFAULT_RDZV_CONF, "every": DIGITS_STEPS_PER_EPOCH, "memory_tier": False,
                  "warm": False},
 }
 # Not run by default (--configs ours,cold,...): ours with every worker started cold, as plain torchrun starts them.
@@ -139,9 +139,7 @@ def run_config(config: str, spec: ScheduleSpec, blob, etcd, imds: ScheduledEvent
     job = JobConfig(
         name=name, checkpoint_url=f"{blob.blob_endpoint}/bench/{name}", connection_string=blob.connection_string,
         etcd_endpoint=etcd.endpoint, scheduled_events_url=imds.url if cfg["notice"] else "off",
-        rdzv_conf=cfg["rdzv"],
-        extra_env={"ELASTICTRAIN_PROGRESS_SECONDS": "0.2", "ELASTICTRAIN_MEMORY_RESCUE": cfg["rescue"]},
-        warm_start=cfg["warm"],
+        rdzv_conf=cfg["rdzv"], progress_seconds=0.2, memory_tier=cfg["memory_tier"], warm_start=cfg["warm"],
         script_args=["--steps", "1000000", "--checkpoint-every", str(cfg["every"]), "--step-delay", "0.05",
                      "--log-every", "1000"],
     )

@@ -78,9 +78,8 @@ def run_case(case: str, blob, etcd, imds: ScheduledEventsServer, logs: Path) -> 
     job = JobConfig(
         name=name, checkpoint_url=f"{blob.blob_endpoint}/bench/{name}", connection_string=blob.connection_string,
         etcd_endpoint=etcd.endpoint, scheduled_events_url=imds.url if cfg["notice"] else "off",
-        rdzv_conf=cfg["rdzv"], warm_start=cfg["warm"],
-        extra_env={"ELASTICTRAIN_PROGRESS_SECONDS": "0.2",
-                   **({launch.ENV_COLLECTIVE_TIMEOUT: str(cfg["timeout"])} if "timeout" in cfg else {})},
+        rdzv_conf=cfg["rdzv"], progress_seconds=0.2, warm_start=cfg["warm"],
+        extra_env={launch.ENV_COLLECTIVE_TIMEOUT: str(cfg["timeout"])} if "timeout" in cfg else {},
         script_args=["--steps", "100000", "--checkpoint-every", str(cfg["every"]), "--step-delay", "0.05",
                      "--log-every", "100"],
     )
@@ -168,7 +167,7 @@ def memory_vs_blob(mib: int, repeats: int, steps: int = 6) -> dict:
         work = Path(tmp)
         memory_dir = Path("/dev/shm") if Path("/dev/shm").is_dir() else work
         memory_dir = Path(tempfile.mkdtemp(prefix="elastictrain-bench-", dir=memory_dir))
-        env = {"ELASTICTRAIN_MEMORY_DIR": str(memory_dir), "TORCHELASTIC_RUN_ID": uuid.uuid4().hex}
+        env = {launch.ENV_MEMORY_DIR: str(memory_dir), "TORCHELASTIC_RUN_ID": uuid.uuid4().hex}
         try:
             with start_azurite(work / "azurite") as blob:
                 blob.blob_service_client().create_container("bench")

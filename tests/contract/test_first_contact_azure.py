@@ -3,7 +3,7 @@ versions AKS rewrote after an auto-upgrade, role assignments that already exist 
 know yet, one storage namespace for the whole cloud, updates that reset what they do not carry, pool fields AKS
 cannot change, reserved label prefixes, and blob storage that asks Azure RBAC for a data role.
 
-Each behaviour of the server has its source in a comment there (tests/support/arm_server.py, blob_front.py).
+Each behaviour of the server has its source in a comment there (tests/support/arm_server/, blob_front.py).
 """
 from __future__ import annotations
 

@@ -5,29 +5,25 @@ import time
 
 import pytest
 
-from tests.support import services as svc
-from tests.support.processes import gone, local_cluster, running
+from tests.support.processes import gone, running
 
 JOB = "spot"
 INTERVAL = 25
 
 
 @pytest.fixture(scope="module")
-def job(tmp_path_factory: pytest.TempPathFactory):
+def job(local_az):
     """A local cluster running a 2-node job that would train for minutes: the tests evict its nodes."""
+    az = local_az
     try:
-        with local_cluster(tmp_path_factory.mktemp("local-evict") / "azure-config") as az:
-            try:
-                az("elastictrain", "job", "run", "--local", "--name", JOB, "--script", "scripts/train_cifar10.py",
-                   "--script-args", "--steps 5000 --step-delay 0.05", "--min-nodes", "1", "--max-nodes", "2",
-                   "--checkpoint-interval", str(INTERVAL), "-o", "none")
-                az("elastictrain", "job", "wait", "--local", "--name", JOB, "--step", "50", "--timeout", "240",
-                   "-o", "none", timeout=300)
-                yield az
-            finally:
-                az("elastictrain", "job", "delete", "--local", "--name", JOB, "--yes", check=False, timeout=180)
-    except svc.ServiceNotFound as exc:
-        pytest.fail(str(exc), pytrace=False)
+        az("elastictrain", "job", "run", "--local", "--name", JOB, "--script", "scripts/train_cifar10.py",
+           "--script-args", "--steps 5000 --step-delay 0.05", "--min-nodes", "1", "--max-nodes", "2",
+           "--checkpoint-interval", str(INTERVAL), "-o", "none")
+        az("elastictrain", "job", "wait", "--local", "--name", JOB, "--step", "50", "--timeout", "240",
+           "-o", "none", timeout=300)
+        yield az
+    finally:
+        az("elastictrain", "job", "delete", "--local", "--name", JOB, "--yes", check=False, timeout=180)
 
 
 def _nodes(az) -> list[dict]:

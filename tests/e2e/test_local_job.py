@@ -16,7 +16,6 @@ import pytest
 from azext_elastictrain.core.prices import PRICES_URL_ENV
 from tests.support import services as svc
 from tests.support.processes import gone as _gone
-from tests.support.processes import local_cluster
 from tests.support.processes import ours as _ours
 from tests.support.processes import running as _running
 from tests.support.prices_server import PricesServer
@@ -48,15 +47,6 @@ def _no_secret(text: str) -> None:
     assert not any(m in text for m in SECRET_MARKERS), "a connection string or key was printed"
 
 
-@pytest.fixture(scope="module")
-def local(tmp_path_factory: pytest.TempPathFactory):
-    try:
-        with local_cluster(tmp_path_factory.mktemp("local-job") / "azure-config") as az:
-            yield az
-    except svc.ServiceNotFound as exc:
-        pytest.fail(str(exc), pytrace=False)
-
-
 def _error(result, *expected: str) -> None:
     assert result.returncode != 0, result.stdout
     assert "Traceback" not in result.stderr, result.stderr
@@ -65,8 +55,8 @@ def _error(result, *expected: str) -> None:
 
 
 @pytest.mark.slow  # ~40 s: a real 2-node job trained to its last step
-def test_a_two_node_job_trains_to_the_end_and_delete_leaves_nothing(local):
-    az = local
+def test_a_two_node_job_trains_to_the_end_and_delete_leaves_nothing(local_az):
+    az = local_az
     run = az("elastictrain", "job", "run", "--local", "--name", JOB, "--script", SCRIPT,
              "--script-args", f"--steps {STEPS} --step-delay 0.05", "--min-nodes", "1", "--max-nodes", "2",
              "--checkpoint-interval", "25", "-o", "json")
@@ -157,8 +147,8 @@ def test_a_two_node_job_trains_to_the_end_and_delete_leaves_nothing(local):
     assert [c["step"] for c in kept] == [100, 125, 150], "checkpoints are kept by default"
 
 
-def test_a_lost_node_shows_as_an_eviction_and_a_recovery_and_delete_stops_the_rest(local):
-    az = local
+def test_a_lost_node_shows_as_an_eviction_and_a_recovery_and_delete_stops_the_rest(local_az):
+    az = local_az
     started = az.json("elastictrain", "job", "run", "--local", "--name", "longer", "--script", SCRIPT,
                       "--script-args", "--steps 100000 --step-delay 0.05", "--min-nodes", "1",
                       "--max-nodes", "2", "--checkpoint-interval", "10")
@@ -205,8 +195,8 @@ BAD_RUNS = [
 
 
 @pytest.mark.parametrize("args, expected", BAD_RUNS, ids=[e for _, e in BAD_RUNS])
-def test_bad_input_is_a_clear_error_and_starts_nothing(local, args, expected):
-    az = local
+def test_bad_input_is_a_clear_error_and_starts_nothing(local_az, args, expected):
+    az = local_az
     defaults = {"--name": "bad", "--script": SCRIPT, "--min-nodes": "1", "--max-nodes": "2"}
     for i in range(0, len(args) - 1, 2):
         defaults.pop(args[i], None)
@@ -227,8 +217,8 @@ def test_bad_input_is_a_clear_error_and_starts_nothing(local, args, expected):
     (["--local", "--job", "Bad_Name"], "invalid job name"),
     (["--local", "--job", "x", "--connection-string", "UseDevelopmentStorage=true"], "--connection-string goes with --url"),
 ])
-def test_checkpoint_commands_take_exactly_one_of_url_local_job_or_aks_job(local, args, expected):
-    _error(local("elastictrain", "checkpoint", "list", *args, check=False), expected)
+def test_checkpoint_commands_take_exactly_one_of_url_local_job_or_aks_job(local_az, args, expected):
+    _error(local_az("elastictrain", "checkpoint", "list", *args, check=False), expected)
 
 
 @pytest.mark.parametrize("args, expected", [
@@ -236,17 +226,18 @@ def test_checkpoint_commands_take_exactly_one_of_url_local_job_or_aks_job(local,
     (["-l", "eastus"], "a local job is priced only as the size --price-as names"),
     (["--price-as", "Standard_NC4as_T4_v3", "-l", "eastus", "--currency", "XYZ"], "currency 'XYZ' is not one"),
 ])
-def test_bad_cost_options_are_az_errors_before_anything_is_read(local, args, expected):
+def test_bad_cost_options_are_az_errors_before_anything_is_read(local_az, args, expected):
     for command in ("show", "timeline"):
-        _error(local("elastictrain", "job", command, "--local", "--name", "nosuchjob", *args, check=False), expected)
+        _error(local_az("elastictrain", "job", command, "--local", "--name", "nosuchjob", *args, check=False), expected)
 
 
-def test_unknown_cluster_or_job_is_not_found(local):
-    missing = local("elastictrain", "checkpoint", "list", "--local", "--cluster", "nothere", "--job", "x", check=False)
+def test_unknown_cluster_or_job_is_not_found(local_az):
+    missing = local_az("elastictrain", "checkpoint", "list", "--local", "--cluster", "nothere", "--job", "x",
+                       check=False)
     assert missing.returncode == 3 and "no local cluster named 'nothere'" in missing.stderr
-    job = local("elastictrain", "job", "show", "--local", "--name", "nosuchjob", check=False)
+    job = local_az("elastictrain", "job", "show", "--local", "--name", "nosuchjob", check=False)
     assert job.returncode == 3 and "no job named 'nosuchjob'" in job.stderr and "Traceback" not in job.stderr
-    _error(local("elastictrain", "job", "list", check=False), "--local")
+    _error(local_az("elastictrain", "job", "list", check=False), "--local")
 
 
 def test_a_node_that_fails_to_start_takes_the_started_ones_down(tmp_path, monkeypatch):
@@ -256,11 +247,13 @@ def test_a_node_that_fails_to_start_takes_the_started_ones_down(tmp_path, monkey
     import sys
 
     from azext_elastictrain.backends.local.cluster import LocalClusters
+    from azext_elastictrain.backends.local.jobs import LocalJobs
     from azext_elastictrain.core.spec import JobSpec
 
-    backend = LocalClusters(tmp_path)
-    monkeypatch.setattr(backend, "show_cluster", lambda name: {"health": "Healthy", "components": {}})
-    monkeypatch.setattr(backend, "connection", lambda name: {
+    clusters = LocalClusters(tmp_path)
+    backend = LocalJobs(clusters)
+    monkeypatch.setattr(clusters, "show_cluster", lambda name: {"health": "Healthy", "components": {}})
+    monkeypatch.setattr(clusters, "connection", lambda name: {
         "etcd": "127.0.0.1:1", "blob_endpoint": "http://127.0.0.1:1/devstoreaccount1",
         "connection_string": "", "scheduled_events": "off"})
     started: list[subprocess.Popen] = []
@@ -275,8 +268,8 @@ def test_a_node_that_fails_to_start_takes_the_started_ones_down(tmp_path, monkey
                 "log": str(job_dir / "nodes" / f"{node}.log"), "status": "started"}
 
     monkeypatch.setattr(backend, "start_node", start_node)
-    spec = JobSpec(name="half", script=str(REPO_ROOT / SCRIPT), min_nodes=1, max_nodes=3, cluster="c")
+    spec = JobSpec(name="half", script=str(REPO_ROOT / SCRIPT), min_nodes=1, max_nodes=3)
     with pytest.raises(OSError, match="temporarily unavailable"):
-        backend.run_job(spec)
+        backend.run_job("c", spec)
     assert len(started) == 1 and started[0].wait(timeout=20) is not None, "the started node was left running"
     assert not (tmp_path / "c" / "jobs" / "half").exists(), "a half-started job left its state"

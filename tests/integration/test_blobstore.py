@@ -42,12 +42,8 @@ def sha256_blocks(data: bytes) -> str:
 
 
 @pytest.fixture
-def store(azurite: svc.AzuriteService, container_url: str):
-    s = BlobStore.from_url(container_url + "/job", connection_string=azurite.connection_string)
-    try:
-        yield s
-    finally:
-        s.close()
+def store(blob_store) -> BlobStore:
+    return blob_store("job")
 
 
 def _entry(store: BlobStore, name: str):

@@ -11,9 +11,9 @@ import torch
 from azext_elastictrain.core import catalog, layout
 from azext_elastictrain.core.blobstore import BlobStore
 from azext_elastictrain.runtime.checkpoint import Checkpointer
-from tests.support import services as svc
 
-pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning"),
+              pytest.mark.usefixtures("no_scheduled_events")]
 
 JOB = "job"
 DATA = "__0_0.distcp"
@@ -46,14 +46,9 @@ def sha256_blocks(data: bytes) -> str:
     return base64.b64encode(hashlib.sha256(b"".join(hashlib.sha256(b).digest() for b in blocks)).digest()).decode()
 
 
-@pytest.fixture(autouse=True)
-def _no_imds(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ELASTICTRAIN_SCHEDULED_EVENTS_URL", "off")
-
-
 @pytest.fixture
-def store(azurite: svc.AzuriteService, container_url: str):
-    s = BlobStore.from_url(f"{container_url}/{JOB}", connection_string=azurite.connection_string)
+def store(blob_store):
+    s = blob_store(JOB)
     writer = Checkpointer(s, keep=10, watcher=None, events=False)
     try:
         for step in (1, 2, 3):
@@ -65,7 +60,6 @@ def store(azurite: svc.AzuriteService, container_url: str):
         yield s
     finally:
         writer.close()
-        s.close()
 
 
 @pytest.fixture

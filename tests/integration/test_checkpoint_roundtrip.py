@@ -15,16 +15,11 @@ from azext_elastictrain.core import catalog, layout
 from azext_elastictrain.core.blobstore import BlobStore
 from azext_elastictrain.runtime.checkpoint import Checkpointer
 from azext_elastictrain.runtime.state import TrainingState
-from tests.support import services as svc
 
-pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning"),
+              pytest.mark.usefixtures("no_scheduled_events")]
 
 JOB = "job"
-
-
-@pytest.fixture(autouse=True)
-def _no_imds(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ELASTICTRAIN_SCHEDULED_EVENTS_URL", "off")
 
 
 @pytest.fixture
@@ -33,16 +28,9 @@ def url(container_url: str) -> str:
 
 
 @pytest.fixture
-def open_store(azurite: svc.AzuriteService, url: str):
-    stores: list[BlobStore] = []
-
-    def make() -> BlobStore:
-        stores.append(BlobStore.from_url(url, connection_string=azurite.connection_string))
-        return stores[-1]
-
-    yield make
-    for s in stores:
-        s.close()
+def open_store(blob_store):
+    """Each call: a store of the job's with clients of its own, as another process would have."""
+    return lambda: blob_store(JOB)
 
 
 @pytest.fixture

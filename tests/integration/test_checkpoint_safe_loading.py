@@ -25,7 +25,8 @@ from azext_elastictrain.runtime.state import StateTree, json_tensor
 from azext_elastictrain.runtime.storage import BlobCheckpointWriter
 from tests.support import services as svc
 
-pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning"),
+              pytest.mark.usefixtures("no_scheduled_events")]
 
 JOB = "job"
 RNG_ITEM = "_elastictrain.rng.0.python_extra"
@@ -77,11 +78,6 @@ def forge(store: BlobStore, step: int, flat: dict, plant: Plant) -> None:
     path = layout.writer_prefix(JOB, step, "forged").rstrip("/")
     dcp.save(flat, storage_writer=PlantingWriter(store, path, commit, plant=plant),
              planner=PlantingPlanner(), no_dist=True)
-
-
-@pytest.fixture(autouse=True)
-def _no_imds(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ELASTICTRAIN_SCHEDULED_EVENTS_URL", "off")
 
 
 def test_a_planted_pickle_where_the_rng_state_goes_is_refused_and_never_runs(azurite: svc.AzuriteService,

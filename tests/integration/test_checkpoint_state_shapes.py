@@ -15,24 +15,17 @@ from azext_elastictrain.core import catalog
 from azext_elastictrain.core.blobstore import BlobStore
 from azext_elastictrain.runtime.checkpoint import CheckpointError, Checkpointer
 from azext_elastictrain.runtime.state import TrainingState
-from tests.support import services as svc
 from tests.support.states import assert_identical
 
-pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning"),
+              pytest.mark.usefixtures("no_scheduled_events")]
 
 JOB = "job"
 
 
-@pytest.fixture(autouse=True)
-def _no_imds(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ELASTICTRAIN_SCHEDULED_EVENTS_URL", "off")
-
-
 @pytest.fixture
-def store(azurite: svc.AzuriteService, container_url: str):
-    s = BlobStore.from_url(f"{container_url}/{JOB}", connection_string=azurite.connection_string)
-    yield s
-    s.close()
+def store(blob_store) -> BlobStore:
+    return blob_store(JOB)
 
 
 @pytest.fixture

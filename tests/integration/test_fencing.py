@@ -12,11 +12,10 @@ import pytest
 import torch
 
 from azext_elastictrain.core import catalog, layout
-from azext_elastictrain.core.blobstore import BlobStore
 from azext_elastictrain.runtime.checkpoint import CheckpointError, Checkpointer, FencedError
-from tests.support import services as svc
 
-pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning"),
+              pytest.mark.usefixtures("no_scheduled_events")]
 
 JOB = "split-job"
 
@@ -39,18 +38,13 @@ def assert_state(state: dict, who: str, step: int) -> None:
     assert torch.equal(state["model"]["n"], expected["model"]["n"])
 
 
-@pytest.fixture(autouse=True)
-def _no_imds(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ELASTICTRAIN_SCHEDULED_EVENTS_URL", "off")
-
-
 @pytest.fixture
-def open_checkpointer(azurite: svc.AzuriteService, container_url: str):
+def open_checkpointer(blob_store):
     """Each call: a Checkpointer with a BlobStore of its own, as another training would have."""
     made: list[Checkpointer] = []
 
     def make(**kwargs) -> Checkpointer:
-        store = BlobStore.from_url(f"{container_url}/{JOB}", connection_string=azurite.connection_string)
+        store = blob_store(JOB)
         kwargs.setdefault("watcher", None)
         kwargs.setdefault("events", False)
         made.append(Checkpointer(store, **kwargs))
@@ -59,7 +53,6 @@ def open_checkpointer(azurite: svc.AzuriteService, container_url: str):
     yield make
     for c in made:
         c.close()
-        c.store.close()
 
 
 def restore(open_checkpointer) -> tuple[int | None, dict]:

@@ -13,7 +13,6 @@ from azext_elastictrain.runtime.errors import CheckpointError, FencedError
 from azext_elastictrain.runtime.reporting import Reporter
 from azext_elastictrain.runtime.restoring import Restorer
 from azext_elastictrain.runtime.saving import BlobSaver
-from tests.support import services as svc
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
@@ -39,10 +38,8 @@ def make_state(value: float) -> dict:
 
 
 @pytest.fixture
-def store(azurite: svc.AzuriteService, container_url: str):
-    made = BlobStore.from_url(f"{container_url}/{JOB}", connection_string=azurite.connection_string)
-    yield made
-    made.close()
+def store(blob_store) -> BlobStore:
+    return blob_store(JOB)
 
 
 @pytest.fixture

@@ -21,9 +21,9 @@ from azext_elastictrain.core.blobstore import BlobStore
 from azext_elastictrain.core.events import read_events
 from azext_elastictrain.runtime import Checkpointer, ElasticSampler, TrainingStopped
 from azext_elastictrain.runtime.preemption import PreemptionWatcher
-from tests.support import services as svc
 
-pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning"),
+              pytest.mark.usefixtures("no_scheduled_events")]
 
 SIZE, BATCH = 40, 8  # 5 global batches per epoch
 
@@ -38,18 +38,10 @@ class IndexDataset(Dataset):
         return index
 
 
-@pytest.fixture(autouse=True)
-def _no_imds(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ELASTICTRAIN_SCHEDULED_EVENTS_URL", "off")
-
-
 @pytest.fixture
-def store(azurite: svc.AzuriteService, container_url: str):
+def store(blob_store) -> BlobStore:
     # A job name of its own: the memory tier's copies (one folder for the session) are per job.
-    opened = BlobStore.from_url(f"{container_url}/loop-{uuid.uuid4().hex[:8]}",
-                                connection_string=azurite.connection_string)
-    yield opened
-    opened.close()
+    return blob_store(f"loop-{uuid.uuid4().hex[:8]}")
 
 
 @pytest.fixture

@@ -44,6 +44,8 @@ class JobConfig:
     rdzv_conf: str = TUNED_RDZV_CONF
     extra_env: dict = field(default_factory=dict)
     warm_start: bool = True  # workers fork from the node's warm server (runtime/warm.py); False: plain torchrun
+    memory_tier: bool = True  # False: interrupted workers keep no step in the node's memory (blob only)
+    progress_seconds: float = 1  # how often rank 0 reports progress (the product's default: PROGRESS_SECONDS)
 
 
 class Node:
@@ -61,7 +63,7 @@ class Node:
             etcd_endpoint=job.etcd_endpoint, rdzv_id=job.name, job_dir=log_dir,
             scheduled_events_url=job.scheduled_events_url, min_nodes=job.min_nodes, max_nodes=job.max_nodes,
             nproc_per_node=job.nproc_per_node, warm_start=job.warm_start, rdzv_conf=job.rdzv_conf,
-            progress_seconds=1,
+            memory_tier=job.memory_tier, progress_seconds=job.progress_seconds,
             # the session's memory-tier folder (tests/conftest.py), which the product's launch does not pass on
             extra_env={**{k: os.environ[k] for k in (launch.ENV_MEMORY_DIR,) if k in os.environ},
                        **job.extra_env})

@@ -1,11 +1,13 @@
-"""A tiny Kubernetes API server on loopback, for testing ``clients.kube``'s real client.
+"""The fake Kubernetes (tests/support/fake_kube.py) as an API server on loopback, for the real client.
 
-It speaks the REST shapes the official client uses — discovery (``/version``, ``/api``, ``/apis``, ``/api/v1``,
-``/apis/<group>/<version>``), server-side apply (PATCH ``application/apply-patch+yaml``; a field another manager
-owns is a 409 conflict unless ``force``, as the API server does), get, list (label selector,
-``limit``/``continue`` paging), delete, watch (one object, until ``timeoutSeconds``), pod logs (``tailLines``,
-``timestamps``), and ``Status`` bodies for errors — over HTTP, or HTTPS with a throw-away CA that can also
-take a client certificate. Started and stopped by a context manager; every request is recorded.
+It speaks the REST shapes the official client uses - discovery (``/version``, ``/api``, ``/apis``, ``/api/v1``,
+``/apis/<group>/<version>``: the kinds the cluster serves, a custom kind once its CRD is there), server-side apply
+(PATCH ``application/apply-patch+yaml`` with a ``fieldManager``; the body must name the object of the URL), get,
+list (label selector, ``limit``/``continue`` paging), delete, watch (one object, until ``timeoutSeconds``), pod
+logs (``container``, ``tailLines``, ``timestamps``), and ``Status`` bodies for errors, with the fake's strictness
+(422 Invalid, 409 Conflict) - over HTTP, or HTTPS with a throw-away CA that can also take a client certificate.
+:func:`answer` is the API itself, which tests/support/arm_server/aks.py serves as each AKS cluster's API server too.
+Started and stopped by a context manager; every request is recorded.
 
 Authentication, as an API server: a static ``token`` (or a client certificate of its CA), or with ``entra=True``
 as an AKS Entra ID-only API server: only a bearer JWT whose audience is the AKS server application and which has
@@ -14,6 +16,7 @@ token or another audience is a 401.
 
     with serve_kube_api(token="t0k3n") as api:
         client = connect(api.kubeconfig())
+        api.kube.seed(...)  # the cluster behind it: a FakeKube
 """
 from __future__ import annotations
 
@@ -21,29 +24,19 @@ import base64
 import contextlib
 import datetime
 import json
+import re
 import ssl
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 from urllib.parse import parse_qs, urlsplit
 
 from requests.structures import CaseInsensitiveDict
 
-# kind -> (apiVersion, plural, namespaced): what discovery answers.
-RESOURCES = {
-    "Namespace": ("v1", "namespaces", False),
-    "ConfigMap": ("v1", "configmaps", True),
-    "ServiceAccount": ("v1", "serviceaccounts", True),
-    "Service": ("v1", "services", True),
-    "Pod": ("v1", "pods", True),
-    "Node": ("v1", "nodes", False),
-    "StatefulSet": ("apps/v1", "statefulsets", True),
-    "Deployment": ("apps/v1", "deployments", True),
-    "DaemonSet": ("apps/v1", "daemonsets", True),
-    "CustomResourceDefinition": ("apiextensions.k8s.io/v1", "customresourcedefinitions", False),
-}
+from azext_elastictrain.clients.kube import KubeError
+from tests.support.fake_kube import CLUSTER_SCOPED, VERSION, FakeKube
 
 
 @dataclass
@@ -59,28 +52,24 @@ class Request:
 
 @dataclass
 class KubeApi:
-    """The running server: its URL, what it holds, what it was asked, and how to make it fail."""
+    """The running server: its URL, the cluster behind it (``kube``), what it was asked, and how to make it fail."""
 
     url: str
     token: str | None
     ca_pem: bytes | None = None
     client_cert_pem: bytes | None = None
     client_key_pem: bytes | None = None
-    objects: dict = field(default_factory=dict)  # path -> object
+    kube: FakeKube = field(default_factory=FakeKube)
     requests: list = field(default_factory=list)
     failures: dict = field(default_factory=dict)  # (method, path) -> (status, Status body)
     page_size_cap: int | None = None  # answer lists in pages of at most this many items
-    logs: dict = field(default_factory=dict)  # (namespace, pod, container or None) -> log text
     entra: bool = False  # an AKS Entra ID-only API server: Entra ID tokens for the AKS server application only
     expire_after_uses: int | None = None  # Entra ID: each token is refused after this many requests
-    owners: dict = field(default_factory=dict)  # path -> {field: manager}: fields another manager owns
     log_stall: float = 0.0  # a followed log: seconds of silence after the stored text, then the stream ends
     _uses: dict = field(default_factory=dict)
-    _version: int = 0
 
     def fail(self, method: str, path: str, status: int, reason: str, message: str) -> None:
-        self.failures[(method, path)] = (status, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                                                  "reason": reason, "message": message, "code": status})
+        self.failures[(method, path)] = (status, _status(status, reason, message))
 
     def kubeconfig(self, *, token: str | None = None, use_token: bool = True, client_cert: bool = False) -> bytes:
         """A kubeconfig for this server: its token (or ``token``), and/or a client certificate."""
@@ -98,10 +87,6 @@ class KubeApi:
                "users": [{"name": "test-user", "user": user}],
                "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test-user"}}]}
         return json.dumps(doc).encode()  # JSON is YAML
-
-    def next_version(self) -> str:
-        self._version += 1
-        return str(self._version)
 
 
 def _handler(api: KubeApi):
@@ -132,44 +117,23 @@ def _handler(api: KubeApi):
             if (self.command, parts.path) in api.failures:
                 request.status = api.failures[(self.command, parts.path)][0]
                 return self._answer(*api.failures[(self.command, parts.path)])
-            if request.query.get("watch") in (["true"], ["True"], ["1"]):
-                request.status = 200
-                return self._watch(request)
-            status, body = _route(api, request)
+            status, body = answer(api.kube, self.command, parts.path, {k: v[0] for k, v in request.query.items()},
+                                  request.body, page_size_cap=api.page_size_cap)
             request.status = status
+            if not isinstance(body, (dict, bytes)):  # a watch: its events as they come
+                return self._stream(body)
             stall = api.log_stall  # as it is when the request comes: a test may change it for the next one
             if isinstance(body, bytes) and request.query.get("follow") == ["true"] and stall:
                 return self._stalled_log(body, stall)
             return self._answer(status, body)
 
-        def _watch(self, request: Request) -> None:
-            """A watch of one object (fieldSelector metadata.name=...): ADDED as it is, then MODIFIED when its
-            resourceVersion changes, DELETED when it goes, until timeoutSeconds."""
-            import time
-
-            name = (request.query.get("fieldSelector") or [""])[0].partition("metadata.name=")[2]
-            path = request.path.rstrip("/") + "/" + name
-            deadline = time.monotonic() + float((request.query.get("timeoutSeconds") or ["5"])[0])
+        def _stream(self, events: Iterator[bytes]) -> None:
             self.send_response(200)  # HTTP/1.0: the body is what comes until the connection closes
             self.send_header("Content-Type", "application/json")
             self.end_headers()
-
-            def send(kind: str, obj: dict) -> None:
-                self.wfile.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
+            for line in events:
+                self.wfile.write(line)
                 self.wfile.flush()
-
-            seen = api.objects.get(path)
-            if seen is not None:
-                send("ADDED", seen)
-            while time.monotonic() < deadline:
-                time.sleep(0.02)
-                now = api.objects.get(path)
-                if now is None and seen is not None:
-                    send("DELETED", seen)
-                elif now is not None and (seen is None or now["metadata"]["resourceVersion"] !=
-                                          seen["metadata"]["resourceVersion"]):
-                    send("ADDED" if seen is None else "MODIFIED", now)
-                seen = now
 
         def _stalled_log(self, body: bytes, stall: float) -> None:
             """The stored log, then silence for ``log_stall`` seconds (a connection gone quiet), then the end."""
@@ -225,120 +189,155 @@ def _authenticated(api: KubeApi, authorization: str, subject: str | None) -> boo
     return not api.token or token == api.token or bool(subject)
 
 
-def _status(code: int, reason: str, message: str) -> dict:
-    return {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "message": message,
-            "code": code}
+# -- the API ------------------------------------------------------------------------------------------------------
+
+_PATH = re.compile(r"/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
+                   r"(?:/namespaces/(?P<ns>[^/]+))?(?:/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?)?")
+_LOG_PATH = re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/]+)/log")
 
 
-def _discovery(group_version: str) -> dict | None:
-    resources = [{"name": plural, "kind": kind, "namespaced": namespaced, "verbs": ["get", "list", "patch"]}
-                 for kind, (gv, plural, namespaced) in RESOURCES.items() if gv == group_version]
-    resources += [{"name": f"{r['name']}/status", "kind": r["kind"], "namespaced": r["namespaced"]}
-                  for r in list(resources)]
-    return {"kind": "APIResourceList", "groupVersion": group_version, "resources": resources} if resources else None
+def answer(kube: FakeKube, method: str, path: str, query: dict[str, str], body: bytes, *,
+           page_size_cap: int | None = None, watch_timeout: float | None = None) -> tuple[int, Any]:
+    """One request to the API server of ``kube``: (status, a JSON body, the bytes of a log, or - a watch - an
+    iterator of event lines). ``watch_timeout`` caps how long a watch lasts (0: the object as it is, then the
+    end, as an API server may end a watch at any time)."""
+    if method == "GET" and path in ("/version", "/api", "/apis"):
+        return 200, _discovery_root(kube, path)
+    log = _LOG_PATH.fullmatch(path)
+    if log and method == "GET":
+        return _log(kube, log["ns"], log["name"], query)
+    m = _PATH.fullmatch(path)
+    if not m:
+        return 404, _status(404, "NotFound", "the server could not find the requested resource")
+    api_version = "v1" if m["core"] else f"{m['group']}/{m['version']}"
+    plural, name, namespace = m["plural"], m["name"], m["ns"]
+    if namespace and plural is None:  # /api/v1/namespaces/NAME: the Namespace itself
+        plural, name, namespace = "namespaces", namespace, None
+    if plural is None:
+        if method != "GET":
+            return 405, _status(405, "MethodNotAllowed", f"{method} is not allowed on {path}")
+        if not kube.kinds(api_version):
+            return 404, _status(404, "NotFound", "the server could not find the requested resource")
+        return 200, _discovery(kube, api_version)
+    kind = next((k for k in kube.kinds(api_version) if plural_of(k) == plural), None)
+    if kind is None:
+        return 404, _status(404, "NotFound", "the server could not find the requested resource")
+    try:
+        if method == "PATCH":
+            return _apply(kube, api_version, kind, name, namespace, query, body)
+        if method == "GET" and query.get("watch") in ("true", "True", "1"):
+            wanted = query.get("fieldSelector", "").partition("metadata.name=")[2]
+            timeout = float(query.get("timeoutSeconds") or 5)
+            events = kube.watch(api_version, kind, wanted, namespace,
+                                timeout if watch_timeout is None else min(timeout, watch_timeout))
+            return 200, (json.dumps({"type": kind_, "object": obj}).encode() + b"\n" for kind_, obj in events)
+        if method == "GET" and name:
+            found = kube.get(api_version, kind, name, namespace)
+            return (200, found) if found else (404, _status(404, "NotFound", f'{plural} "{name}" not found'))
+        if method == "GET":
+            return 200, _list(kube, api_version, kind, namespace, query, page_size_cap)
+        if method == "DELETE" and name:
+            if kube.delete(api_version, kind, name, namespace):
+                return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success"}
+            return 404, _status(404, "NotFound", f'{plural} "{name}" not found')
+    except KubeError as ex:  # the API server's Status body (details: what a 422 Invalid names)
+        return ex.status or 500, {**_status(ex.status or 500, ex.reason or "InternalError", str(ex)),
+                                  **({"details": ex.details} if getattr(ex, "details", None) else {})}
+    return 405, _status(405, "MethodNotAllowed", f"{method} is not allowed on {path}")
 
 
-def _route(api: KubeApi, request: Request) -> tuple[int, dict]:
-    if request.path == "/version":
-        return 200, {"major": "1", "minor": "33", "gitVersion": "v1.33.2"}
-    if request.path == "/api":
-        return 200, {"kind": "APIVersions", "versions": ["v1"]}
-    if request.path == "/apis":
-        groups = sorted({gv for gv, _, _ in RESOURCES.values() if "/" in gv})
-        return 200, {"kind": "APIGroupList", "groups": [
-            {"name": gv.split("/")[0], "versions": [{"groupVersion": gv, "version": gv.split("/")[1]}],
-             "preferredVersion": {"groupVersion": gv, "version": gv.split("/")[1]}} for gv in groups]}
-    segments = request.path.strip("/").split("/")
-    group_version = "v1" if segments[0] == "api" else "/".join(segments[1:3])
-    rest = segments[2:] if segments[0] == "api" else segments[3:]
-    if request.method == "GET" and len(rest) == 5 and rest[2] == "pods" and rest[4] == "log":
-        return _log(api, request, rest[1], rest[3])
-    if not rest:
-        found = _discovery(group_version)
-        return (200, found) if found else (404, _status(404, "NotFound", "the server could not find it"))
-    if request.method == "GET" and len(rest) in (1, 3):  # <plural> or namespaces/<ns>/<plural>
-        return _list(api, request, group_version, rest)
-    return _one(api, request)
+def _apply(kube: FakeKube, api_version: str, kind: str, name: str | None, namespace: str | None,
+           query: dict[str, str], body: bytes) -> tuple[int, Any]:
+    """Server-side apply: the object of the URL, by a named field manager."""
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return 400, _status(400, "BadRequest", "the body of the request is not JSON or YAML")
+    meta = obj.get("metadata") or {}
+    if not query.get("fieldManager"):
+        return 422, _status(422, "Invalid", "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required "
+                                            "value: is required for apply patch")
+    if (obj.get("apiVersion"), obj.get("kind")) != (api_version, kind) or meta.get("name") != name or \
+            (meta.get("namespace") or namespace) != namespace:
+        return 400, _status(400, "BadRequest", f"the object {obj.get('kind')} {meta.get('namespace')}/"
+                                               f"{meta.get('name')} does not match the URL ({kind} {namespace}/{name})")
+    existed = kube.get(api_version, kind, name, namespace) is not None
+    applied = kube.apply(obj, field_manager=query["fieldManager"], force=query.get("force") == "true")
+    return (200 if existed else 201), applied
 
 
-def _log(api: KubeApi, request: Request, namespace: str, pod: str) -> tuple[int, dict | bytes]:
-    """GET .../pods/<pod>/log: the stored text (of ``container``), its last ``tailLines`` lines."""
-    container = (request.query.get("container") or [None])[0]
-    text = api.logs.get((namespace, pod, container))
-    if text is None:
-        text = api.logs.get((namespace, pod, None))
-    if text is None:
-        return 404, _status(404, "NotFound", f'pods "{pod}" not found')
-    lines = text.splitlines(keepends=True)
-    stamps = [f"2026-01-01T00:00:{i // 3:02d}.{i % 3:09d}Z " for i in range(len(lines))]  # 3 lines a second
-    if request.query.get("tailLines"):
-        count = int(request.query["tailLines"][0])
-        lines, stamps = lines[max(0, len(lines) - count):], stamps[max(0, len(stamps) - count):]
-    if request.query.get("timestamps") == ["true"]:
-        lines = [stamp + line for stamp, line in zip(stamps, lines)]
-    return 200, "".join(lines).encode()
-
-
-def _list(api: KubeApi, request: Request, group_version: str, rest: list[str]) -> tuple[int, dict]:
-    prefix = request.path.rstrip("/") + "/"
-    items = [o for p, o in sorted(api.objects.items()) if p.startswith(prefix) and p.count("/") == prefix.count("/")]
-    if len(rest) == 1 and not items:  # a namespaced kind in all namespaces: every namespaces/*/<plural>/*
-        base = request.path[: -len(rest[0])]
-        items = [o for p, o in sorted(api.objects.items())
-                 if p.startswith(base + "namespaces/") and p.split("/")[-2] == rest[0]]
-    selector = (request.query.get("labelSelector") or [""])[0]
-    items = [o for o in items if all((o["metadata"].get("labels") or {}).get(k) == v
-                                     for k, v in (t.split("=", 1) for t in selector.split(",") if t))]
-    start = int((request.query.get("continue") or ["0"])[0] or 0)
-    size = min(int((request.query.get("limit") or ["500"])[0]), api.page_size_cap or 10**9)
+def _list(kube: FakeKube, api_version: str, kind: str, namespace: str | None, query: dict[str, str],
+          page_size_cap: int | None) -> dict:
+    items = kube.list(api_version, kind, namespace, query.get("labelSelector"))
+    start = int(query.get("continue") or 0)
+    size = min(int(query.get("limit") or 500), page_size_cap or 10**9)
     page, more = items[start:start + size], start + size < len(items)
-    return 200, {"kind": "List", "apiVersion": group_version, "items": page,
-                 "metadata": {"resourceVersion": str(api._version), **({"continue": str(start + size)} if more else {})}}
+    return {"kind": f"{kind}List", "apiVersion": api_version, "items": page,
+            "metadata": {"resourceVersion": str(kube.resource_version()),
+                         **({"continue": str(start + size)} if more else {})}}
 
 
-def _one(api: KubeApi, request: Request) -> tuple[int, dict]:
-    current = api.objects.get(request.path)
-    name = request.path.rsplit("/", 1)[-1]
-    if request.method == "GET":
-        return (200, current) if current else (404, _status(404, "NotFound", f'"{name}" not found'))
-    if request.method == "DELETE":
-        if not current:
-            return 404, _status(404, "NotFound", f'"{name}" not found')
-        del api.objects[request.path]
-        return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success"}
-    applied = json.loads(request.body)
-    owned = api.owners.get(request.path) or {}
-    taken = [f for f, manager in owned.items() if manager != (request.query.get("fieldManager") or [""])[0]
-             and _field(applied, f) is not None and _field(applied, f) != _field(current or {}, f)]
-    if taken and request.query.get("force") != ["true"]:
-        return 409, _status(409, "Conflict", f"Apply failed with {len(taken)} conflict: " + "; ".join(
-            f'conflict with "{owned[f]}": .{f}' for f in taken))
-    if current is None:
-        applied["metadata"].update(resourceVersion=api.next_version(), uid=f"uid-{name}")
-        api.objects[request.path] = applied
-        return 201, applied
-    changed = {**current, **applied, "metadata": {**current["metadata"], **applied["metadata"]}}
-    changed["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-    if changed != current:
-        changed["metadata"]["resourceVersion"] = api.next_version()
-        api.objects[request.path] = changed
-    return 200, api.objects[request.path]
+def _log(kube: FakeKube, namespace: str, pod: str, query: dict[str, str]) -> tuple[int, Any]:
+    """GET .../pods/<pod>/log: the stored text (of ``container``), its last ``tailLines`` lines, each with its
+    RFC 3339 timestamp (nanoseconds, as the kubelet writes them; 3 lines a second) when asked."""
+    tail = query.get("tailLines")
+    try:
+        lines = list(kube.pod_logs(pod, namespace, query.get("container"), query.get("follow") == "true",
+                                   None))
+    except KubeError as ex:
+        return ex.status or 500, _status(ex.status or 500, ex.reason or "InternalError", str(ex))
+    stamps = [f"2026-01-01T00:00:{i // 3:02d}.{i % 3:09d}Z " for i in range(len(lines))]
+    if tail is not None:
+        lines, stamps = lines[max(0, len(lines) - int(tail)):], stamps[max(0, len(stamps) - int(tail)):]
+    if query.get("timestamps") == "true":
+        lines = [stamp + line for stamp, line in zip(stamps, lines)]
+    return 200, "".join(line + "\n" for line in lines).encode()
 
 
-def _field(obj: dict, dotted: str):
-    for part in dotted.split("."):
-        obj = obj.get(part) if isinstance(obj, dict) else None
-    return obj
+def _discovery_root(kube: FakeKube, path: str) -> dict:
+    """GET /version, /api and /apis: what API discovery asks first."""
+    if path == "/version":
+        major, minor, _ = VERSION.split(".")
+        return {"major": major, "minor": minor, "gitVersion": f"v{VERSION}", "platform": "linux/amd64"}
+    if path == "/api":
+        return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
+    groups: dict[str, list[dict]] = {}
+    for group_version in kube.group_versions():
+        if "/" in group_version:
+            group, version = group_version.split("/")
+            groups.setdefault(group, []).append({"groupVersion": group_version, "version": version})
+    return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
+        {"name": name, "versions": versions, "preferredVersion": versions[0]} for name, versions in groups.items()]}
+
+
+def _discovery(kube: FakeKube, api_version: str) -> dict:
+    resources = [{"name": plural_of(k), "singularName": k.lower(), "kind": k, "namespaced": k not in CLUSTER_SCOPED,
+                  "verbs": ["create", "delete", "get", "list", "patch", "watch"]} for k in kube.kinds(api_version)]
+    resources += [{"name": f"{r['name']}/status", "kind": r["kind"], "namespaced": r["namespaced"],
+                   "verbs": ["get", "patch"]} for r in list(resources)]
+    return {"kind": "APIResourceList", "groupVersion": api_version, "resources": resources}
+
+
+def plural_of(kind: str) -> str:
+    lower = kind.lower()
+    return lower[:-1] + "ies" if lower.endswith("y") else lower + ("es" if lower.endswith("s") else "s")
+
+
+def _status(code: int, reason: str, message: str) -> dict:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
+            "reason": reason, "code": code}
 
 
 @contextlib.contextmanager
-def serve_kube_api(token: str | None = "test-token", *, tls_dir: Path | None = None,
-                   entra: bool = False) -> Iterator[KubeApi]:
-    """Serve on a free loopback port (HTTPS when ``tls_dir`` is given: certificates are written there)."""
+def serve_kube_api(token: str | None = "test-token", *, tls_dir: Path | None = None, entra: bool = False,
+                   kube: FakeKube | None = None) -> Iterator[KubeApi]:
+    """Serve ``kube`` (a new, empty FakeKube by default) on a free loopback port (HTTPS when ``tls_dir`` is given:
+    certificates are written there)."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
     server.daemon_threads = True
     scheme = "https" if tls_dir else "http"
-    api = KubeApi(url=f"{scheme}://127.0.0.1:{server.server_address[1]}", token=token, entra=entra)
+    api = KubeApi(url=f"{scheme}://127.0.0.1:{server.server_address[1]}", token=token, entra=entra,
+                  kube=kube if kube is not None else FakeKube())
     server.RequestHandlerClass = _handler(api)
     if tls_dir:
         _serve_tls(server, api, tls_dir)

@@ -19,8 +19,9 @@ Scripts can reuse them with the repo root on ``sys.path``::
         print(blob.connection_string)
 
 Binaries come from ``bash scripts/setup.sh``; ``AZURITE_BIN`` and ``ETCD_BIN``
-override them.  ``ELASTICTRAIN_SERVICE_START_TIMEOUT`` (seconds, default 30)
-bounds each start-up.
+override them. The programs, command lines and etcd's environment are the local
+cluster's own (backends/local/components.py): a test runs what users run.
+``ELASTICTRAIN_SERVICE_START_TIMEOUT`` (seconds, default 30) bounds each start-up.
 """
 from __future__ import annotations
 
@@ -30,7 +31,6 @@ import dataclasses
 import http.client
 import json
 import os
-import platform
 import shlex
 import shutil
 import signal
@@ -42,6 +42,8 @@ import time
 import urllib.parse
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
+
+from azext_elastictrain.backends.local import components
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LOOPBACK = "127.0.0.1"
@@ -302,20 +304,14 @@ def _start_with_retries(start_once: Callable[[int], tuple[ManagedProcess, Any]])
     raise ServiceError(f"gave up after {_START_ATTEMPTS} attempts: {last}")
 
 
-def _which(env_var: str, candidates: Sequence[Path], name: str, hint: str) -> str:
-    override = os.environ.get(env_var)
-    if override:
-        found = shutil.which(override)
-        if not found:
-            raise ServiceNotFound(f"{env_var}={override!r} is not an executable")
-        return found
-    for cand in candidates:
-        if cand.is_file() and os.access(cand, os.X_OK):
-            return str(cand)
-    found = shutil.which(name)
-    if found:
-        return found
-    raise ServiceNotFound(f"{name} not found (set {env_var} or {hint})")
+def _product_binary(find: Callable[[], str]) -> str:
+    """A program as the local cluster finds it; missing, a ServiceNotFound (the tests that need it skip)."""
+    from azext_elastictrain.backends.local.state import ToolMissing
+
+    try:
+        return find()
+    except ToolMissing as exc:
+        raise ServiceNotFound(f"{exc}; `bash scripts/setup.sh` installs it") from None
 
 
 # --------------------------------------------------------------------------- Azurite
@@ -340,12 +336,8 @@ class AzuriteService:
 
 
 def azurite_binary() -> str:
-    return _which(
-        "AZURITE_BIN",
-        [REPO_ROOT / ".tools" / "node_modules" / ".bin" / "azurite-blob"],
-        "azurite-blob",
-        "run `bash scripts/setup.sh`, which installs azurite into .tools/",
-    )
+    """The Azurite the local cluster runs (``AZURITE_BIN``, the checkout's .tools, PATH)."""
+    return _product_binary(components.azurite_binary)
 
 
 def _azurite_probe(port: int, cert: str | None = None) -> Callable[[], bool]:
@@ -389,20 +381,8 @@ def start_azurite(tmpdir: os.PathLike | str, *, timeout: float = START_TIMEOUT_S
 
     def start_once(attempt: int) -> tuple[ManagedProcess, AzuriteService]:
         port = free_port()
-        argv = [
-            binary,
-            "--blobHost", LOOPBACK,
-            "--blobPort", str(port),
-            "--location", str(location),
-            "--skipApiVersionCheck",
-            "--loose",
-            "--silent",
-            "--disableTelemetry",
-        ]
-        if cert:
-            argv += ["--cert", str(cert), "--key", str(key)]
-        if oauth:
-            argv += ["--oauth", "basic"]
+        argv = components.azurite_argv(binary, port=port, location=location, cert=str(cert) if cert else None,
+                                       key=str(key) if key else None, oauth=oauth)
         proc = ManagedProcess("azurite", argv, workdir / f"azurite-{attempt}.log", cwd=location)
         try:
             _wait_ready(proc, _azurite_probe(port, str(cert) if cert else None), timeout,
@@ -454,20 +434,8 @@ class EtcdService:
 
 
 def etcd_binary() -> str:
-    return _which(
-        "ETCD_BIN",
-        [],
-        "etcd",
-        "run `bash scripts/setup.sh`, which installs Debian's etcd-server",
-    )
-
-
-def _etcd_env() -> dict[str, str]:
-    # ETCD_* variables are etcd flags; keep the caller's out of our instance.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD_")}
-    if platform.machine().lower() in ("aarch64", "arm64"):
-        env["ETCD_UNSUPPORTED_ARCH"] = "arm64"  # etcd 3.4 refuses arm64 without it
-    return env
+    """The etcd the local cluster runs (``ETCD_BIN``, PATH)."""
+    return _product_binary(components.etcd_binary)
 
 
 def _etcd_probe(client_url: str) -> Callable[[], bool]:
@@ -499,19 +467,10 @@ def start_etcd(
         client_url = f"http://{LOOPBACK}:{client_port}"
         peer_url = f"http://{LOOPBACK}:{peer_port}"
         data_dir = workdir / f"etcd-data-{attempt}"
-        argv = [
-            binary,
-            "--name", name,
-            "--data-dir", str(data_dir),
-            "--enable-v2",
-            "--listen-client-urls", client_url,
-            "--advertise-client-urls", client_url,
-            "--listen-peer-urls", peer_url,
-            "--initial-advertise-peer-urls", peer_url,
-            "--initial-cluster", f"{name}={peer_url}",
-            "--initial-cluster-state", "new",
-        ]
-        proc = ManagedProcess("etcd", argv, workdir / f"etcd-{attempt}.log", env=_etcd_env(), cwd=workdir)
+        argv = components.etcd_argv(binary, name=name, data_dir=data_dir, client_port=client_port,
+                                    peer_port=peer_port)
+        proc = ManagedProcess("etcd", argv, workdir / f"etcd-{attempt}.log", env=components.etcd_env(os.environ),
+                              cwd=workdir)
         try:
             _wait_ready(proc, _etcd_probe(client_url), timeout, f"etcd on {LOOPBACK}:{client_port}")
         except BaseException:

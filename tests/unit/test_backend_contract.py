@@ -56,7 +56,7 @@ class CountingArm:
 
 
 def test_an_aks_command_asks_arm_and_fetches_credentials_once_however_often_it_looks() -> None:
-    arm, kube = CountingArm(), FakeKube()
+    arm, kube = CountingArm(), FakeKube().with_operator_crd()
     backend = AksBackend(arm, "rg", "trainer", kube_connect=lambda _: kube)
     plan = backend.plan_job(_request())
     backend.submit_job(plan)
@@ -68,7 +68,7 @@ def test_an_aks_command_asks_arm_and_fetches_credentials_once_however_often_it_l
 
 
 def test_a_dry_run_plans_without_kubernetes_or_credentials() -> None:
-    arm, kube = CountingArm(), FakeKube()
+    arm, kube = CountingArm(), FakeKube().with_operator_crd()
     shown = AksBackend(arm, "rg", "trainer", kube_connect=lambda _: kube).plan_job(_request()).shown
     assert shown["dryRun"] and shown["object"]["kind"] == "ElasticJob"
     assert "listClusterUserCredential" not in arm.asked and kube.calls == []

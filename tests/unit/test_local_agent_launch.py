@@ -1,5 +1,6 @@
 """The benchmarks and the torchrun tests start nodes exactly as `job run --local` does: one launch builder
-(backends/local/agent.py), never a torchrun command line typed again in tests/support or scripts/bench."""
+(backends/local/agent.py), never a torchrun command line typed again in tests/support or scripts/bench; and their
+etcd and Azurite exactly as `cluster create --local` does (backends/local/components.py)."""
 from __future__ import annotations
 
 import os
@@ -7,10 +8,11 @@ import re
 from pathlib import Path
 
 from azext_elastictrain.backends.local import agent as local_agent
+from azext_elastictrain.backends.local import cluster as local_cluster
 from azext_elastictrain.backends.local import jobs as local_jobs
 from azext_elastictrain.core import launch
 from azext_elastictrain.core.spec import JobSpec
-from tests.support import elastic
+from tests.support import elastic, services
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,8 +34,8 @@ def _product_launch(monkeypatch, tmp_path: Path) -> _Started:
     (tmp_path / "job" / "nodes").mkdir(parents=True)
     conn = {"blob_endpoint": "http://127.0.0.1:10000/devstoreaccount1", "connection_string": "UseDevelopment",
             "etcd": "127.0.0.1:2379", "scheduled_events": "http://127.0.0.1:9/metadata/scheduledevents"}
-    local_jobs.LocalJobs().start_node(spec, str(elastic.TRAIN_SCRIPT), "job-node-0", conn, job_dir=tmp_path / "job",
-                                      rdzv_id="job-1234")
+    jobs = local_jobs.LocalJobs(local_jobs.LocalClusters(tmp_path))
+    jobs.start_node(spec, str(elastic.TRAIN_SCRIPT), "job-node-0", conn, job_dir=tmp_path / "job", rdzv_id="job-1234")
     return _Started.last
 
 
@@ -77,6 +79,77 @@ def test_no_torchrun_command_line_is_typed_outside_the_product():
     assert typed == []
 
 
+def test_no_etcd_or_azurite_command_line_is_typed_outside_the_product():
+    """The flags only a command line of etcd or Azurite carries, as a string in tests/support or scripts/bench."""
+    options = re.compile(r"""["']--(enable-v2|initial-cluster|listen-client-urls|advertise-client-urls|"""
+                         r"""listen-peer-urls|blobHost|blobPort|skipApiVersionCheck|disableTelemetry|oauth)\b""")
+    typed = [str(p.relative_to(REPO)) for folder in ("tests/support", "scripts/bench", "scripts")
+             for p in sorted((REPO / folder).glob("*.py")) if options.search(p.read_text())]
+    assert typed == []
+
+
+class _Spawned:
+    """What the tests' ManagedProcess is, for a process that was never started."""
+
+    pid = os.getpid()
+
+    def __init__(self, name, argv, log_path, *, env=None, cwd=None):
+        self.argv, self.env, self.log_path = [str(a) for a in argv], env, log_path
+        _Spawned.last = self
+
+    def stop(self):
+        return 0
+
+
+def _product_component(monkeypatch, tmp_path: Path, component: str) -> tuple[list[str], dict | None]:
+    spawned = {}
+
+    def spawn(self, name, which, argv, port, env=None):
+        spawned.update(argv=argv, env=env)
+        return local_cluster.Component(which, os.getpid(), 0.0, port, str(tmp_path / "log"))
+
+    monkeypatch.setattr(local_cluster.LocalClusters, "_spawn", spawn)
+    monkeypatch.setattr(local_cluster.LocalClusters, "_wait_ready", lambda *a: None)
+    monkeypatch.setattr(local_cluster.LocalClusters, "_create_container", lambda *a: None)
+    ports = iter([2379, 2380])
+    monkeypatch.setattr(local_cluster, "free_port", lambda: next(ports))
+    clusters = local_cluster.LocalClusters(tmp_path / "product")
+    # pylint: disable-next=protected-access  # the one start of each component, without the process
+    {"etcd": clusters._start_etcd, "azurite": clusters._start_azurite}[component]("test")
+    return spawned["argv"], spawned["env"]
+
+
+def _test_service(monkeypatch, tmp_path: Path, component: str) -> tuple[list[str], dict | None]:
+    monkeypatch.setattr(services, "ManagedProcess", _Spawned)
+    monkeypatch.setattr(services, "_wait_ready", lambda *a: None)
+    monkeypatch.setattr(services, "free_ports", lambda count, host=None: [2379, 2380][:count])
+    start = {"etcd": services.start_etcd, "azurite": services.start_azurite}[component]
+    with start(tmp_path / "tests"):
+        pass
+    return _Spawned.last.argv, _Spawned.last.env
+
+
+def _without(argv: list[str], flag: str) -> list[str]:
+    """``argv`` with the value after ``flag`` left out (where each puts its data)."""
+    at = argv.index(flag)
+    return argv[:at + 1] + argv[at + 2:]
+
+
+def test_the_tests_etcd_runs_the_command_line_and_environment_of_the_local_clusters(monkeypatch, tmp_path):
+    monkeypatch.setenv("ETCD_DEBUG", "true")  # the caller's etcd flags reach neither
+    product, product_env = _product_component(monkeypatch, tmp_path, "etcd")
+    ours, our_env = _test_service(monkeypatch, tmp_path, "etcd")
+    assert _without(ours, "--data-dir") == _without(product, "--data-dir")
+    assert "--enable-v2" in product and "ETCD_DEBUG" not in product_env and our_env == product_env
+
+
+def test_the_tests_azurite_runs_the_command_line_of_the_local_clusters(monkeypatch, tmp_path):
+    product, _ = _product_component(monkeypatch, tmp_path, "azurite")
+    ours, _ = _test_service(monkeypatch, tmp_path, "azurite")
+    assert _without(ours, "--location") == _without(product, "--location")
+    assert "--disableTelemetry" in product
+
+
 def _in_process_launch(tmp_path: Path, **changes) -> local_agent.AgentLaunch:
     fields = dict(node="job-node-1", script=str(elastic.TRAIN_SCRIPT), checkpoint_url="http://127.0.0.1:1/x/job",
                   connection_string="UseDevelopment", etcd_endpoint="127.0.0.1:2379", rdzv_id="job-1234",
@@ -116,19 +189,24 @@ def test_an_in_process_node_without_a_coordinator_is_refused(tmp_path):
 
 
 def test_a_node_that_joins_later_is_launched_as_the_jobs_record_says(monkeypatch, tmp_path):
-    """An eviction's replacement is started from a spec that does not say how the job recovers (evict.py
-    builds it from the record's other fields): the record decides."""
+    """An eviction's replacement is started from the job's record (backends/local/record.py: every option of
+    the spec is in it), so it recovers as the job does; its coordinator's address is the record's too."""
     import json
 
+    from azext_elastictrain.backends.local import record
+
+    recorded = record.new_record(JobSpec(name="job", script=str(elastic.TRAIN_SCRIPT), min_nodes=1, max_nodes=2,
+                                         recovery="in-process"),
+                                 cluster="local", script=str(elastic.TRAIN_SCRIPT), rdzv_id="job-1234")
+    recorded["coordinator"] = {"address": "http://127.0.0.1:40002"}
     (tmp_path / "job" / "nodes").mkdir(parents=True)
-    (tmp_path / "job" / "job.json").write_text(json.dumps(
-        {"recovery": "in-process", "coordinator": {"address": "http://127.0.0.1:40002"}}))
+    (tmp_path / "job" / "job.json").write_text(json.dumps(recorded))
     monkeypatch.setattr(local_jobs.subprocess, "Popen", _Started)
-    spec = JobSpec(name="job", script=str(elastic.TRAIN_SCRIPT), min_nodes=1, max_nodes=2)  # restart by default
     conn = {"blob_endpoint": "http://127.0.0.1:10000/devstoreaccount1", "connection_string": "UseDevelopment",
             "etcd": "127.0.0.1:2379", "scheduled_events": "http://127.0.0.1:9/metadata/scheduledevents"}
-    local_jobs.LocalJobs().start_node(spec, str(elastic.TRAIN_SCRIPT), "job-node-2", conn, job_dir=tmp_path / "job",
-                                      rdzv_id="job-1234")
+    jobs = local_jobs.LocalJobs(local_jobs.LocalClusters(tmp_path))
+    jobs.start_node(record.spec_of(recorded), str(elastic.TRAIN_SCRIPT), "job-node-2", conn,
+                    job_dir=tmp_path / "job", rdzv_id="job-1234")
     started = _Started.last
     assert "--standalone" in started.argv and started.env[launch.ENV_COORDINATOR] == "http://127.0.0.1:40002"
     assert started.env[launch.ENV_REPLICA_ID] == "job-node-2"

@@ -20,7 +20,7 @@ EJ = ("elastic.pytorch.org/v1alpha1", "ElasticJob")
 
 @pytest.fixture
 def kube() -> FakeKube:
-    kube = FakeKube()
+    kube = FakeKube().with_operator_crd()
     for index in range(3):
         kube.seed(k.node(index))
     kube.apply(m.render_elastic_job(JOB, CLUSTER, IMAGE, run_id="cifar-0001"))
@@ -80,7 +80,7 @@ def test_a_worker_that_failed_for_good_is_not_replaced(kube, code) -> None:
 def test_the_operator_reads_the_exit_code_only_from_the_elasticjob_worker_container() -> None:
     """The model's own rule, shown on a job whose container has another name (as ours had): an OOMKilled worker
     stays Failed and the job short of a worker, forever; and without the named port no status is written."""
-    kube = FakeKube()
+    kube = FakeKube().with_operator_crd()
     kube.seed(k.node(0))
     job = m.render_elastic_job(JOB, CLUSTER, IMAGE)
     (container,) = job["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]["containers"]

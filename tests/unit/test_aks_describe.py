@@ -174,7 +174,7 @@ def test_delete_stops_the_workers_and_keeps_the_checkpoints() -> None:
 
 @pytest.fixture()
 def kube() -> FakeKube:
-    fake = FakeKube()
+    fake = FakeKube().with_operator_crd()
     for obj in [*NODES, *PODS, k.worker_pod("bert", 0, k.name_of(GPU[2])),
                 k.with_status(m.render_elastic_job(JobSpec(name="bert", script="t.py"), CLUSTER, IMAGE),
                               k.running("bert"), 1), _job()]:

@@ -1,4 +1,4 @@
-"""clients.kube (the official kubernetes client behind our KubeClient) against a tiny Kubernetes API server on
+"""clients.kube (the official kubernetes client behind our KubeClient) against the fake Kubernetes served on
 loopback (tests/support/kube_apiserver.py), as a static-token, client-certificate or Entra ID-only API server."""
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import pytest
 
 from azext_elastictrain.clients import kube as kube_module
 from azext_elastictrain.clients.kube import AKS_SCOPE, FIELD_MANAGER, KubeError, connect
+from azext_elastictrain.core.manifests import load_base_objects
 from tests.support.kube_apiserver import entra_token, serve_kube_api, token_claims
 
 TOKEN = "eyJhbGciOiJSUzI1NiJ9.c2VjcmV0LXRva2VuLWZvci10ZXN0cw.c2lnbmF0dXJl"
@@ -53,13 +54,21 @@ def test_apply_creates_then_updates_with_server_side_apply(api, client) -> None:
     assert json.loads(patches[0].body)["data"] == {"a": "1"}
 
 
+def _crd() -> dict:
+    return next(o for o in load_base_objects() if o["kind"] == "CustomResourceDefinition")
+
+
 def test_apply_finds_the_path_of_other_groups_and_cluster_scoped_kinds(api, client) -> None:
+    pods = {"selector": {"matchLabels": {"app": "etcd"}}, "serviceName": "etcd", "template": {
+        "metadata": {"labels": {"app": "etcd"}}, "spec": {"containers": [{"name": "etcd", "image": "etcd"}]}}}
     client.apply({"apiVersion": "apps/v1", "kind": "StatefulSet",
-                  "metadata": {"name": "etcd", "namespace": "elastictrain"}, "spec": {"replicas": 1}})
-    client.apply({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-                  "metadata": {"name": "elasticjobs.elastic.pytorch.org"}, "spec": {}})
-    assert "/apis/apps/v1/namespaces/elastictrain/statefulsets/etcd" in api.objects
-    assert "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/elasticjobs.elastic.pytorch.org" in api.objects
+                  "metadata": {"name": "etcd", "namespace": "elastictrain"}, "spec": {"replicas": 1, **pods}})
+    client.apply(_crd())
+    applied = [(r.path, r.status) for r in api.requests if r.method == "PATCH"]
+    assert applied == [("/apis/apps/v1/namespaces/elastictrain/statefulsets/etcd", 201),
+                       ("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/elasticjobs.elastic.pytorch.org",
+                        201)]
+    assert api.kube.get("apps/v1", "StatefulSet", "etcd", "elastictrain")["spec"]["replicas"] == 1
 
 
 def test_get_returns_the_object_or_none_when_missing(client) -> None:
@@ -196,7 +205,7 @@ def test_a_server_certificate_from_another_ca_is_refused(tmp_path: Path) -> None
 
 def test_a_field_another_manager_owns_is_a_clear_conflict_not_taken_over(api, client) -> None:
     client.apply(_configmap("settings", {"a": "1"}))
-    api.owners["/api/v1/namespaces/elastictrain/configmaps/settings"] = {"data.a": "kubectl-edit"}
+    api.kube.take_fields("v1", "ConfigMap", "settings", "elastictrain", "kubectl-edit", ["data.a"])
     with pytest.raises(KubeError) as caught:
         client.apply(_configmap("settings", {"a": "2"}))
     assert caught.value.status == 409 and "kubectl-edit" in str(caught.value) and "nothing was changed" in str(
@@ -325,6 +334,12 @@ def test_a_watch_opened_with_a_token_the_server_stops_taking_is_renewed_once(ent
 
 # -- watch and followed logs -------------------------------------------------------------------------------------
 
+def _pod(api, name: str, log: str, container: str | None = None) -> None:
+    """A pod that ran (a log of a pod that is not there is a 404) and what it printed."""
+    api.kube.seed({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "elastictrain"}})
+    api.kube.set_logs(name, "elastictrain", log, container)
+
+
 def test_watch_sees_the_object_then_its_changes_until_the_timeout(api, client) -> None:
     client.apply(_configmap("settings", {"a": "1"}))
 
@@ -346,11 +361,11 @@ def test_watch_sees_the_object_then_its_changes_until_the_timeout(api, client) -
 
 def test_a_followed_log_that_goes_silent_is_opened_again_without_repeating_lines(api, client, monkeypatch) -> None:
     monkeypatch.setattr(kube_module, "FOLLOW_READ_TIMEOUT_S", 0.5)
-    api.logs[("elastictrain", "job-worker-0", None)] = "".join(f"line {i}\n" for i in range(7))
+    _pod(api, "job-worker-0", "".join(f"line {i}\n" for i in range(7)))
     api.log_stall = 6.0  # the first connection sends the lines, then nothing (far past the read timeout)
     lines = client.pod_logs("job-worker-0", "elastictrain", follow=True)
     first = [next(lines) for _ in range(7)]
-    api.logs[("elastictrain", "job-worker-0", None)] += "line 7\nline 8\n"
+    api.kube.set_logs("job-worker-0", "elastictrain", "".join(f"line {i}\n" for i in range(9)))
     api.log_stall = 0.0
     assert first + list(lines) == [f"line {i}" for i in range(9)]
     logs = [r for r in api.requests if r.path.endswith("/log")]
@@ -359,7 +374,7 @@ def test_a_followed_log_that_goes_silent_is_opened_again_without_repeating_lines
 
 
 def test_pod_logs_stream_the_lines_of_a_container(api, client) -> None:
-    api.logs[("elastictrain", "job-worker-0", "worker")] = "step 1\nstep 2\r\nstep 3"
+    _pod(api, "job-worker-0", "step 1\nstep 2\r\nstep 3", container="worker")
     assert list(client.pod_logs("job-worker-0", "elastictrain", container="worker")) == [
         "step 1", "step 2", "step 3"]
     asked = api.requests[-1]
@@ -368,7 +383,7 @@ def test_pod_logs_stream_the_lines_of_a_container(api, client) -> None:
 
 
 def test_pod_logs_ask_for_the_tail_and_to_follow(api, client) -> None:
-    api.logs[("elastictrain", "job-worker-1", None)] = "".join(f"line {i}\n" for i in range(10))
+    _pod(api, "job-worker-1", "".join(f"line {i}\n" for i in range(10)))
     assert list(client.pod_logs("job-worker-1", "elastictrain", follow=True, tail=2)) == ["line 8", "line 9"]
     assert api.requests[-1].query == {"follow": ["true"], "tailLines": ["2"], "timestamps": ["true"]}
 
@@ -377,3 +392,43 @@ def test_the_log_of_a_missing_pod_is_a_404_kube_error_at_the_call(api, client) -
     with pytest.raises(KubeError) as raised:
         client.pod_logs("nothere", "elastictrain")
     assert raised.value.status == 404 and "nothere" in str(raised.value) and TOKEN not in str(raised.value)
+
+
+# -- what the API server refuses -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("obj, field, status, text", [
+    # a ConfigMap has no spec: server-side apply cannot type the body (tests/support/fake_workloads.py)
+    ({**_configmap("settings", {"a": "1"}), "spec": {"replicas": 1}}, "spec", 500, "field not declared in schema"),
+    ({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "Job_1", "namespace": "elastictrain"},
+      "spec": {"clusterIP": "None"}}, "metadata.name", 422, "invalid"),  # not a DNS-1035 label
+    (_configmap("settings", {"a": 1}), "data.a", 422, "invalid"),  # a ConfigMap's data are strings
+])
+def test_an_object_the_api_server_would_refuse_is_refused_naming_the_field(
+        api, client, obj, field, status, text) -> None:
+    with pytest.raises(KubeError) as caught:
+        client.apply(obj)
+    assert caught.value.status == status and text in str(caught.value)
+    assert api.requests[-1].status == status and api.kube.get("v1", obj["kind"], obj["metadata"]["name"],
+                                                              "elastictrain") is None
+    assert field.split(".")[-1] in str(caught.value)
+
+
+def test_an_apply_of_a_stale_resource_version_is_a_409_and_changes_nothing(api, client) -> None:
+    first = client.apply(_configmap("settings", {"a": "1"}))
+    client.apply(_configmap("settings", {"a": "2"}))
+    stale = _configmap("settings", {"a": "3"})
+    stale["metadata"]["resourceVersion"] = first["metadata"]["resourceVersion"]
+    with pytest.raises(KubeError) as caught:
+        client.apply(stale)
+    assert caught.value.status == 409 and "modified" in str(caught.value)
+    assert client.get("v1", "ConfigMap", "settings", "elastictrain")["data"] == {"a": "2"}
+
+
+def test_a_custom_kind_is_served_once_its_crd_is_applied_and_checked_against_its_schema(api, client) -> None:
+    job = {"apiVersion": "elastic.pytorch.org/v1alpha1", "kind": "ElasticJob",
+           "metadata": {"name": "job", "namespace": "elastictrain"}, "spec": {"unknownField": 1}}
+    assert client.get("elastic.pytorch.org/v1alpha1", "ElasticJob", "job", "elastictrain") is None
+    client.apply(_crd())
+    with pytest.raises(KubeError) as caught:
+        client.apply(job)
+    assert caught.value.status == 422 and "rdzvEndpoint" in str(caught.value)  # the CRD's required field
