@@ -72,6 +72,11 @@ def since(events: Iterable[dict[str, Any]], start_time: float) -> list[dict[str,
     return [e for e in events if isinstance(e.get("time"), (int, float)) and e["time"] >= start_time]
 
 
+# How summarize reads an in-process job's events: a quorum change begins a world, as ``restored`` does in the
+# restart mode; a joining node's own start and restore are not the job's.
+_IN_PROCESS_READING: dict[str, str | None] = {QUORUM: RESTORED, RESTORED: None, STARTED: None}
+
+
 def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
     """What the events say about a run: step, world size, throughput, checkpoints, notices, recoveries.
 
@@ -91,9 +96,9 @@ def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
     failed_checkpoints = 0
     in_process = any(e.get("event") == QUORUM for e in events)
     for e in events:
-        kind = e.get("event")
-        if in_process:  # its worlds begin at quorum changes; a joining node's own start and restore are not one
-            kind = {QUORUM: RESTORED, RESTORED: None, STARTED: None}.get(kind, kind)
+        kind: str | None = e.get("event")
+        if in_process and kind in _IN_PROCESS_READING:  # its worlds begin at quorum changes, not a node's restore
+            kind = _IN_PROCESS_READING[kind]
         if kind in (STARTED, RESTORED, PROGRESS, CHECKPOINT, REFORMING):
             finished = None  # a world trains after the finished event (an old runtime's done() after a stop)
         if kind == RESTORED and restores >= 1:
