@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from azext_elastictrain.backends.local.cluster import LocalClusters
+from azext_elastictrain.backends.local.jobs import LocalJobs
 from azext_elastictrain.core.spec import LOCAL_CLUSTER_DEFAULT
 from tests.e2e.test_readme import BLOCKS, HARNESS, _show, _wait_world
 from tests.support import services as svc
@@ -102,7 +103,7 @@ def test_the_readme_script_in_process_through_evictions_and_scale_ups(tmp_path, 
                 done = az.json("elastictrain", "job", "wait", "--local", "--name", JOB, "--state", "Succeeded",
                                "--timeout", "300", timeout=360)
                 shown = _show(az, JOB)
-                events = LocalClusters(az.config_dir / "elastictrain" / "local").job_events(
+                events = LocalJobs(LocalClusters(az.config_dir / "elastictrain" / "local")).job_events(
                     LOCAL_CLUSTER_DEFAULT, JOB)
             finally:
                 az("elastictrain", "job", "delete", "--local", "--name", JOB, "--yes", check=False, timeout=180)
