@@ -1,12 +1,11 @@
 """Arguments: names in the user's words, every one with help."""
 from azure.cli.core.commands.parameters import get_enum_type, get_three_state_flag
 
-JOB_STATES = ["Running", "Succeeded", "Failed", "Stopped"]
-
 
 def load_arguments(self, _):  # pylint: disable=too-many-statements  # one statement per argument, as az does
-    from azext_elastictrain.core.launch import RECOVERY_MODES  # pure, stdlib only: cheap
-    from azext_elastictrain.core.spec import ENGINES, STORAGE_SKUS, UPGRADE_CHANNELS  # pure, stdlib only: cheap
+    from azext_elastictrain.core.events import STATES as JOB_STATES  # pure, stdlib only: cheap
+    from azext_elastictrain.core.launch import RECOVERY_MODES
+    from azext_elastictrain.core.spec import ENGINES, STORAGE_SKUS, UPGRADE_CHANNELS
 
     with self.argument_context("elastictrain checkpoint") as c:
         c.argument(
@@ -192,6 +191,11 @@ def load_arguments(self, _):  # pylint: disable=too-many-statements  # one state
                    help="Start each worker by forking a per-node process that has imported torch and the "
                         "runtime once (seconds less without training at every re-form). false: every worker "
                         "starts a new Python, as plain torchrun does.")
+        c.argument("env", nargs="+", options_list=["--env"],
+                   help="Environment variables of the training script, as KEY=VALUE (space-separated; repeatable): "
+                        "on every node, the same on AKS and locally, e.g. --env NCCL_DEBUG=INFO WANDB_MODE=offline. "
+                        "Not for secrets: the values are kept in the job's record and its Kubernetes object. Names "
+                        "starting with ELASTICTRAIN_ are the job's own settings and are refused.")
         c.argument("recovery", arg_type=get_enum_type(RECOVERY_MODES), options_list=["--recovery"],
                    help="How the job survives a node lost or added. restart (default): torchrun restarts every "
                         "worker, which resumes from memory or blob. in-process: the workers keep running; a "
@@ -209,7 +213,7 @@ def load_arguments(self, _):  # pylint: disable=too-many-statements  # one state
         c.argument("timeout", type=int, options_list=["--timeout"],
                    help="With --follow: stop following after this many seconds (default: until the job ends).")
     with self.argument_context("elastictrain job wait") as c:
-        c.argument("state", arg_type=get_enum_type(JOB_STATES), options_list=["--state"],
+        c.argument("state", arg_type=get_enum_type(list(JOB_STATES)), options_list=["--state"],
                    help="Wait until the job is in this state (default: Succeeded, unless --step is given).")
         c.argument("step", type=int, options_list=["--step"],
                    help="Wait until training reached this step.")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from azure.cli.core.azclierror import (
     ArgumentUsageError,
@@ -17,6 +17,9 @@ from azure.cli.core.azclierror import (
     MutuallyExclusiveArgumentError,
     RequiredArgumentMissingError,
 )
+
+if TYPE_CHECKING:
+    from azext_elastictrain.backends.base import AnyBackend
 
 LOCAL, AKS, URL = "local", "aks", "url"
 _LOCAL_HELP = "Add --local (real etcd, Azurite and torchrun processes here)"
@@ -38,25 +41,25 @@ class Target:
             return f"--local --cluster {self.cluster}"
         return f"-g {self.resource_group} -c {self.cluster}"
 
-    def backend(self, cmd: Any, *, signed_out: "bool | str" = False) -> Any:
+    def backend(self, cmd: Any, *, signed_out: "bool | str" = False) -> AnyBackend:
         """The place's ``backends.base.Backend``, its clients resolved for this command; ``signed_out``: an AKS
         backend on no account at all, for a dry run without a login (a text: why the login's token failed)."""
-        from azext_elastictrain.backends import get_backend
+        from azext_elastictrain.backends import aks_backend, local_backend
 
         if self.kind == LOCAL:
-            return get_backend(LOCAL, Path(cmd.cli_ctx.config.config_dir) / "elastictrain" / "local", self.cluster)
+            return local_backend(Path(cmd.cli_ctx.config.config_dir) / "elastictrain" / "local", self.cluster or "")
         from knack.log import get_logger
 
         from azext_elastictrain.clients.arm import AzureArm, SignedOutArm
 
         arm = SignedOutArm(cmd.cli_ctx, signed_out if isinstance(signed_out, str) else None) if signed_out \
             else AzureArm(cmd.cli_ctx)
-        return get_backend(AKS, arm, self.resource_group, self.cluster,
-                           credential=LoginCredential(cmd.cli_ctx), progress=get_logger(__name__).warning,
+        return aks_backend(arm, self.resource_group, self.cluster, credential=LoginCredential(cmd.cli_ctx),
+                           progress=get_logger(__name__).warning,
                            spot_market=None if signed_out else _spot_market(cmd.cli_ctx, arm))
 
     @contextmanager
-    def opened(self, cmd: Any, *, signed_out: "bool | str" = False) -> Iterator[Any]:
+    def opened(self, cmd: Any, *, signed_out: "bool | str" = False) -> Iterator[AnyBackend]:
         """``backend()`` for the length of a ``with``: what it opened is closed after."""
         backend = self.backend(cmd, signed_out=signed_out)
         try:
@@ -211,7 +214,7 @@ def _check_names(cluster: str | None, job: str | None) -> str:
 
     cluster = cluster or LOCAL_CLUSTER_DEFAULT
     try:
-        LocalClusterSpec(cluster).validate()
+        LocalClusterSpec(cluster)
         if job is not None:
             validate_job_name(job)
     except (SpecError, ValueError) as ex:
@@ -252,8 +255,7 @@ def resolve_schedule(*, schedule: bool, job: str | None, rate: float | None, dur
             f"--schedule needs {', '.join(missing)}: whose nodes go, how many a minute, for how many seconds",
             recommendation="e.g. az elastictrain evict simulate --local --job cifar --schedule --rate 1 "
                            "--duration 600 --yes")
-    ScheduleSpec(rate=rate, duration=duration, notice_share=0.5 if notice_share is None else notice_share,
-                 notice_seconds=30.0 if notice_seconds is None else notice_seconds, replace_after=replace_after,
-                 seed=seed).validate()
+    ScheduleSpec.asked(rate, duration, notice_share=notice_share, notice_seconds=notice_seconds,
+                       replace_after=replace_after, seed=seed)  # raises ScheduleError for a bad value
     return ScheduleRequest(job=job, rate=rate, duration=duration, notice_share=notice_share,
                            notice_seconds=notice_seconds, replace_after=replace_after, seed=seed)

@@ -152,8 +152,9 @@ def print_summary(s: dict, picture: Path) -> None:
 def job_events(config_dir: Path) -> list[dict]:
     """The job's event log, read from the cluster's blob storage (what `job show` summarizes)."""
     from azext_elastictrain.backends.local.cluster import LocalClusters
+    from azext_elastictrain.backends.local.jobs import LocalJobs
 
-    return LocalClusters(config_dir / "elastictrain" / "local").job_events(CLUSTER, JOB)
+    return LocalJobs(LocalClusters(config_dir / "elastictrain" / "local")).job_events(CLUSTER, JOB)
 
 
 def run(az: Az, args: argparse.Namespace, out: Path) -> dict:

@@ -6,7 +6,9 @@
 #   bash scripts/test.sh -m unit               # extra arguments go to pytest
 #   bash scripts/test.sh -m "unit or e2e" -k az_cli
 #
-# Exits with pytest's status; "no tests collected" (pytest's 5) is a failure too.
+# With no arguments (CI) the type checker runs first, once (mypy.ini: strict on core/, backends/, clients/; its
+# cache in build/ makes a re-run here take a second or two, a fresh clone's ~7 s). Exits with the first failure's
+# status; "no tests collected" (pytest's 5) is a failure too.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
@@ -20,6 +22,9 @@ source scripts/env.sh
 # more), then the torchrun tests alone, one at a time: they train with several processes and assert how fast a job
 # recovers, so they get the machine to themselves. With arguments, one plain pytest run with them.
 pytest=("$ROOT/.venv/bin/python" -m pytest)
+if ((!$#)); then
+    "$ROOT/.venv/bin/python" -m mypy || { echo "test: the type checker found the above (mypy.ini)" >&2; exit 1; }
+fi
 set +e
 if (($#)); then
     "${pytest[@]}" "$@"

@@ -1,32 +1,39 @@
 """The contract every backend keeps: where a command runs is chosen once (``_validators.resolve_target``), and
 from then on the command only talks to a ``Backend``.
 
-The torchx shape (``torchx/schedulers/api.py``: ``submit_dryrun`` + ``schedule``): planning returns what would
-be done and changes nothing (``--dry-run`` prints ``Plan.shown``; a destructive command confirms
-``Plan.prompt``); sending takes that plan. A backend is bound to one cluster and gets its clients injected
-(the local state root; an ``AksSession`` over ARM, Kubernetes and blob storage), so a test gives it fakes of
-OUR interfaces, and one command resolves its clients once.
+The torchx shape (``torchx/schedulers/api.py``: ``submit_dryrun`` returns an ``AppDryRunInfo[T]`` that
+``schedule`` takes): planning returns a ``Plan[R]`` and changes nothing (``--dry-run`` prints ``Plan.shown``; a
+destructive command confirms ``Plan.prompt``); sending takes that plan and uses its ``request``, of the
+backend's own type (``backends/local/plans.py``, ``backends/aks/plans.py``), never what was printed. A backend is
+bound to one cluster and gets its clients injected (the local state root; an ``AksSession`` over the ports of
+``core.ports``), so a test gives it fakes of OUR interfaces, and one command resolves its clients once.
 
 Call order for a command: ``plan_*`` -> (confirm) -> the matching send (``submit_job``, ``delete_job``,
 ``delete_cluster``, ``evict``, ``run_schedule``). Describing (``describe_job``, ``list_jobs``, ``wait_job``,
-``job_logs``, ``show_cluster``) changes nothing.
+``job_logs``, ``show_cluster``, ``cluster_state``) changes nothing.
+
+Which options a backend takes is declared once, in its ``NOT_HERE`` table (``refuse_options``): an option of
+the other backend is refused before anything is asked, saying where it belongs.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Iterator, Protocol
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Generic, Iterator, Mapping, Protocol, TypeVar
 
+from azext_elastictrain.core.errors import OptionNotHere
 from azext_elastictrain.core.spec import JobSpec
+
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
-class Plan:
-    """What a command would do: ``shown`` is what ``--dry-run`` prints, ``prompt`` what a destructive command
-    asks before doing it (None: nothing to ask), ``request`` what the send step takes."""
+class Plan(Generic[R]):
+    """What a command would do: ``shown`` is what ``--dry-run`` prints, ``request`` what the send step takes (the
+    backend's own type), ``prompt`` what a destructive command asks before doing it (None: nothing to ask)."""
 
-    shown: dict
+    shown: dict[str, Any]
+    request: R
     prompt: str | None = None
-    request: Any = None
 
 
 @dataclass(frozen=True)
@@ -109,73 +116,109 @@ class CheckpointLocation:
     grant: str | None = None  # the command that gives the login the data role a 403 says it lacks
 
 
-class Backend(Protocol):  # pylint: disable=too-many-public-methods  # one per command step, as torchx's
-    """One cluster (local, or AKS) as every command sees it."""
+#: A request field -> (why it is not an option here, how to fix it): the options a backend does not take.
+NotHere = Mapping[str, "tuple[str, str | None]"]
+
+
+def refuse_options(request: object, not_here: NotHere) -> None:
+    """Raises ``OptionNotHere`` for the first option of ``request`` given (not None, not False) that ``not_here``
+    names. ``request``: one of this module's request dataclasses, or a command's own options as a dict."""
+    given = dict(request) if isinstance(request, Mapping) else \
+        {f.name: getattr(request, f.name) for f in fields(request)}  # type: ignore[arg-type]
+    for name, (why, fix) in not_here.items():
+        value = given.get(name)
+        if value is not None and value is not False:  # --rank 0 is given
+            raise OptionNotHere(why, fix)
+
+
+ClusterSpecT_contra = TypeVar("ClusterSpecT_contra", contravariant=True)
+ClusterDeletionT = TypeVar("ClusterDeletionT")
+JobT = TypeVar("JobT")
+JobDeletionT = TypeVar("JobDeletionT")
+EvictionT = TypeVar("EvictionT")
+ScheduleT = TypeVar("ScheduleT")
+
+
+class Backend(Protocol[ClusterSpecT_contra, ClusterDeletionT, JobT, JobDeletionT, EvictionT, ScheduleT]):
+    # pylint: disable=too-many-public-methods  # one per command step, as torchx's
+    """One cluster (local, or AKS) as every command sees it. The type parameters are the backend's own: the spec
+    its clusters are made from, and what each plan carries to its send step."""
 
     kind: str  # "local" | "aks"
-    cluster: str
+
+    @property
+    def cluster(self) -> str | None:
+        ...  # the cluster's name (AKS: None for a list of the subscription's clusters)
 
     # -- the cluster
-    def plan_cluster(self, spec: Any) -> Plan:
+    def plan_cluster(self, spec: ClusterSpecT_contra) -> Plan[None]:
         ...
 
-    def create_cluster(self, spec: Any, *, no_wait: bool = False) -> dict:
+    def create_cluster(self, spec: ClusterSpecT_contra, *, no_wait: bool = False) -> dict[str, Any]:
         ...
 
-    def show_cluster(self) -> dict:
+    def merge_kubeconfig(self, spec: ClusterSpecT_contra) -> dict[str, Any]:
+        ...  # the cluster's credentials into the user's kubeconfig (AKS); a local cluster has none
+
+    def show_cluster(self) -> dict[str, Any]:
         ...
 
-    def list_clusters(self) -> list[dict]:
+    def cluster_state(self) -> dict[str, Any]:
+        ...  # `cluster wait`'s getter: the provisioning state (AKS); a local cluster is up when create returns
+
+    def list_clusters(self) -> list[dict[str, Any]]:
         ...
 
-    def plan_cluster_delete(self, *, delete_storage: bool = False, storage_account: str | None = None) -> Plan:
+    def plan_cluster_delete(self, *, delete_storage: bool = False,
+                            storage_account: str | None = None) -> Plan[ClusterDeletionT]:
         ...
 
-    def delete_cluster(self, plan: Plan, *, no_wait: bool = False) -> dict:
+    def delete_cluster(self, plan: Plan[ClusterDeletionT], *, no_wait: bool = False) -> dict[str, Any]:
         ...
 
     # -- jobs
-    def plan_job(self, request: JobRequest) -> Plan:
+    def plan_job(self, request: JobRequest) -> Plan[JobT]:
         ...
 
-    def submit_job(self, plan: Plan) -> dict:
+    def submit_job(self, plan: Plan[JobT]) -> dict[str, Any]:
         ...
 
-    def describe_job(self, name: str) -> dict:
+    def describe_job(self, name: str) -> dict[str, Any]:
         ...
 
-    def job_events(self, name: str) -> list[dict]:
+    def job_events(self, name: str) -> list[dict[str, Any]]:
         ...  # its current run's, oldest first
 
-    def job_pool(self) -> dict | None:
+    def job_pool(self) -> dict[str, Any] | None:
         ...  # the pool jobs' workers run on: {"vmSize", "priority" (Spot|Regular), "location"}; None: local
 
-    def list_jobs(self) -> list[dict]:
+    def list_jobs(self) -> list[dict[str, Any]]:
         ...
 
     def job_logs(self, name: str, request: LogRequest) -> JobLogs:
         ...
 
-    def wait_job(self, name: str, until: WaitFor) -> dict:
+    def wait_job(self, name: str, until: WaitFor) -> dict[str, Any]:
         ...
 
-    def plan_job_delete(self, name: str, *, delete_checkpoints: bool = False) -> Plan:
+    def plan_job_delete(self, name: str, *, delete_checkpoints: bool = False) -> Plan[JobDeletionT]:
         ...
 
-    def delete_job(self, plan: Plan) -> dict:
+    def delete_job(self, plan: Plan[JobDeletionT]) -> dict[str, Any]:
         ...
 
     # -- evictions
-    def plan_eviction(self, request: EvictionRequest) -> Plan:
+    def plan_eviction(self, request: EvictionRequest) -> Plan[EvictionT]:
         ...
 
-    def evict(self, plan: Plan, *, wait: bool = False) -> dict:
+    def evict(self, plan: Plan[EvictionT], *, wait: bool = False) -> dict[str, Any]:
         ...
 
-    def plan_schedule(self, request: ScheduleRequest) -> Plan:
-        ...  # shown: the schedule; request: what run_schedule takes (core.chaos)
+    def plan_schedule(self, request: ScheduleRequest) -> Plan[ScheduleT]:
+        ...  # shown: the schedule (core.chaos)
 
-    def run_schedule(self, plan: Plan, *, stop: Any = None, say: Any = None) -> dict:
+    def run_schedule(self, plan: Plan[ScheduleT], *, stop: Any = None,
+                     say: Callable[[str], None] | None = None) -> dict[str, Any]:
         ...
 
     # -- checkpoints
@@ -184,3 +227,7 @@ class Backend(Protocol):  # pylint: disable=too-many-public-methods  # one per c
 
     def close(self) -> None:
         ...
+
+
+#: A backend of either place, as the commands hold it (they never look inside a plan's request).
+AnyBackend = Backend[Any, Any, Any, Any, Any, Any]

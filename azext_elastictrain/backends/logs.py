@@ -4,10 +4,11 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Iterator
+from typing import Any, Iterable, Iterator
 
 
-def merged_streams(streams: list, follow: bool, timeout: int | None) -> Iterator[tuple[str, str]]:
+def merged_streams(streams: list[tuple[str, Iterable[str]]], follow: bool,
+                   timeout: int | None) -> Iterator[tuple[str, str]]:
     """``(label, line)`` from every stream: one after the other, or, followed, as the lines come (until every
     stream ended or ``timeout`` seconds passed)."""
     if not follow:
@@ -15,10 +16,10 @@ def merged_streams(streams: list, follow: bool, timeout: int | None) -> Iterator
             for line in lines:
                 yield label, line
         return
-    arrived: queue.Queue = queue.Queue()
+    arrived: queue.Queue[Any] = queue.Queue()
     done = object()
 
-    def pump(label, lines) -> None:
+    def pump(label: str, lines: Iterable[str]) -> None:
         try:
             for line in lines:
                 arrived.put((label, line))

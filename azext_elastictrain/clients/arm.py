@@ -1,4 +1,4 @@
-"""ARM, the one place the CLI talks to it: ``AzureArm`` sends the bodies ``core.arm`` built, verbatim, through
+"""ARM, the one place the CLI talks to it: ``AzureArm`` sends the bodies ``core.arm_bodies`` built, verbatim, through
 the azure-cli SDK clients (``_client_factory.cf_*``), and hands back what ARM answered in wire format (the SDKs'
 own models differ between SDK generations; the JSON does not). SDK errors become ``core.errors.ArmError``.
 
@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import base64
 import json
+from typing import TYPE_CHECKING, Any, Callable
 
 from azext_elastictrain import _client_factory
+
+if TYPE_CHECKING:
+    from azext_elastictrain.core.eviction import VmssInstance
 
 #: Resource Graph's GA api-version the queries are sent with (Resources_Resources, 2022-10-01).
 RESOURCE_GRAPH_API_VERSION = "2022-10-01"
@@ -17,20 +21,20 @@ RESOURCE_GRAPH_API_VERSION = "2022-10-01"
 RESOURCE_GRAPH_PAGES = 5
 
 
-def _raw(pipeline_response, _deserialized, _headers):
+def _raw(pipeline_response: Any, _deserialized: Any, _headers: Any) -> Any:
     """``cls=`` for SDK calls: the response body as ARM sent it (None when empty)."""
     text = pipeline_response.http_response.text()
     return json.loads(text) if text else None
 
 
-def _body(body: dict) -> bytes:
+def _body(body: dict[str, Any]) -> bytes:
     return json.dumps(body).encode()
 
 
 class AzureArm:
     """The ``Arm`` of ``backends.aks.cluster`` on the azure-cli SDK clients of the command's subscription."""
 
-    def __init__(self, cli_ctx) -> None:
+    def __init__(self, cli_ctx: Any) -> None:
         from azure.cli.core._profile import Profile
 
         account = Profile(cli_ctx=cli_ctx).get_subscription(_client_factory.command_subscription(cli_ctx))
@@ -38,15 +42,15 @@ class AzureArm:
         self.tenant = account.get("tenantId", "")
         self.storage_suffix = cli_ctx.cloud.suffixes.storage_endpoint  # the cloud's, as 'az cloud show' gives it
         self._cli_ctx = cli_ctx
-        self._clients: dict = {}
+        self._clients: dict[str, Any] = {}
 
-    def _client(self, name: str):
+    def _client(self, name: str) -> Any:
         if name not in self._clients:
             self._clients[name] = getattr(_client_factory, f"cf_{name}")(self._cli_ctx)
         return self._clients[name]
 
     # one entry per kind: (client, get, put, delete), each a function of (client, ref[, body])
-    def _ops(self, kind: str):
+    def _ops(self, kind: str) -> tuple[str, Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
         return {
             "resource_group": ("resources",
                                lambda c, r, **k: c.resource_groups.get(r["resource_group"], **k),
@@ -100,34 +104,36 @@ class AzureArm:
                                 lambda c, r, **k: c.role_assignments.delete(r["scope"], r["name"], **k)),
         }[kind]
 
-    def get(self, kind: str, ref: dict) -> dict | None:
+    def get(self, kind: str, ref: dict[str, Any]) -> dict[str, Any] | None:
         from azext_elastictrain.core.errors import ArmError
 
         client, get, _, _ = self._ops(kind)
         try:
             with _arm_errors():
-                return get(self._client(client), ref, cls=_raw)
+                found: dict[str, Any] | None = get(self._client(client), ref, cls=_raw)
+                return found
         except ArmError as ex:
             if ex.status == 404:
                 return None
             raise
 
-    def put(self, kind: str, ref: dict, body: dict, wait: bool = True) -> dict | None:
+    def put(self, kind: str, ref: dict[str, Any], body: dict[str, Any], wait: bool = True) -> dict[str, Any] | None:
         client, _, put, _ = self._ops(kind)
         with _arm_errors():
             result = put(self._client(client), ref, _body(_writable(kind, body)), cls=_raw)
             if hasattr(result, "result"):  # a poller: long-running
-                return result.result() if wait else None
-            return result
+                result = result.result() if wait else None
+            answered: dict[str, Any] | None = result
+            return answered
 
-    def delete(self, kind: str, ref: dict, wait: bool = True) -> None:
+    def delete(self, kind: str, ref: dict[str, Any], wait: bool = True) -> None:
         client, _, _, delete = self._ops(kind)
         with _arm_errors():
             result = delete(self._client(client), ref)
             if wait and hasattr(result, "result"):
                 result.result()
 
-    def list_clusters(self, resource_group: str | None) -> list[dict]:
+    def list_clusters(self, resource_group: str | None) -> list[dict[str, Any]]:
         client = self._client("containerservice")
         with _arm_errors():
             pages = (client.managed_clusters.list_by_resource_group(resource_group) if resource_group
@@ -165,7 +171,7 @@ class AzureArm:
                                               "--admin-principal OBJECT_ID")
         return str(claims["oid"]), "User" if "scp" in claims else "ServicePrincipal"
 
-    def storage_name_available(self, name: str) -> dict:
+    def storage_name_available(self, name: str) -> dict[str, Any]:
         """POST .../Microsoft.Storage/checkNameAvailability ('az storage account check-name'), in wire format:
         storage account names are one namespace for all of Azure."""
         client = self._client("storage")
@@ -175,13 +181,13 @@ class AzureArm:
 
     # -- the region preflight (core.preflight): GETs on the compute provider -------------------------------------
 
-    def resource_skus(self, location: str) -> list[dict]:
+    def resource_skus(self, location: str) -> list[dict[str, Any]]:
         """The Resource SKUs of ``location`` (what 'az vm list-skus -l' shows), in wire format."""
         client = self._compute(self.subscription)
         with _arm_errors():
             return [_wire(sku) for sku in client.resource_skus.list(filter=f"location eq '{location}'")]
 
-    def usages(self, location: str) -> list[dict]:
+    def usages(self, location: str) -> list[dict[str, Any]]:
         """The compute quotas and their use in ``location`` ('az vm list-usage -l'), in wire format."""
         client = self._compute(self.subscription)
         with _arm_errors():
@@ -201,7 +207,7 @@ class AzureArm:
             raise
         return str(((found or {}).get("properties") or {}).get("state") or "NotRegistered")
 
-    def _compute(self, subscription: str):
+    def _compute(self, subscription: str) -> Any:
         key = f"compute:{subscription.lower()}"
         if key not in self._clients:
             self._clients[key] = _client_factory.cf_compute(self._cli_ctx, subscription_id=subscription)
@@ -209,7 +215,7 @@ class AzureArm:
 
     # -- Resource Graph (Spot eviction rates): POST /providers/Microsoft.ResourceGraph/resources ------------------
 
-    def resource_graph(self, query: str) -> list[dict]:
+    def resource_graph(self, query: str) -> list[dict[str, Any]]:
         """The rows of a Resource Graph query over the command's subscription (``resultFormat`` objectArray),
         pages followed by ``$skipToken``. azure-cli has no Resource Graph SDK client (``az graph`` is an
         extension): the request goes through azure-cli's ``send_raw_request`` ('az rest'), with the login's
@@ -220,8 +226,8 @@ class AzureArm:
         from azext_elastictrain.core.errors import ArmError
 
         url = f"/providers/Microsoft.ResourceGraph/resources?api-version={RESOURCE_GRAPH_API_VERSION}"
-        rows: list[dict] = []
-        options: dict = {"resultFormat": "objectArray"}
+        rows: list[dict[str, Any]] = []
+        options: dict[str, Any] = {"resultFormat": "objectArray"}
         for _ in range(RESOURCE_GRAPH_PAGES):
             body = {"subscriptions": [self.subscription], "query": query, "options": options}
             try:
@@ -239,22 +245,23 @@ class AzureArm:
 
     # -- the VMSS instances behind AKS nodes (backends.aks.evict's Compute) -------------------------------
 
-    def simulate_eviction(self, instance) -> None:
+    def simulate_eviction(self, instance: VmssInstance) -> None:
         """POST .../virtualMachines/{id}/simulateEviction (204). ``instance``: a core.eviction.VmssInstance."""
         client = self._compute(instance.subscription)
         with _arm_errors():
             client.virtual_machine_scale_set_vms.simulate_eviction(instance.resource_group, instance.vmss,
                                                                    instance.instance_id)
 
-    def vmss_instance(self, instance) -> dict | None:
+    def vmss_instance(self, instance: VmssInstance) -> dict[str, Any] | None:
         """The instance as ARM shows it, or None once it is gone (after an eviction with policy Delete)."""
         from azext_elastictrain.core.errors import ArmError
 
         client = self._compute(instance.subscription)
         try:
             with _arm_errors():
-                return client.virtual_machine_scale_set_vms.get(instance.resource_group, instance.vmss,
-                                                                instance.instance_id, cls=_raw)
+                found: dict[str, Any] | None = client.virtual_machine_scale_set_vms.get(
+                    instance.resource_group, instance.vmss, instance.instance_id, cls=_raw)
+                return found
         except ArmError as ex:
             if ex.status == 404:
                 return None
@@ -269,22 +276,22 @@ class SignedOutArm:  # pylint: disable=too-few-public-methods  # the part of Arm
     tenant = ""
     signed_in = False
 
-    def __init__(self, cli_ctx, reason: str | None = None) -> None:
+    def __init__(self, cli_ctx: Any, reason: str | None = None) -> None:
         self.storage_suffix = cli_ctx.cloud.suffixes.storage_endpoint
         self.signed_out_reason = reason  # None: no login at all; else why the login's token could not be had
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         raise RuntimeError(f"a dry run without a login cannot call ARM ({name})")
 
 
-def logged_in(cli_ctx) -> bool:
+def logged_in(cli_ctx: Any) -> bool:
     """Whether az has an account to use (read from az's profile on disk: no request, no token)."""
     from azure.cli.core._profile import Profile
 
     return bool(Profile(cli_ctx=cli_ctx).load_cached_subscriptions())
 
 
-def token_problem(cli_ctx) -> str | None:
+def token_problem(cli_ctx: Any) -> str | None:
     """Why no ARM token can be had for the login (an expired refresh token, an unreachable identity endpoint,
     ...), or None when one can: a dry run then plans signed out and says why, instead of failing on the first GET."""
     from azure.cli.core._profile import Profile
@@ -298,16 +305,18 @@ def token_problem(cli_ctx) -> str | None:
     return None
 
 
-def _token_claims(token: str) -> dict:
+def _token_claims(token: str) -> dict[str, Any]:
     """The claims (payload) of a JWT access token, unverified: our own login's token, read for who we are."""
     try:
         payload = token.split(".")[1]
-        return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
     except (IndexError, ValueError):
-        return {}  # not a JWT (some clouds' tokens are opaque): the caller says what to do
+        return {}
+    return claims if isinstance(claims,
+                                dict) else {}  # not a JWT (some clouds' tokens are opaque): the caller says what to do
 
 
-def _json_or_empty(response) -> dict:
+def _json_or_empty(response: Any) -> dict[str, Any]:
     try:
         found = response.json() if response is not None else {}
     except ValueError:
@@ -315,12 +324,12 @@ def _json_or_empty(response) -> dict:
     return found if isinstance(found, dict) else {}
 
 
-#: The SDK model of the kinds whose update is built from a GET (core.arm.merged_update).
+#: The SDK model of the kinds whose update is built from a GET (core.arm_bodies.merged_update).
 _MODELS = {"cluster": ("azure.mgmt.containerservice.models", "ManagedCluster"),
            "agent_pool": ("azure.mgmt.containerservice.models", "AgentPool")}
 
 
-def _writable(kind: str, body: dict) -> dict:
+def _writable(kind: str, body: dict[str, Any]) -> dict[str, Any]:
     """``body`` without the fields the SDK model marks read-only (id, provisioningState, currentKubernetesVersion,
     identity.principalId, ...): an update merged onto what ARM answered carries them, and the SDK drops them the
     same way when ``az aks update`` PUTs the model it read."""
@@ -329,25 +338,26 @@ def _writable(kind: str, body: dict) -> dict:
     import importlib
 
     module, name = _MODELS[kind]
-    return getattr(importlib.import_module(module), name)(body).as_dict(exclude_readonly=True)
+    writable: dict[str, Any] = getattr(importlib.import_module(module), name)(body).as_dict(exclude_readonly=True)
+    return writable
 
 
-def _wire(model) -> dict:
+def _wire(model: Any) -> dict[str, Any]:
     """An SDK model (either SDK generation) as wire-format JSON."""
     if isinstance(model, dict):
         return model
-    if hasattr(model, "_attribute_map"):  # msrest-style models
-        return model.serialize(keep_readonly=True)
-    return model.as_dict()
+    wire: dict[str, Any] = (model.serialize(keep_readonly=True) if hasattr(model, "_attribute_map")  # msrest-style
+                            else model.as_dict())
+    return wire
 
 
 class _arm_errors:  # noqa: N801  (a context manager, used like a function)
     """SDK errors -> ``ArmError`` with ARM's status, code and message (never the request or its token)."""
 
-    def __enter__(self):
+    def __enter__(self) -> "_arm_errors":
         return self
 
-    def __exit__(self, exc_type, exc, tb):
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
         from azure.core.exceptions import HttpResponseError
 
         from azext_elastictrain.core.errors import ArmError
@@ -357,4 +367,3 @@ class _arm_errors:  # noqa: N801  (a context manager, used like a function)
             code = getattr(error, "code", None) or ""
             message = getattr(error, "message", None) or exc.message or str(exc)
             raise ArmError(exc.status_code or 0, code, message.splitlines()[0] if message else "") from exc
-        return False

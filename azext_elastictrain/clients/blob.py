@@ -5,9 +5,12 @@ Azurite (the local cluster) is reached with its connection string; Azure storage
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from azext_elastictrain.core import events as job_events
+
+if TYPE_CHECKING:
+    from azext_elastictrain.core.blobstore import BlobStore
 
 
 class EventReader:
@@ -17,9 +20,9 @@ class EventReader:
                  grant: Callable[[], str] | None = None) -> None:
         self._url, self._connection_string, self._credential = container_url, connection_string, credential
         self._grant = grant  # the command that gives the login the data role it lacks (asked only on a 403)
-        self._store = None
+        self._store: BlobStore | None = None
 
-    def __call__(self, job: str) -> list[dict]:
+    def __call__(self, job: str) -> list[dict[str, Any]]:
         from azext_elastictrain.core.blobstore import AccessDenied, BlobStore, StoreError
 
         if self._store is None:

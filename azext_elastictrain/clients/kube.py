@@ -26,9 +26,10 @@ import base64
 import json
 import os
 import time
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Iterator, TypeVar
 from urllib.parse import urlsplit
 
+T = TypeVar("T")
 FIELD_MANAGER = "elastictrain"
 #: The Entra ID application of every AKS API server (AKS-managed Entra ID): the audience of the tokens it takes.
 AKS_SERVER_APP = "6dae42f8-4368-4678-94ff-3960e28e3630"
@@ -58,34 +59,6 @@ class KubeError(RuntimeError):
         super().__init__(message)
         self.status = status
         self.reason = reason
-
-
-class KubeClient(Protocol):
-    """What the extension needs from a cluster. ``obj``s are plain dicts in the REST shape."""
-
-    def apply(self, obj: dict) -> dict:
-        """Create or update (server-side apply, field manager ``elastictrain``, no force); idempotent."""
-
-    def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> dict | None:
-        """The object, or None where it (or its kind) does not exist."""
-
-    def list(self, api_version: str, kind: str, namespace: str | None = None,
-             label_selector: str | None = None) -> list[dict]:
-        """Objects of a kind (all namespaces when ``namespace`` is None), each with apiVersion and kind."""
-
-    def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> bool:
-        """Delete (dependents in the background); False where there was nothing to delete."""
-
-    def pod_logs(self, name: str, namespace: str, container: str | None = None, follow: bool = False,
-                 tail: int | None = None) -> Iterator[str]:
-        """The lines of a pod's (container's) log, without their line ends; the last ``tail`` only when
-        given. ``follow``: keep yielding new lines until the container exits. A missing pod raises
-        :class:`KubeError` (status 404) at the call, not at the first line."""
-
-    def watch(self, api_version: str, kind: str, name: str, namespace: str | None = None,
-              timeout: float = 60.0) -> Iterator[tuple[str, dict]]:
-        """(event type, object) for each change of one object until ``timeout`` seconds passed (the stream
-        then ends); the first event is the object as it is (ADDED). Nothing where its kind is not served."""
 
 
 class TokenSource:
@@ -163,7 +136,7 @@ def connect(kubeconfig: bytes, context: str | None = None, *, credential: Any = 
     elif user.get("exec") or user.get("auth-provider"):
         raise KubeError("the cluster's kubeconfig asks for an Entra ID token (kubelogin) and no login was given to "
                         "take it from: run the command through az, logged in ('az login')")
-    configuration = k8s.Configuration(host=server.rstrip("/"))
+    configuration: Any = k8s.Configuration(host=server.rstrip("/"))
     files = _PrivateFiles()
     try:
         _tls(configuration, cluster, user, files)
@@ -178,7 +151,7 @@ def connect(kubeconfig: bytes, context: str | None = None, *, credential: Any = 
     return OfficialKubeClient(configuration, tokens, files, secrets)
 
 
-def _select_context(kubeconfig: bytes, context: str | None) -> tuple[dict, dict]:
+def _select_context(kubeconfig: bytes, context: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
     import yaml  # PyYAML: azure-cli ships it
 
     try:
@@ -193,7 +166,7 @@ def _select_context(kubeconfig: bytes, context: str | None) -> tuple[dict, dict]
     return _named(doc, "clusters", ctx.get("cluster"), "cluster"), _named(doc, "users", ctx.get("user"), "user")
 
 
-def _named(doc: dict, section: str, name: str | None, field: str) -> dict:
+def _named(doc: dict[str, Any], section: str, name: str | None, field: str) -> dict[str, Any]:
     for entry in doc.get(section) or []:
         if isinstance(entry, dict) and entry.get("name") == name:
             return entry.get(field) or {}
@@ -201,7 +174,7 @@ def _named(doc: dict, section: str, name: str | None, field: str) -> dict:
     raise KubeError(f"the kubeconfig has no {field} named {name!r} (it has: {known})")
 
 
-def _tls(configuration, cluster: dict, user: dict, files: "_PrivateFiles") -> None:
+def _tls(configuration: Any, cluster: dict[str, Any], user: dict[str, Any], files: "_PrivateFiles") -> None:
     """The server's CA (from memory), SNI name, and a client certificate where the kubeconfig has one."""
     ca = cluster.get("certificate-authority-data")
     if ca:
@@ -279,7 +252,8 @@ class _PrivateFiles:
 class OfficialKubeClient:
     """:class:`KubeClient` on the official ``kubernetes`` client; ``close()`` it (or use it in ``with``)."""
 
-    def __init__(self, configuration, tokens, files: _PrivateFiles, secrets: list[str]) -> None:
+    def __init__(self, configuration: Any, tokens: TokenSource | _StaticToken | None, files: _PrivateFiles,
+                 secrets: list[str]) -> None:
         import shutil
         import tempfile
         import weakref
@@ -287,7 +261,7 @@ class OfficialKubeClient:
         from kubernetes import client as k8s
 
         self._tokens, self._files, self._secrets = tokens, files, list(secrets)
-        self._api = k8s.ApiClient(configuration)
+        self._api: Any = k8s.ApiClient(configuration)
         self._api.user_agent = "az-elastictrain"
         # API discovery is cached in a file (the library's design); a private (0700) folder of this client's,
         # removed at close() (or when the client is collected), so nothing about the cluster outlives the command.
@@ -298,7 +272,7 @@ class OfficialKubeClient:
 
     @property
     def _server(self) -> str:
-        return self._api.configuration.host
+        return str(self._api.configuration.host)
 
     def __repr__(self) -> str:  # never the credentials
         return f"OfficialKubeClient({self._server!r})"
@@ -315,43 +289,45 @@ class OfficialKubeClient:
         self.close()
 
     # -- KubeClient ----------------------------------------------------------------------------------------------
-    def apply(self, obj: dict) -> dict:
+    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         meta = obj.get("metadata") or {}
         what = _describe(obj.get("kind"), meta.get("name"), meta.get("namespace"))
 
-        def send() -> dict:
+        def send() -> dict[str, Any]:
             resource = self._resource(obj["apiVersion"], obj["kind"])
             if resource is None:
                 raise KubeError(f"cannot apply {what}: the cluster does not serve {obj['kind']} in "
                                 f"{obj['apiVersion']} (is its CustomResourceDefinition installed?)", status=404)
-            return resource.server_side_apply(body=obj, name=meta["name"], namespace=meta.get("namespace"),
-                                              field_manager=FIELD_MANAGER,
-                                              _request_timeout=(_CONNECT_TIMEOUT_S, _READ_TIMEOUT_S)).to_dict()
+            applied: dict[str, Any] = resource.server_side_apply(
+                body=obj, name=meta["name"], namespace=meta.get("namespace"), field_manager=FIELD_MANAGER,
+                _request_timeout=(_CONNECT_TIMEOUT_S, _READ_TIMEOUT_S)).to_dict()
+            return applied
 
         return self._call(f"apply {what}", send)
 
-    def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> dict | None:
+    def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         from kubernetes.dynamic.exceptions import NotFoundError
 
-        def send() -> dict | None:
+        def send() -> dict[str, Any] | None:
             resource = self._resource(api_version, kind, namespace, name)
             if resource is None:
                 return None
             try:
-                return resource.get(name=name, namespace=namespace,
-                                    _request_timeout=(_CONNECT_TIMEOUT_S, _READ_TIMEOUT_S)).to_dict()
+                found: dict[str, Any] = resource.get(
+                    name=name, namespace=namespace, _request_timeout=(_CONNECT_TIMEOUT_S, _READ_TIMEOUT_S)).to_dict()
+                return found
             except NotFoundError:
                 return None
 
         return self._call(f"get {_describe(kind, name, namespace)}", send)
 
     def list(self, api_version: str, kind: str, namespace: str | None = None,
-             label_selector: str | None = None) -> list[dict]:
+             label_selector: str | None = None) -> list[dict[str, Any]]:
         from kubernetes.dynamic.exceptions import NotFoundError
 
-        def send() -> list[dict]:
+        def send() -> list[dict[str, Any]]:
             resource = self._resource(api_version, kind)
-            items: list[dict] = []
+            items: list[dict[str, Any]] = []
             token = None
             while resource is not None:
                 try:
@@ -394,20 +370,21 @@ class OfficialKubeClient:
         return self._followed(response, name, namespace, container)
 
     def watch(self, api_version: str, kind: str, name: str, namespace: str | None = None,
-              timeout: float = 60.0) -> Iterator[tuple[str, dict]]:
+              timeout: float = 60.0) -> Iterator[tuple[str, dict[str, Any]]]:
         resource = self._call(f"watch {kind}", lambda: self._resource(api_version, kind))
         if resource is None:
             return iter(())
         return self._watched(resource, name, namespace, timeout)
 
     # -- helpers -------------------------------------------------------------------------------------------------
-    def _watched(self, resource, name: str, namespace: str | None, timeout: float) -> Iterator[tuple[str, dict]]:
+    def _watched(self, resource: Any, name: str, namespace: str | None,
+                 timeout: float) -> Iterator[tuple[str, dict[str, Any]]]:
         """The watch's events. A 401 when it opens (the request goes out at the first event) is answered once
         with a new token, as _call answers one; once events came, the stream's end is the caller's to handle."""
         from kubernetes import watch
 
         for attempt in (1, 2):
-            watcher = watch.Watch()
+            watcher: Any = watch.Watch()
             stream = resource.watch(namespace=namespace, name=name, timeout=max(1, int(timeout)), watcher=watcher)
             opened = False
             try:
@@ -423,7 +400,7 @@ class OfficialKubeClient:
             finally:
                 watcher.stop()
 
-    def _guarded(self, action: str, stream: Iterator) -> Iterator:
+    def _guarded(self, action: str, stream: Iterator[Any]) -> Iterator[Any]:
         """A stream whose failures become KubeErrors."""
         while True:
             try:
@@ -435,7 +412,7 @@ class OfficialKubeClient:
             yield item
 
     def _open_log(self, name: str, namespace: str, container: str | None, *, follow: bool, tail: int | None,
-                  since: int | None):
+                  since: int | None) -> Any:
         from kubernetes import client as k8s
 
         options: dict[str, Any] = {}
@@ -451,7 +428,7 @@ class OfficialKubeClient:
             name, namespace, timestamps=True if follow else None, _preload_content=False,
             _request_timeout=(_CONNECT_TIMEOUT_S, FOLLOW_READ_TIMEOUT_S if follow else _READ_TIMEOUT_S), **options)
 
-    def _followed(self, response, name: str, namespace: str, container: str | None) -> Iterator[str]:
+    def _followed(self, response: Any, name: str, namespace: str, container: str | None) -> Iterator[str]:
         """A followed log. When the connection stays silent past FOLLOW_READ_TIMEOUT_S it is opened again from a
         little before the last line shown (sinceSeconds, with a margin for clock skew), and what was already shown
         - by its timestamp - is left out. Lines come with their RFC 3339 timestamps (asked for this), cut off
@@ -480,7 +457,8 @@ class OfficialKubeClient:
                                   lambda: self._open_log(name, namespace, container, follow=True, tail=None,
                                                          since=since))
 
-    def _resource(self, api_version: str, kind: str, namespace: str | None = None, name: str | None = None):
+    def _resource(self, api_version: str, kind: str, namespace: str | None = None,
+                  name: str | None = None) -> Any:
         """The kind's discovered resource, or None where the cluster does not serve it (a CRD may be on its way:
         discovery is asked again next time)."""
         from kubernetes.dynamic.exceptions import ResourceNotFoundError
@@ -496,7 +474,7 @@ class OfficialKubeClient:
             raise ValueError(f"{kind} {name!r} is namespaced: give its namespace")
         return resource
 
-    def _discovery(self):
+    def _discovery(self) -> Any:
         if self._dynamic is None:
             from kubernetes import dynamic
 
@@ -504,7 +482,7 @@ class OfficialKubeClient:
             self._dynamic = dynamic.DynamicClient(self._api, cache_file=cache)
         return self._dynamic
 
-    def _call(self, action: str, send: Callable[[], Any]) -> Any:
+    def _call(self, action: str, send: Callable[[], T]) -> T:
         """``send()``, its errors as KubeErrors; a 401 is answered once with a new token from the credential."""
         for attempt in (1, 2):
             try:
@@ -551,7 +529,7 @@ class OfficialKubeClient:
         return text
 
 
-def _lines(response, *, raise_timeouts: bool = False) -> Iterator[str]:
+def _lines(response: Any, *, raise_timeouts: bool = False) -> Iterator[str]:
     """A streamed text body, line by line (a last line without its end included)."""
     import urllib3
 
@@ -592,7 +570,7 @@ def _describe(kind: str | None, name: str | None, namespace: str | None) -> str:
     return f"{kind} {namespace + '/' if namespace else ''}{name}"
 
 
-def _retries():
+def _retries() -> Any:
     import urllib3
 
     # Server-side apply, get and delete are idempotent: retry what a busy API server answers.

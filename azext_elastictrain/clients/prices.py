@@ -12,7 +12,7 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 from urllib.parse import urlencode
 
 from azext_elastictrain.core import prices as core_prices
@@ -21,26 +21,29 @@ from azext_elastictrain.core import prices as core_prices
 TIMEOUT = 10
 CACHE_FILE = "elastictrain-prices.json"
 
-Fetch = Callable[[str], dict]
+Fetch = Callable[[str], dict[str, Any]]
 
 
 def endpoint() -> str:
     return os.environ.get(core_prices.PRICES_URL_ENV) or core_prices.RETAIL_PRICES_URL
 
 
-def fetch_json(url: str) -> dict:
+def fetch_json(url: str) -> dict[str, Any]:
     """GET ``url``; the JSON answer, or ``OSError``/``ValueError`` (an error status is an ``HTTPError``)."""
     from urllib.request import Request, urlopen
 
     request = Request(url, headers={"Accept": "application/json", "User-Agent": "az-elastictrain"})
     with urlopen(request, timeout=TIMEOUT) as response:  # noqa: S310  (https, or the test front on loopback)
-        return json.loads(response.read().decode("utf-8"))
+        answer = json.loads(response.read().decode("utf-8"))
+    if not isinstance(answer, dict):
+        raise ValueError(f"{url} answered {type(answer).__name__}, not a JSON object")
+    return answer
 
 
 class RetailPrices:
     """Hourly prices of VM sizes, from the cache when a day old at most, else from the API (pages followed)."""
 
-    def __init__(self, cache_dir: str | os.PathLike | None, currency: str | None = None, *,
+    def __init__(self, cache_dir: str | os.PathLike[str] | None, currency: str | None = None, *,
                  fetch: Fetch = fetch_json, clock: Callable[[], float] = time.time) -> None:
         self.currency = core_prices.currency_code(currency)
         self._cache = Path(cache_dir) / CACHE_FILE if cache_dir else None
@@ -71,14 +74,15 @@ class RetailPrices:
     def _ask(self, size: str, region: str) -> core_prices.HourlyPrice:
         query = urlencode({"currencyCode": f"'{self.currency}'",
                            "$filter": core_prices.retail_filter(size, region)})
-        url, items = f"{endpoint()}?{query}", []
+        url: str | None = f"{endpoint()}?{query}"
+        items: list[dict[str, Any]] = []
         try:
             for _ in range(core_prices.MAX_PAGES):
+                if not url:
+                    break
                 page = self._fetch(url)
                 items += list(page["Items"])
                 url = page.get("NextPageLink")
-                if not url:
-                    break
         except (OSError, ValueError, KeyError, TypeError) as ex:  # unreachable, an error status, not JSON
             return core_prices.HourlyPrice(size, region.lower(), self.currency, None, None,
                                            error=f"the Retail Prices API could not be read: {_reason(ex)}")
@@ -87,7 +91,7 @@ class RetailPrices:
     def _key(self, size: str, region: str) -> str:
         return f"{self.currency}/{region.lower()}/{size.lower()}"
 
-    def _read_cache(self) -> dict:
+    def _read_cache(self) -> dict[str, Any]:
         if self._cache is None:
             return {}
         try:
@@ -96,7 +100,7 @@ class RetailPrices:
             return {}
         return found if isinstance(found, dict) else {}
 
-    def _write_cache(self, cached: dict, asked: list[core_prices.HourlyPrice]) -> None:
+    def _write_cache(self, cached: dict[str, Any], asked: list[core_prices.HourlyPrice]) -> None:
         if self._cache is None or not asked:
             return
         now = self._clock()
@@ -120,6 +124,6 @@ def _reason(ex: Exception) -> str:
     return str(getattr(ex, "reason", None) or ex) or type(ex).__name__
 
 
-def for_command(cli_ctx, currency: str | None) -> RetailPrices:
+def for_command(cli_ctx: Any, currency: str | None) -> RetailPrices:
     """The prices of a command: cached in az's config folder (``AZURE_CONFIG_DIR``, ~/.azure by default)."""
     return RetailPrices(getattr(cli_ctx.config, "config_dir", None), currency)

@@ -4,6 +4,8 @@ unknown: that is said, never guessed, and never fails the command.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from azext_elastictrain.clients.prices import RetailPrices, for_command
 from azext_elastictrain.core import prices as core_prices
 
@@ -12,7 +14,7 @@ class SpotMarket:
     """``offer`` for one size (cluster create's preflight), ``rates`` and ``latest_spot_usd`` for several (sku
     list)."""
 
-    def __init__(self, retail: RetailPrices, arm) -> None:
+    def __init__(self, retail: RetailPrices, arm: Any) -> None:
         self.retail, self._arm = retail, arm
         self.rates_error: str | None = None  # why the last ``rates`` are unknown
 
@@ -39,7 +41,7 @@ class SpotMarket:
             return {}
         return core_prices.latest_spot_prices(rows)
 
-    def offer(self, size: str, location: str) -> dict:
+    def offer(self, size: str, location: str) -> dict[str, Any]:
         """The size's Spot and on-demand price per hour and eviction-rate band in ``location``."""
         shown = self.retail.price(size, location).as_dict()
         shown["evictionRate"] = self.rates([size], location).get(size.lower(), core_prices.UNKNOWN)
@@ -48,5 +50,5 @@ class SpotMarket:
         return shown
 
 
-def for_arm(cli_ctx, arm, currency: str | None = None) -> SpotMarket:
+def for_arm(cli_ctx: Any, arm: Any, currency: str | None = None) -> SpotMarket:
     return SpotMarket(for_command(cli_ctx, currency), arm)

@@ -25,7 +25,7 @@ import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 from urllib.parse import urlparse
 
 from azext_elastictrain.core.launch import ENV_CHECKPOINT_URL
@@ -259,7 +259,7 @@ class BlobStore:
         return cls(client, location.prefix, concurrency)
 
     @classmethod
-    def from_env(cls, url: str | None = None, environ: dict | None = None) -> "BlobStore":
+    def from_env(cls, url: str | None = None, environ: dict[str, Any] | None = None) -> "BlobStore":
         env = os.environ if environ is None else environ
         url = url or env.get(ENV_CHECKPOINT_URL)
         if not url:
@@ -288,7 +288,8 @@ class BlobStore:
     def read(self, name: str) -> bytes:
         """A small blob, whole (manifests, metadata)."""
         try:
-            return self._container.download_blob(name).readall()
+            data: bytes = self._container.download_blob(name).readall()
+            return data
         except Exception as ex:  # noqa: BLE001
             raise _translate(ex, name) from ex
 
@@ -362,7 +363,7 @@ class BlobStore:
         except Exception as ex:  # noqa: BLE001
             raise _translate(ex, name) from ex
 
-    def delete(self, names: list[str]) -> None:
+    def delete(self, names: Sequence[str]) -> None:
         from azure.core.exceptions import ResourceNotFoundError
 
         def remove(name: str) -> None:
@@ -378,7 +379,7 @@ class BlobStore:
                 raise _translate(ex, "delete") from ex
 
     # -- used by BlobWriter ---------------------------------------------------
-    def submit_block(self, fn: Callable[[], None]) -> Future:
+    def submit_block(self, fn: Callable[[], None]) -> Future[Any]:
         self._buffered.acquire()  # pylint: disable=consider-using-with  # released when the block is uploaded
         fut = self._pool.submit(fn)
         fut.add_done_callback(lambda _: self._buffered.release())
@@ -428,7 +429,7 @@ class BlobWriter:  # pylint: disable=too-many-instance-attributes  # one upload'
         self._size = 0
         self._block_ids: list[str] = []
         self._digests: list[bytes | None] = []
-        self._futures: list[Future] = []
+        self._futures: list[Future[Any]] = []
         self.closed = False
         self.sha256: str | None = None
 
@@ -519,7 +520,7 @@ class BlobWriter:  # pylint: disable=too-many-instance-attributes  # one upload'
     def __enter__(self) -> "BlobWriter":
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
         if exc_type is None:
             self.close()
         else:

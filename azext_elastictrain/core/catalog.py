@@ -13,7 +13,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Protocol, Sequence
+from typing import Any, Iterable, Protocol, Sequence
 
 from azext_elastictrain.core import layout
 from azext_elastictrain.core.blobstore import BlobEntry, IntegrityError, NotFound, StoreError
@@ -37,7 +37,7 @@ class Store(Protocol):
     def download(self, name: str, size: int, sha256: str | None = None) -> memoryview:
         ...
 
-    def delete(self, names: list[str]) -> None:
+    def delete(self, names: Sequence[str]) -> None:
         ...
 
 
@@ -60,7 +60,7 @@ class Checkpoint:  # pylint: disable=too-many-instance-attributes  # the catalog
     def complete(self) -> bool:
         return self.status == COMPLETE
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "step": self.step,
             "status": self.status,
@@ -74,7 +74,7 @@ class Checkpoint:  # pylint: disable=too-many-instance-attributes  # the catalog
 
 
 def _iso(ts: float) -> str:
-    return iso_time(ts) if ts else ""
+    return iso_time(ts) or ""
 
 
 def list_checkpoints(store: Store, job_prefix: str) -> list[Checkpoint]:
@@ -95,18 +95,17 @@ def _describe(store: Store, job_prefix: str, step: int, entries: list[BlobEntry]
     names = tuple(sorted(e.name for e in entries))
     newest = max(e.last_modified for e in entries)
     manifest_blob = layout.manifest_name(job_prefix, step)
-    base = {"step": step, "blobs": names, "last_modified": newest}
     if manifest_blob not in names:
         return Checkpoint(
             status=INCOMPLETE, created=newest, size=sum(e.size for e in entries),
-            files=len(entries), world_size=None, writer=None, **base,
+            files=len(entries), world_size=None, writer=None, step=step, blobs=names, last_modified=newest,
         )
     try:
         manifest = layout.Manifest.from_bytes(store.read(manifest_blob))
     except (layout.ManifestError, StoreError) as ex:
         return Checkpoint(
             status=DAMAGED, created=newest, size=sum(e.size for e in entries), files=len(entries),
-            world_size=None, writer=None, problems=(str(ex),), **base,
+            world_size=None, writer=None, problems=(str(ex),), step=step, blobs=names, last_modified=newest,
         )
     listed = {e.name[len(folder):]: e for e in entries}
     problems = []
@@ -129,7 +128,7 @@ def _describe(store: Store, job_prefix: str, step: int, entries: list[BlobEntry]
         writer=manifest.writer,
         problems=tuple(problems),
         manifest=manifest,
-        **base,
+        step=step, blobs=names, last_modified=newest,
     )
 
 
@@ -153,7 +152,7 @@ def verify(store: Store, job_prefix: str, checkpoint: Checkpoint) -> Checkpoint:
     return _replace(checkpoint, verified=True)
 
 
-def _replace(checkpoint: Checkpoint, **changes) -> Checkpoint:
+def _replace(checkpoint: Checkpoint, **changes: Any) -> Checkpoint:
     from dataclasses import replace
 
     return replace(checkpoint, **changes)
@@ -168,7 +167,7 @@ def newest_complete(checkpoints: Iterable[Checkpoint]) -> Checkpoint | None:
 class PrunePlan:
     delete: tuple[Checkpoint, ...]
     keep: tuple[Checkpoint, ...]
-    reasons: dict = field(default_factory=dict)  # step -> why it goes
+    reasons: dict[int, str] = field(default_factory=dict)  # step -> why it goes
 
     @property
     def bytes_freed(self) -> int:
@@ -243,7 +242,7 @@ def orphan_blobs(checkpoint: Checkpoint, job_prefix: str) -> list[str]:
     return [n for n in checkpoint.blobs if n not in covered]
 
 
-def download(store: Store, job_prefix: str, checkpoint: Checkpoint, dest: Path) -> dict:
+def download(store: Store, job_prefix: str, checkpoint: Checkpoint, dest: Path) -> dict[str, Any]:
     """Copy a complete checkpoint into ``dest/<step:012d>/`` as a plain DCP folder, every file verified.
 
     The writer's folder level is dropped, so the result is what

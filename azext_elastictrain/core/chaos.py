@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Protocol
 
+from azext_elastictrain.core.constants import AZURE_NOTICE_SECONDS
 from azext_elastictrain.core.spec import SpecError
 
 MAX_EVICTIONS = 1000  # a schedule is for minutes or hours of chaos, not a typo's millions
@@ -48,16 +49,21 @@ class ScheduleSpec:
     rate: float
     duration: float
     notice_share: float = 0.5
-    notice_seconds: float = 30.0
+    notice_seconds: float = AZURE_NOTICE_SECONDS
     replace_after: float | None = 30.0
     seed: int | None = None
+
+    @classmethod
+    def asked(cls, rate: float, duration: float, **given: Any) -> "ScheduleSpec":
+        """The spec of a command's values: one left out (None) takes the default above."""
+        return cls(rate, duration, **{k: v for k, v in given.items() if v is not None})
 
     @property
     def interval(self) -> float:
         return 60.0 / self.rate
 
-    def validate(self) -> None:
-        """Raises ScheduleError for the first bad value; nothing is planned from a bad spec."""
+    def __post_init__(self) -> None:
+        """Raises ScheduleError for the first bad value: a bad spec never exists, nothing is planned from one."""
         rate, duration = self.rate, self.duration
         if not _finite(rate) or rate <= 0:
             raise ScheduleError(f"--rate {rate:g}: give evictions per minute, more than 0 (e.g. --rate 1 for one "
@@ -115,7 +121,7 @@ class Schedule:
     seed: int
     evictions: tuple[ScheduledEviction, ...]
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         spec = self.spec
         return {"ratePerMinute": spec.rate, "intervalSeconds": round(spec.interval, 3), "durationSeconds":
                 spec.duration, "noticeShare": spec.notice_share, "noticeSeconds": spec.notice_seconds,
@@ -127,7 +133,6 @@ class Schedule:
 def plan_schedule(spec: ScheduleSpec) -> Schedule:
     """The evictions of ``spec``, in time order. Without a seed one is drawn and recorded, so the printed
     schedule can be run again with ``--seed``. Raises ScheduleError."""
-    spec.validate()
     seed = spec.seed if spec.seed is not None else random.SystemRandom().randrange(2**31)
     rng = random.Random(seed)
     count = spec.count
@@ -145,19 +150,20 @@ def plan_schedule(spec: ScheduleSpec) -> Schedule:
 class ScheduleEvictor(Protocol):
     """What a backend does for the schedule (``Backend.run_schedule`` builds one over its own clients)."""
 
-    def evict(self, item: ScheduledEviction) -> dict:
+    def evict(self, item: ScheduledEviction) -> dict[str, Any]:
         """Evict the node ``item.choose`` picks among the running ones, with ``item``'s notice; return the
         eviction (``node``, ``startedAt``/``evictedAt`` epoch seconds, ...). Raises Skipped when none can go."""
 
-    def recovery(self, eviction: dict, stop: threading.Event) -> dict:
+    def recovery(self, eviction: dict[str, Any], stop: threading.Event) -> dict[str, Any]:
         """Follow the job until it trains again (``outageSeconds``, ``stepsLost``, ...); raises
         FollowStopped once ``stop`` is set."""
 
-    def capacity_back(self, item: ScheduledEviction, eviction: dict, stop: threading.Event) -> dict | None:
+    def capacity_back(self, item: ScheduledEviction, eviction: dict[str, Any],
+                      stop: threading.Event) -> dict[str, Any] | None:
         """Bring the capacity back ``item.replace_after`` s after the eviction (at once when ``stop`` is set)
         and follow the job back to its size; None where the platform brings it back by itself."""
 
-    def events(self) -> list[dict]:
+    def events(self) -> list[dict[str, Any]]:
         """The job's events (its current run), for the goodput at the end."""
 
 
@@ -191,19 +197,20 @@ def stop_on_interrupt() -> Iterator[threading.Event]:
 
 
 def run_schedule(schedule: Schedule, evictor: ScheduleEvictor, *, stop: threading.Event | None = None,
-                 say: Callable[[str], None] = lambda line: None, clock: Callable[[], float] = time.time) -> dict:
+                 say: Callable[[str], None] = lambda line: None,
+                 clock: Callable[[], float] = time.time) -> dict[str, Any]:
     """Carry the schedule out; ``say`` gets a line per eviction, recovery and replacement as they happen."""
     from azext_elastictrain.core.goodput import goodput
 
     stop = stop or threading.Event()
     start = clock()
-    done: list[dict] = []
+    done: list[dict[str, Any]] = []
     total = len(schedule.evictions)
     for item in schedule.evictions:
         if stop.wait(max(0.0, start + item.at - clock())):
             break
-        record = {"index": item.index, "plannedAtSeconds": round(item.at, 2),
-                  "atSeconds": round(clock() - start, 2), "noticeSeconds": item.notice_seconds}
+        record: dict[str, Any] = {"index": item.index, "plannedAtSeconds": round(item.at, 2),
+                                  "atSeconds": round(clock() - start, 2), "noticeSeconds": item.notice_seconds}
         done.append(record)
         try:
             eviction = evictor.evict(item)
@@ -234,7 +241,7 @@ def run_schedule(schedule: Schedule, evictor: ScheduleEvictor, *, stop: threadin
     return result
 
 
-def _shown(eviction: dict) -> dict:
+def _shown(eviction: dict[str, Any]) -> dict[str, Any]:
     """The eviction as printed: epoch seconds as ISO 8601 times (they stay inside as numbers)."""
     from azext_elastictrain.core.view import iso_time
 
@@ -244,7 +251,7 @@ def _shown(eviction: dict) -> dict:
     return shown
 
 
-def _follow(step: Callable[..., dict | None], *args: Any) -> dict | None:
+def _follow(step: Callable[..., dict[str, Any] | None], *args: Any) -> dict[str, Any] | None:
     try:
         return step(*args)
     except FollowStopped:
@@ -253,7 +260,7 @@ def _follow(step: Callable[..., dict | None], *args: Any) -> dict | None:
         return {"error": str(ex)}
 
 
-def _how(item: ScheduledEviction, eviction: dict) -> str:
+def _how(item: ScheduledEviction, eviction: dict[str, Any]) -> str:
     if not item.notice_seconds:
         return "evicted without notice"
     acked = eviction.get("acknowledgedAfterSeconds")
@@ -261,7 +268,7 @@ def _how(item: ScheduledEviction, eviction: dict) -> str:
             (f" (acknowledged after {acked:g}s)" if acked is not None else ""))
 
 
-def _recovery_line(recovery: dict | None) -> str:
+def _recovery_line(recovery: dict[str, Any] | None) -> str:
     recovery = recovery or {}
     if recovery.get("stopped"):
         return "recovery not followed: stopped"
@@ -272,7 +279,7 @@ def _recovery_line(recovery: dict | None) -> str:
             f"{recovery.get('stepsLost')} step(s) lost (resumed from step {recovery.get('resumedFromStep')})")
 
 
-def _capacity_line(back: dict) -> str:
+def _capacity_line(back: dict[str, Any]) -> str:
     if back.get("error"):
         return f"capacity back, not followed: {back['error']}"
     nodes = ", ".join(r["node"] for r in back.get("replacements") or [])
@@ -284,7 +291,7 @@ def _capacity_line(back: dict) -> str:
     return f"capacity back: {nodes} joined" + (" (stopped before the job grew)" if back.get("stopped") else "")
 
 
-def summarize(done: list[dict]) -> dict:
+def summarize(done: list[dict[str, Any]]) -> dict[str, Any]:
     """Per kind of eviction, what was measured: counts, median outage seconds, steps lost."""
     from statistics import median
 
@@ -306,7 +313,7 @@ def summarize(done: list[dict]) -> dict:
     return out
 
 
-def goodput_line(result: dict) -> str:
+def goodput_line(result: dict[str, Any]) -> str:
     found = result.get("goodput")
     head = "stopped: " if result.get("stopped") else ""
     if not found or found.get("goodput") is None:

@@ -43,7 +43,7 @@ STOPPED = "Stopped"
 STATES = (RUNNING, SUCCEEDED, FAILED, STOPPED)
 
 
-def read_events(store: Any, job_prefix: str) -> list[dict]:
+def read_events(store: Any, job_prefix: str) -> list[dict[str, Any]]:
     """All events of a job, in append order; unreadable lines are skipped."""
     from azext_elastictrain.core.blobstore import NotFound
 
@@ -54,7 +54,7 @@ def read_events(store: Any, job_prefix: str) -> list[dict]:
     return parse_events(data)
 
 
-def parse_events(data: bytes) -> list[dict]:
+def parse_events(data: bytes) -> list[dict[str, Any]]:
     events = []
     for line in data.splitlines():
         try:
@@ -66,13 +66,18 @@ def parse_events(data: bytes) -> list[dict]:
     return events
 
 
-def since(events: Iterable[dict], start_time: float) -> list[dict]:
+def since(events: Iterable[dict[str, Any]], start_time: float) -> list[dict[str, Any]]:
     """The events of a run that began at ``start_time``: a job name used again keeps its old log
     (next to the checkpoints it resumes from). One clock: the local cluster's machine."""
     return [e for e in events if isinstance(e.get("time"), (int, float)) and e["time"] >= start_time]
 
 
-def summarize(events: list[dict]) -> dict:
+# How summarize reads an in-process job's events: a quorum change begins a world, as ``restored`` does in the
+# restart mode; a joining node's own start and restore are not the job's.
+_IN_PROCESS_READING: dict[str, str | None] = {QUORUM: RESTORED, RESTORED: None, STARTED: None}
+
+
+def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
     """What the events say about a run: step, world size, throughput, checkpoints, notices, recoveries.
 
     ``step`` follows the training: the last progress or final step, or the step
@@ -84,16 +89,16 @@ def summarize(events: list[dict]) -> dict:
     step = world_size = samples_per_s = loss = None
     last_checkpoint = None
     finished = None  # the finished event, while no world trained after it
-    preempted: list[dict] = []
+    preempted: list[dict[str, Any]] = []
     restores = recoveries = scale_ups = 0
     trained_at = None  # the world size of the last start, restore or progress before this event
     restarts = 0
     failed_checkpoints = 0
     in_process = any(e.get("event") == QUORUM for e in events)
     for e in events:
-        kind = e.get("event")
-        if in_process:  # its worlds begin at quorum changes; a joining node's own start and restore are not one
-            kind = {QUORUM: RESTORED, RESTORED: None, STARTED: None}.get(kind, kind)
+        kind: str | None = e.get("event")
+        if in_process and kind in _IN_PROCESS_READING:  # its worlds begin at quorum changes, not a node's restore
+            kind = _IN_PROCESS_READING[kind]
         if kind in (STARTED, RESTORED, PROGRESS, CHECKPOINT, REFORMING):
             finished = None  # a world trains after the finished event (an old runtime's done() after a stop)
         if kind == RESTORED and restores >= 1:
@@ -142,7 +147,7 @@ def summarize(events: list[dict]) -> dict:
     }
 
 
-def _completes(finished: dict) -> bool:
+def _completes(finished: dict[str, Any]) -> bool:
     """A finished event says the planned work is done: its step reached its total, where it names one."""
     step, total = finished.get("step"), finished.get("total")
     return not (isinstance(step, int) and isinstance(total, int) and step < total)

@@ -73,7 +73,7 @@ class VmssInstance:
                 f"Microsoft.Compute/virtualMachineScaleSets/{self.vmss}/virtualMachines/{self.instance_id}")
 
 
-def parse_provider_id(provider_id: str, node: str | None = None) -> VmssInstance:
+def parse_provider_id(provider_id: object, node: str | None = None) -> VmssInstance:
     """The VMSS instance behind an AKS node's ``spec.providerID``; ``node`` only names it in errors."""
     who = f"node {node!r}" if node else "the node"
     text = provider_id if isinstance(provider_id, str) else ""
@@ -89,9 +89,8 @@ def parse_provider_id(provider_id: str, node: str | None = None) -> VmssInstance
         raise ProviderIdError(f"{who} is not an Azure VM (providerID {text!r}): only AKS nodes backed by a "
                               "Spot virtual machine scale set can be evicted")
     match = _PROVIDER_ID.fullmatch(text)
-    if match and _VMSS_INSTANCE.fullmatch(match["rest"]) and all(
-            _SEGMENT.fullmatch(match[k]) for k in ("subscription", "resource_group")):
-        instance = _VMSS_INSTANCE.fullmatch(match["rest"])
+    instance = _VMSS_INSTANCE.fullmatch(match["rest"]) if match else None
+    if match and instance and all(_SEGMENT.fullmatch(match[k]) for k in ("subscription", "resource_group")):
         if _SEGMENT.fullmatch(instance["vmss"]):
             return VmssInstance(match["subscription"], match["resource_group"], instance["vmss"],
                                 instance["instance_id"])
@@ -124,39 +123,44 @@ def instance_listed(vms: Iterable[Any], instance_id: str) -> bool:
 
 # -- what nodes and pods say ---------------------------------------------------------------------------------
 
-def _meta(obj: dict) -> dict:
+def _meta(obj: dict[str, Any]) -> dict[str, Any]:
     return obj.get("metadata") or {}
 
 
-def _labels(obj: dict) -> dict:
+def _labels(obj: dict[str, Any]) -> dict[str, Any]:
     return _meta(obj).get("labels") or {}
 
 
-def _first(mapping: dict, keys: Iterable[str]) -> Any:
-    return next((mapping[k] for k in keys if mapping.get(k) not in (None, "")), None)
+def _first(mapping: dict[str, Any], keys: Iterable[str]) -> str | None:
+    value = next((mapping[k] for k in keys if mapping.get(k) not in (None, "")), None)
+    return None if value is None else str(value)
 
 
-def is_spot(node: dict) -> bool:
+def object_name(obj: dict[str, Any]) -> str:
+    return str(_meta(obj).get("name") or "")
+
+
+def is_spot(node: dict[str, Any]) -> bool:
     """AKS labels the nodes of a Spot pool ``kubernetes.azure.com/scalesetpriority: spot``."""
     return str(_labels(node).get(SPOT_LABEL, "")).lower() == "spot"
 
 
-def node_priority(node: dict) -> str:
+def node_priority(node: dict[str, Any]) -> str:
     """``Spot`` or ``Regular`` (AKS puts the label on Spot nodes only)."""
     value = str(_labels(node).get(SPOT_LABEL) or "regular")
     return value[:1].upper() + value[1:].lower()
 
 
-def node_pool(node: dict) -> str | None:
+def node_pool(node: dict[str, Any]) -> str | None:
     return _first(_labels(node), AGENTPOOL_LABELS)
 
 
-def pod_job(pod: dict) -> str | None:
+def pod_job(pod: dict[str, Any]) -> str | None:
     """The ElasticJob a pod works for: our label, else the operator's."""
     return _first(_labels(pod), JOB_LABELS)
 
 
-def worker_rank(pod: dict) -> int | None:
+def worker_rank(pod: dict[str, Any]) -> int | None:
     """The pod's replica index among the job's workers (None: not a worker pod)."""
     labels = _labels(pod)
     replica_type = _first(labels, REPLICA_TYPE_LABELS)
@@ -172,16 +176,16 @@ def worker_rank(pod: dict) -> int | None:
     return None
 
 
-def pod_node(pod: dict) -> str | None:
+def pod_node(pod: dict[str, Any]) -> str | None:
     return (pod.get("spec") or {}).get("nodeName") or None
 
 
-def holds_node(pod: dict) -> bool:
+def holds_node(pod: dict[str, Any]) -> bool:
     """A pod bound to a node and not finished: evicting the node stops it."""
     return pod_node(pod) is not None and (pod.get("status") or {}).get("phase") not in _DONE_PHASES
 
 
-def job_workers(pods: Iterable[dict], job: str) -> list[tuple[int, dict]]:
+def job_workers(pods: Iterable[dict[str, Any]], job: str) -> list[tuple[int, dict[str, Any]]]:
     """``(rank, pod)`` of the job's worker pods, by rank."""
     found = [(worker_rank(p), p) for p in pods if pod_job(p) == job]
     return sorted(((r, p) for r, p in found if r is not None), key=lambda rp: (rp[0], _meta(rp[1]).get("name")))
@@ -204,13 +208,13 @@ class EvictionTarget:
     node: str
     pool: str | None
     instance: VmssInstance
-    pods: tuple[dict, ...]  # {"pod", "job", "rank"} of the training pods on the node
+    pods: tuple[dict[str, Any], ...]  # {"pod", "job", "rank"} of the training pods on the node
 
     @property
     def ranks(self) -> tuple[int, ...]:
         return tuple(p["rank"] for p in self.pods if p["rank"] is not None)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "node": self.node, "pool": self.pool,
             "subscription": self.instance.subscription, "resourceGroup": self.instance.resource_group,
@@ -224,14 +228,15 @@ class EvictionTarget:
 class EvictionPlan:
     """The nodes to evict, chosen ``by`` {"node"|"job"(+"rank")|"pool"(+"count"): ...}."""
 
-    by: dict
+    by: dict[str, Any]
     targets: tuple[EvictionTarget, ...]
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"by": dict(self.by), "targets": [t.to_dict() for t in self.targets]}
 
 
-def plan_evictions(nodes: list[dict], pods: list[dict], *, node: str | None = None, job: str | None = None,
+def plan_evictions(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], *, node: str | None = None,
+                   job: str | None = None,
                    rank: int | None = None, pool: str | None = None, count: int | None = None,
                    pools: Iterable[str] | None = None, rng: random.Random | None = None) -> EvictionPlan:
     """Which nodes to evict: ``node``; the nodes of ``job``'s workers (or of its ``rank``); or ``count``
@@ -242,25 +247,25 @@ def plan_evictions(nodes: list[dict], pods: list[dict], *, node: str | None = No
     zero nodes is told from one that does not exist. Raises EvictionPlanError; nothing is half-planned.
     """
     by = _check_selector(node=node, job=job, rank=rank, pool=pool, count=count)
-    by_name = {_meta(n).get("name"): n for n in nodes}
+    by_name = {object_name(n): n for n in nodes}
     if node is not None:
         chosen = [_known_node(by_name, node)]
     elif job is not None:
         chosen = _job_nodes(by_name, pods, job, rank)
     else:
-        chosen = _pool_nodes(nodes, pool, count if count is not None else 1, pools, rng)
+        chosen = _pool_nodes(nodes, pool or "", count if count is not None else 1, pools, rng)
     for target in chosen:
         _refuse_unless_spot(target)
     return EvictionPlan(by, tuple(_target(n, pods) for n in chosen))
 
 
 def check_selector(*, node: str | None = None, job: str | None = None, rank: int | None = None,
-                   pool: str | None = None, count: int | None = None) -> dict:
+                   pool: str | None = None, count: int | None = None) -> dict[str, Any]:
     """The selector alone, checked before anything is listed or asked (``by`` of the plan it makes)."""
     return _check_selector(node=node, job=job, rank=rank, pool=pool, count=count)
 
 
-def _check_selector(**given: Any) -> dict:
+def _check_selector(**given: Any) -> dict[str, Any]:
     named = [k for k in ("node", "job", "pool") if given[k] is not None]
     if len(named) != 1:
         raise EvictionPlanError("name what to evict: exactly one of --node NAME, --job JOB [--rank R] or "
@@ -277,14 +282,15 @@ def _check_selector(**given: Any) -> dict:
     return {k: v for k, v in given.items() if v is not None}
 
 
-def _known_node(by_name: dict, name: str) -> dict:
+def _known_node(by_name: dict[str, dict[str, Any]], name: str) -> dict[str, Any]:
     if name not in by_name:
         raise EvictionTargetNotFound(f"the cluster has no node {name!r} (its nodes: {_names(sorted(by_name))}); "
                                      "'kubectl get nodes' lists them")
     return by_name[name]
 
 
-def _job_nodes(by_name: dict, pods: list[dict], job: str, rank: int | None) -> list[dict]:
+def _job_nodes(by_name: dict[str, dict[str, Any]], pods: list[dict[str, Any]], job: str,
+               rank: int | None) -> list[dict[str, Any]]:
     workers = job_workers(pods, job)
     if not workers:
         jobs = sorted({j for j in map(pod_job, pods) if j})
@@ -312,9 +318,9 @@ def _job_nodes(by_name: dict, pods: list[dict], job: str, rank: int | None) -> l
     return left
 
 
-def _pool_nodes(nodes: list[dict], pool: str, count: int, pools: Iterable[str] | None,
-                rng: random.Random | None) -> list[dict]:
-    in_pool = sorted((n for n in nodes if node_pool(n) == pool), key=lambda n: _meta(n).get("name"))
+def _pool_nodes(nodes: list[dict[str, Any]], pool: str, count: int, pools: Iterable[str] | None,
+                rng: random.Random | None) -> list[dict[str, Any]]:
+    in_pool = sorted((n for n in nodes if node_pool(n) == pool), key=object_name)
     known = sorted(set(pools) if pools is not None else {p for p in map(node_pool, nodes) if p})
     if not in_pool:
         if pool not in known:
@@ -335,7 +341,7 @@ def _pool_nodes(nodes: list[dict], pool: str, count: int, pools: Iterable[str] |
     return rng.sample(spot, count) if rng is not None else spot[:count]
 
 
-def _refuse_unless_spot(node: dict) -> None:
+def _refuse_unless_spot(node: dict[str, Any]) -> None:
     name = _meta(node).get("name")
     if not is_spot(node):
         raise EvictionPlanError(f"node {name!r} is a {node_priority(node)} (not Spot) node of pool "
@@ -348,14 +354,14 @@ def _refuse_unless_spot(node: dict) -> None:
     parse_provider_id((node.get("spec") or {}).get("providerID"), name)
 
 
-def is_stopped(node: dict) -> bool:
+def is_stopped(node: dict[str, Any]) -> bool:
     """The node's VM is stopped (deallocated): it runs nothing and has nothing left to evict."""
     taints = {t.get("key") for t in (node.get("spec") or {}).get("taints") or []}
     return bool(taints & {SHUTDOWN_TAINT, OUT_OF_SERVICE_TAINT})
 
 
-def _target(node: dict, pods: list[dict]) -> EvictionTarget:
-    name = _meta(node).get("name")
+def _target(node: dict[str, Any], pods: list[dict[str, Any]]) -> EvictionTarget:
+    name = object_name(node)
     hit = sorted(({"pod": _meta(p).get("name"), "job": pod_job(p), "rank": worker_rank(p)}
                   for p in pods if pod_node(p) == name and holds_node(p) and pod_job(p)),
                  key=lambda p: (p["job"], p["rank"] if p["rank"] is not None else -1, p["pod"]))

@@ -48,14 +48,14 @@ from __future__ import annotations
 import json
 from bisect import bisect_left
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Any, Iterable
 
 from azext_elastictrain.core import events as job_events
 
 CAUSES = ("reforming", "restoring", "stepsLost", "scaleUps", "starting")
 
 
-def unique(events: Iterable[dict]) -> list[dict]:
+def unique(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """The events in time order, each once: an append retried after a lost reply writes a line twice."""
     seen, out = set(), []
     for e in events:
@@ -101,7 +101,7 @@ class Segment:
         return t0 + (t1 - t0) * (step - s0) / (s1 - s0)
 
 
-def world_starts(events: Iterable[dict]) -> list[dict]:
+def world_starts(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """The events that begin a world of the job, in time order: its ``quorum`` changes (in-process recovery
     mode), else rank 0's ``restored`` events."""
     ordered = unique(events)
@@ -109,11 +109,11 @@ def world_starts(events: Iterable[dict]) -> list[dict]:
     return [e for e in ordered if e.get("event") == kind]
 
 
-def _world_start_kind(events: list[dict]) -> str:
+def _world_start_kind(events: list[dict[str, Any]]) -> str:
     return job_events.QUORUM if any(e.get("event") == job_events.QUORUM for e in events) else job_events.RESTORED
 
 
-def _step_point(e: dict) -> tuple[int, float] | None:
+def _step_point(e: dict[str, Any]) -> tuple[int, float] | None:
     kind, step = e.get("event"), e.get("step")
     if kind == job_events.QUORUM:  # the old world's last committed step, as the new world's first replica saw it
         last, at = e.get("last_step"), e.get("last_step_time")
@@ -127,7 +127,7 @@ def _step_point(e: dict) -> tuple[int, float] | None:
     return None
 
 
-def segments(events: Iterable[dict]) -> list[Segment]:
+def segments(events: Iterable[dict[str, Any]]) -> list[Segment]:
     """The worlds of a run, in order (events of one run: see ``core.events.since``)."""
     found: list[Segment] = []
     last_started: float | None = None
@@ -139,7 +139,7 @@ def segments(events: Iterable[dict]) -> list[Segment]:
             # in-process: a node's start is the job's only before its first world (the others live on)
             last_started = e["time"] if begins == job_events.RESTORED or not found else last_started
         elif kind == begins:
-            step = e.get("step") if isinstance(e.get("step"), int) else 0
+            step = e["step"] if isinstance(e.get("step"), int) else 0
             found.append(Segment(started=last_started, restored=e["time"],
                                  world_size=int(e.get("world_size") or 1), first_step=step,
                                  points=[(step, e["time"])], source=e.get("source"),
@@ -165,7 +165,7 @@ def _kept_steps(worlds: list[Segment]) -> list[int]:
     return kept[::-1]
 
 
-def goodput(events: Iterable[dict]) -> dict | None:
+def goodput(events: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
     """``{"goodput", "usefulRankSeconds", "lostRankSeconds": {cause: s}, "stepsLost"}``; None before training."""
     worlds = segments(events)
     if not worlds:
@@ -196,7 +196,7 @@ def goodput(events: Iterable[dict]) -> dict | None:
             "stepsLost": steps_lost}
 
 
-def scale_ups(events: Iterable[dict]) -> list[dict]:
+def scale_ups(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per world that formed larger than the one before: when the node joined, the seconds to training at
     full size and of no training, the steps lost and where it restored from (module doc)."""
     ordered = unique(events)
@@ -232,7 +232,7 @@ def _first_completed(seg: Segment) -> tuple[int, float] | None:
     return (min(done)[1], min(done)[0]) if done else None
 
 
-def _outage_kind(before: Segment, seg: Segment, window: list[dict]) -> str:
+def _outage_kind(before: Segment, seg: Segment, window: list[dict[str, Any]]) -> str:
     if seg.world_size > before.world_size:
         return "scaleUp"
     # A notice the old world stopped at: every rank saves the step the notice came at and trains no further one.
@@ -244,15 +244,17 @@ def _outage_kind(before: Segment, seg: Segment, window: list[dict]) -> str:
     return "eviction" if seg.world_size < before.world_size else "restart"
 
 
-def outages(events: Iterable[dict]) -> list[dict]:
+def outages(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per re-form, in order: its kind (scaleUp, evictionWithNotice, eviction, restart), the old world's last
     completed step and its time, where the new world resumed, its first completed step and its time,
     ``outageSeconds`` between the two (None while the new world has not completed a step) and ``stepsLost``
     (module doc)."""
     ordered = unique(events)
     worlds = segments(ordered)
-    out = []
-    trained = worlds[0] if worlds else None  # the newest world that completed a step: training stopped there
+    out: list[dict[str, Any]] = []
+    if not worlds:
+        return out
+    trained = worlds[0]  # the newest world that completed a step: training stopped there
     for seg in worlds[1:]:
         # A world that re-formed again before its first step never trained: the outage runs on from the last
         # world that did (two re-forms seconds apart are one outage for the user), one entry per re-form still.
@@ -274,7 +276,7 @@ def outages(events: Iterable[dict]) -> list[dict]:
     return out
 
 
-def last_completed_step(events: Iterable[dict], after: float, before: float) -> int | None:
+def last_completed_step(events: Iterable[dict[str, Any]], after: float, before: float) -> int | None:
     """The newest step a world completed, as its survivors recorded it when it broke in ``(after, before]``."""
     steps = [e["step"] for e in unique(events) if e.get("event") == job_events.INTERRUPTED
              and isinstance(e.get("step"), int) and after < e["time"] <= before]

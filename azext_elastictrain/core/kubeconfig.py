@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 
 def default_path() -> Path:
@@ -15,7 +16,7 @@ def default_path() -> Path:
     return Path(first).expanduser() if first else Path.home() / ".kube" / "config"
 
 
-def merge(existing: dict | None, new: dict) -> dict:
+def merge(existing: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
     """``existing`` with ``new``'s entries added or replaced by name, and ``new``'s current context."""
     merged = dict(existing or {"apiVersion": "v1", "kind": "Config", "preferences": {}})
     for section in ("clusters", "users", "contexts"):

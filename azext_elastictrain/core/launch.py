@@ -6,6 +6,11 @@ Pure and stdlib only: no knack, no azure.cli, no torch (the runtime may import i
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Iterable
+
+if TYPE_CHECKING:
+    from azext_elastictrain.core.spec import JobSpec
+
 # -- the runtime's environment (azext_elastictrain.runtime reads these) ---------------------------------------
 ENV_CHECKPOINT_URL = "ELASTICTRAIN_CHECKPOINT_URL"  # blob URL of the job's prefix
 ENV_CHECKPOINT_CONTAINER_URL = "ELASTICTRAIN_CHECKPOINT_CONTAINER_URL"  # AKS: from the cluster's ConfigMap
@@ -133,7 +138,7 @@ WARM_START_MODULE = "azext_elastictrain.runtime.warm"
 SCRIPT_SEPARATOR = "--"
 
 
-def worker_entry(script: str, script_args=(), *, warm: bool = True) -> list[str]:
+def worker_entry(script: str, script_args: Iterable[str] = (), *, warm: bool = True) -> list[str]:
     """torchrun's last arguments, the same on both backends: the script (started warm unless told not to)
     behind the separator that ends torchrun's options, and its arguments."""
     return [*(["-m", WARM_START_MODULE] if warm else []), SCRIPT_SEPARATOR, script, *script_args]
@@ -211,3 +216,15 @@ def runtime_env(*, keep: int, checkpoint_interval: int | None, memory_tier: bool
     if checkpoint_interval is not None:
         env[ENV_CHECKPOINT_INTERVAL_STEPS] = str(checkpoint_interval)
     return env
+
+
+def job_env(job: JobSpec, *, collective_timeout: float, replica_timeout: float,
+            coordinator: str | None = None) -> dict[str, str]:
+    """The environment a job's options give every node, the same on both backends (a local node's agent and an
+    AKS worker pod; each says its collective timeout, its replica timeout and, in process, where the job's
+    coordinator is). An option that reaches the training processes is added here."""
+    return {**runtime_env(keep=job.keep, checkpoint_interval=job.checkpoint_interval, memory_tier=job.memory_tier_on,
+                          collective_timeout=collective_timeout),
+            **recovery_env(job.recovery, coordinator=coordinator if job.in_process else None,
+                           replica_timeout=replica_timeout),
+            **job.env_vars}

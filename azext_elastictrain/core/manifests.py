@@ -10,20 +10,22 @@ from __future__ import annotations
 import copy
 import re
 from dataclasses import dataclass
-from typing import Any
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING, Any
+from urllib.parse import SplitResult, urlsplit
 
 from azext_elastictrain.core import launch
+from azext_elastictrain.core.constants import GPU_TAINT, TRAINING_NAMESPACE, TRAINING_SERVICE_ACCOUNT
 from azext_elastictrain.core.spec import (
     ENGINE_K8S_JOB,
     ENGINE_TORCHELASTIC,
     ENGINES,
-    MEMORY_TIER_OFF,
+    JobSpec,
     SpecError,
 )
 
-NAMESPACE = "elastictrain"
-TRAINING_SERVICE_ACCOUNT = "elastictrain-training"
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
+
 CHECKPOINT_CONFIGMAP = "elastictrain-checkpoints"
 CHECKPOINT_URL_KEY = "checkpoint-url"
 ETCD_NAME = "elastictrain-etcd"  # the StatefulSet and its Service
@@ -32,7 +34,6 @@ OPERATOR_DEPLOYMENT = "elastictrain-elastic-job-controller"
 DEVICE_PLUGIN_DAEMONSET = "elastictrain-nvidia-device-plugin"
 ELASTICJOB_CRD = "elasticjobs.elastic.pytorch.org"
 ELASTICJOB_API_VERSION = "elastic.pytorch.org/v1alpha1"
-GPU_TAINT = "sku=gpu:NoSchedule"
 SPOT_TAINT = "kubernetes.azure.com/scalesetpriority=spot:NoSchedule"
 CLIENT_ID_ANNOTATION = "azure.workload.identity/client-id"
 TENANT_ID_ANNOTATION = "azure.workload.identity/tenant-id"
@@ -58,7 +59,7 @@ _WORKLOAD_RANK = 6
 class InClusterSpec:
     """What differs between clusters in the objects az elastictrain installs."""
 
-    namespace: str = NAMESPACE
+    namespace: str = TRAINING_NAMESPACE
     service_account: str = TRAINING_SERVICE_ACCOUNT
     identity_client_id: str  # the user-assigned identity's clientId
     tenant_id: str | None = None
@@ -66,7 +67,7 @@ class InClusterSpec:
     gpu_taint: str = GPU_TAINT
     engine: str = ENGINE_TORCHELASTIC  # k8s-job: no operator (CRD, RBAC, controller) is installed
 
-    def validate(self) -> "InClusterSpec":
+    def __post_init__(self) -> None:
         if not _DNS_LABEL.fullmatch(self.namespace or ""):
             raise SpecError(f"invalid namespace {self.namespace!r}: use 1-63 lowercase letters, digits and '-', "
                             "starting and ending with a letter or digit")
@@ -81,7 +82,6 @@ class InClusterSpec:
         parse_taint(self.gpu_taint)
         if self.engine not in ENGINES:
             raise SpecError(f"unknown engine {self.engine!r}: use one of {', '.join(ENGINES)}")
-        return self
 
 
 def validate_checkpoint_url(url: str) -> str:
@@ -102,7 +102,7 @@ def validate_checkpoint_url(url: str) -> str:
     return url
 
 
-def _account_and_container(parts) -> tuple[str, str, bool]:
+def _account_and_container(parts: SplitResult) -> tuple[str, str, bool]:
     """(account, container, whether the host is a blob endpoint) of a container URL as ARM's
     ``primaryEndpoints.blob`` makes it: <account>.blob.<cloud suffix> or <account>.zNN.blob.storage.azure.net
     name the account in the host; an IP endpoint (Azurite) names it in the path."""
@@ -125,7 +125,7 @@ def _is_ip(host: str | None) -> bool:
     return True
 
 
-def parse_taint(taint: str) -> dict:
+def parse_taint(taint: str) -> dict[str, Any]:
     """``key=value:Effect`` (as ``az aks nodepool add --node-taints`` takes it) -> a toleration for it."""
     match = _TAINT.fullmatch(taint or "")
     if not match:
@@ -141,7 +141,7 @@ def parse_taint(taint: str) -> dict:
 OPERATOR_FILES = ("operator-crd.yaml", "operator-rbac.yaml", "operator-deployment.yaml")
 
 
-def load_base_objects(engine: str = ENGINE_TORCHELASTIC) -> list[dict]:
+def load_base_objects(engine: str = ENGINE_TORCHELASTIC) -> list[dict[str, Any]]:
     """The objects of the shipped kustomize base that ``engine`` needs, in its ``resources`` order."""
     import yaml  # PyYAML: azure-cli ships it (knack needs it)
 
@@ -156,20 +156,19 @@ def load_base_objects(engine: str = ENGINE_TORCHELASTIC) -> list[dict]:
     return objects
 
 
-def _base_dir():
+def _base_dir() -> Traversable:
     from importlib.resources import files
 
     return files("azext_elastictrain").joinpath(_PACKAGE_DIR)
 
 
-def render_cluster_objects(spec: InClusterSpec) -> list[dict]:
+def render_cluster_objects(spec: InClusterSpec) -> list[dict[str, Any]]:
     """Every object to apply for ``spec``, in apply order: CRD and namespace first."""
-    spec.validate()
     objects = [_place(copy.deepcopy(obj), spec) for obj in load_base_objects(spec.engine)]
     return sorted(objects, key=lambda obj: _APPLY_RANK.get(obj["kind"], _WORKLOAD_RANK))  # stable
 
 
-def _place(obj: dict, spec: InClusterSpec) -> dict:
+def _place(obj: dict[str, Any], spec: InClusterSpec) -> dict[str, Any]:
     meta = obj["metadata"]
     if obj["kind"] == "Namespace":
         meta["name"] = spec.namespace
@@ -187,7 +186,7 @@ def _place(obj: dict, spec: InClusterSpec) -> dict:
     return obj
 
 
-def _place_training_account(meta: dict, spec: InClusterSpec) -> None:
+def _place_training_account(meta: dict[str, Any], spec: InClusterSpec) -> None:
     meta["name"] = spec.service_account
     annotations = meta.setdefault("annotations", {})
     annotations[CLIENT_ID_ANNOTATION] = spec.identity_client_id
@@ -195,7 +194,7 @@ def _place_training_account(meta: dict, spec: InClusterSpec) -> None:
         annotations[TENANT_ID_ANNOTATION] = spec.tenant_id
 
 
-def _tolerate_gpu_taint(pod_spec: dict, gpu_taint: str) -> None:
+def _tolerate_gpu_taint(pod_spec: dict[str, Any], gpu_taint: str) -> None:
     base = parse_taint(GPU_TAINT)
     tolerations = [t for t in pod_spec.get("tolerations", []) if t != base]
     pod_spec["tolerations"] = tolerations + [parse_taint(gpu_taint)]
@@ -253,7 +252,7 @@ def coordinator_url(job_name: str, namespace: str) -> str:
     return f"http://{coordinator_name(job_name)}.{namespace}.svc:{launch.COORDINATOR_PORT}"
 
 
-def render_coordinator(job, cluster: InClusterSpec, image: str) -> list[dict]:
+def render_coordinator(job: JobSpec, cluster: InClusterSpec, image: str) -> list[dict[str, Any]]:
     """The coordinator of an in-process ``job`` (runtime/coordinator.py in the training image), in apply order:
     a Deployment of one pod where etcd runs (the system pool: never Spot, so an eviction cannot take the
     quorum down with the workers), its ClusterIP Service on launch.COORDINATOR_PORT, and a NetworkPolicy that
@@ -261,7 +260,6 @@ def render_coordinator(job, cluster: InClusterSpec, image: str) -> list[dict]:
 
     strategy Recreate: two coordinators at once (a rolling update) would each form quorums of their own. It
     holds no state: a rescheduled one forms the next quorum from the workers' heartbeats."""
-    cluster.validate()
     name = coordinator_name(job.name)
     selector = {"app.kubernetes.io/part-of": "elastictrain", JOB_LABEL: job.name,
                 COMPONENT_LABEL: COORDINATOR_COMPONENT}
@@ -316,8 +314,8 @@ def render_coordinator(job, cluster: InClusterSpec, image: str) -> list[dict]:
     return [deployment, service, policy]
 
 
-def render_elastic_job(job, cluster: InClusterSpec, image: str, *, run_id: str | None = None,
-                       gpus_per_node: int | None = None) -> dict:
+def render_elastic_job(job: JobSpec, cluster: InClusterSpec, image: str, *, run_id: str | None = None,
+                       gpus_per_node: int | None = None) -> dict[str, Any]:
     """The ElasticJob running ``job`` (a core.spec.JobSpec; its script is a path inside ``image``).
 
     The operator prepends ``--rdzv_backend=etcd --rdzv_endpoint=.. --rdzv_id=<name> --nnodes=min:max`` to the
@@ -326,7 +324,7 @@ def render_elastic_job(job, cluster: InClusterSpec, image: str, *, run_id: str |
     of its own even when an earlier job of the same name left state in etcd. Each worker asks for
     ``gpus_per_node`` GPUs (default: one per training process).
     """
-    gpus = _validate_job_inputs(job, cluster, image, gpus_per_node)
+    gpus = _validate_job_inputs(job, image, gpus_per_node)
     _validate_kubernetes_names(job, [f"{job.name}-worker-{job.node_count - 1}", *_coordinator_names(job)], [])
     # In process, the operator's prepended rendezvous options stay but do nothing: --standalone overrides every
     # --rdzv-* option, and our --nnodes=1 comes after theirs (tests/unit/test_aks_in_process.py parses it).
@@ -348,8 +346,8 @@ def render_elastic_job(job, cluster: InClusterSpec, image: str, *, run_id: str |
     }
 
 
-def render_k8s_job(job, cluster: InClusterSpec, image: str, *, run_id: str | None = None,
-                   gpus_per_node: int | None = None) -> list[dict]:
+def render_k8s_job(job: JobSpec, cluster: InClusterSpec, image: str, *, run_id: str | None = None,
+                   gpus_per_node: int | None = None) -> list[dict[str, Any]]:
     """The headless Service and the batch/v1 Indexed Job running ``job`` with no operator, in apply order.
 
     One pod per index, ``--max-nodes`` indexes; a pod without a Spot node stays Pending and torchrun admits it
@@ -372,7 +370,7 @@ def render_k8s_job(job, cluster: InClusterSpec, image: str, *, run_id: str | Non
       one exits 0 only then; the Job is done at the first success and the controller removes the lingering
       pods, e.g. an index still Pending for Spot capacity that would otherwise hold the Job open forever.
     """
-    gpus = _validate_job_inputs(job, cluster, image, gpus_per_node)
+    gpus = _validate_job_inputs(job, image, gpus_per_node)
     _validate_kubernetes_names(job, [job.name, *_coordinator_names(job)], [f"{job.name}-{job.max_nodes - 1}"])
     labels = _job_labels(job, ENGINE_K8S_JOB)
     if job.in_process:
@@ -411,22 +409,13 @@ def render_k8s_job(job, cluster: InClusterSpec, image: str, *, run_id: str | Non
     return [service, batch_job]
 
 
-def _validate_job_inputs(job, cluster: InClusterSpec, image: str, gpus_per_node: int | None) -> int:
-    """Refuses what no engine can run; returns the GPUs each node asks for (default: one per process)."""
-    from azext_elastictrain.core.layout import validate_job_name
-
-    cluster.validate()
-    try:
-        validate_job_name(job.name)
-    except ValueError as ex:
-        raise SpecError(str(ex)) from ex
+def _validate_job_inputs(job: JobSpec, image: str, gpus_per_node: int | None) -> int:
+    """Refuses what no engine can run (the job and the cluster's objects are valid as built); returns the GPUs
+    each node asks for (default: one per process)."""
     _validate_image(image)
     gpus = job.nproc_per_node if gpus_per_node is None else gpus_per_node
     if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
         raise SpecError(f"--gpus-per-node must be a whole number of at least 1, not {gpus!r}")
-    if not 1 <= job.min_nodes <= job.node_count <= job.max_nodes:
-        raise SpecError(f"nodes must satisfy 1 <= --min-nodes ({job.min_nodes}) <= --nodes ({job.node_count}) "
-                        f"<= --max-nodes ({job.max_nodes})")
     return gpus
 
 
@@ -436,7 +425,7 @@ _DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 _LABEL_MAX = 63
 
 
-def _validate_kubernetes_names(job, services: list[str], hostnames: list[str]) -> None:
+def _validate_kubernetes_names(job: JobSpec, services: list[str], hostnames: list[str]) -> None:
     """Refuse, before anything is sent, a job name whose objects the API server would refuse (or, for the
     operator's per-worker Services, refuse to the operator later, leaving the job without them).
 
@@ -456,11 +445,11 @@ def _validate_kubernetes_names(job, services: list[str], hostnames: list[str]) -
                             f"of at most {room} characters")
 
 
-def _coordinator_names(job) -> list[str]:
+def _coordinator_names(job: JobSpec) -> list[str]:
     return [coordinator_name(job.name)] if job.in_process else []
 
 
-def _torchrun_options(job, run_id: str | None) -> list[str]:
+def _torchrun_options(job: JobSpec, run_id: str | None) -> list[str]:
     return launch.torchrun_options(rdzv_conf=launch.AKS_RDZV_CONF, nproc_per_node=job.nproc_per_node,
                                    rdzv_id=run_id)
 
@@ -472,13 +461,13 @@ def _validate_image(image: str) -> None:
                         "worker of the job runs the same code")
 
 
-def _job_labels(job, engine: str) -> dict:
+def _job_labels(job: JobSpec, engine: str) -> dict[str, Any]:
     recovery = {RECOVERY_LABEL: launch.RECOVERY_IN_PROCESS} if job.in_process else {}
     return {"app.kubernetes.io/part-of": "elastictrain", JOB_LABEL: job.name, ENGINE_LABEL: engine, **recovery}
 
 
-def _worker_template(job, cluster: InClusterSpec, image: str, args: list[str], *, gpus: int, engine: str,
-                     cluster_namespace: str) -> dict:
+def _worker_template(job: JobSpec, cluster: InClusterSpec, image: str, args: list[str], *, gpus: int, engine: str,
+                     cluster_namespace: str) -> dict[str, Any]:
     labels = {**_job_labels(job, engine), **WORKER_LABELS, "azure.workload.identity/use": "true"}
     return {
         "metadata": {"labels": labels},
@@ -496,11 +485,11 @@ def _worker_template(job, cluster: InClusterSpec, image: str, args: list[str], *
     }
 
 
-def _memory_tier_on(job) -> bool:
-    return job.memory_tier != MEMORY_TIER_OFF
+def _memory_tier_on(job: JobSpec) -> bool:
+    return job.memory_tier_on
 
 
-def _memory_tier_volumes(job) -> list[dict]:
+def _memory_tier_volumes(job: JobSpec) -> list[dict[str, Any]]:
     """The memory tier's own memory-backed emptyDir (runtime/rescue.py: two copies of the node's state).
 
     It outlives a worker process (torchrun restarts them in place), not the pod. Its pages count against the
@@ -511,7 +500,8 @@ def _memory_tier_volumes(job) -> list[dict]:
     return [{"name": MEMORY_TIER_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": job.memory_tier}}]
 
 
-def _worker_container(job, image: str, args: list[str], gpus: int, engine: str, *, namespace: str) -> dict:
+def _worker_container(job: JobSpec, image: str, args: list[str], gpus: int, engine: str, *,
+                      namespace: str) -> dict[str, Any]:
     return {
         "name": WORKER_CONTAINER, "image": image,
         **({"ports": [{"name": WORKER_PORT_NAME, "containerPort": WORKER_PORT}]}
@@ -533,9 +523,9 @@ def _worker_container(job, image: str, args: list[str], gpus: int, engine: str, 
     }
 
 
-def _worker_env(job, namespace: str) -> list[dict]:
+def _worker_env(job: JobSpec, namespace: str) -> list[dict[str, Any]]:
     # The container URL comes from the cluster's ConfigMap; Kubernetes expands $(VAR) of earlier entries.
-    env = [
+    env: list[dict[str, Any]] = [
         {"name": launch.ENV_CHECKPOINT_CONTAINER_URL, "valueFrom": {"configMapKeyRef": {
             "name": CHECKPOINT_CONFIGMAP, "key": CHECKPOINT_URL_KEY}}},
         {"name": launch.ENV_CHECKPOINT_URL, "value": f"$({launch.ENV_CHECKPOINT_CONTAINER_URL})/{job.name}"},
@@ -547,10 +537,7 @@ def _worker_env(job, namespace: str) -> list[dict]:
     if job.in_process:  # each pod is one replica group of the job's quorums, named after itself
         env.append({"name": launch.ENV_REPLICA_ID, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
         env.append({"name": launch.ENV_REPLICA_HOST, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
-    shared = {**launch.runtime_env(keep=job.keep, checkpoint_interval=job.checkpoint_interval,
-                                   memory_tier=_memory_tier_on(job),
-                                   collective_timeout=launch.AKS_COLLECTIVE_TIMEOUT_SECONDS),
-              **launch.recovery_env(job.recovery, coordinator=coordinator_url(job.name, namespace)
-                                    if job.in_process else None,
-                                    replica_timeout=launch.AKS_REPLICA_TIMEOUT_SECONDS)}
+    shared = launch.job_env(job, collective_timeout=launch.AKS_COLLECTIVE_TIMEOUT_SECONDS,
+                            replica_timeout=launch.AKS_REPLICA_TIMEOUT_SECONDS,
+                            coordinator=coordinator_url(job.name, namespace))
     return env + [{"name": name, "value": value} for name, value in shared.items()]

@@ -20,7 +20,7 @@ The caller fetches the lists (wire format, camelCase, as in the official example
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 #: Azure's page on raising the Spot vCPU quota (Quotas > Compute > "Total Regional Spot vCPUs").
 SPOT_QUOTA_DOCS = "https://learn.microsoft.com/azure/quotas/spot-quota"
@@ -76,9 +76,9 @@ class PreflightResult:  # pylint: disable=too-many-instance-attributes  # what c
     gpu: VmSize | None = None  # the sizes as the region's Resource SKUs describe them
     system: VmSize | None = None  # None: the region does not list the system pool's size
     encryption_at_host_registered: bool | None = None  # None: not asked (no size supports it, or it is off)
-    spot_market: dict | None = None  # the GPU size's prices and eviction band (clients.spot); None: not asked
+    spot_market: dict[str, Any] | None = None  # the GPU size's prices and eviction band (clients.spot); None: not asked
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         shown = {"location": self.location, "gpuVmSize": self.gpu_vm_size, "vCPUs": self.vcpus,
                  "spotVcpusNeeded": self.spot_vcpus_needed, "spotVcpusFree": self.spot_vcpus_free,
                  "warnings": list(self.warnings)}
@@ -87,16 +87,16 @@ class PreflightResult:  # pylint: disable=too-many-instance-attributes  # what c
         return shown
 
 
-def spot_market_line(offer: dict) -> str:
+def spot_market_line(offer: dict[str, Any]) -> str:
     """What the GPU size costs and how often it is evicted, as the preflight says it."""
     currency = offer.get("currency", "")
-    band = offer.get("evictionRate")
+    band = offer.get("evictionRate") or "unknown"
     return (f"{offer.get('vmSize')} in {offer.get('location')}: Spot {offer.get('spotPerHour')} {currency}/hour, "
             f"on-demand {offer.get('onDemandPerHour')} {currency}/hour, eviction rate "
             f"{band + '%' if band != 'unknown' else 'unknown'} (last 28 days)")
 
 
-def spot_price_warnings(offer: dict, max_price: float) -> list[str]:
+def spot_price_warnings(offer: dict[str, Any], max_price: float) -> list[str]:
     """A --max-price below the current Spot price: the pool would never get a node (Azure allocates a Spot VM
     only while its price is at most the max price). -1 (pay up to on-demand) and an unknown price warn of
     nothing. Both are US dollars: Azure's max price is, and the preflight asks the prices in USD."""
@@ -124,7 +124,7 @@ class PoolHardware:
     os_disk_gib: int | None = None
     encryption_at_host: bool | None = None  # None: not sent (AKS's default, off)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"osDiskType": self.os_disk_type, "osDiskSizeGB": self.os_disk_gib,
                 "encryptionAtHost": self.encryption_at_host}
 
@@ -178,7 +178,7 @@ def check_encryption_at_host(asked: bool | None, sizes: list[VmSize], registered
     return []
 
 
-def vm_sizes(resource_skus: list[dict], location: str) -> dict[str, VmSize]:
+def vm_sizes(resource_skus: list[dict[str, Any]], location: str) -> dict[str, VmSize]:
     """The virtual machine sizes of ``location``, by lower-case name, from Resource SKUs entries."""
     sizes = {}
     for sku in resource_skus:
@@ -187,8 +187,8 @@ def vm_sizes(resource_skus: list[dict], location: str) -> dict[str, VmSize]:
         if location.lower() not in [str(loc).lower() for loc in sku.get("locations") or []]:
             continue
         capabilities = {str(c.get("name", "")).lower(): str(c.get("value", "")) for c in sku.get("capabilities") or []}
-        info = next((i for i in sku.get("locationInfo") or [] if str(i.get("location", "")).lower()
-                     == location.lower()), {})
+        info: dict[str, Any] = next((i for i in sku.get("locationInfo") or []
+                                     if str(i.get("location", "")).lower() == location.lower()), {})
         restricted_zones: set[str] = set()
         location_restricted = False
         for restriction in sku.get("restrictions") or []:
@@ -216,8 +216,8 @@ def spot_gpu_sizes(sizes: dict[str, VmSize]) -> list[str]:
     return sorted(s.name for s in sizes.values() if s.gpus > 0 and s.spot_capable and s.available)
 
 
-def check(gpu_vm_size: str, max_count: int, location: str, resource_skus: list[dict],
-          usages: list[dict], *, system_vm_size: str = "") -> PreflightResult:
+def check(gpu_vm_size: str, max_count: int, location: str, resource_skus: list[dict[str, Any]],
+          usages: list[dict[str, Any]], *, system_vm_size: str = "") -> PreflightResult:
     """Raise PreflightError where the size cannot run a Spot pool in the region; warn where quota is short."""
     sizes = vm_sizes(resource_skus, location)
     result = _check_gpu(sizes, gpu_vm_size, max_count, location, usages)
@@ -227,7 +227,7 @@ def check(gpu_vm_size: str, max_count: int, location: str, resource_skus: list[d
 
 
 def _check_gpu(sizes: dict[str, VmSize], gpu_vm_size: str, max_count: int, location: str,
-               usages: list[dict]) -> PreflightResult:
+               usages: list[dict[str, Any]]) -> PreflightResult:
     size = sizes.get(gpu_vm_size.lower())
     instead = _instead(sizes, location)
     if size is None:
@@ -247,20 +247,20 @@ def _check_gpu(sizes: dict[str, VmSize], gpu_vm_size: str, max_count: int, locat
     return _quota(size, max_count, location, usages)
 
 
-def _spot_usage(usages: list[dict]) -> dict | None:
+def _spot_usage(usages: list[dict[str, Any]]) -> dict[str, Any] | None:
     return next((u for u in usages if str((u.get("name") or {}).get("value", "")).lower() == SPOT_QUOTA.lower()),
                 None)
 
 
-def spot_quota(usages: list[dict]) -> int | None:
+def spot_quota(usages: list[dict[str, Any]]) -> int | None:
     """The regional Spot vCPUs left (limit - current); None where the Usage API does not list them."""
     usage = _spot_usage(usages)
     return None if usage is None else int(usage.get("limit", 0)) - int(usage.get("currentValue", 0))
 
 
-def _quota(size: VmSize, max_count: int, location: str, usages: list[dict]) -> PreflightResult:
+def _quota(size: VmSize, max_count: int, location: str, usages: list[dict[str, Any]]) -> PreflightResult:
     needed = max_count * size.vcpus
-    usage = _spot_usage(usages)
+    usage = _spot_usage(usages) or {}
     free = spot_quota(usages)
     result = PreflightResult(location, size.name, size.vcpus, needed, free)
     if free is not None and free < needed:
@@ -290,7 +290,7 @@ def _whole(text: str | None) -> int:
         return 0
 
 
-def storage_name_refused(name: str, answer: dict, *, chosen: bool) -> PreflightError:
+def storage_name_refused(name: str, answer: dict[str, Any], *, chosen: bool) -> PreflightError:
     """The error for a storage account name ``checkNameAvailability`` refused (``answer``: its wire body). Names are
     one namespace for all of Azure: a name someone anywhere holds is taken for everyone."""
     reason = str(answer.get("reason") or "")
@@ -307,13 +307,13 @@ def storage_name_refused(name: str, answer: dict, *, chosen: bool) -> PreflightE
 class RegionApi(Protocol):
     """What the preflight reads through the backend's Arm (core.backends.aks.Arm has these)."""
 
-    def get(self, kind: str, ref: dict) -> dict | None:
+    def get(self, kind: str, ref: dict[str, Any]) -> dict[str, Any] | None:
         ...
 
-    def resource_skus(self, location: str) -> list[dict]:
+    def resource_skus(self, location: str) -> list[dict[str, Any]]:
         ...
 
-    def usages(self, location: str) -> list[dict]:
+    def usages(self, location: str) -> list[dict[str, Any]]:
         ...
 
     def feature_state(self, namespace: str, feature: str) -> str:

@@ -19,6 +19,7 @@ size evicted in the last 28 days: "0-5", "5-10", "10-15", "15-20", "20+" (percen
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 #: The Retail Prices API's endpoint; ``ELASTICTRAIN_PRICES_URL`` replaces it (a local front in tests).
 RETAIL_PRICES_URL = "https://prices.azure.com/api/retail/prices"
@@ -76,7 +77,7 @@ class HourlyPrice:
     on_demand: float | None
     error: str | None = None  # why the price is unknown (unreachable, an error status); None when asked
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         shown = {"vmSize": self.size, "location": self.region, "currency": self.currency,
                  "spotPerHour": _or_unknown(self.spot), "onDemandPerHour": _or_unknown(self.on_demand)}
         if self.error:
@@ -84,11 +85,11 @@ class HourlyPrice:
         return shown
 
 
-def _or_unknown(value: float | None):
+def _or_unknown(value: float | None) -> float | str:
     return UNKNOWN if value is None else value
 
 
-def _is_linux_hourly_consumption(item: dict) -> bool:
+def _is_linux_hourly_consumption(item: dict[str, Any]) -> bool:
     names = " ".join(str(item.get(k) or "") for k in ("productName", "skuName", "meterName"))
     return (str(item.get("type", "")).lower() == "consumption"
             and str(item.get("unitOfMeasure", "")).lower() == "1 hour"
@@ -96,11 +97,11 @@ def _is_linux_hourly_consumption(item: dict) -> bool:
             and float(item.get("tierMinimumUnits") or 0) == 0)
 
 
-def _is_spot(item: dict) -> bool:
+def _is_spot(item: dict[str, Any]) -> bool:
     return any("spot" in str(item.get(k) or "").lower().split() for k in ("meterName", "skuName"))
 
 
-def hourly_prices(items: list[dict], size: str, region: str, currency: str) -> HourlyPrice:
+def hourly_prices(items: list[dict[str, Any]], size: str, region: str, currency: str) -> HourlyPrice:
     """The Spot and on-demand (pay-as-you-go) Linux price of ``size`` in ``region`` from the API's items: the
     newest meter of each by ``effectiveStartDate``; None where there is none."""
     mine = [i for i in items if str(i.get("armSkuName", "")).lower() == size.lower()
@@ -110,7 +111,7 @@ def hourly_prices(items: list[dict], size: str, region: str, currency: str) -> H
     return HourlyPrice(size, region.lower(), currency, _newest(spot), _newest(regular))
 
 
-def _newest(items: list[dict]) -> float | None:
+def _newest(items: list[dict[str, Any]]) -> float | None:
     if not items:
         return None
     item = max(items, key=lambda i: str(i.get("effectiveStartDate") or ""))
@@ -142,7 +143,7 @@ def spot_price_history_query(sizes: list[str], region: str) -> str:
             "latestSpotPriceUSD = todouble(properties.spotPrices[0].priceUSD)")
 
 
-def latest_spot_prices(rows: list[dict]) -> dict[str, float]:
+def latest_spot_prices(rows: list[dict[str, Any]]) -> dict[str, float]:
     """Lower-case size -> its latest Spot price in USD, from the rows of ``spot_price_history_query``."""
     found = {}
     for row in rows:
@@ -152,7 +153,7 @@ def latest_spot_prices(rows: list[dict]) -> dict[str, float]:
     return found
 
 
-def eviction_rates(rows: list[dict]) -> dict[str, str]:
+def eviction_rates(rows: list[dict[str, Any]]) -> dict[str, str]:
     """Lower-case size -> band, from the rows of ``eviction_rate_query`` (bands the table does not know are
     dropped: they would sort wrong)."""
     return {str(r.get("skuName", "")).lower(): str(r.get("evictionRate")) for r in rows
@@ -165,7 +166,7 @@ def band_order(band: str | None) -> int:
 
 # ---------------------------------------------------------------- what a job cost
 
-def job_cost(hours: dict[str, float], useful_node_hours: float | None, price: HourlyPrice) -> dict:
+def job_cost(hours: dict[str, float], useful_node_hours: float | None, price: HourlyPrice) -> dict[str, Any]:
     """Node-hours by pool priority ("Spot", "Regular") priced at the size's current prices: what they cost, the
     same node-hours at on-demand prices, the saving (amount and %), and the cost per goodput-hour (cost / the
     node-hours of steps that ended in the final model). A price that is not known leaves its figures unknown."""
@@ -185,14 +186,14 @@ def job_cost(hours: dict[str, float], useful_node_hours: float | None, price: Ho
     return shown
 
 
-def _money(value: float | None):
+def _money(value: float | None) -> float | str:
     return UNKNOWN if value is None else round(value, 6)  # a short job's cost is a fraction of a cent
 
 
 # ---------------------------------------------------------------- where to run (sku list)
 
-def spot_offers(sizes: list, price_of: dict[str, HourlyPrice], rates: dict[str, str], spot_vcpus_free: int | None,
-                *, latest_usd: dict[str, float] | None = None) -> list[dict]:
+def spot_offers(sizes: list[Any], price_of: dict[str, HourlyPrice], rates: dict[str, str], spot_vcpus_free: int | None,
+                *, latest_usd: dict[str, float] | None = None) -> list[dict[str, Any]]:
     """One row per size (``core.preflight.VmSize``): GPUs, Spot and on-demand price per hour, the Spot price per
     GPU-hour, the saving, the eviction-rate band, the Spot nodes the quota left allows and (``latest_usd``)
     Resource Graph's latest Spot price in USD; cheapest per GPU first, sizes of unknown price last."""
@@ -216,7 +217,7 @@ def spot_offers(sizes: list, price_of: dict[str, HourlyPrice], rates: dict[str, 
     return [row for *_, row in sorted(rows, key=lambda r: r[:3])]
 
 
-def node_hours(shown: dict, priority: str) -> tuple[dict[str, float], float | None]:
+def node_hours(shown: dict[str, Any], priority: str) -> tuple[dict[str, float], float | None]:
     """A described job's node-hours (``job show``'s ``rankSeconds`` / ``nprocPerNode`` ranks a node), all of
     ``priority`` (the pool its workers run on), and the useful ones; ({}, None) before it trained."""
     ranks = shown.get("rankSeconds") or {}
@@ -226,7 +227,7 @@ def node_hours(shown: dict, priority: str) -> tuple[dict[str, float], float | No
     return ({priority: ranks["total"] / per_node / 3600}, ranks["useful"] / per_node / 3600)
 
 
-def cost_line(cost: dict | None) -> str:
+def cost_line(cost: dict[str, Any] | None) -> str:
     """One line of what a job cost, for the timeline picture and the demo's summary."""
     if not cost:
         return "cost: not priced (a local job: --price-as SIZE -l REGION prices it as Azure Spot nodes)"
@@ -241,5 +242,7 @@ def cost_line(cost: dict | None) -> str:
             f"{_text(cost.get('costPerGoodputHour'))} {currency} per goodput node-hour")
 
 
-def _text(value) -> str:
+def _text(value: float | str | None) -> str:
+    if value is None:
+        return UNKNOWN
     return value if isinstance(value, str) else f"{value:.4g}"

@@ -15,15 +15,15 @@ from azext_elastictrain.core.goodput import last_completed_step, outages, scale_
 RECOVERY_TIMEOUT = 240.0
 
 
-def trained_again(events: list[dict], since: float) -> bool:
+def trained_again(events: list[dict[str, Any]], since: float) -> bool:
     """Whether a world formed after ``since`` completed a step: it restored (in-process: its quorum formed), then
     reported progress."""
     restored = [e["time"] for e in world_starts(events) if e["time"] > since]
     return bool(restored) and any(e.get("event") == "progress" and e["time"] > restored[0] for e in events)
 
 
-def follow_recovery(read_events: Any, job: str, eviction: dict, timeout: float = RECOVERY_TIMEOUT,
-                    sleep: Callable[[float], None] = time.sleep) -> dict:
+def follow_recovery(read_events: Any, job: str, eviction: dict[str, Any], timeout: float = RECOVERY_TIMEOUT,
+                    sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
     """After an eviction: the job's outage (``core.goodput.outages``: from the old world's last completed step
     to the new world's first completed step) and the steps it lost, once the new world completed a step; also
     ``restoreSeconds``/``recoverySeconds``, from the node going to the restore and to that first step. Events
@@ -32,20 +32,19 @@ def follow_recovery(read_events: Any, job: str, eviction: dict, timeout: float =
     deadline = time.time() + timeout
     evicted_at = eviction["evictedAt"]
     started_at = eviction.get("startedAt", evicted_at)
-    # The new world may form before the node goes: in-process, a notice is a planned departure (the survivors
-    # re-form at the next step boundary, then the node acknowledges and is killed). So from the notice on.
-    since = min(started_at, evicted_at)
     while time.time() < deadline:
         events = read_events(job)
-        restored = [e for e in world_starts(events) if e.get("step") is not None and e["time"] > since]
+        # from the eviction's start: an in-process job re-forms at the notice, before the node goes
+        restored = [e for e in world_starts(events) if e.get("step") is not None and e["time"] > started_at]
         resumed = [e for e in events if e.get("event") == "progress" and restored
                    and e["time"] > restored[0]["time"]]
         if resumed:
             found = {"node": eviction["node"], "resumedFromStep": restored[0]["step"],
                      "worldSize": resumed[0].get("world_size"),
-                     "restoreSeconds": round(restored[0]["time"] - evicted_at, 2),
-                     "recoverySeconds": round(resumed[0]["time"] - evicted_at, 2), "outageSeconds": None}
-            after = [o for o in outages(events) if o["restoredAt"] > since and o["firstStepAt"] is not None]
+                     # 0: an in-process job trained on without the node before it went
+                     "restoreSeconds": round(max(0.0, restored[0]["time"] - evicted_at), 2),
+                     "recoverySeconds": round(max(0.0, resumed[0]["time"] - evicted_at), 2), "outageSeconds": None}
+            after = [o for o in outages(events) if o["restoredAt"] > started_at and o["firstStepAt"] is not None]
             if after:
                 found.update({k: after[0][k]
                               for k in ("kind", "outageSeconds", "stepsLost", "lastStep", "resumedFromStep")})
@@ -63,7 +62,8 @@ def follow_recovery(read_events: Any, job: str, eviction: dict, timeout: float =
 
 
 def follow_world_size(read_events: Any, job: str, world_size: int, since: float,
-                      timeout: float = RECOVERY_TIMEOUT, *, sleep: Callable[[float], None] = time.sleep) -> dict:
+                      timeout: float = RECOVERY_TIMEOUT, *,
+                      sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
     """After capacity came back: seconds from the replacement's start until the job trains at ``world_size``
     again, and the scale-up as its events measure it (seconds from the node joining to training at full size,
     seconds of no training, steps lost, where the grown world restored from)."""

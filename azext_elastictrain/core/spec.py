@@ -1,10 +1,15 @@
-"""What users ask for, validated before anything is created. Pure, but for JobSpec looking that its script exists."""
+"""What users ask for: each spec is valid once built (``SpecError`` otherwise). Pure, but for ``check_local_script``."""
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 
-from azext_elastictrain.core.launch import RECOVERY_IN_PROCESS, RECOVERY_MODES, RECOVERY_RESTART
+from azext_elastictrain.core.constants import (
+    CHECKPOINT_CONTAINER,
+    TRAINING_NAMESPACE,
+    TRAINING_SERVICE_ACCOUNT,
+)
+from azext_elastictrain.core.launch import ENV_PREFIX, RECOVERY_IN_PROCESS, RECOVERY_MODES, RECOVERY_RESTART
 
 LOCAL_CLUSTER_DEFAULT = "local"
 # The in-memory rescue tier keeps two copies of each node's state (runtime/rescue.py): the default leaves room
@@ -15,6 +20,7 @@ MEMORY_TIER_OFF = "off"
 _QUANTITY = re.compile(r"([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?")
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _LOCAL_NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?")
 
 
@@ -28,22 +34,21 @@ class LocalClusterSpec:
 
     name: str = LOCAL_CLUSTER_DEFAULT
 
-    def validate(self) -> "LocalClusterSpec":
+    def __post_init__(self) -> None:
         if not _LOCAL_NAME.fullmatch(self.name or ""):
             raise SpecError(
                 f"invalid local cluster name {self.name!r}: use 1-32 lowercase letters, digits and '-', "
                 "starting and ending with a letter or digit"
             )
-        return self
 
 
 @dataclass(frozen=True)
 class JobSpec:  # pylint: disable=too-many-instance-attributes  # one field per user option
     """An elastic job: ``nodes`` torchrun agents (between ``min_nodes`` and ``max_nodes``) running ``script``.
 
-    ``nodes`` defaults to ``max_nodes``. ``script`` must be an existing file
-    (checked by ``validate``, the one look at the file system here), unless it is a path inside the job's
-    container image (``validate(script_in_image=True)``, on AKS), which only the cluster can check.
+    ``nodes`` defaults to ``max_nodes``. Valid once built (``SpecError`` otherwise). Where ``script`` is looked for
+    is the backend's: a file of this machine (``check_local_script``) or a path inside the job's container image
+    (``check_script_in_image``), which only the cluster can open.
     """
 
     name: str
@@ -55,7 +60,6 @@ class JobSpec:  # pylint: disable=too-many-instance-attributes  # one field per 
     script_args: tuple[str, ...] = ()
     checkpoint_interval: int | None = None
     keep: int = 3
-    cluster: str = LOCAL_CLUSTER_DEFAULT
     # The in-memory rescue tier: "off", or the node memory it may use (a Kubernetes quantity: on AKS the
     # sizeLimit of the memory-backed emptyDir it lives in).
     memory_tier: str = DEFAULT_MEMORY_TIER
@@ -65,13 +69,16 @@ class JobSpec:  # pylint: disable=too-many-instance-attributes  # one field per 
     # How the job survives a membership change (core.launch.RECOVERY_MODES): "restart" (torchrun restarts every
     # worker) or "in-process" (workers stay alive; a coordinator of the job's own holds a quorum each step).
     recovery: str = RECOVERY_RESTART
+    # The training script's own environment, "KEY=VALUE" each (--env): on every node of either backend.
+    env: tuple[str, ...] = ()
 
-    def __post_init__(self) -> None:
-        # Checked as soon as a spec exists: every later step (the launch, the manifests) branches on it.
-        if self.recovery not in RECOVERY_MODES:
-            raise SpecError(f"unknown recovery mode {self.recovery!r}: use {' or '.join(RECOVERY_MODES)} "
-                            f"({RECOVERY_IN_PROCESS}: workers outlive a membership change; {RECOVERY_RESTART}: "
-                            "torchrun restarts every worker)")
+    @property
+    def env_vars(self) -> dict[str, str]:
+        return dict(item.split("=", 1) for item in self.env)
+
+    @property
+    def memory_tier_on(self) -> bool:
+        return self.memory_tier != MEMORY_TIER_OFF
 
     @property
     def in_process(self) -> bool:
@@ -84,17 +91,13 @@ class JobSpec:  # pylint: disable=too-many-instance-attributes  # one field per 
     def node_names(self) -> list[str]:
         return [f"{self.name}-node-{i}" for i in range(self.node_count)]
 
-    def validate(self, *, script_in_image: bool = False) -> "JobSpec":
-        import os
-
+    def __post_init__(self) -> None:
         from azext_elastictrain.core.layout import validate_job_name
 
         try:
             validate_job_name(self.name)
         except ValueError as ex:
             raise SpecError(str(ex)) from ex
-        if not script_in_image:
-            LocalClusterSpec(self.cluster).validate()
         for flag, value in (("--min-nodes", self.min_nodes), ("--max-nodes", self.max_nodes),
                             ("--nproc-per-node", self.nproc_per_node)):
             _at_least_one(flag, value)
@@ -112,14 +115,43 @@ class JobSpec:  # pylint: disable=too-many-instance-attributes  # one field per 
         validate_memory_tier(self.memory_tier)
         if not self.script:
             raise SpecError("no training script: pass --script PATH")
-        if script_in_image:
-            if self.script.startswith("-") or any(c.isspace() for c in self.script):
-                raise SpecError(f"training script {self.script!r} is not a path: pass the script's path inside "
-                                "the image (e.g. /app/train_cifar10.py); its arguments go in --script-args")
-        elif not os.path.isfile(self.script):
-            raise SpecError(f"training script {self.script!r} is not a file: pass the path of a Python script "
-                            "that runs under torchrun (e.g. scripts/train_cifar10.py)")
-        return self
+        _check_env(self.env)
+        if self.recovery not in RECOVERY_MODES:
+            raise SpecError(f"unknown recovery mode {self.recovery!r}: use {' or '.join(RECOVERY_MODES)} "
+                            f"({RECOVERY_IN_PROCESS}: workers outlive a membership change; {RECOVERY_RESTART}: "
+                            "torchrun restarts every worker)")
+
+
+def check_local_script(script: str) -> None:
+    """A local job's script is a file of this machine (the one look at the file system in this module)."""
+    import os
+
+    if not os.path.isfile(script):
+        raise SpecError(f"training script {script!r} is not a file: pass the path of a Python script "
+                        "that runs under torchrun (e.g. scripts/train_cifar10.py)")
+
+
+def check_script_in_image(script: str) -> None:
+    """A job's script on AKS is a path inside its image: only its form can be checked here."""
+    if script.startswith("-") or any(c.isspace() for c in script):
+        raise SpecError(f"training script {script!r} is not a path: pass the script's path inside "
+                        "the image (e.g. /app/train_cifar10.py); its arguments go in --script-args")
+
+
+def _check_env(env: tuple[str, ...]) -> None:
+    """--env: KEY=VALUE items with names a shell and Kubernetes take, each once, none of the job's own."""
+    seen: set[str] = set()
+    for item in env:
+        key, sep, _ = item.partition("=")
+        if not sep or not _ENV_NAME.fullmatch(key):
+            raise SpecError(f"--env {item!r} is not KEY=VALUE with a name of letters, digits and '_' (not starting "
+                            "with a digit): e.g. --env NCCL_DEBUG=INFO")
+        if key.startswith(ENV_PREFIX):
+            raise SpecError(f"--env {key}: names starting with {ENV_PREFIX} are the job's own settings, set "
+                            "from its options (e.g. --checkpoint-interval, --keep): use those")
+        if key in seen:
+            raise SpecError(f"--env {key} is given twice: give each variable once")
+        seen.add(key)
 
 
 def validate_memory_tier(value: str) -> None:
@@ -165,10 +197,6 @@ WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", 
 MAINTENANCE_HOURS = (4, 24)
 SYSTEM_POOL = "system"
 GPU_POOL = "gpu"
-CHECKPOINT_CONTAINER = "checkpoints"
-TRAINING_NAMESPACE = "elastictrain"
-TRAINING_SERVICE_ACCOUNT = "elastictrain-training"
-GPU_TAINT = "sku=gpu:NoSchedule"
 #: A pool autoscales up to this many nodes at most (AKS: 1000 per pool).
 MAX_POOL_NODES = 1000
 
@@ -185,6 +213,11 @@ _STORAGE_ACCOUNT = re.compile(r"[a-z0-9]{3,24}")
 _VM_SIZE = re.compile(r"Standard_[A-Za-z0-9_]+")
 #: Azure's GPU sizes are the N family (NC, ND, NG, NV): Standard_N<letter>...
 _GPU_FAMILY = re.compile(r"Standard_N[A-Z]", re.IGNORECASE)
+
+
+def unknown_location(spec: "ClusterSpec") -> str:
+    """What a dry run shows for a location only the resource group's creation tells (no -l given)."""
+    return f"<location of resource group {spec.resource_group}>"
 
 
 def is_gpu_size_name(vm_size: str | None) -> bool:
@@ -262,7 +295,8 @@ def spot_price(value: "str | float | int") -> float:
         return -1.0
     if price <= 0:
         raise SpecError(f"--max-price {value} must be -1 (up to the on-demand price) or more than 0")
-    if -price.as_tuple().exponent > 5:
+    exponent = price.as_tuple().exponent
+    if isinstance(exponent, int) and -exponent > 5:
         raise SpecError(f"--max-price {value} has more than 5 decimals: Azure takes prices like 0.12345")
     return float(price)
 
@@ -325,7 +359,7 @@ class ClusterSpec:  # pylint: disable=too-many-instance-attributes  # one field 
         return spot_price(self.max_price)
 
     def checkpoint_url(self, blob_endpoint: str) -> str:
-        """The checkpoint container under the storage account's blob endpoint (core.arm.blob_endpoint)."""
+        """The checkpoint container under the storage account's blob endpoint (core.arm_bodies.blob_endpoint)."""
         return f"{blob_endpoint.rstrip('/')}/{self.container}"
 
     @property
@@ -355,14 +389,14 @@ class ClusterSpec:  # pylint: disable=too-many-instance-attributes  # one field 
         labels.update(dict(self.node_labels))
         return labels
 
-    def validate(self) -> "ClusterSpec":
+    def __post_init__(self) -> None:
         if not _AKS_NAME.fullmatch(self.name or ""):
             raise SpecError(f"invalid cluster name {self.name!r}: use 1-63 letters, digits, '-' and '_', "
                             "starting and ending with a letter or digit (AKS naming rules)")
         if not _RESOURCE_GROUP.fullmatch(self.resource_group or ""):
             raise SpecError(f"invalid resource group name {self.resource_group!r}: use 1-90 letters, digits, "
                             "'-', '_', '.', '(' and ')', not ending with '.'")
-        if self.location and not _LOCATION.fullmatch(self.location):
+        if self.location and not _LOCATION.fullmatch(self.location) and self.location != unknown_location(self):
             raise SpecError(f"invalid location {self.location!r}: use a region name such as 'eastus' "
                             "('az account list-locations -o table')")
         if not _STORAGE_ACCOUNT.fullmatch(self.storage_account_name):
@@ -388,9 +422,9 @@ class ClusterSpec:  # pylint: disable=too-many-instance-attributes  # one field 
                             "--resource-type virtualMachines -o table' lists a region's)")
         if self.eviction_policy not in EVICTION_POLICIES:
             raise SpecError(f"unknown eviction policy {self.eviction_policy!r}: use Delete or Deallocate")
-        for flag, value, least in (("--min-count", self.min_count, 0), ("--max-count", self.max_count, 1)):
-            if not isinstance(value, int) or isinstance(value, bool) or not least <= value <= MAX_POOL_NODES:
-                raise SpecError(f"{flag} must be a whole number from {least} to {MAX_POOL_NODES}, not {value!r}")
+        for flag, count, least in (("--min-count", self.min_count, 0), ("--max-count", self.max_count, 1)):
+            if not isinstance(count, int) or isinstance(count, bool) or not least <= count <= MAX_POOL_NODES:
+                raise SpecError(f"{flag} must be a whole number from {least} to {MAX_POOL_NODES}, not {count!r}")
         if self.min_count > self.max_count:
             raise SpecError(f"--min-count {self.min_count} is more than --max-count {self.max_count}: the GPU "
                             "pool autoscales between the two, so min <= max")
@@ -416,7 +450,6 @@ class ClusterSpec:  # pylint: disable=too-many-instance-attributes  # one field 
         if self.engine == ENGINE_K8S_JOB and self.kubernetes_version:
             check_engine_supported(self.engine, self.kubernetes_version)
         self._validate_access()
-        return self
 
     def _validate_access(self) -> None:
         """--admin-principal and --local-accounts; raises SpecError."""

@@ -6,19 +6,19 @@ else 0 (no training). Pure: no clock, no I/O, no matplotlib (the picture is draw
 """
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Any, Iterable
 
 from azext_elastictrain.core import events as job_events
 from azext_elastictrain.core import goodput as job_goodput
 
 
-def series(events: Iterable[dict]) -> dict:
+def series(events: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """``{"start", "worlds", "worldSize", "checkpoints", "notices", "stops", "scaleUps"}`` (see module doc)."""
     ordered = job_goodput.unique(events)
     if not ordered:
         return {"start": None, "worlds": [], "worldSize": [], "checkpoints": [], "notices": [], "stops": [],
                 "scaleUps": []}
-    t0 = ordered[0]["time"]
+    t0 = float(ordered[0]["time"])
 
     def rel(t: float) -> float:
         return round(t - t0, 3)

@@ -51,14 +51,14 @@ class JobView:  # pylint: disable=too-many-instance-attributes  # the `job show`
     recoveries: int
     scale_ups: int
     worker_restarts: int
-    nodes: list = field(default_factory=list)
+    nodes: list[Any] = field(default_factory=list)
     events_error: str | None = None
-    goodput: dict | None = None  # core.goodput.goodput of the run; None before it trained
-    scale_up_times: list = field(default_factory=list)  # core.goodput.scale_ups of the run
-    outages: list = field(default_factory=list)  # core.goodput.outages of the run
+    goodput: dict[str, Any] | None = None  # core.goodput.goodput of the run; None before it trained
+    scale_up_times: list[Any] = field(default_factory=list)  # core.goodput.scale_ups of the run
+    outages: list[Any] = field(default_factory=list)  # core.goodput.outages of the run
 
-    def describe(self, identity: dict, launch: dict, extra: dict | None = None,
-                 worker_restarts: bool = False) -> dict:
+    def describe(self, identity: dict[str, Any], launch: dict[str, Any], extra: dict[str, Any] | None = None,
+                 worker_restarts: bool = False) -> dict[str, Any]:
         """The `job show` object: who the job is, its state, how it was launched, its progress, its nodes,
         then whatever else its backend shows (``extra``)."""
         shown = {**identity, "state": self.state, **launch,
@@ -83,21 +83,21 @@ class JobView:  # pylint: disable=too-many-instance-attributes  # the `job show`
         return shown
 
 
-def shown_outage(outage: dict) -> dict:
+def shown_outage(outage: dict[str, Any]) -> dict[str, Any]:
     """An outage (core.goodput.outages) as `job show` reports it: its times as ISO 8601."""
     return {**outage, **{k: iso_time(outage[k], millis=True) for k in ("lastStepAt", "restoredAt", "firstStepAt")
                          if outage.get(k) is not None}}
 
 
-def rank_seconds(goodput: dict) -> dict:
+def rank_seconds(goodput: dict[str, Any]) -> dict[str, Any]:
     """The run's rank-seconds: ``useful`` (steps in the final model) and ``total`` (useful + every cause lost),
     what a job's node-hours and cost are counted from (core.prices.job_cost)."""
     useful = goodput["usefulRankSeconds"]
     return {"useful": useful, "total": round(useful + sum(goodput["lostRankSeconds"].values()), 2)}
 
 
-def build_job_view(events: Iterable[dict], *, created: float | None, nodes: list,
-                   state_of: Callable[[dict], str], lost_nodes: Callable[[str], Iterable[Any]],
+def build_job_view(events: Iterable[dict[str, Any]], *, created: float | None, nodes: list[Any],
+                   state_of: Callable[[dict[str, Any]], str], lost_nodes: Callable[[str], Iterable[Any]],
                    events_error: str | None = None) -> JobView:
     """The view of the run that began at ``created`` (an earlier run of the same name kept its log).
 
@@ -123,7 +123,8 @@ def build_job_view(events: Iterable[dict], *, created: float | None, nodes: list
                    outages=job_goodput.outages(runs))
 
 
-def read_job_events(read: Callable[[str], Iterable[dict]], job: str) -> tuple[list[dict], str | None]:
+def read_job_events(read: Callable[[str], Iterable[dict[str, Any]]],
+                    job: str) -> tuple[list[dict[str, Any]], str | None]:
     """``(events, None)``, or ``([], why not)``: a job is still shown when its events cannot be read."""
     from azext_elastictrain.core.blobstore import AccessDenied
 
@@ -136,9 +137,10 @@ def read_job_events(read: Callable[[str], Iterable[dict]], job: str) -> tuple[li
         return [], f"cannot read the job's events from the cluster's blob storage: {ex}"
 
 
-def wait_for_job(describe: Callable[[], dict], name: str, *, state: str | None, step: int | None,
+def wait_for_job(describe: Callable[[], dict[str, Any]], name: str, *, state: str | None, step: int | None,
                  world_size: int | None, timeout: float, interval: float, logs_hint: str,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> dict:
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float],
+                 None] = time.sleep) -> dict[str, Any]:
     """Describe the job every ``interval`` seconds until it is in ``state`` (default Succeeded), reached
     ``step`` and/or trains at ``world_size``; ``NotReached`` when it ends without getting there or time runs out.
     ``logs_hint`` is the command that shows its logs."""
@@ -146,8 +148,8 @@ def wait_for_job(describe: Callable[[], dict], name: str, *, state: str | None, 
 
     if state is None and step is None and world_size is None:
         state = job_events.SUCCEEDED
-    want = " and ".join(filter(None, [state and f"state {state}", step is not None and f"step {step}",
-                                      world_size is not None and f"world size {world_size}"]))
+    want = " and ".join(what for what, asked in ((f"state {state}", state), (f"step {step}", step is not None),
+                                                 (f"world size {world_size}", world_size is not None)) if asked)
     deadline = clock() + timeout
     while True:
         shown = describe()

@@ -31,23 +31,23 @@ def create_cluster(cmd, *, local: bool = False, name: str | None = None, resourc
                   "--api-server-authorized-ips": api_server_authorized_ips, "--encryption-at-host": encryption_at_host,
                   "--merge-kubeconfig": merge_kubeconfig or None, "--no-wait": no_wait or None,
                   "--local-accounts": local_accounts or None, "--admin-principal": admin_principal}
-    if target.kind == "local":
-        from azext_elastictrain.core.spec import LocalClusterSpec
+    with az_errors(target):  # a spec is checked as it is built: bad input fails before any request or login
+        if target.kind == "local":
+            from azext_elastictrain.core.spec import LocalClusterSpec
 
-        _refuse_azure_options(azure_only)
-        spec = LocalClusterSpec(target.cluster)
-    else:
-        spec = _cluster_spec(target, location=location, storage_account=storage_account, storage_sku=storage_sku,
-                             kubernetes_version=kubernetes_version, system_vm_size=node_vm_size,
-                             gpu_vm_size=gpu_vm_size, min_count=min_count, max_count=max_count, max_price=max_price,
-                             eviction_policy=eviction_policy, node_labels=_node_labels(labels), engine=engine,
-                             upgrade_channel=upgrade_channel, maintenance_window=maintenance_window,
-                             storage_allow=tuple(storage_allow or ()), vnet_subnet=vnet_subnet,
-                             api_server_authorized_ips=tuple(api_server_authorized_ips or ()),
-                             encryption_at_host=encryption_at_host, local_accounts=bool(local_accounts),
-                             admin_principal=admin_principal)
-    with az_errors(target):
-        spec.validate()  # bad input fails before any request, login included
+            _refuse_azure_options(azure_only)
+            spec = LocalClusterSpec(target.cluster)
+        else:
+            spec = _cluster_spec(target, location=location, storage_account=storage_account,
+                                 storage_sku=storage_sku, kubernetes_version=kubernetes_version,
+                                 system_vm_size=node_vm_size, gpu_vm_size=gpu_vm_size, min_count=min_count,
+                                 max_count=max_count, max_price=max_price, eviction_policy=eviction_policy,
+                                 node_labels=_node_labels(labels), engine=engine,
+                                 upgrade_channel=upgrade_channel, maintenance_window=maintenance_window,
+                                 storage_allow=tuple(storage_allow or ()), vnet_subnet=vnet_subnet,
+                                 api_server_authorized_ips=tuple(api_server_authorized_ips or ()),
+                                 encryption_at_host=encryption_at_host, local_accounts=bool(local_accounts),
+                                 admin_principal=admin_principal)
         if eviction_policy == "Deallocate" and target.kind == "aks":
             from knack.log import get_logger
 

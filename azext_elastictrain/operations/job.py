@@ -20,19 +20,26 @@ def run_job(cmd, *, name: str, script: str, min_nodes: int, max_nodes: int, loca
             nproc_per_node: int | None = None, checkpoint_interval: int | None = None, keep: int = 3,
             resource_group_name: str | None = None, image: str | None = None, gpus_per_node: int | None = None,
             dry_run: bool = False, engine: str | None = None, memory_tier: str | None = None,
-            warm_start: bool = True, recovery: str | None = None) -> dict:
+            warm_start: bool = True, recovery: str | None = None, env: list[str] | None = None) -> dict:
     """Validate everything, then start the job: torchrun agents here (--local), or on AKS an ElasticJob
     (--engine torchelastic, the default) or a batch/v1 Indexed Job (--engine k8s-job)."""
-    from azext_elastictrain.backends.base import JobRequest
-
     target = resolve_target(local=local, resource_group=resource_group_name, cluster=cluster, job=name)
-    with az_errors(target, job=name):  # a spec refuses a bad value as it is made
+    with az_errors(target, job=name):  # the spec checks itself as it is built, before the backend is opened
         spec = _job_spec(target, script_args=script_args, gpus_per_node=gpus_per_node,
                          nproc_per_node=nproc_per_node, memory_tier=memory_tier, name=name, script=script,
-                         min_nodes=min_nodes,
-                         max_nodes=max_nodes, nodes=nodes, checkpoint_interval=checkpoint_interval, keep=keep,
-                         warm_start=warm_start is not False, **({"recovery": recovery} if recovery else {}))
-    with az_errors(target, job=name), target.opened(cmd) as backend:
+                         min_nodes=min_nodes, max_nodes=max_nodes, nodes=nodes,
+                         checkpoint_interval=checkpoint_interval, keep=keep, warm_start=warm_start is not False,
+                         env=tuple(env or ()), **({"recovery": recovery} if recovery else {}))
+    return _plan_and_submit(cmd, target, spec, image=image, gpus_per_node=gpus_per_node, engine=engine,
+                            dry_run=dry_run)
+
+
+def _plan_and_submit(cmd, target, spec, *, image: str | None, gpus_per_node: int | None, engine: str | None,
+                     dry_run: bool) -> dict:
+    """The backend's plan (what --dry-run prints), then, unless a dry run, the submit that takes it."""
+    from azext_elastictrain.backends.base import JobRequest
+
+    with az_errors(target, job=spec.name), target.opened(cmd) as backend:
         plan = backend.plan_job(JobRequest(spec, image, gpus_per_node, engine))
         return plan.shown if dry_run else backend.submit_job(plan)
 
@@ -56,8 +63,7 @@ def _job_spec(target, *, script_args: str | None, gpus_per_node: int | None, npr
     if nproc_per_node is None:
         nproc_per_node = (gpus_per_node or 1) if target.kind == "aks" else 1
     return JobSpec(**fields, nproc_per_node=nproc_per_node, script_args=args,
-                   memory_tier=memory_tier or DEFAULT_MEMORY_TIER,
-                   **({"cluster": target.cluster} if target.kind == "local" else {}))
+                   memory_tier=memory_tier or DEFAULT_MEMORY_TIER)
 
 
 def list_jobs(cmd, local: bool = False, cluster: str | None = None,

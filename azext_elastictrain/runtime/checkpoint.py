@@ -476,11 +476,11 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
         the step durable (the peers that committed it hold it; alone, blob), the notice acknowledged, then hold
         until the node goes."""
         alone = replicas.participants() <= 1
-        replicas.close()
-        for notice in notices:
+        for notice in notices:  # stamped before the survivors' next quorum: that re-form is this notice's
             self._notices.handled(notice)
             if self.local_rank == 0:
                 self._reporter.emit(progress.PREEMPTED, step=step, source=notice.source, event_id=notice.event_id)
+        replicas.close()
         log.warning("leaving the job at step %d (%s)", step, "saving it: no peer holds it" if alone
                     else "its peers hold it")
         if alone:

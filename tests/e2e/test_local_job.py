@@ -247,11 +247,13 @@ def test_a_node_that_fails_to_start_takes_the_started_ones_down(tmp_path, monkey
     import sys
 
     from azext_elastictrain.backends.local.cluster import LocalClusters
+    from azext_elastictrain.backends.local.jobs import LocalJobs
     from azext_elastictrain.core.spec import JobSpec
 
-    backend = LocalClusters(tmp_path)
-    monkeypatch.setattr(backend, "show_cluster", lambda name: {"health": "Healthy", "components": {}})
-    monkeypatch.setattr(backend, "connection", lambda name: {
+    clusters = LocalClusters(tmp_path)
+    backend = LocalJobs(clusters)
+    monkeypatch.setattr(clusters, "show_cluster", lambda name: {"health": "Healthy", "components": {}})
+    monkeypatch.setattr(clusters, "connection", lambda name: {
         "etcd": "127.0.0.1:1", "blob_endpoint": "http://127.0.0.1:1/devstoreaccount1",
         "connection_string": "", "scheduled_events": "off"})
     started: list[subprocess.Popen] = []
@@ -266,8 +268,8 @@ def test_a_node_that_fails_to_start_takes_the_started_ones_down(tmp_path, monkey
                 "log": str(job_dir / "nodes" / f"{node}.log"), "status": "started"}
 
     monkeypatch.setattr(backend, "start_node", start_node)
-    spec = JobSpec(name="half", script=str(REPO_ROOT / SCRIPT), min_nodes=1, max_nodes=3, cluster="c")
+    spec = JobSpec(name="half", script=str(REPO_ROOT / SCRIPT), min_nodes=1, max_nodes=3)
     with pytest.raises(OSError, match="temporarily unavailable"):
-        backend.run_job(spec)
+        backend.run_job("c", spec)
     assert len(started) == 1 and started[0].wait(timeout=20) is not None, "the started node was left running"
     assert not (tmp_path / "c" / "jobs" / "half").exists(), "a half-started job left its state"

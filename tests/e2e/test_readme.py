@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from azext_elastictrain.backends.local.cluster import LocalClusters
+from azext_elastictrain.backends.local.jobs import LocalJobs
 from azext_elastictrain.core.spec import LOCAL_CLUSTER_DEFAULT
 from tests.support import services as svc
 from tests.support.processes import local_cluster
@@ -136,7 +137,7 @@ def _run_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: Path, job:
                 done = az.json("elastictrain", "job", "wait", "--local", "--name", job, "--state", "Succeeded",
                                "--timeout", "600", timeout=660)
                 shown = _show(az, job)
-                events = LocalClusters(az.config_dir / "elastictrain" / "local").job_events(
+                events = LocalJobs(LocalClusters(az.config_dir / "elastictrain" / "local")).job_events(
                     LOCAL_CLUSTER_DEFAULT, job)
             finally:
                 az("elastictrain", "job", "delete", "--local", "--name", job, "--yes", check=False, timeout=180)

@@ -205,6 +205,7 @@ def test_the_plan_carries_the_coordinator_before_the_job() -> None:
 
 def test_a_submit_that_fails_at_the_job_leaves_no_coordinator_behind() -> None:
     """Nothing later would find a coordinator without its job (job delete looks the job up first)."""
+    from azext_elastictrain.backends.aks.plans import AksJob
     from azext_elastictrain.backends.aks.session import AksSession
     from azext_elastictrain.clients.kube import KubeError
     from tests.support.fake_kube import FakeKube
@@ -215,7 +216,7 @@ def test_a_submit_that_fails_at_the_job_leaves_no_coordinator_behind() -> None:
     objects = AksJobs.render(jobs.session.site(), JOB, IMAGE, gpus_per_node=2)
     kube.fail("apply", "ElasticJob", error=KubeError("apply ElasticJob failed: HTTP 403 Forbidden", status=403))
     with pytest.raises(KubeError, match="403"):
-        jobs.submit_job({"object": objects[-1], "objects": objects})
+        jobs.submit_job(AksJob(tuple(objects)))
     assert [c[1] for c in kube.calls if c[0] == "apply"] == ["Deployment", "Service", "NetworkPolicy"]
     assert [c[1] for c in kube.calls if c[0] == "delete"] == ["NetworkPolicy", "Service", "Deployment"]
     assert [o for o in kube.objects if o[1] in ("Deployment", "Service", "NetworkPolicy")] == []

@@ -67,7 +67,8 @@ def test_an_unknown_cluster_is_not_found(kube) -> None:
 
 def test_run_applies_the_job_once_and_the_dry_run_nothing(kube) -> None:
     planned = _jobs(kube).plan_job(JOB, IMAGE, gpus_per_node=2)
-    assert planned["object"]["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]["containers"][0][
+    assert planned.request.job_object == planned.shown["object"]
+    assert planned.shown["object"]["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]["containers"][0][
         "resources"]["limits"] == {"nvidia.com/gpu": 2}
     assert kube.calls == []
     shown = _run(_jobs(kube))
@@ -89,7 +90,7 @@ def test_a_script_in_the_image_must_be_a_path(kube, script) -> None:
 
 
 def _run(jobs: AksJobs) -> dict:
-    return jobs.submit_job(jobs.plan_job(JOB, IMAGE, gpus_per_node=1))
+    return jobs.submit_job(jobs.plan_job(JOB, IMAGE, gpus_per_node=1).request)
 
 
 def _seed(kube) -> None:
@@ -116,10 +117,9 @@ def test_logs_come_from_scheduled_workers_by_rank_or_pod(kube) -> None:
 def test_delete_confirms_then_deletes_the_elastic_job_only(kube) -> None:
     _seed(kube)
     planned = _jobs(kube).plan_delete("cifar")
-    assert planned["dryRun"] and kube.get("elastic.pytorch.org/v1alpha1", "ElasticJob", "cifar",
-                                          "elastictrain")
-    done = _jobs(kube).delete(planned)
-    assert done["deleted"] and not done["dryRun"] and done["checkpoints"] == "kept"
+    assert planned.shown["dryRun"] and planned.shown["checkpoints"] == "kept"
+    assert kube.get("elastic.pytorch.org/v1alpha1", "ElasticJob", "cifar", "elastictrain")
+    _jobs(kube).delete(planned.request)
     assert kube.get("elastic.pytorch.org/v1alpha1", "ElasticJob", "cifar", "elastictrain") is None
 
 

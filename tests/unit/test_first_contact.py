@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from azext_elastictrain.backends.aks import cluster as aks_cluster
-from azext_elastictrain.core import arm
+from azext_elastictrain.core import arm_bodies as arm
 from azext_elastictrain.core.errors import ArmError
 from azext_elastictrain.core.spec import ClusterSpec, SpecError, default_storage_account, reserved_label
 
@@ -72,12 +72,11 @@ def test_a_cluster_update_sends_only_our_pools_each_merged_and_keeps_the_rest():
 ])
 def test_label_prefixes_aks_reserves(key, reserved):
     assert reserved_label(key) is reserved
-    spec = ClusterSpec(name="c", resource_group="g", node_labels=((key, "v"),))
     if reserved:
         with pytest.raises(SpecError, match="reserved"):
-            spec.validate()
+            ClusterSpec(name="c", resource_group="g", node_labels=((key, "v"),))
     else:
-        spec.validate()
+        assert ClusterSpec(name="c", resource_group="g", node_labels=((key, "v"),)).node_labels == ((key, "v"),)
 
 
 def test_the_default_storage_name_differs_by_subscription_and_stays_valid():

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from azext_elastictrain.core import arm, preflight
+from azext_elastictrain.core import arm_bodies as arm
+from azext_elastictrain.core import preflight
 from azext_elastictrain.core.preflight import PoolHardware, PreflightError, VmSize
 from azext_elastictrain.core.spec import ClusterSpec, SpecError
 from tests.support.sdk_schema import problems
@@ -190,7 +191,7 @@ def test_the_schema_check_names_unknown_and_read_only_fields():
 ])
 def test_bad_hardening_input_is_a_spec_error(changes, message):
     with pytest.raises(SpecError, match=message):
-        ClusterSpec("c", "rg", **changes).validate()
+        ClusterSpec("c", "rg", **changes)
 
 
 def test_a_window_reads_case_and_hours_as_people_write_them():

@@ -5,7 +5,8 @@ import pytest
 
 from azext_elastictrain.backends.aks import incluster
 from azext_elastictrain.core import manifests as m
-from azext_elastictrain.clients.kube import KubeClient, KubeError
+from azext_elastictrain.clients.kube import KubeError
+from azext_elastictrain.core.ports import KubeClient
 from tests.support.fake_kube import FakeKube
 
 SPEC = m.InClusterSpec(identity_client_id="3f2a1b4c-5d6e-4f70-8192-a3b4c5d6e7f8",

@@ -119,13 +119,17 @@ def test_job_show_and_timeline_give_the_same_figures():
 
 def test_a_notice_is_an_eviction_with_notice():
     events = start() + [
-        ev(120.05, "preempted", "n1", step=20, source="Preempt", event_id="e1"),
-        quorum(120.3, step=20, world_size=1, replicas=1, from_world_size=2, from_replicas=2, last_step=20,
-               last_step_time=120.0, discarded=0, source="live"),
-        ev(120.9, "progress", step=21, world_size=1),
+        ev(131.05, "preempted", "n1", step=31, source="Preempt", event_id="e1"),
+        quorum(131.3, step=31, world_size=1, replicas=1, from_world_size=2, from_replicas=2, last_step=31,
+               last_step_time=131.0, discarded=0, source="live"),
+        ev(131.9, "progress", step=32, world_size=1),
     ]
     (outage,) = goodput.outages(events)
     assert (outage["kind"], outage["outageSeconds"], outage["stepsLost"]) == ("evictionWithNotice", 0.9, 0)
+    # the node leaves the quorum at the notice and goes once it acknowledged: the re-form came before it went
+    eviction = {"node": "n1", "startedAt": 130.9, "evictedAt": 132.5}
+    found = recovery.follow_recovery(lambda job: events, "j", eviction, timeout=0.5, sleep=lambda s: None)
+    assert (found["kind"], found["outageSeconds"], found["recoverySeconds"]) == ("evictionWithNotice", 0.9, 0.0)
 
 
 def test_both_modes_give_one_figure_for_the_same_outage():

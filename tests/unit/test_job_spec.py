@@ -8,7 +8,7 @@ import yaml
 
 from azext_elastictrain import _format
 from azext_elastictrain.core import events
-from azext_elastictrain.core.spec import JobSpec, SpecError
+from azext_elastictrain.core.spec import JobSpec, LocalClusterSpec, SpecError, check_local_script
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = str(REPO_ROOT / "scripts" / "train_cifar10.py")
@@ -20,14 +20,21 @@ def spec(**changes) -> JobSpec:
     return JobSpec(**fields)
 
 
+def local_job(**changes) -> JobSpec:
+    """A job of the local cluster: its script is a file here."""
+    built = spec(**changes)
+    check_local_script(built.script)
+    return built
+
+
 # --------------------------------------------------------------------------- JobSpec
 
 
 def test_a_valid_spec_starts_max_nodes_by_default_named_after_the_job() -> None:
-    s = spec().validate()
+    s = spec()
     assert s.node_count == 2 and s.node_names() == ["cifar-node-0", "cifar-node-1"]
-    assert spec(nodes=1).validate().node_names() == ["cifar-node-0"]
-    assert s.cluster == "local" and s.nproc_per_node == 1 and s.keep == 3 and s.checkpoint_interval is None
+    assert spec(nodes=1).node_names() == ["cifar-node-0"]
+    assert s.nproc_per_node == 1 and s.keep == 3 and s.checkpoint_interval is None
 
 
 @pytest.mark.parametrize("changes", [
@@ -36,10 +43,10 @@ def test_a_valid_spec_starts_max_nodes_by_default_named_after_the_job() -> None:
     dict(min_nodes=2, max_nodes=4, nodes=4),
     dict(nproc_per_node=8, checkpoint_interval=1, keep=1),
     dict(name="a"), dict(name="a" * 63), dict(name="job-2"),
-    dict(cluster="exp2"),
 ])
 def test_valid_specs(changes) -> None:
-    spec(**changes).validate()
+    assert local_job(**changes) == JobSpec(**{"name": "cifar", "script": SCRIPT, "min_nodes": 1, "max_nodes": 2,
+                                              **changes})
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -61,27 +68,31 @@ def test_valid_specs(changes) -> None:
     (dict(name="../etc"), "invalid job name"),
     (dict(name="job\n"), "invalid job name"),
     (dict(name=""), "invalid job name"),
-    (dict(cluster="Bad/Cluster"), "invalid local cluster name"),
     (dict(script="/nonexistent/train.py"), "is not a file"),
     (dict(script=str(REPO_ROOT / "scripts")), "is not a file"),
     (dict(script=""), "no training script"),
 ])
 def test_invalid_specs_say_what_is_wrong(changes, message) -> None:
     with pytest.raises(SpecError) as info:
-        spec(**changes).validate()
+        local_job(**changes)
     assert message in str(info.value)
+
+
+def test_a_bad_local_cluster_name_is_refused_as_the_spec_is_built() -> None:
+    with pytest.raises(SpecError, match="invalid local cluster name"):
+        LocalClusterSpec("Bad/Cluster")
 
 
 def test_the_recovery_mode_defaults_to_restart_and_is_checked_when_the_spec_is_made() -> None:
     assert spec().recovery == "restart" and not spec().in_process
-    assert spec(recovery="in-process").validate().in_process
+    assert spec(recovery="in-process").in_process
     with pytest.raises(SpecError, match="unknown recovery mode 'inprocess': use restart or in-process"):
-        spec(recovery="inprocess")  # refused as it is made, before validate()
+        spec(recovery="inprocess")  # refused as it is made
 
 
 def test_name_is_checked_before_the_file_system() -> None:
     with pytest.raises(SpecError, match="invalid job name"):
-        spec(name="BAD", script="/nonexistent").validate()
+        local_job(name="BAD", script="/nonexistent")
 
 
 # --------------------------------------------------------------------------- events
@@ -291,6 +302,9 @@ def test_every_argument_of_every_command_has_help() -> None:
 
 
 def test_a_script_inside_the_image_is_not_looked_for_here() -> None:
-    from azext_elastictrain.core.spec import JobSpec
+    from azext_elastictrain.core.spec import JobSpec, check_script_in_image
 
-    assert JobSpec(name="cifar", script="/app/train.py").validate(script_in_image=True)
+    job = JobSpec(name="cifar", script="/app/train.py")
+    check_script_in_image(job.script)  # raises SpecError for what is no path; never looks at this machine
+    with pytest.raises(SpecError, match="is not a file"):
+        check_local_script(job.script)

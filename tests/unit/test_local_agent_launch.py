@@ -37,8 +37,8 @@ def _product_launch(monkeypatch, tmp_path: Path, record: dict | None = None) -> 
         (tmp_path / "job" / "job.json").write_text(json.dumps(record), encoding="utf-8")
     conn = {"blob_endpoint": "http://127.0.0.1:10000/devstoreaccount1", "connection_string": "UseDevelopment",
             "etcd": "127.0.0.1:2379", "scheduled_events": "http://127.0.0.1:9/metadata/scheduledevents"}
-    local_jobs.LocalJobs().start_node(spec, str(elastic.TRAIN_SCRIPT), "job-node-0", conn, job_dir=tmp_path / "job",
-                                      rdzv_id="job-1234")
+    jobs = local_jobs.LocalJobs(local_jobs.LocalClusters(tmp_path))
+    jobs.start_node(spec, str(elastic.TRAIN_SCRIPT), "job-node-0", conn, job_dir=tmp_path / "job", rdzv_id="job-1234")
     return _Started.last
 
 
@@ -205,19 +205,24 @@ def test_an_in_process_node_without_a_coordinator_is_refused(tmp_path):
 
 
 def test_a_node_that_joins_later_is_launched_as_the_jobs_record_says(monkeypatch, tmp_path):
-    """An eviction's replacement is started from a spec that does not say how the job recovers (evict.py
-    builds it from the record's other fields): the record decides."""
+    """An eviction's replacement is started from the job's record (backends/local/record.py: every option of
+    the spec is in it), so it recovers as the job does; its coordinator's address is the record's too."""
     import json
 
+    from azext_elastictrain.backends.local import record
+
+    recorded = record.new_record(JobSpec(name="job", script=str(elastic.TRAIN_SCRIPT), min_nodes=1, max_nodes=2,
+                                         recovery="in-process"),
+                                 cluster="local", script=str(elastic.TRAIN_SCRIPT), rdzv_id="job-1234")
+    recorded["coordinator"] = {"address": "http://127.0.0.1:40002"}
     (tmp_path / "job" / "nodes").mkdir(parents=True)
-    (tmp_path / "job" / "job.json").write_text(json.dumps(
-        {"recovery": "in-process", "coordinator": {"address": "http://127.0.0.1:40002"}}))
+    (tmp_path / "job" / "job.json").write_text(json.dumps(recorded))
     monkeypatch.setattr(local_jobs.subprocess, "Popen", _Started)
-    spec = JobSpec(name="job", script=str(elastic.TRAIN_SCRIPT), min_nodes=1, max_nodes=2)  # restart by default
     conn = {"blob_endpoint": "http://127.0.0.1:10000/devstoreaccount1", "connection_string": "UseDevelopment",
             "etcd": "127.0.0.1:2379", "scheduled_events": "http://127.0.0.1:9/metadata/scheduledevents"}
-    local_jobs.LocalJobs().start_node(spec, str(elastic.TRAIN_SCRIPT), "job-node-2", conn, job_dir=tmp_path / "job",
-                                      rdzv_id="job-1234")
+    jobs = local_jobs.LocalJobs(local_jobs.LocalClusters(tmp_path))
+    jobs.start_node(record.spec_of(recorded), str(elastic.TRAIN_SCRIPT), "job-node-2", conn,
+                    job_dir=tmp_path / "job", rdzv_id="job-1234")
     started = _Started.last
     assert "--standalone" in started.argv and started.env[launch.ENV_COORDINATOR] == "http://127.0.0.1:40002"
     assert started.env[launch.ENV_REPLICA_ID] == "job-node-2"

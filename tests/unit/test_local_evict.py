@@ -3,6 +3,7 @@ FIN reaches a peer), then killed (backends/local/evict.py's vanish_processes); a
 by default, until the survivors trained again without the node; on real processes."""
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import sys
@@ -57,14 +58,18 @@ def _sleeper() -> tuple[subprocess.Popen, dict]:
 
 
 class _Backend:
-    """What evict_nodes asks of the local backend, over real processes as nodes; the job's events are the
-    test's: it says when the survivors trained again."""
+    """What evict_nodes asks of the local jobs (and, as ``clusters``, of their cluster), over real processes as
+    nodes; the job's events are the test's: it says when the survivors trained again."""
 
     def __init__(self, tmp_path, nodes: list[dict]):
         self.job = {"name": "job", "nodes": nodes}
         self.tmp_path = tmp_path
         self.events: list[dict] = []
         self.asked = 0
+        self.clusters = self
+
+    def job_lock(self, _cluster):
+        return contextlib.nullcontext()
 
     def require_job(self, _cluster, _name):
         return self.job

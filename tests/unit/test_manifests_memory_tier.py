@@ -81,9 +81,9 @@ def test_off_renders_no_volume_and_turns_the_runtime_tier_off(engine) -> None:
 @pytest.mark.parametrize("bad", ["", "lots", "-1Gi", "0", "8GB", "8 Gi", "on"])
 def test_a_memory_tier_that_is_no_size_is_refused_with_how_to_fix_it(bad) -> None:
     with pytest.raises(SpecError, match=r"--memory-tier .*e\.g\. 8Gi"):
-        replace(JOB, memory_tier=bad).validate(script_in_image=True)
+        replace(JOB, memory_tier=bad)
 
 
 @pytest.mark.parametrize("good", ["8Gi", "512Mi", "1.5Gi", "off", "4000M"])
 def test_sizes_and_off_are_accepted(good) -> None:
-    replace(JOB, memory_tier=good).validate(script_in_image=True)
+    assert replace(JOB, memory_tier=good).memory_tier == good

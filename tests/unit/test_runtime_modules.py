@@ -93,3 +93,63 @@ def test_the_facade_leaves_torch_and_storage_to_its_collaborators() -> None:
     imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
     assert not {m for m in imported if m == "torch" or m.startswith("torch.")}, imported
     assert "azext_elastictrain.runtime.storage" not in imported
+
+
+# -- the whole package ----------------------------------------------------------------------------------------
+
+PACKAGE_ROOT = RUNTIME.parent
+
+
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """ids of the import nodes under ``if TYPE_CHECKING:`` (never run, so they make no cycle)."""
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            skipped |= {id(inner) for child in node.body for inner in ast.walk(child)}
+    return skipped
+
+
+def package_graph(root: Path, package: str) -> dict[str, set[str]]:
+    """Every module of ``package`` (subpackages included; a package is its __init__) -> the modules of it that
+    it imports when run, at module level or inside a function."""
+    modules: dict[str, Path] = {}
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root).with_suffix("").parts
+        name = ".".join((package, *parts[:-1])) if parts[-1] == "__init__" else ".".join((package, *parts))
+        modules[name] = path
+    edges: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        skipped = _type_checking_only(tree)
+        found: set[str] = set()
+        for node in ast.walk(tree):
+            if id(node) in skipped:
+                continue
+            if isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                # "from pkg.sub import mod" imports the module pkg.sub.mod; "from pkg.mod import name", pkg.mod
+                found |= {f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in modules else node.module
+                          for alias in node.names}
+        edges[name] = {m for m in found if m in modules and m != name}
+    return edges
+
+
+def test_the_package_has_no_import_cycle() -> None:
+    edges = package_graph(PACKAGE_ROOT, "azext_elastictrain")
+    assert "azext_elastictrain.backends.local.jobs" in edges and len(edges) >= 60, sorted(edges)
+    cycle = find_cycle(edges)
+    assert cycle is None, " -> ".join(cycle or [])
+
+
+def test_the_package_graph_sees_imports_in_functions_and_not_those_for_the_type_checker(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    for init in (pkg / "__init__.py", pkg / "sub" / "__init__.py"):
+        init.write_text("")
+    (pkg / "sub" / "a.py").write_text("def f():\n    from pkg.sub import b\n")
+    (pkg / "sub" / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.c\n")
+    (pkg / "c.py").write_text("from pkg.sub.a import f\n")
+    assert find_cycle(package_graph(pkg, "pkg")) is None
+    (pkg / "sub" / "b.py").write_text("import pkg.c\n")
+    assert find_cycle(package_graph(pkg, "pkg")) == ["pkg.c", "pkg.sub.a", "pkg.sub.b", "pkg.c"]

@@ -6,11 +6,13 @@ resolved once and reused in loops). ``clusters`` owns the cluster's lifecycle, `
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable
 
 from azext_elastictrain.backends.aks import evict as aks_evict
-from azext_elastictrain.backends.aks.cluster import Arm, AksClusters
+from azext_elastictrain.backends.aks.cluster import AksClusters
 from azext_elastictrain.backends.aks.jobs import AksJobs
+from azext_elastictrain.backends.aks.plans import AksClusterDeletion, AksJob, AksJobDeletion, AksSchedule
 from azext_elastictrain.backends.aks.session import AksSession, gpu_spot_pool
 from azext_elastictrain.backends.base import (
     CheckpointLocation,
@@ -18,18 +20,34 @@ from azext_elastictrain.backends.base import (
     JobLogs,
     JobRequest,
     LogRequest,
+    NotHere,
     Plan,
     ScheduleRequest,
     WaitFor,
+    refuse_options,
 )
 from azext_elastictrain.backends.logs import merged_streams
+from azext_elastictrain.core.constants import AZURE_NOTICE_SECONDS
 from azext_elastictrain.core.errors import NotSupported, OptionNotHere
-from azext_elastictrain.core.eviction import check_selector
+from azext_elastictrain.core.ports import Arm
+from azext_elastictrain.core.eviction import EvictionPlan, check_selector
 from azext_elastictrain.core.spec import ClusterSpec
 from azext_elastictrain.core.view import wait_for_job
 
-AZURE_NOTICE_SECONDS = 30.0  # the least notice Azure gives a Spot VM (Scheduled Events Preempt)
 WAIT_INTERVAL = 10.0  # a look asks Kubernetes and blob storage (ARM and the credentials only once)
+_EVICTION = ("--notice-seconds and --replace-after are for the local cluster: on AKS, Azure gives the Spot notice "
+             "(>= 30 s) and the autoscaler brings capacity back", None)
+_SCHEDULE = ("--notice-share, --notice-seconds and --replace-after are for the local cluster: on AKS every simulated "
+             "eviction gets Azure's Spot notice (a Scheduled Events Preempt, >= 30 s) and the cluster autoscaler "
+             "brings capacity back when Azure has some",
+             "Drop them; run the schedule on the local cluster (--local) to choose notices and delays.")
+#: The options of the local cluster, refused here (base.refuse_options): the one place that says which, per request.
+NOT_HERE: dict[str, NotHere] = {
+    "logs": {"node": ("--node names a node of a local job; on AKS pick a worker with --rank or --pod",
+                      "'az elastictrain job show' lists the job's pods and ranks.")},
+    "eviction": {"notice_seconds": _EVICTION, "replace_after": _EVICTION},
+    "schedule": {"notice_share": _SCHEDULE, "notice_seconds": _SCHEDULE, "replace_after": _SCHEDULE},
+}
 
 
 class AksBackend:  # pylint: disable=too-many-public-methods  # the Backend protocol (base.py), method for method
@@ -38,7 +56,7 @@ class AksBackend:  # pylint: disable=too-many-public-methods  # the Backend prot
     def __init__(self, arm: Arm, resource_group: str | None, cluster: str | None, *, credential: Any = None,
                  kube_connect: Callable[[bytes], Any] | None = None,
                  progress: Callable[[str], None] | None = None,
-                 spot_market: Callable[[str, str], dict] | None = None) -> None:
+                 spot_market: Callable[[str, str], dict[str, Any]] | None = None) -> None:
         self.resource_group, self.cluster = resource_group, cluster
         self._progress = progress or (lambda message: None)
         self.session = AksSession(arm, resource_group or "", cluster or "", credential=credential,
@@ -47,6 +65,14 @@ class AksBackend:  # pylint: disable=too-many-public-methods  # the Backend prot
                                     spot_market=spot_market)
         self.jobs = AksJobs(self.session, progress=self._progress)
 
+    @property
+    def _name(self) -> str:
+        return self.cluster or ""
+
+    @property
+    def _group(self) -> str:
+        return self.resource_group or ""
+
     def close(self) -> None:
         self.session.close()
 
@@ -54,25 +80,26 @@ class AksBackend:  # pylint: disable=too-many-public-methods  # the Backend prot
         return ClusterSpec(name=self.cluster or "", resource_group=self.resource_group or "", **fields)
 
     # -- the cluster -------------------------------------------------------------------------------------------
-    def plan_cluster(self, spec: ClusterSpec) -> Plan:
-        return Plan(self.clusters.plan(spec))
+    def plan_cluster(self, spec: ClusterSpec) -> Plan[None]:
+        return Plan(self.clusters.plan(spec), None)
 
-    def create_cluster(self, spec: ClusterSpec, *, no_wait: bool = False) -> dict:
+    def create_cluster(self, spec: ClusterSpec, *, no_wait: bool = False) -> dict[str, Any]:
         return self.clusters.create(spec, no_wait=no_wait)
 
-    def merge_kubeconfig(self, spec: ClusterSpec) -> dict:
+    def merge_kubeconfig(self, spec: ClusterSpec) -> dict[str, Any]:
         return self.clusters.merge_kubeconfig(spec)
 
-    def show_cluster(self) -> dict:
+    def show_cluster(self) -> dict[str, Any]:
         return self.clusters.show(self._spec())
 
-    def cluster_state(self) -> dict:
+    def cluster_state(self) -> dict[str, Any]:
         return self.clusters.state(self._spec())
 
-    def list_clusters(self) -> list[dict]:
+    def list_clusters(self) -> list[dict[str, Any]]:
         return self.clusters.list(self.resource_group)
 
-    def plan_cluster_delete(self, *, delete_storage: bool = False, storage_account: str | None = None) -> Plan:
+    def plan_cluster_delete(self, *, delete_storage: bool = False,
+                            storage_account: str | None = None) -> Plan[AksClusterDeletion]:
         plan = self.clusters.delete_plan(self._spec(storage_account=storage_account or ""),
                                          delete_storage=delete_storage)
         shown = {"dryRun": True, **{k: v for k, v in plan.items() if k != "delete"},
@@ -80,35 +107,34 @@ class AksBackend:  # pylint: disable=too-many-public-methods  # the Backend prot
         what = ", ".join(d["step"] for d in plan["delete"]) or "nothing"
         keep = " Kept: the storage account and its checkpoints." if plan["keep"] else ""
         warn = " THIS DELETES EVERY CHECKPOINT." if delete_storage else ""
-        return Plan(shown, f"Delete {what} of cluster {self.cluster!r} in resource group {self.resource_group!r}?"
-                           f"{keep}{warn}", request=plan)
+        prompt = f"Delete {what} of cluster {self.cluster!r} in resource group {self.resource_group!r}?{keep}{warn}"
+        return Plan(shown, AksClusterDeletion(plan), prompt)
 
-    def delete_cluster(self, plan: Plan, *, no_wait: bool = False) -> dict:
-        return self.clusters.delete(plan.request, no_wait=no_wait)
+    def delete_cluster(self, plan: Plan[AksClusterDeletion], *, no_wait: bool = False) -> dict[str, Any]:
+        return self.clusters.delete(plan.request.steps, no_wait=no_wait)
 
     # -- jobs --------------------------------------------------------------------------------------------------
-    def plan_job(self, request: JobRequest) -> Plan:
+    def plan_job(self, request: JobRequest) -> Plan[AksJob]:
         if not request.image:
             raise OptionNotHere("a job on AKS needs --image: the container image with torch and the training script",
                                 "Pass a pinned image, e.g. --image myregistry.azurecr.io/train:1.0 "
                                 "(see scripts/Dockerfile).")
         gpus = 1 if request.gpus_per_node is None else request.gpus_per_node
-        return Plan(self.jobs.plan_job(request.spec, request.image, gpus_per_node=gpus,
-                                       engine=request.engine))
+        return self.jobs.plan_job(request.spec, request.image, gpus_per_node=gpus, engine=request.engine)
 
-    def submit_job(self, plan: Plan) -> dict:
-        return self.jobs.submit_job(plan.shown)
+    def submit_job(self, plan: Plan[AksJob]) -> dict[str, Any]:
+        return self.jobs.submit_job(plan.request)
 
-    def describe_job(self, name: str) -> dict:
+    def describe_job(self, name: str) -> dict[str, Any]:
         return self.jobs.describe_job(name)
 
-    def list_jobs(self) -> list[dict]:
+    def list_jobs(self) -> list[dict[str, Any]]:
         return self.jobs.list_jobs()
 
-    def job_events(self, name: str) -> list[dict]:
+    def job_events(self, name: str) -> list[dict[str, Any]]:
         return self.jobs.job_events(name)
 
-    def job_pool(self) -> dict | None:
+    def job_pool(self) -> dict[str, Any] | None:
         """The GPU Spot pool the workers are scheduled on (the cluster asked once per command)."""
         found = self.session.managed_cluster()
         pool = gpu_spot_pool(found)
@@ -118,51 +144,47 @@ class AksBackend:  # pylint: disable=too-many-public-methods  # the Backend prot
                 "priority": pool.get("scaleSetPriority") or "Regular", "location": found.get("location")}
 
     def job_logs(self, name: str, request: LogRequest) -> JobLogs:
-        if request.node is not None:
-            raise OptionNotHere("--node names a node of a local job; on AKS pick a worker with --rank or --pod",
-                                "'az elastictrain job show' lists the job's pods and ranks.")
+        refuse_options(request, NOT_HERE["logs"])
         if request.rank is not None and request.pod is not None:
             raise OptionNotHere("pass --rank or --pod, not both")
         streams = self.jobs.log_streams(name, rank=request.rank, pod=request.pod, follow=request.follow,
                                         tail=request.tail)
         return JobLogs(merged_streams(streams, request.follow, request.timeout), len(streams) > 1)
 
-    def wait_job(self, name: str, until: WaitFor) -> dict:
+    def wait_job(self, name: str, until: WaitFor) -> dict[str, Any]:
         return wait_for_job(lambda: self.describe_job(name), name, state=until.state, step=until.step,
                             world_size=until.world_size, timeout=until.timeout, interval=WAIT_INTERVAL,
                             sleep=lambda seconds: self.jobs.wait_for_change(name, seconds),
                             logs_hint=f"az elastictrain job logs -g {self.resource_group} -c {self.cluster} "
                                       f"--name {name} --tail 50")
 
-    def plan_job_delete(self, name: str, *, delete_checkpoints: bool = False) -> Plan:
+    def plan_job_delete(self, name: str, *, delete_checkpoints: bool = False) -> Plan[AksJobDeletion]:
         if delete_checkpoints:
             raise OptionNotHere(
                 "--delete-checkpoints is for local jobs: on AKS the checkpoints stay in the cluster's storage",
                 f"Prune them with 'az elastictrain checkpoint prune -g {self.resource_group} -c {self.cluster} "
                 f"--job {name}'.")
-        shown = self.jobs.plan_delete(name)
-        pods = ", ".join(p["pod"] for p in shown["stopped"]) or "no pods"
-        coordinator = ", ".join(f"{c['kind']} {c['name']}" for c in shown.get("coordinator") or [])
-        return Plan(shown, f"Delete job {name!r} of AKS cluster {self.cluster!r}: the ElasticJob and its pods "
-                           f"({pods}){'; its coordinator (' + coordinator + ')' if coordinator else ''}; "
-                           "its checkpoints stay?")
+        plan = self.jobs.plan_delete(name)
+        pods = ", ".join(p["pod"] for p in plan.shown["stopped"]) or "no pods"
+        coordinator = ", ".join(f"{c['kind']} {c['name']}" for c in plan.shown.get("coordinator") or [])
+        return Plan(plan.shown, plan.request, f"Delete job {name!r} of AKS cluster {self.cluster!r}: the ElasticJob "
+                                              f"and its pods ({pods})"
+                                              f"{'; its coordinator (' + coordinator + ')' if coordinator else ''}; "
+                                              "its checkpoints stay?")
 
-    def delete_job(self, plan: Plan) -> dict:
-        return self.jobs.delete(plan.shown)
+    def delete_job(self, plan: Plan[AksJobDeletion]) -> dict[str, Any]:
+        self.jobs.delete(plan.request)
+        return {**plan.shown, "dryRun": False, "deleted": True}
 
     # -- evictions ---------------------------------------------------------------------------------------------
-    def plan_eviction(self, request: EvictionRequest) -> Plan:
-        if request.notice_seconds is not None or request.replace_after is not None:
-            raise OptionNotHere("--notice-seconds and --replace-after are for the local cluster: on AKS, Azure "
-                                "gives the Spot notice (>= 30 s) and the autoscaler brings capacity back")
-        self._spec().validate()
-        selector = {"node": request.node, "job": request.job, "rank": request.rank, "pool": request.pool,
-                    "count": request.count}
-        check_selector(**selector)
+    def plan_eviction(self, request: EvictionRequest) -> Plan[EvictionPlan]:
+        refuse_options(request, NOT_HERE["eviction"])
+        self._spec()  # a bad cluster or group name fails here, before any request
+        check_selector(node=request.node, job=request.job, rank=request.rank, pool=request.pool, count=request.count)
         pools = self._spot_pools()  # a missing cluster, or one without Spot, is refused before Kubernetes
-        plan = aks_evict.plan(self.session.kube(), **selector, pools=pools)
-        return Plan(aks_evict.report(self.cluster, self.resource_group, plan, None), _evict_prompt(plan, self.cluster),
-                    request=plan)
+        plan = aks_evict.plan(self.session.kube(), node=request.node, job=request.job, rank=request.rank,
+                              pool=request.pool, count=request.count, pools=pools)
+        return Plan(aks_evict.report(self._name, self._group, plan, None), plan, _evict_prompt(plan, self.cluster))
 
     def _spot_pools(self) -> list[str]:
         """The cluster's agent pool names; refuses a cluster that has no Spot pool to evict from."""
@@ -175,7 +197,7 @@ class AksBackend:  # pylint: disable=too-many-public-methods  # the Backend prot
                                f"-n {self.cluster}' again.")
         return names
 
-    def evict(self, plan: Plan, *, wait: bool = False) -> dict:
+    def evict(self, plan: Plan[EvictionPlan], *, wait: bool = False) -> dict[str, Any]:
         arm = self.session.arm
         evictions = aks_evict.evict(arm, plan.request, progress=self._progress)
         if wait:
@@ -188,41 +210,38 @@ class AksBackend:  # pylint: disable=too-many-public-methods  # the Backend prot
                 self._progress(f"--wait: {why}; following the nodes until they leave the cluster only")
             aks_evict.follow(self.session.kube(), arm, evictions, read_events, events_error=why,
                              progress=self._progress)
-        return aks_evict.report(self.cluster, self.resource_group, plan.request, evictions)
+        return aks_evict.report(self._name, self._group, plan.request, evictions)
 
-    def plan_schedule(self, request: ScheduleRequest) -> Plan:
+    def plan_schedule(self, request: ScheduleRequest) -> Plan[AksSchedule]:
         """simulateEviction gives every eviction Azure's own notice and the autoscaler brings capacity back:
         a share without notice, a notice's length or a replacement delay cannot be asked of Azure."""
         from azext_elastictrain.backends.aks.describe import find_job, min_nodes
         from azext_elastictrain.core.chaos import ScheduleSpec, plan_schedule
-        from azext_elastictrain.core.manifests import NAMESPACE
+        from azext_elastictrain.core.constants import TRAINING_NAMESPACE
 
-        if request.notice_share not in (None, 1) or request.notice_seconds is not None \
-                or request.replace_after is not None:
-            raise OptionNotHere(
-                "--notice-share, --notice-seconds and --replace-after are for the local cluster: on AKS every "
-                "simulated eviction gets Azure's Spot notice (a Scheduled Events Preempt, >= 30 s) and the cluster "
-                "autoscaler brings capacity back when Azure has some",
-                "Drop them; run the schedule on the local cluster (--local) to choose notices and delays.")
+        # a share of 1 is what Azure does: every eviction with its notice
+        refuse_options(replace(request, notice_share=None) if request.notice_share == 1 else request,
+                       NOT_HERE["schedule"])
         spec = ScheduleSpec(rate=request.rate, duration=request.duration, notice_share=1.0,
                             notice_seconds=AZURE_NOTICE_SECONDS, replace_after=None, seed=request.seed)
         schedule = plan_schedule(spec)  # bad values fail here, before Azure or Kubernetes is asked
-        self._spec().validate()
+        self._spec()  # a bad cluster or group name fails here, before any request
         pools = self._spot_pools()
-        least = min_nodes(find_job(self.session.kube(), request.job, NAMESPACE))
+        least = min_nodes(find_job(self.session.kube(), request.job, TRAINING_NAMESPACE))
         shown = {"type": "aks", "cluster": self.cluster, "resourceGroup": self.resource_group, "job": request.job,
                  "dryRun": True, "minNodes": least, **schedule.to_dict()}
         prompt = (f"Evict a Spot node of job {request.job!r} on cluster {self.cluster!r} for real (the VM is "
                   f"deleted) every {spec.interval:g}s for {spec.duration:g}s: {len(schedule.evictions)} evictions?")
-        return Plan(shown, prompt, request=(request.job, schedule, least, pools))
+        return Plan(shown, AksSchedule(request.job, schedule, least, tuple(pools)), prompt)
 
-    def run_schedule(self, plan: Plan, *, stop: Any = None, say: Any = None) -> dict:
+    def run_schedule(self, plan: Plan[AksSchedule], *, stop: Any = None,
+                     say: Callable[[str], None] | None = None) -> dict[str, Any]:
         from azext_elastictrain.backends.aks.chaos import AksScheduleEvictor
         from azext_elastictrain.core.chaos import run_schedule
 
-        job, schedule, least, pools = plan.request
-        evictor = AksScheduleEvictor(self.session, job, least, pools, events=lambda: self.jobs.job_events(job),
-                                     progress=self._progress)
+        job, schedule = plan.request.job, plan.request.schedule
+        evictor = AksScheduleEvictor(self.session, job, plan.request.min_nodes, list(plan.request.pools),
+                                     events=lambda: self.jobs.job_events(job), progress=self._progress)
         result = run_schedule(schedule, evictor, stop=stop, say=say or (lambda line: None))
         return {"type": "aks", "cluster": self.cluster, "resourceGroup": self.resource_group, "job": job, **result}
 
@@ -234,7 +253,7 @@ class AksBackend:  # pylint: disable=too-many-public-methods  # the Backend prot
                                   "its network rules may admit only the cluster.", self.session.grant_command())
 
 
-def _evict_prompt(plan: Any, cluster: str | None) -> str:
+def _evict_prompt(plan: EvictionPlan, cluster: str | None) -> str:
     lines = []
     for target in plan.targets:
         hit = ", ".join(f"{p['pod']} (rank {p['rank']})" if p["rank"] is not None else p["pod"] for p in target.pods)

@@ -19,12 +19,13 @@ class AksScheduleEvictor:
     """``core.chaos.ScheduleEvictor`` over one ``AksSession``, for one job."""
 
     def __init__(self, session: Any, job: str, min_nodes: int, pools: list[str], *,
-                 events: Callable[[], list[dict]], progress: Callable[[str], None] = lambda line: None) -> None:
+                 events: Callable[[], list[dict[str, Any]]], progress: Callable[[str],
+                 None] = lambda line: None) -> None:
         self.session, self.job, self.min_nodes, self.pools = session, job, min_nodes, pools
         self._job_events, self._progress = events, progress
-        self._reader: dict = {}  # "read": the event reader, or "error": why there is none
+        self._reader: dict[str, Any] = {}  # "read": the event reader, or "error": why there is none
 
-    def evict(self, item: ScheduledEviction) -> dict:
+    def evict(self, item: ScheduledEviction) -> dict[str, Any]:
         try:
             found = aks_evict.plan(self.session.kube(), job=self.job, pools=self.pools)
         except EvictionPlanError as ex:  # the job has no worker on a node now (all pending, or gone)
@@ -37,17 +38,21 @@ class AksScheduleEvictor:
                       targets=tuple(t for t in found.targets if t.node == node))
         return aks_evict.evict(self.session.arm, one, progress=self._progress)[0]
 
-    def recovery(self, eviction: dict, stop: threading.Event) -> dict:
+    def recovery(self, eviction: dict[str, Any], stop: threading.Event) -> dict[str, Any]:
         read_events = self._events()
         aks_evict.follow(self.session.kube(), self.session.arm, [eviction], read_events,
                          events_error=self._reader.get("error"), sleep=sleeper(stop), progress=self._progress)
-        return eviction["recovery"]
+        recovery: dict[str, Any] = eviction["recovery"]
+        return recovery
 
-    def capacity_back(self, item: ScheduledEviction, eviction: dict, stop: threading.Event) -> dict | None:
+    # pylint: disable-next=useless-return  # the None is the answer (and the type checker wants it said)
+    def capacity_back(self, item: ScheduledEviction, eviction: dict[str, Any],
+                      stop: threading.Event) -> dict[str, Any] | None:
         """None: the cluster autoscaler brings capacity back, when Azure has Spot capacity."""
         del item, eviction, stop
+        return None
 
-    def events(self) -> list[dict]:
+    def events(self) -> list[dict[str, Any]]:
         return self._job_events()
 
     def _events(self) -> Any:

@@ -12,14 +12,21 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable
 
-from azext_elastictrain.core import arm, preflight
+from azext_elastictrain.core import arm_bodies, preflight
 from azext_elastictrain.core.errors import ArmError, ClusterNotFound
-from azext_elastictrain.core.spec import ENGINE_TORCHELASTIC, GPU_POOL, SYSTEM_POOL, ClusterSpec
+from azext_elastictrain.core.ports import Arm, KubeClient
+from azext_elastictrain.core.spec import ENGINE_TORCHELASTIC, GPU_POOL, SYSTEM_POOL, ClusterSpec, unknown_location
 
 #: Tries of a role assignment whose principal Entra ID does not know yet, with pauses of 2, 4, ... seconds between
 #: them (azure-cli's AKS code: 10 tries, ``delay + delay * x``): at most 90 s of waiting in all.
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from azext_elastictrain.backends.aks.session import AksSession
+    from azext_elastictrain.core.manifests import InClusterSpec
+
 ROLE_TRIES = 10
 IN_PROGRESS = {"creating", "updating", "upgrading", "scaling", "deleting", "accepted", "resolvingdns",
                "starting", "stopping", "migrating", "canceling"}
@@ -34,45 +41,6 @@ class PlanFailed(Exception):
         self.step, self.error, self.done = step, error, done
 
 
-class Arm(Protocol):
-    """Azure Resource Manager as the backend needs it. ``kind``: one of ``KINDS``; ``ref``: its names.
-
-    ``get`` returns the resource in wire format (camelCase) or None if it does not exist; errors raise
-    ``ArmError``. ``put``/``delete`` with ``wait=False`` return once ARM accepted the request.
-    """
-
-    subscription: str
-    tenant: str
-    storage_suffix: str  # the cloud's storage DNS suffix (core.windows.net in the public cloud)
-
-    def get(self, kind: str, ref: dict) -> dict | None:
-        ...
-
-    def put(self, kind: str, ref: dict, body: dict, wait: bool = True) -> dict | None:
-        ...
-
-    def delete(self, kind: str, ref: dict, wait: bool = True) -> None:
-        ...
-
-    def list_clusters(self, resource_group: str | None) -> list[dict]:
-        ...
-
-    def user_kubeconfig(self, resource_group: str, cluster: str) -> bytes:
-        ...
-
-    def resource_skus(self, location: str) -> list[dict]:
-        ...  # Microsoft.Compute/skus of the location
-
-    def signed_in_principal(self) -> tuple[str, str | None]:
-        ...  # (object id, User|ServicePrincipal) of the login
-
-    def usages(self, location: str) -> list[dict]:
-        ...  # Microsoft.Compute/locations/{location}/usages
-
-    def storage_name_available(self, name: str) -> dict:
-        ...  # Microsoft.Storage/checkNameAvailability: {"nameAvailable", "reason", "message"}
-
-
 KINDS = ("resource_group", "storage_account", "container", "identity", "cluster", "agent_pool",
          "maintenance_configuration", "federated_credential", "role_assignment")
 
@@ -83,8 +51,9 @@ class Step:
 
     title: str
     kind: str
-    ref: "dict | Callable[[_Context], dict]"  # a function where the name depends on an earlier result
-    body: Callable[["_Context"], dict]
+    # a function where the name depends on an earlier result
+    ref: "dict[str, Any] | Callable[[_Context], dict[str, Any]]"
+    body: Callable[["_Context"], dict[str, Any]]
     long_running: bool = False
     compare: bool = True  # False: existing is enough (a resource group may hold more than ours)
 
@@ -94,9 +63,9 @@ class _Context:  # pylint: disable=too-many-instance-attributes  # what the plan
     spec: ClusterSpec
     subscription: str
     tenant: str
-    found: dict = field(default_factory=dict)  # kind -> the resource as ARM returned it
+    found: dict[str, Any] = field(default_factory=dict)  # kind -> the resource as ARM returned it
     placeholders: bool = False  # dry run: values only Azure knows become "<...>"
-    hardware: arm.NodeHardware = field(default_factory=arm.NodeHardware)  # from the region preflight
+    hardware: arm_bodies.NodeHardware = field(default_factory=arm_bodies.NodeHardware)  # from the region preflight
     admin: tuple[str, str | None] | None = None  # who gets the cluster's Kubernetes admin role (Entra ID only)
     creator: tuple[str, str | None] | None = None  # who gets the data role on the checkpoint container
 
@@ -113,51 +82,52 @@ class _Context:  # pylint: disable=too-many-instance-attributes  # what the plan
 def plan_steps(spec: ClusterSpec, subscription: str) -> list[Step]:
     """The create plan, in the order the resources depend on each other."""
     rg = spec.resource_group
-    container_scope = arm.container_id(subscription, spec)
-    cluster_scope = arm.cluster_id(subscription, spec)
+    container_scope = arm_bodies.container_id(subscription, spec)
+    cluster_scope = arm_bodies.cluster_id(subscription, spec)
 
-    def role_ref(c: _Context) -> dict:
+    def role_ref(c: _Context) -> dict[str, Any]:
         return {"scope": container_scope,
-                "name": arm.role_assignment_name(container_scope, c.identity("principalId"))}
+                "name": arm_bodies.role_assignment_name(container_scope, c.identity("principalId"))}
 
     return [
-        Step("resource group", "resource_group", {"resource_group": rg}, lambda c: arm.resource_group(c.spec),
+        Step("resource group", "resource_group", {"resource_group": rg}, lambda c: arm_bodies.resource_group(c.spec),
              compare=False),
         Step("storage account", "storage_account", {"resource_group": rg, "name": spec.storage_account_name},
-             lambda c: arm.storage_account(c.spec), long_running=True),
+             lambda c: arm_bodies.storage_account(c.spec), long_running=True),
         Step("checkpoint container", "container",
              {"resource_group": rg, "account": spec.storage_account_name, "name": spec.container},
-             lambda c: arm.blob_container(c.spec)),
+             lambda c: arm_bodies.blob_container(c.spec)),
         Step("managed identity", "identity", {"resource_group": rg, "name": spec.identity_name},
-             lambda c: arm.user_assigned_identity(c.spec)),
+             lambda c: arm_bodies.user_assigned_identity(c.spec)),
         Step("AKS cluster", "cluster", {"resource_group": rg, "name": spec.name},
-             lambda c: arm.managed_cluster(c.spec, c.hardware), long_running=True),
+             lambda c: arm_bodies.managed_cluster(c.spec, c.hardware), long_running=True),
         Step("GPU Spot pool", "agent_pool", {"resource_group": rg, "cluster": spec.name, "name": GPU_POOL},
-             lambda c: arm.gpu_agent_pool(c.spec, c.hardware), long_running=True),
+             lambda c: arm_bodies.gpu_agent_pool(c.spec, c.hardware), long_running=True),
         *[Step(title, "maintenance_configuration", {"resource_group": rg, "cluster": spec.name, "name": name},
-               lambda c: arm.maintenance_window(c.spec)) for title, name in _maintenance(spec)],
+               lambda c: arm_bodies.maintenance_window(c.spec)) for title, name in _maintenance(spec)],
         Step("federated credential", "federated_credential",
-             {"resource_group": rg, "identity": spec.identity_name, "name": arm.federated_credential_name(spec)},
-             lambda c: arm.federated_credential(c.spec, c.issuer())),
+             {"resource_group": rg, "identity": spec.identity_name, "name": arm_bodies.federated_credential_name(spec)},
+             lambda c: arm_bodies.federated_credential(c.spec, c.issuer())),
         Step("role assignment", "role_assignment", role_ref,
-             lambda c: arm.role_assignment(c.subscription, c.identity("principalId"))),
+             lambda c: arm_bodies.role_assignment(c.subscription, c.identity("principalId"))),
     ] + ([] if spec.local_accounts else [
         Step("Kubernetes admin role", "role_assignment", lambda c: _admin_ref(c, cluster_scope),
-             lambda c: arm.cluster_admin_assignment(c.subscription, *c.admin)),
+             lambda c: arm_bodies.cluster_admin_assignment(c.subscription, *_principal(c.admin, "admin"))),
     ]) + [
         Step("your checkpoint access", "role_assignment", lambda c: _creator_ref(c, container_scope),
-             lambda c: arm.checkpoint_access_assignment(c.subscription, *c.creator)),
+             lambda c: arm_bodies.checkpoint_access_assignment(c.subscription, *_principal(c.creator, "creator"))),
     ]
 
 
-def _creator_ref(ctx: "_Context", scope: str) -> dict:
+def _creator_ref(ctx: "_Context", scope: str) -> dict[str, Any]:
     principal = ctx.creator[0] if ctx.creator else ""
-    return {"scope": scope, "name": arm.role_assignment_name(scope, principal, arm.CREATOR_DATA_ROLE)}
+    return {"scope": scope, "name": arm_bodies.role_assignment_name(scope, principal, arm_bodies.CREATOR_DATA_ROLE)}
 
 
-def _admin_ref(ctx: "_Context", scope: str) -> dict:
+def _admin_ref(ctx: "_Context", scope: str) -> dict[str, Any]:
     principal = ctx.admin[0] if ctx.admin else ""
-    return {"scope": scope, "name": arm.role_assignment_name(scope, principal, arm.AKS_RBAC_CLUSTER_ADMIN)}
+    return {"scope": scope,
+            "name": arm_bodies.role_assignment_name(scope, principal, arm_bodies.AKS_RBAC_CLUSTER_ADMIN)}
 
 
 def _maintenance(spec: ClusterSpec) -> list[tuple[str, str]]:
@@ -165,38 +135,39 @@ def _maintenance(spec: ClusterSpec) -> list[tuple[str, str]]:
     upgrades where a channel upgrades it."""
     if not spec.maintenance_window:
         return []
-    windows = [("node image upgrade window", arm.NODE_OS_MAINTENANCE)]
+    windows = [("node image upgrade window", arm_bodies.NODE_OS_MAINTENANCE)]
     if spec.upgrade_channel != "none":
-        windows.append(("Kubernetes upgrade window", arm.AUTO_UPGRADE_MAINTENANCE))
+        windows.append(("Kubernetes upgrade window", arm_bodies.AUTO_UPGRADE_MAINTENANCE))
     return windows
 
 
-def _hardware(spec: ClusterSpec, checked: "preflight.PreflightResult | None") -> arm.NodeHardware:
+def _hardware(spec: ClusterSpec, checked: "preflight.PreflightResult | None") -> arm_bodies.NodeHardware:
     """The pools' OS disks and host encryption from the region's Resource SKUs; unknown without a preflight."""
     if checked is None:  # the sizes are not known: what was asked explicitly, and nothing else
         asked = preflight.PoolHardware(encryption_at_host=spec.encryption_at_host)
-        return arm.NodeHardware(system=asked, gpu=asked)
+        return arm_bodies.NodeHardware(system=asked, gpu=asked)
     registered = checked.encryption_at_host_registered
-    return arm.NodeHardware(
+    return arm_bodies.NodeHardware(
         system=preflight.pool_hardware(checked.system, spec.encryption_at_host, registered),
         gpu=preflight.pool_hardware(checked.gpu, spec.encryption_at_host, registered))
 
 
-def _ref(step: Step, ctx: _Context) -> dict:
+def _ref(step: Step, ctx: _Context) -> dict[str, Any]:
     return step.ref(ctx) if callable(step.ref) else step.ref
 
 
 def _needs_location(spec: ClusterSpec) -> str:
-    return spec.location or f"<location of resource group {spec.resource_group}>"
+    return spec.location or unknown_location(spec)
 
 
 class AksClusters:  # pylint: disable=too-many-instance-attributes  # one command's clients and the waits' settings
     """Create, show, list and delete elastic-training clusters on AKS."""
 
-    def __init__(self, arm_client: Arm, *, kube_connect: Callable[[bytes], object] | None = None,
+    def __init__(self, arm_client: Arm, *, kube_connect: Callable[[bytes], KubeClient] | None = None,
                  progress: Callable[[str], None] | None = None, poll_seconds: float = 10.0,
-                 poll_timeout: float = 3600.0, session: Any = None, rbac_wait: float = 300.0,
-                 role_retry_seconds: float = 2.0, spot_market: Callable[[str, str], dict] | None = None) -> None:
+                 poll_timeout: float = 3600.0, session: AksSession | None = None, rbac_wait: float = 300.0,
+                 role_retry_seconds: float = 2.0, spot_market: Callable[[str, str],
+                 dict[str, Any]] | None = None) -> None:
         self.arm = arm_client
         self._spot_market = spot_market  # (size, region) -> its prices and eviction band (clients.spot.offer)
         self.session = session  # the command's AksSession, when it has one
@@ -209,12 +180,11 @@ class AksClusters:  # pylint: disable=too-many-instance-attributes  # one comman
 
     # ------------------------------------------------------------------ create
 
-    def plan(self, spec: ClusterSpec) -> dict:
+    def plan(self, spec: ClusterSpec) -> dict[str, Any]:
         """The whole plan, every ARM body and Kubernetes object, changing nothing: the region preflight's GETs
         where there is a login (an Arm without ``signed_in = False``), else the checks are skipped and the plan
         says so."""
         live_checks = getattr(self.arm, "signed_in", True)
-        spec.validate()
         if live_checks:
             spec = self._before_writes(replace(spec, subscription=self.arm.subscription))
         elif not spec.storage_account:  # its 8 hex digits hash the subscription, unknown here: zeros stand in
@@ -241,7 +211,7 @@ class AksClusters:  # pylint: disable=too-many-instance-attributes  # one comman
                         + ("" if live_checks else " Signed out, the default storage account name ends in 00000000: "
                            "its last 8 characters hash the subscription.")}
 
-    def merge_kubeconfig(self, spec: ClusterSpec, path=None) -> dict:
+    def merge_kubeconfig(self, spec: ClusterSpec, path: Path | None = None) -> dict[str, Any]:
         """Write the cluster user's credentials into a kubeconfig file: only when the user asks."""
         from azext_elastictrain.core.kubeconfig import merge_into_file
 
@@ -249,14 +219,14 @@ class AksClusters:  # pylint: disable=too-many-instance-attributes  # one comman
         self._progress(f"Merged the credentials of {spec.name!r} into {written} (context {context!r})")
         return {"path": str(written), "context": context}
 
-    def create(self, spec: ClusterSpec, *, no_wait: bool = False, install: bool = True) -> dict:
+    def create(self, spec: ClusterSpec, *, no_wait: bool = False, install: bool = True) -> dict[str, Any]:
         """Run the plan: every step whose resource is missing or not right; stop at the first failure."""
-        spec = self._before_writes(replace(spec.validate(), subscription=self.arm.subscription))
+        spec = self._before_writes(replace(spec, subscription=self.arm.subscription))
         checked = self._preflight(spec)  # before anything is created
         ctx = _Context(spec, self.arm.subscription, self.arm.tenant, hardware=_hardware(spec, checked),
                        admin=self._admin(spec, True), creator=self._creator(spec, True))
         done: list[str] = []
-        changes: list[dict] = []
+        changes: list[dict[str, Any]] = []
         steps = plan_steps(spec, ctx.subscription)
         for number, step in enumerate(steps, 1):
             title = f"[{number}/{len(steps) + 1}] {step.title}"
@@ -306,8 +276,8 @@ class AksClusters:  # pylint: disable=too-many-instance-attributes  # one comman
         found = self.arm.get("cluster", {"resource_group": rg, "name": spec.name})
         if found is not None:
             tags = found.get("tags") or {}
-            spec = replace(spec, storage_account=spec.storage_account or tags.get(arm.TAG + "-storage") or "",
-                           identity=spec.identity or tags.get(arm.TAG + "-identity") or "")
+            spec = replace(spec, storage_account=spec.storage_account or tags.get(arm_bodies.TAG + "-storage") or "",
+                           identity=spec.identity or tags.get(arm_bodies.TAG + "-identity") or "")
             _check_fixed_fields(spec, found)
         if self.arm.get("storage_account", {"resource_group": rg, "name": spec.storage_account_name}) is None:
             answer = self.arm.storage_name_available(spec.storage_account_name)
@@ -336,22 +306,23 @@ class AksClusters:  # pylint: disable=too-many-instance-attributes  # one comman
             return "<object id of the signed-in identity: az login>", None
         return self.arm.signed_in_principal()
 
-    def _resource_group(self, step: Step, ctx: _Context, changes: list, title: str) -> ClusterSpec:
-        found = self.arm.get("resource_group", step.ref)
+    def _resource_group(self, step: Step, ctx: _Context, changes: list[Any], title: str) -> ClusterSpec:
+        ref = step.ref if isinstance(step.ref, dict) else step.ref(ctx)
+        found = self.arm.get("resource_group", ref)
         spec = ctx.spec
         if found is None:
             if not spec.location:
                 raise ArmError(404, "ResourceGroupNotFound",
                                f"resource group {spec.resource_group!r} does not exist; pass --location to create it")
             self._progress(f"{title} {spec.resource_group}: creating in {spec.location}")
-            found = self.arm.put("resource_group", step.ref, arm.resource_group(spec))
+            found = self.arm.put("resource_group", ref, arm_bodies.resource_group(spec))
             changes.append({"step": step.title, "action": "created"})
         else:
             changes.append({"step": step.title, "action": "unchanged"})
         ctx.found["resource_group"] = found
         return spec if spec.location else replace(spec, location=(found or {}).get("location", ""))
 
-    def _run_step(self, step: Step, ctx: _Context, changes: list, title: str, no_wait: bool) -> bool:
+    def _run_step(self, step: Step, ctx: _Context, changes: list[Any], title: str, no_wait: bool) -> bool:
         """Check, then apply if needed. True when a long-running request was started and not awaited."""
         ref = _ref(step, ctx)
         found = self.arm.get(step.kind, ref)
@@ -363,8 +334,8 @@ class AksClusters:  # pylint: disable=too-many-instance-attributes  # one comman
                 return True
             self._progress(f"{title}: waiting, it is {state}")
             found = self._await(step.kind, ref)
-        body = arm.as_existing(step.body(ctx), found)
-        wrong = arm.differences(body, found or {}) if found is not None else None
+        body = arm_bodies.as_existing(step.body(ctx), found)
+        wrong = arm_bodies.differences(body, found or {}) if found is not None else None
         if found is not None and state != "failed" and (not wrong or not step.compare):
             self._progress(f"{title}: already right")
             changes.append({"step": step.title, "action": "unchanged"})
@@ -377,8 +348,8 @@ class AksClusters:  # pylint: disable=too-many-instance-attributes  # one comman
         self._progress(f"{title}: {'creating' if found is None else 'updating'}{detail}"
                        + ("" if wait else ", not waiting (--no-wait)")
                        + (" - this takes several minutes" if step.long_running and wait else ""))
-        if found is not None and step.kind in arm.MERGED_KINDS:
-            body = arm.merged_update(body, found)  # GET -> merge ours -> PUT: what others set stays
+        if found is not None and step.kind in arm_bodies.MERGED_KINDS:
+            body = arm_bodies.merged_update(body, found)  # GET -> merge ours -> PUT: what others set stays
         if step.kind == "role_assignment":
             result, action = self._assign_role(step, ref, body, title, action)
         else:
@@ -394,7 +365,8 @@ class AksClusters:  # pylint: disable=too-many-instance-attributes  # one comman
             raise ArmError(500, "ProvisioningFailed", f"{step.title} ended in provisioning state Failed")
         return False
 
-    def _assign_role(self, step: Step, ref: dict, body: dict, title: str, action: str) -> tuple[dict | None, str]:
+    def _assign_role(self, step: Step, ref: dict[str, Any], body: dict[str, Any], title: str,
+                     action: str) -> tuple[dict[str, Any] | None, str]:
         """PUT a role assignment as azure-cli's AKS code does (acs/_roleassignments.py ``add_role_assignment``):
         409 ``RoleAssignmentExists`` - the principal already holds this role at this scope under another name
         (the portal, 'az role assignment create') - is done; ``PrincipalNotFound`` - an identity made moments ago
@@ -414,7 +386,7 @@ class AksClusters:  # pylint: disable=too-many-instance-attributes  # one comman
                 time.sleep(pause)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _await(self, kind: str, ref: dict) -> dict | None:
+    def _await(self, kind: str, ref: dict[str, Any]) -> dict[str, Any] | None:
         deadline = time.monotonic() + self._poll_timeout
         while True:
             found = self.arm.get(kind, ref)
@@ -422,7 +394,7 @@ class AksClusters:  # pylint: disable=too-many-instance-attributes  # one comman
                 return found
             time.sleep(self._poll_seconds)
 
-    def _incluster_spec(self, ctx: _Context):
+    def _incluster_spec(self, ctx: _Context) -> InClusterSpec:
         from azext_elastictrain.core.manifests import InClusterSpec
 
         def guid(value: str) -> str:  # dry run: Azure assigns these ids; a zero GUID stands in for them
@@ -435,10 +407,10 @@ class AksClusters:  # pylint: disable=too-many-instance-attributes  # one comman
                              checkpoint_url=self._checkpoint_url(ctx.spec, ctx.found.get("storage_account")),
                              engine=ctx.spec.engine)
 
-    def _checkpoint_url(self, spec: ClusterSpec, account: dict | None) -> str:
-        return spec.checkpoint_url(arm.blob_endpoint(account, spec, self.arm.storage_suffix))
+    def _checkpoint_url(self, spec: ClusterSpec, account: dict[str, Any] | None) -> str:
+        return spec.checkpoint_url(arm_bodies.blob_endpoint(account, spec, self.arm.storage_suffix))
 
-    def _kube(self, spec: ClusterSpec):
+    def _kube(self, spec: ClusterSpec) -> KubeClient:
         """A Kubernetes client from the user credentials, which stay in memory: the command's session's where it
         is of this cluster (credentials fetched once per command)."""
         session = self.session
@@ -446,10 +418,10 @@ class AksClusters:  # pylint: disable=too-many-instance-attributes  # one comman
             from azext_elastictrain.backends.aks.session import AksSession
 
             session = AksSession(self.arm, spec.resource_group, spec.name, kube_connect=self._kube_connect,
-                                 credential=getattr(self.session, "_credential", None))
+                                 credential=self.session.credential if self.session else None)
         return session.kube()
 
-    def _install(self, ctx: _Context) -> list[dict]:
+    def _install(self, ctx: _Context) -> list[dict[str, Any]]:
         from azext_elastictrain.backends.aks import incluster
 
         from azext_elastictrain.clients.kube import KubeError
@@ -468,7 +440,7 @@ class AksClusters:  # pylint: disable=too-many-instance-attributes  # one comman
                                "to 5 minutes): trying again")
                 time.sleep(self._poll_seconds)
 
-    def _summary(self, ctx: _Context, changes: list, pending: list[str] | None = None) -> dict:
+    def _summary(self, ctx: _Context, changes: list[Any], pending: list[str] | None = None) -> dict[str, Any]:
         if not pending:  # the GPU pool came after the cluster was read: read it again, pools and all
             ctx.found["cluster"] = self.arm.get("cluster", {"resource_group": ctx.spec.resource_group,
                                                             "name": ctx.spec.name})
@@ -483,13 +455,13 @@ class AksClusters:  # pylint: disable=too-many-instance-attributes  # one comman
 
     # ------------------------------------------------------------------ show / list
 
-    def show(self, spec: ClusterSpec, *, health: bool = True) -> dict:
+    def show(self, spec: ClusterSpec, *, health: bool = True) -> dict[str, Any]:
         spec = replace(spec, subscription=spec.subscription or self.arm.subscription)
         ctx = _Context(spec, self.arm.subscription, self.arm.tenant)
         cluster = self.arm.get("cluster", {"resource_group": spec.resource_group, "name": spec.name})
         if cluster is None:
             raise ClusterNotFound(f"no AKS cluster named {spec.name!r} in resource group {spec.resource_group!r}")
-        spec = ctx.spec = spec_from_tags(spec, cluster)
+        spec = ctx.spec = arm_bodies.spec_from_tags(spec, cluster)
         ctx.found["cluster"] = cluster
         for kind, ref in (("storage_account", {"resource_group": spec.resource_group,
                                                "name": spec.storage_account_name}),
@@ -497,7 +469,7 @@ class AksClusters:  # pylint: disable=too-many-instance-attributes  # one comman
             ctx.found[kind] = self.arm.get(kind, ref)
         return self._describe(spec, cluster, ctx, health=health)
 
-    def state(self, spec: ClusterSpec) -> dict:
+    def state(self, spec: ClusterSpec) -> dict[str, Any]:
         """What ``cluster wait`` polls: the cluster's provisioning state, Succeeded only once its pools are."""
         cluster = self.arm.get("cluster", {"resource_group": spec.resource_group, "name": spec.name})
         if cluster is None:
@@ -508,24 +480,24 @@ class AksClusters:  # pylint: disable=too-many-instance-attributes  # one comman
         combined = next((s for s in states if s in IN_PROGRESS or s == "failed"), states[0])
         return {"name": spec.name, "resourceGroup": spec.resource_group, "provisioningState": combined.title()}
 
-    def list(self, resource_group: str | None) -> list[dict]:
+    def list(self, resource_group: str | None) -> list[dict[str, Any]]:
         rows = []
         for cluster in self.arm.list_clusters(resource_group):
-            if arm.TAG not in (cluster.get("tags") or {}):
+            if arm_bodies.TAG not in (cluster.get("tags") or {}):
                 continue  # not one of ours
             group = _resource_group_of(cluster.get("id", "")) or resource_group or ""
-            spec = spec_from_tags(ClusterSpec(name=cluster.get("name", ""), resource_group=group), cluster)
+            spec = arm_bodies.spec_from_tags(ClusterSpec(name=cluster.get("name", ""), resource_group=group), cluster)
             rows.append(self._describe(spec, cluster, None, health=None))
         return rows
 
-    def _describe(self, spec: ClusterSpec, cluster: dict | None, ctx: _Context | None,
-                  health: bool | None) -> dict:
+    def _describe(self, spec: ClusterSpec, cluster: dict[str, Any] | None, ctx: _Context | None,
+                  health: bool | None) -> dict[str, Any]:
         cluster = cluster or {}
         props = cluster.get("properties") or {}
         found = ctx.found if ctx else {}
         account = found.get("storage_account")
         identity = found.get("identity")
-        shown = {
+        shown: dict[str, Any] = {
             "name": spec.name,
             "type": "aks",
             "resourceGroup": spec.resource_group,
@@ -562,9 +534,9 @@ class AksClusters:  # pylint: disable=too-many-instance-attributes  # one comman
             shown["components"] = found["components"]
         return shown
 
-    def _health(self, spec: ClusterSpec, ctx: _Context) -> dict:
+    def _health(self, spec: ClusterSpec, ctx: _Context) -> dict[str, Any]:
         """incluster.health, or every component 'unknown' (with why) where the cluster cannot be asked."""
-        def unknown(reason: str) -> dict:
+        def unknown(reason: str) -> dict[str, Any]:
             names = ("elasticjob-crd", "etcd", "operator", "nvidia-device-plugin") \
                 if spec.engine == ENGINE_TORCHELASTIC else ("etcd", "nvidia-device-plugin")
             return {"state": "unknown", "components": {name: {"state": "unknown", "reason": reason}
@@ -584,23 +556,23 @@ class AksClusters:  # pylint: disable=too-many-instance-attributes  # one comman
 
     # ------------------------------------------------------------------ delete
 
-    def delete_plan(self, spec: ClusterSpec, *, delete_storage: bool = False) -> dict:
+    def delete_plan(self, spec: ClusterSpec, *, delete_storage: bool = False) -> dict[str, Any]:
         """What delete would remove and keep, looked up with GETs only."""
-        spec = replace(spec.validate(), subscription=spec.subscription or self.arm.subscription)
+        spec = replace(spec, subscription=spec.subscription or self.arm.subscription)
         rg = spec.resource_group
         cluster = self.arm.get("cluster", {"resource_group": rg, "name": spec.name})
         if cluster is not None:
-            spec = spec_from_tags(spec, cluster)
-        container_scope = arm.container_id(self.arm.subscription, spec)
+            spec = arm_bodies.spec_from_tags(spec, cluster)
+        container_scope = arm_bodies.container_id(self.arm.subscription, spec)
         identity = self.arm.get("identity", {"resource_group": rg, "name": spec.identity_name})
-        items: list[tuple[str, str, dict]] = []
+        items: list[tuple[str, str, dict[str, Any]]] = []
         if identity is not None:
             principal = (identity.get("properties") or {}).get("principalId", "")
             items.append(("role assignment", "role_assignment", {
-                "scope": container_scope, "name": arm.role_assignment_name(container_scope, principal)}))
+                "scope": container_scope, "name": arm_bodies.role_assignment_name(container_scope, principal)}))
             items.append(("federated credential", "federated_credential", {
                 "resource_group": rg, "identity": spec.identity_name,
-                "name": arm.federated_credential_name(spec)}))
+                "name": arm_bodies.federated_credential_name(spec)}))
         if cluster is not None:
             items.append(("AKS cluster", "cluster", {"resource_group": rg, "name": spec.name}))
         if identity is not None:
@@ -613,7 +585,7 @@ class AksClusters:  # pylint: disable=too-many-instance-attributes  # one comman
                 items.append(("storage account (with every checkpoint)", "storage_account", storage_ref))
             else:
                 kept.append({"what": "storage account and its checkpoints", "id":
-                             arm.storage_account_id(self.arm.subscription, spec)})
+                             arm_bodies.storage_account_id(self.arm.subscription, spec)})
         if not items and not kept:
             raise ClusterNotFound(f"no AKS cluster named {spec.name!r} in resource group {rg!r}, "
                                   "nor its identity or storage")
@@ -621,8 +593,8 @@ class AksClusters:  # pylint: disable=too-many-instance-attributes  # one comman
             {"step": title, "kind": kind, "ref": ref, "id": _resource_id(kind, ref, None, self.arm.subscription)}
             for title, kind, ref in items], "keep": kept}
 
-    def delete(self, plan: dict, *, no_wait: bool = False) -> dict:
-        deleted = []
+    def delete(self, plan: dict[str, Any], *, no_wait: bool = False) -> dict[str, Any]:
+        deleted: list[dict[str, Any]] = []
         for item in plan["delete"]:
             self._progress(f"deleting {item['step']}" + (" - this takes several minutes" if item["kind"] == "cluster"
                                                          and not no_wait else ""))
@@ -656,7 +628,7 @@ FIXED_POOL_FIELDS = (("vmSize", "--gpu-vm-size"), ("scaleSetPriority", None),
                      ("scaleSetEvictionPolicy", "--eviction-policy"), ("spotMaxPrice", "--max-price"))
 
 
-def _check_fixed_fields(spec: ClusterSpec, cluster: dict) -> None:
+def _check_fixed_fields(spec: ClusterSpec, cluster: dict[str, Any]) -> None:
     """A re-run asking to change what AKS cannot change on an existing pool: an error before any request that
     writes, naming what is there (AKS would refuse the PUT minutes into the create)."""
     from azext_elastictrain.core.errors import NotSupported
@@ -666,11 +638,11 @@ def _check_fixed_fields(spec: ClusterSpec, cluster: dict) -> None:
     changed = []
     gpu = pools.get(GPU_POOL)
     if gpu is not None:
-        wanted = arm.gpu_agent_pool(spec)["properties"]
+        wanted = arm_bodies.gpu_agent_pool(spec)["properties"]
         changed += [(f"GPU pool {field}", option, gpu.get(field), wanted[field]) for field, option in FIXED_POOL_FIELDS
-                    if gpu.get(field) is not None and not arm.same_value(wanted[field], gpu.get(field))]
+                    if gpu.get(field) is not None and not arm_bodies.same_value(wanted[field], gpu.get(field))]
     system = pools.get(SYSTEM_POOL)
-    if system is not None and system.get("vmSize") and not arm.same_value(spec.system_vm_size, system["vmSize"]):
+    if system is not None and system.get("vmSize") and not arm_bodies.same_value(spec.system_vm_size, system["vmSize"]):
         changed.append(("system pool vmSize", "--node-vm-size", system["vmSize"], spec.system_vm_size))
     if changed:
         what = "; ".join(f"{name} is {have!r}, asked {want!r}" for name, _, have, want in changed)
@@ -685,25 +657,25 @@ def _check_fixed_fields(spec: ClusterSpec, cluster: dict) -> None:
 _HEALTH = {"ok": "Healthy", "degraded": "Degraded", "missing": "Missing", "unknown": "Unknown"}
 
 
-def _kube_objects(incluster_spec) -> list:
+def _kube_objects(incluster_spec: InClusterSpec) -> list[dict[str, Any]]:
     from azext_elastictrain.core.manifests import render_cluster_objects
 
     return render_cluster_objects(incluster_spec)
 
 
-def _overall(applied: list[dict]) -> str:
+def _overall(applied: list[dict[str, Any]]) -> str:
     actions = {a.get("action") for a in applied}
     return "unchanged" if actions <= {"unchanged"} else "applied"
 
 
-def _provisioning_state(resource: dict | None) -> str:
+def _provisioning_state(resource: dict[str, Any] | None) -> str:
     if not resource:
         return ""
     props = resource.get("properties") or {}
     return str(props.get("provisioningState") or resource.get("provisioningState") or "").lower()
 
 
-def _pool(profile: dict) -> dict:
+def _pool(profile: dict[str, Any]) -> dict[str, Any]:
     spot = (profile.get("scaleSetPriority") or "Regular") == "Spot"
     return {
         "name": profile.get("name"), "mode": profile.get("mode"), "vmSize": profile.get("vmSize"),
@@ -723,16 +695,14 @@ def _resource_group_of(resource_id: str) -> str:
     return parts[lowered.index("resourcegroups") + 1] if "resourcegroups" in lowered else ""
 
 
-def spec_from_tags(spec: ClusterSpec, cluster: dict) -> ClusterSpec:
-    """What the create recorded on the cluster (storage account, identity, engine), for show, delete and jobs.
-    A cluster made before the engine was recorded runs the operator: torchelastic."""
-    tags = cluster.get("tags") or {}
-    return replace(spec, storage_account=tags.get("elastictrain-storage") or spec.storage_account,
-                   identity=tags.get("elastictrain-identity") or spec.identity,
-                   engine=tags.get(arm.ENGINE_TAG) or ENGINE_TORCHELASTIC)
+def _principal(who: tuple[str, str | None] | None, what: str) -> tuple[str, str | None]:
+    """The (object id, principal type) the plan resolved before its role steps run."""
+    if who is None:
+        raise AssertionError(f"the plan runs a role step before it resolved the {what}")
+    return who
 
 
-def _resource_id(kind: str, ref: dict, ctx: _Context | None, subscription: str = "") -> str:
+def _resource_id(kind: str, ref: dict[str, Any], ctx: _Context | None, subscription: str = "") -> str:
     sub = ctx.subscription if ctx else subscription
     group = f"/subscriptions/{sub}/resourceGroups/{ref.get('resource_group', '')}"
     return {

@@ -22,22 +22,22 @@ from azext_elastictrain.core.eviction import (
     is_spot,
     job_workers,
     node_pool,
+    object_name,
     pod_job,
     pod_node,
 )
+from azext_elastictrain.core.constants import TRAINING_NAMESPACE
+from azext_elastictrain.core.ports import KubeClient
 from azext_elastictrain.core.manifests import (
     ELASTICJOB_API_VERSION,
-    ENGINE_K8S_JOB,
     ENGINE_LABEL,
-    ENGINE_TORCHELASTIC,
-    NAMESPACE,
     NODES_ANNOTATION,
     RECOVERY_LABEL,
     WORKER_CONTAINER,
     WORKER_LABELS,
 )
 from azext_elastictrain.core.errors import JobNotFound
-from azext_elastictrain.core.spec import SpecError
+from azext_elastictrain.core.spec import ENGINE_K8S_JOB, ENGINE_TORCHELASTIC, SpecError
 from azext_elastictrain.core.view import build_job_view, parse_iso, read_job_events
 
 CREATED = "Created"
@@ -52,17 +52,18 @@ _WORKER_REPLICA = "Worker"
 _JOB_CONDITIONS = {"Complete": "Succeeded", "SuccessCriteriaMet": "Succeeded", "FailureTarget": "Failed"}
 _JOB_COUNTS = ("active", "ready", "succeeded", "failed", "terminating", "completedIndexes", "failedIndexes")
 
-ReadEvents = Callable[[str], list]
+ReadEvents = Callable[[str], list[Any]]
 
 
-def describe_job(elastic_job: dict, pods: list[dict], nodes: list[dict], events: list[dict], *,
-                 cluster: str | None = None, events_error: str | None = None) -> dict:
+def describe_job(elastic_job: dict[str, Any], pods: list[dict[str, Any]], nodes: list[dict[str, Any]],
+                 events: list[dict[str, Any]], *,
+                 cluster: str | None = None, events_error: str | None = None) -> dict[str, Any]:
     """`job show` of one ElasticJob from its object, the namespace's pods, the cluster's nodes and its events
     (all of them: those of an earlier job of the same name are dropped here by the job's creation time)."""
     meta = elastic_job.get("metadata") or {}
-    name = meta.get("name")
+    name = object_name(elastic_job)
     shape = _shape(elastic_job)
-    node_by_name = {(n.get("metadata") or {}).get("name"): n for n in nodes}
+    node_by_name = {object_name(n): n for n in nodes}
     workers = [_worker(rank, pod, node_by_name) for rank, pod in job_workers(pods, name)]
     status = elastic_job.get("status") or {}
     conditions = [_as_operator_condition(c) for c in status.get("conditions") or []]
@@ -102,7 +103,8 @@ def describe_job(elastic_job: dict, pods: list[dict], nodes: list[dict], events:
     return view.describe(identity, launched, {"operator": operator}, worker_restarts=True)
 
 
-def job_state(conditions: list[dict], finished: bool, workers: list[dict], events_unread: bool = False) -> str:
+def job_state(conditions: list[dict[str, Any]], finished: bool, workers: list[dict[str, Any]],
+              events_unread: bool = False) -> str:
     """Succeeded once training wrote its final event; else the operator's strongest true condition; a job
     the operator has not reconciled yet is Pending (or Running, where a worker already runs).
 
@@ -121,10 +123,10 @@ def job_state(conditions: list[dict], finished: bool, workers: list[dict], event
     return state or PENDING
 
 
-def _worker(rank: int, pod: dict, node_by_name: dict) -> dict:
+def _worker(rank: int, pod: dict[str, Any], node_by_name: dict[str, dict[str, Any]]) -> dict[str, Any]:
     meta, status = pod.get("metadata") or {}, pod.get("status") or {}
     node_name = pod_node(pod)
-    node = node_by_name.get(node_name)
+    node = node_by_name.get(node_name) if node_name else None
     phase = status.get("phase") or UNKNOWN
     if meta.get("deletionTimestamp"):
         shown = TERMINATING
@@ -147,12 +149,12 @@ def _worker(rank: int, pod: dict, node_by_name: dict) -> dict:
     }
 
 
-def _ready(node: dict | None) -> bool:
+def _ready(node: dict[str, Any] | None) -> bool:
     conditions = ((node or {}).get("status") or {}).get("conditions") or []
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
-def _disruption(status: dict) -> str | None:
+def _disruption(status: dict[str, Any]) -> str | None:
     """Why Kubernetes took the pod (an evicted node's pod: DisruptionTarget, e.g. DeletionByPodGC)."""
     for c in status.get("conditions") or []:
         if c.get("type") == "DisruptionTarget" and c.get("status") == "True":
@@ -160,27 +162,27 @@ def _disruption(status: dict) -> str | None:
     return None
 
 
-def _waiting_reason(status: dict) -> str | None:
+def _waiting_reason(status: dict[str, Any]) -> str | None:
     for container in status.get("containerStatuses") or []:
         waiting = (container.get("state") or {}).get("waiting") or {}
         if waiting.get("reason"):
-            return waiting["reason"]
+            return str(waiting["reason"])
     unschedulable = [c for c in status.get("conditions") or []
                      if c.get("type") == "PodScheduled" and c.get("status") == "False"]
     return unschedulable[0].get("reason") if unschedulable else None
 
 
-def _condition(c: dict) -> dict:
+def _condition(c: dict[str, Any]) -> dict[str, Any]:
     keys = ("type", "status", "reason", "message", "lastTransitionTime")
     return {k: c.get(k) for k in keys if c.get(k) is not None}
 
 
-def _container(template: dict) -> dict:
+def _container(template: dict[str, Any]) -> dict[str, Any]:
     containers = (template.get("spec") or {}).get("containers") or [{}]
     return next((c for c in containers if c.get("name") == WORKER_CONTAINER), containers[0])
 
 
-def _script_args(args: list[str]) -> dict:
+def _script_args(args: list[str]) -> dict[str, Any]:
     """Our torchrun options come first (manifests._worker_container), then the script and its arguments."""
     options = {}
     for i, arg in enumerate(args):
@@ -197,7 +199,7 @@ def _script_args(args: list[str]) -> dict:
             "rdzvId": options.get("rdzv-id"), "minNodes": _int(low), "maxNodes": _int(high or low)}
 
 
-def _shape(job: dict) -> dict:
+def _shape(job: dict[str, Any]) -> dict[str, Any]:
     """Engine, worker pod template and node counts of an ElasticJob or of a k8s-job's batch/v1 Job (whose
     node range is torchrun's --nnodes, read from the args by the caller)."""
     spec, meta = job.get("spec") or {}, job.get("metadata") or {}
@@ -214,7 +216,7 @@ def _shape(job: dict) -> dict:
             "nodeCount": worker.get("replicas"), "recovery": recovery}
 
 
-def min_nodes(job: dict) -> int:
+def min_nodes(job: dict[str, Any]) -> int:
     """The fewest nodes the job trains on: the ElasticJob's minReplicas, else torchrun's --nnodes low end."""
     shape = _shape(job)
     least = shape["minNodes"] if shape["minNodes"] is not None else \
@@ -222,9 +224,10 @@ def min_nodes(job: dict) -> int:
     return least if least is not None and least > 0 else 1
 
 
-def _as_operator_condition(c: dict) -> dict:
+def _as_operator_condition(c: dict[str, Any]) -> dict[str, Any]:
     """A Job's terminal conditions in the operator's words (Complete is Succeeded), for job_state."""
-    return {**c, "type": _JOB_CONDITIONS.get(c.get("type"), c.get("type"))}
+    kind = c.get("type")
+    return {**c, "type": _JOB_CONDITIONS.get(kind, kind) if isinstance(kind, str) else kind}
 
 
 def _int(value: Any) -> int | None:
@@ -236,10 +239,10 @@ def _int(value: Any) -> int | None:
 
 # -- logs and delete, planned ---------------------------------------------------------------------------------
 
-def plan_logs(elastic_job: dict, pods: list[dict], rank: int | None = None) -> list[dict]:
+def plan_logs(elastic_job: dict[str, Any], pods: list[dict[str, Any]], rank: int | None = None) -> list[dict[str, Any]]:
     """Which pod and container hold the logs of the job (every worker, by rank) or of one ``rank``:
     ``[{"pod", "container", "rank", "node", "phase"}]``. A worker not started yet has no logs to read."""
-    name = (elastic_job.get("metadata") or {}).get("name")
+    name = object_name(elastic_job)
     workers = job_workers(pods, name)
     if rank is not None:
         chosen = [(r, p) for r, p in workers if r == rank]
@@ -256,7 +259,7 @@ def plan_logs(elastic_job: dict, pods: list[dict], rank: int | None = None) -> l
     return plan
 
 
-def plan_delete(elastic_job: dict, pods: list[dict]) -> dict:
+def plan_delete(elastic_job: dict[str, Any], pods: list[dict[str, Any]]) -> dict[str, Any]:
     """What deleting the ElasticJob stops: the operator owns the worker pods, so they go with it (background
     propagation); the checkpoints and events in blob stay for a later job of the same name."""
     meta = elastic_job.get("metadata") or {}
@@ -267,7 +270,7 @@ def plan_delete(elastic_job: dict, pods: list[dict]) -> dict:
                    "namespace": meta.get("namespace")},
         "engine": _shape(elastic_job)["engine"],
         "stopped": [{"pod": (p.get("metadata") or {}).get("name"), "rank": r, "node": pod_node(p)}
-                    for r, p in job_workers(pods, meta.get("name"))],
+                    for r, p in job_workers(pods, object_name(elastic_job))],
         "checkpoints": "kept",
     }
 
@@ -278,29 +281,29 @@ def _worker_selector() -> str:
     return ",".join(f"{k}={v}" for k, v in WORKER_LABELS.items())
 
 
-def all_jobs(kube: Any, namespace: str) -> list[dict]:
+def all_jobs(kube: KubeClient, namespace: str) -> list[dict[str, Any]]:
     """The jobs of the namespace whichever engine made them: ElasticJobs, and batch/v1 Jobs of engine k8s-job
     (the label tells ours from any other Job there)."""
     return [*kube.list(ELASTICJOB_API_VERSION, "ElasticJob", namespace),
             *kube.list("batch/v1", "Job", namespace, f"{ENGINE_LABEL}={ENGINE_K8S_JOB}")]
 
 
-def find_job(kube: Any, name: str, namespace: str) -> dict:
+def find_job(kube: KubeClient, name: str, namespace: str) -> dict[str, Any]:
     """Job ``name`` whichever engine made it; raises JobNotFound naming the jobs there are."""
     job = kube.get(ELASTICJOB_API_VERSION, "ElasticJob", name, namespace)
-    if job is None:
+    if job is None:  # a k8s-job: a batch/v1 Job carrying our engine label
         batch = kube.get("batch/v1", "Job", name, namespace)
         if batch is not None and ((batch.get("metadata") or {}).get("labels") or {}).get(ENGINE_LABEL):
             job = {"apiVersion": "batch/v1", "kind": "Job", **batch}
     if job is None:
-        known = sorted((j.get("metadata") or {}).get("name") for j in all_jobs(kube, namespace))
+        known = sorted(object_name(j) for j in all_jobs(kube, namespace))
         raise JobNotFound(f"no job {name!r} in namespace {namespace!r} (its jobs: {', '.join(known) or 'none'}); "
                           "'az elastictrain job list' shows them")
     return job
 
 
-def show_job(kube: Any, name: str, read_events: ReadEvents, *, namespace: str = NAMESPACE,
-             cluster: str | None = None) -> dict:
+def show_job(kube: KubeClient, name: str, read_events: ReadEvents, *, namespace: str = TRAINING_NAMESPACE,
+             cluster: str | None = None) -> dict[str, Any]:
     """`job show` for ElasticJob ``name``; raises JobNotFound (naming the jobs there are)."""
     job = find_job(kube, name, namespace)
     pods = kube.list("v1", "Pod", namespace, _worker_selector())
@@ -309,8 +312,8 @@ def show_job(kube: Any, name: str, read_events: ReadEvents, *, namespace: str = 
     return describe_job(job, pods, nodes, events, cluster=cluster, events_error=error)
 
 
-def list_jobs(kube: Any, read_events: ReadEvents, *, namespace: str = NAMESPACE,
-              cluster: str | None = None) -> list[dict]:
+def list_jobs(kube: KubeClient, read_events: ReadEvents, *, namespace: str = TRAINING_NAMESPACE,
+              cluster: str | None = None) -> list[dict[str, Any]]:
     """`job list`: every ElasticJob of the namespace, described; one pod and one node list for all."""
     jobs = all_jobs(kube, namespace)
     if not jobs:
@@ -318,8 +321,8 @@ def list_jobs(kube: Any, read_events: ReadEvents, *, namespace: str = NAMESPACE,
     pods = kube.list("v1", "Pod", namespace, _worker_selector())
     nodes = kube.list("v1", "Node")
     described = []
-    for job in sorted(jobs, key=lambda j: (j.get("metadata") or {}).get("name") or ""):
-        name = (job.get("metadata") or {}).get("name")
+    for job in sorted(jobs, key=object_name):
+        name = object_name(job)
         events, error = read_job_events(read_events, name)
         mine = [p for p in pods if pod_job(p) == name]
         described.append(describe_job(job, mine, nodes, events, cluster=cluster, events_error=error))
@@ -328,7 +331,7 @@ def list_jobs(kube: Any, read_events: ReadEvents, *, namespace: str = NAMESPACE,
 
 def follow_recovery_aks(read_events: ReadEvents, job: str, evicted_at: float, *, node: str | None = None,
                         requested_at: float | None = None, timeout: float | None = None,
-                        sleep: Callable[[float], None] = time.sleep) -> dict:
+                        sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
     """After an eviction: the job's outage (its last step before to its first step after) and the steps it lost,
     and seconds from ``evicted_at`` (the node left, see ``evict.wait_node_evicted``) until it trained again.
     The same reading of the events as on the local cluster (``core.recovery.follow_recovery``)."""

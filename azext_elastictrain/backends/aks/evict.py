@@ -19,7 +19,7 @@ fake or the same against the local ARM test server. Kubernetes is a ``clients.ku
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable
 
 from azext_elastictrain.backends.aks.describe import follow_recovery_aks
 from azext_elastictrain.core.eviction import (
@@ -29,7 +29,8 @@ from azext_elastictrain.core.eviction import (
     VmssInstance,
     plan_evictions,
 )
-from azext_elastictrain.core.manifests import NAMESPACE
+from azext_elastictrain.core.constants import TRAINING_NAMESPACE
+from azext_elastictrain.core.ports import Compute, KubeClient
 from azext_elastictrain.core.view import iso_time, parse_iso
 
 EVICTED = "Evicted"
@@ -44,30 +45,20 @@ PROGRESS_EVERY = 30.0  # seconds between "still waiting" lines
 DELETED, DEALLOCATED = "Deleted", "Deallocated"
 RECOVERY_TIMEOUT = 600.0  # a new Spot node may have to be allocated and the image pulled
 
-ReadEvents = Callable[[str], list]
-
-
-class Compute(Protocol):
-    """The VMSS instances behind AKS nodes. Errors raise ``backends.aks.cluster.ArmError``."""
-
-    def simulate_eviction(self, instance: VmssInstance) -> None:
-        """POST .../virtualMachines/{id}/simulateEviction; 204."""
-
-    def vmss_instance(self, instance: VmssInstance) -> Optional[dict]:
-        """The instance, or None where it does not exist (404)."""
+ReadEvents = Callable[[str], list[Any]]
 
 
 class EvictionFailed(Exception):
     """ARM refused an eviction; ``done`` are the evictions that went through before it."""
 
-    def __init__(self, node: str, error: Exception, done: list[dict]) -> None:
+    def __init__(self, node: str, error: Exception, done: list[dict[str, Any]]) -> None:
         super().__init__(f"the eviction of node {node!r} failed: {error}")
         self.node, self.error, self.done = node, error, done
 
 
-def plan(kube: Any, *, node: str | None = None, job: str | None = None, rank: int | None = None,
+def plan(kube: KubeClient, *, node: str | None = None, job: str | None = None, rank: int | None = None,
          pool: str | None = None, count: int | None = None, pools: list[str] | None = None,
-         namespace: str = NAMESPACE) -> EvictionPlan:
+         namespace: str = TRAINING_NAMESPACE) -> EvictionPlan:
     """The targets, from the cluster's nodes and the training namespace's pods; raises EvictionPlanError."""
     nodes = kube.list("v1", "Node")
     pods = kube.list("v1", "Pod", namespace)
@@ -75,11 +66,11 @@ def plan(kube: Any, *, node: str | None = None, job: str | None = None, rank: in
 
 
 def evict(compute: Compute, eviction_plan: EvictionPlan, *, clock: Callable[[], float] = time.time,
-          progress: Callable[[str], None] = lambda line: None) -> list[dict]:
+          progress: Callable[[str], None] = lambda line: None) -> list[dict[str, Any]]:
     """simulateEviction for each target, in order; one dict per target (``evictedAt``: when it was asked)."""
     from azext_elastictrain.core.errors import ArmError
 
-    done: list[dict] = []
+    done: list[dict[str, Any]] = []
     for target in eviction_plan.targets:
         asked = clock()
         try:
@@ -96,11 +87,11 @@ def evict(compute: Compute, eviction_plan: EvictionPlan, *, clock: Callable[[], 
     return done
 
 
-def follow(kube: Any, compute: Compute, evictions: list[dict], read_events: ReadEvents | None, *,
+def follow(kube: KubeClient, compute: Compute, evictions: list[dict[str, Any]], read_events: ReadEvents | None, *,
            events_error: str | None = None, node_timeout: float = NODE_GONE_TIMEOUT,
            recovery_timeout: float = RECOVERY_TIMEOUT, poll: float = 2.0,
            clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
-           progress: Callable[[str], None] = lambda line: None) -> list[dict]:
+           progress: Callable[[str], None] = lambda line: None) -> list[dict[str, Any]]:
     """``--wait``: each eviction gets ``recovery``: when its node left, whether its instance is gone, and for
     the jobs it hit, the recovery their events show. ``read_events`` None: events unreadable (``events_error``
     says why); the node is still followed until it is gone."""
@@ -124,7 +115,7 @@ def follow(kube: Any, compute: Compute, evictions: list[dict], read_events: Read
             if eviction["pods"]:
                 eviction["recovery"]["eventsError"] = events_error or "the job's events cannot be read"
         return evictions
-    gone_at = max(parse_iso(e["recovery"]["nodeGoneAt"]) for e in evictions)
+    gone_at = max(parse_iso(e["recovery"]["nodeGoneAt"]) or 0.0 for e in evictions)  # each recorded as it went
     asked_at = min(e["requestedAt"] for e in evictions)
     for job in jobs:
         progress(f"following job {job!r} until it trains again")
@@ -186,7 +177,8 @@ def _minutes(seconds: float) -> str:
     return f"{minutes}m{rest:02d}s"
 
 
-def report(cluster: str, resource_group: str, eviction_plan: EvictionPlan, evictions: list[dict] | None) -> dict:
+def report(cluster: str, resource_group: str, eviction_plan: EvictionPlan, evictions: list[dict[str,
+           Any]] | None) -> dict[str, Any]:
     """What the command prints: the plan (dry run) or the evictions; epoch times stay inside."""
     result = {"type": "aks", "cluster": cluster, "resourceGroup": resource_group, "by": dict(eviction_plan.by)}
     if evictions is None:

@@ -5,16 +5,17 @@ already right); ``health`` reports each component as ok, degraded or missing, wi
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from azext_elastictrain.core import manifests as m
-from azext_elastictrain.clients.kube import KubeClient
+from azext_elastictrain.core.ports import KubeClient
+from azext_elastictrain.core.spec import ENGINE_TORCHELASTIC
 
 OK, DEGRADED, MISSING = "ok", "degraded", "missing"
 
 
 def install(client: KubeClient, spec: m.InClusterSpec,
-            progress: Callable[[str], None] | None = None) -> list[dict]:
+            progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Apply every in-cluster object for ``spec``; one summary per object: kind, name, namespace, action.
 
     ``action`` is created, configured (something changed) or unchanged (same resourceVersion as before).
@@ -32,17 +33,17 @@ def install(client: KubeClient, spec: m.InClusterSpec,
     return summary
 
 
-def _action(before: dict | None, after: dict) -> str:
+def _action(before: dict[str, Any] | None, after: dict[str, Any]) -> str:
     if before is None:
         return "created"
     version = (before.get("metadata") or {}).get("resourceVersion")
     return "unchanged" if version == (after.get("metadata") or {}).get("resourceVersion") else "configured"
 
 
-def health(client: KubeClient, spec: m.InClusterSpec) -> dict:
+def health(client: KubeClient, spec: m.InClusterSpec) -> dict[str, Any]:
     """Each component's state (ok/degraded/missing) and reason, and ``state``: the worst of them."""
     ns = spec.namespace
-    operator = spec.engine == m.ENGINE_TORCHELASTIC  # k8s-job's jobs need no operator: none installed or checked
+    operator = spec.engine == ENGINE_TORCHELASTIC  # k8s-job's jobs need no operator: none installed or checked
     components = {}
     if operator:
         components["elasticjob-crd"] = _crd(client.get("apiextensions.k8s.io/v1", "CustomResourceDefinition",
@@ -57,11 +58,11 @@ def health(client: KubeClient, spec: m.InClusterSpec) -> dict:
     return {"state": worst, "components": components}
 
 
-def _state(state: str, reason: str) -> dict:
+def _state(state: str, reason: str) -> dict[str, Any]:
     return {"state": state, "reason": reason}
 
 
-def _crd(crd: dict | None) -> dict:
+def _crd(crd: dict[str, Any] | None) -> dict[str, Any]:
     if crd is None:
         return _state(MISSING, f"CustomResourceDefinition {m.ELASTICJOB_CRD} is not installed")
     conditions = _conditions(crd)
@@ -73,7 +74,7 @@ def _crd(crd: dict | None) -> dict:
     return _state(DEGRADED, "not established yet")
 
 
-def _statefulset(sts: dict | None) -> dict:
+def _statefulset(sts: dict[str, Any] | None) -> dict[str, Any]:
     if sts is None:
         return _state(MISSING, f"StatefulSet {m.ETCD_NAME} is not installed")
     want = (sts.get("spec") or {}).get("replicas", 1)
@@ -81,7 +82,7 @@ def _statefulset(sts: dict | None) -> dict:
     return _state(OK if ready >= want else DEGRADED, f"{ready}/{want} replicas ready")
 
 
-def _deployment(deployment: dict | None) -> dict:
+def _deployment(deployment: dict[str, Any] | None) -> dict[str, Any]:
     if deployment is None:
         return _state(MISSING, f"Deployment {m.OPERATOR_DEPLOYMENT} is not installed")
     available = _conditions(deployment).get("Available", {})
@@ -91,7 +92,7 @@ def _deployment(deployment: dict | None) -> dict:
     return _state(DEGRADED, f"not available: {why}")
 
 
-def _daemonset(daemonset: dict | None) -> dict:
+def _daemonset(daemonset: dict[str, Any] | None) -> dict[str, Any]:
     if daemonset is None:
         return _state(MISSING, f"DaemonSet {m.DEVICE_PLUGIN_DAEMONSET} is not installed")
     status = daemonset.get("status") or {}
@@ -102,5 +103,5 @@ def _daemonset(daemonset: dict | None) -> dict:
     return _state(OK if ready >= desired else DEGRADED, f"{ready}/{desired} GPU nodes ready")
 
 
-def _conditions(obj: dict) -> dict[str, dict]:
-    return {c.get("type"): c for c in (obj.get("status") or {}).get("conditions") or [] if isinstance(c, dict)}
+def _conditions(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {str(c.get("type")): c for c in (obj.get("status") or {}).get("conditions") or [] if isinstance(c, dict)}

@@ -10,18 +10,22 @@ import uuid
 from typing import Any, Callable
 
 from azext_elastictrain.backends.aks import describe
+from azext_elastictrain.backends.aks.plans import AksJob, AksJobDeletion
 from azext_elastictrain.backends.aks.session import AksSession, ClusterSite
+from azext_elastictrain.backends.base import Plan
 from azext_elastictrain.core import events as job_events
-from azext_elastictrain.core.manifests import (
-    ELASTICJOB_API_VERSION,
+from azext_elastictrain.core.constants import GPU_TAINT
+from azext_elastictrain.core.errors import JobNotFound
+from azext_elastictrain.core.ports import KubeClient
+from azext_elastictrain.core.manifests import ELASTICJOB_API_VERSION, SPOT_TAINT, WORKER_LABELS, coordinator_name
+from azext_elastictrain.core.spec import (
     ENGINE_K8S_JOB,
     ENGINE_TORCHELASTIC,
-    GPU_TAINT,
-    SPOT_TAINT,
-    WORKER_LABELS,
-    coordinator_name,
+    JobSpec,
+    SpecError,
+    check_engine_supported,
+    check_script_in_image,
 )
-from azext_elastictrain.core.spec import JobSpec, SpecError, check_engine_supported
 from azext_elastictrain.core.view import parse_iso
 
 # Any GUID: the ElasticJob does not carry the identity (its pods run as the cluster's service account),
@@ -59,7 +63,7 @@ class AksJobs:
 
     @staticmethod
     def render(site: ClusterSite, job: JobSpec, image: str, *, gpus_per_node: int,
-               run_id: str | None = None, engine: str = ENGINE_TORCHELASTIC) -> list[dict]:
+               run_id: str | None = None, engine: str = ENGINE_TORCHELASTIC) -> list[dict[str, Any]]:
         """The objects running ``job`` on ``site`` with ``engine``, in apply order (the job itself last);
         refuses a cluster without a GPU Spot pool."""
         from azext_elastictrain.core.manifests import (
@@ -69,7 +73,7 @@ class AksJobs:
             render_k8s_job,
         )
 
-        job.validate(script_in_image=True)
+        check_script_in_image(job.script)
         if site.gpu_pool is None:
             raise GpuPoolMissing(
                 f"cluster {site.spec.name!r} has no GPU Spot pool: the workers need a node pool of Spot "
@@ -83,7 +87,7 @@ class AksJobs:
         # In process, the coordinator first: the workers ask it for a quorum from their first step.
         return [*render_coordinator(job, cluster, image), *objects] if job.in_process else objects
 
-    def plan_job(self, job: JobSpec, image: str, *, gpus_per_node: int, engine: str | None = None) -> dict:
+    def plan_job(self, job: JobSpec, image: str, *, gpus_per_node: int, engine: str | None = None) -> Plan[AksJob]:
         """What `job run` would send (the dry run): the job's objects, and where its checkpoints go. Sends
         nothing. ``engine`` defaults to the cluster's (`cluster create --engine`); refuses one the cluster's
         Kubernetes cannot run, and torchelastic on a cluster created without the operator."""
@@ -99,22 +103,23 @@ class AksJobs:
         # A rendezvous of its own: an earlier job of the same name may have left its state in etcd.
         *others, obj = self.render(site, job, image, gpus_per_node=gpus_per_node,
                                    run_id=f"{job.name}-{uuid.uuid4().hex[:8]}", engine=engine)
-        return {"dryRun": True, "name": job.name, "engine": engine, "recovery": job.recovery,
-                "cluster": site.spec.name, "resourceGroup": site.spec.resource_group,
-                "checkpointUrl": site.job_url(job.name), "object": obj,
-                **({"objects": [*others, obj]} if others else {})}
+        shown = {"dryRun": True, "name": job.name, "engine": engine, "recovery": job.recovery,
+                 "cluster": site.spec.name, "resourceGroup": site.spec.resource_group,
+                 "checkpointUrl": site.job_url(job.name), "object": obj,
+                 **({"objects": [*others, obj]} if others else {})}
+        return Plan(shown, AksJob((*others, obj)))
 
-    def submit_job(self, plan: dict) -> dict:
+    def submit_job(self, job: AksJob) -> dict[str, Any]:
         """Create the planned objects (the job last); refuses a name any job of either engine has."""
-        site, kube, obj = self.session.site(), self.session.kube(), plan["object"]
+        site, kube, obj = self.session.site(), self.session.kube(), job.job_object
         name, namespace = obj["metadata"]["name"], obj["metadata"]["namespace"]
         if kube.get(ELASTICJOB_API_VERSION, "ElasticJob", name, namespace) is not None or \
                 kube.get("batch/v1", "Job", name, namespace) is not None:
             raise JobExists(f"job {name!r} already exists in cluster {site.spec.name!r}: delete it first "
                             "(its checkpoints stay, so a new job of the same name resumes from them)")
-        applied: list[dict] = []
+        applied: list[dict[str, Any]] = []
         try:
-            for each in plan.get("objects") or [obj]:
+            for each in job.objects:
                 kube.apply(each)
                 applied.append(each)
         except Exception:
@@ -126,7 +131,7 @@ class AksJobs:
         return self.describe_job(name)
 
     @staticmethod
-    def _remove(kube: Any, objects: list[dict]) -> None:
+    def _remove(kube: KubeClient, objects: list[dict[str, Any]]) -> None:
         """Delete what a failed submit created, newest first; what cannot be deleted stays as it is."""
         from azext_elastictrain.clients.kube import KubeError
 
@@ -139,18 +144,18 @@ class AksJobs:
 
     # ------------------------------------------------------------------ show, list
 
-    def describe_job(self, name: str) -> dict:
+    def describe_job(self, name: str) -> dict[str, Any]:
         site = self.session.site()
         return describe.show_job(self.session.kube(), name, self.session.events(), namespace=site.spec.namespace,
                                  cluster=site.spec.name)
 
-    def job_events(self, name: str) -> list[dict]:
+    def job_events(self, name: str) -> list[dict[str, Any]]:
         """The events of the job's current run (since its ElasticJob was created), from the cluster's storage."""
         created = parse_iso((self._elastic_job(name).get("metadata") or {}).get("creationTimestamp"))
         events = list(self.session.events()(name))
         return job_events.since(events, created) if created is not None else events
 
-    def list_jobs(self) -> list[dict]:
+    def list_jobs(self) -> list[dict[str, Any]]:
         site = self.session.site()
         return describe.list_jobs(self.session.kube(), self.session.events(), namespace=site.spec.namespace,
                                   cluster=site.spec.name)
@@ -166,8 +171,7 @@ class AksJobs:
         if pod is not None:
             plan = [p for p in plan if p["pod"] == pod]
             if not plan:
-                raise describe.JobNotFound(f"job {name!r} has no pod {pod!r}; 'az elastictrain job show' lists "
-                                           "its pods")
+                raise JobNotFound(f"job {name!r} has no pod {pod!r}; 'az elastictrain job show' lists its pods")
         started = [p for p in plan if p["node"] is not None]
         if not started:
             raise SpecError(f"no worker of job {name!r} is scheduled yet: there are no logs; "
@@ -198,34 +202,37 @@ class AksJobs:
         if left > 0:
             time.sleep(left)
 
-    def _elastic_job(self, name: str) -> dict:
+    def _elastic_job(self, name: str) -> dict[str, Any]:
         """The job object (ElasticJob or k8s-job's batch/v1 Job) of ``name``."""
         return describe.find_job(self.session.kube(), name, self.session.site().spec.namespace)
 
     # ------------------------------------------------------------------ delete: plan, then delete
 
-    def plan_delete(self, name: str) -> dict:
+    def plan_delete(self, name: str) -> Plan[AksJobDeletion]:
         """What deleting the job stops (its pods go with the job object, a k8s-job's Service with it); its
         blobs stay."""
         site, kube = self.session.site(), self.session.kube()
         obj = self._elastic_job(name)
-        plan = describe.plan_delete(obj, kube.list("v1", "Pod", site.spec.namespace, _WORKERS))
-        plan.update(type="aks", cluster=site.spec.name, resourceGroup=site.spec.resource_group, dryRun=True,
-                    checkpointUrl=site.job_url(name))
+        shown = describe.plan_delete(obj, kube.list("v1", "Pod", site.spec.namespace, _WORKERS))
+        shown.update(type="aks", cluster=site.spec.name, resourceGroup=site.spec.resource_group, dryRun=True,
+                     checkpointUrl=site.job_url(name))
         # an in-process job's coordinator, looked up by name whatever the job says: none is left behind
-        plan["coordinator"] = [{"apiVersion": v, "kind": k, "name": found["metadata"]["name"]}
-                               for v, k in COORDINATOR_KINDS
-                               if (found := kube.get(v, k, coordinator_name(name), site.spec.namespace))]
-        return plan
+        shown["coordinator"] = [{"apiVersion": v, "kind": k, "name": found["metadata"]["name"]}
+                                for v, k in COORDINATOR_KINDS
+                                if (found := kube.get(v, k, coordinator_name(name), site.spec.namespace))]
+        target = shown["object"]
+        return Plan(shown, AksJobDeletion(
+            target["apiVersion"], target["kind"], target["name"], target["namespace"],
+            with_service=shown.get("engine") == ENGINE_K8S_JOB,
+            coordinator=tuple((c["apiVersion"], c["kind"], c["name"]) for c in shown["coordinator"])))
 
-    def delete(self, plan: dict) -> dict:
-        kube, target = self.session.kube(), plan["object"]
-        kube.delete(target["apiVersion"], target["kind"], plan["name"], plan["namespace"])
-        if plan.get("engine") == ENGINE_K8S_JOB:  # the headless Service has the job's name
-            kube.delete("v1", "Service", plan["name"], plan["namespace"])
-        for each in plan.get("coordinator") or []:  # after the workers' job: they may ask it until they stop
-            kube.delete(each["apiVersion"], each["kind"], each["name"], plan["namespace"])
-        return {**plan, "dryRun": False, "deleted": True}
+    def delete(self, job: AksJobDeletion) -> None:
+        kube = self.session.kube()
+        kube.delete(job.api_version, job.kind, job.name, job.namespace)
+        if job.with_service:  # k8s-job's headless Service has the job's name
+            kube.delete("v1", "Service", job.name, job.namespace)
+        for api_version, kind, name in job.coordinator:  # after the workers' job: they may ask it until they stop
+            kube.delete(api_version, kind, name, job.namespace)
 
     # ------------------------------------------------------------------ storage
 

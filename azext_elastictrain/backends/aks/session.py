@@ -15,11 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from azext_elastictrain.backends.aks.cluster import Arm, spec_from_tags
 from azext_elastictrain.clients.blob import EventReader
-from azext_elastictrain.core.arm import blob_endpoint
+from azext_elastictrain.core.arm_bodies import blob_endpoint, spec_from_tags
 from azext_elastictrain.core.errors import ClusterNotFound
-from azext_elastictrain.core.manifests import GPU_TAINT
+from azext_elastictrain.core.ports import Arm, KubeClient
+from azext_elastictrain.core.constants import GPU_TAINT
 from azext_elastictrain.core.spec import ClusterSpec, is_gpu_size_name
 
 
@@ -29,20 +29,21 @@ class ClusterSite:
 
     spec: ClusterSpec
     container_url: str  # <primaryEndpoints.blob><container>, no trailing slash
-    gpu_pool: dict | None
-    pools: tuple[dict, ...] = ()
+    gpu_pool: dict[str, Any] | None
+    pools: tuple[dict[str, Any], ...] = ()
 
     def job_url(self, job: str) -> str:
         return f"{self.container_url}/{job}"
 
 
-def gpu_spot_pool(cluster: dict) -> dict | None:
+def gpu_spot_pool(cluster: dict[str, Any]) -> dict[str, Any] | None:
     """The pool the workers need: Spot priority, and GPUs (a GPU size, or the GPU taint create puts on it)."""
     for pool in (cluster.get("properties") or {}).get("agentPoolProfiles") or []:
         spot = pool.get("scaleSetPriority") == "Spot"
         gpu = is_gpu_size_name(pool.get("vmSize")) or GPU_TAINT in (pool.get("nodeTaints") or [])
         if spot and gpu:
-            return pool
+            found: dict[str, Any] = pool
+            return found
     return None
 
 
@@ -50,15 +51,20 @@ class AksSession:  # pylint: disable=too-many-instance-attributes  # clients res
     """The cluster ``resource_group``/``cluster`` for one command; ``close()`` it (or use it in ``with``)."""
 
     def __init__(self, arm: Arm, resource_group: str, cluster: str, *, credential: Any = None,
-                 kube_connect: Callable[[bytes], Any] | None = None) -> None:
+                 kube_connect: Callable[[bytes], KubeClient] | None = None) -> None:
         self.arm, self.resource_group, self.cluster = arm, resource_group, cluster
         self._credential, self._kube_connect = credential, kube_connect
-        self._found: dict | None = None
+        self._found: dict[str, Any] | None = None
         self._site: ClusterSite | None = None
-        self._kube: Any = None
+        self._kube: KubeClient | None = None
         self._events: EventReader | None = None
 
-    def managed_cluster(self) -> dict:
+    @property
+    def credential(self) -> Any:
+        """The login's token credential the command resolved (for another session of the same command)."""
+        return self._credential
+
+    def managed_cluster(self) -> dict[str, Any]:
         """The AKS cluster as ARM shows it (asked once); ClusterNotFound where there is none."""
         if self._found is None:
             found = self.arm.get("cluster", {"resource_group": self.resource_group, "name": self.cluster})
@@ -81,7 +87,7 @@ class AksSession:  # pylint: disable=too-many-instance-attributes  # clients res
             self._site = ClusterSite(spec, container_url, gpu_spot_pool(found), pools)
         return self._site
 
-    def kube(self) -> Any:
+    def kube(self) -> KubeClient:
         """The cluster's Kubernetes API: its address and CA from the user kubeconfig (fetched once, kept in
         memory), reached with the login's Entra ID token (or, on a local-accounts cluster, the kubeconfig's own
         credentials)."""
@@ -105,7 +111,7 @@ class AksSession:  # pylint: disable=too-many-instance-attributes  # clients res
     def grant_command(self) -> str:
         """The exact 'az role assignment create' that gives the login the data role the CLI's blob reads need on
         the cluster's checkpoint container (what a 403 from blob tells the user to run)."""
-        from azext_elastictrain.core.arm import container_id, role_assignment_command
+        from azext_elastictrain.core.arm_bodies import container_id, role_assignment_command
 
         try:
             principal = self.arm.signed_in_principal()[0]
@@ -114,9 +120,10 @@ class AksSession:  # pylint: disable=too-many-instance-attributes  # clients res
         return role_assignment_command(principal, container_id(self.arm.subscription, self.site().spec))
 
     def close(self) -> None:
-        if self._kube is not None and hasattr(self._kube, "close"):
-            self._kube.close()
-            self._kube = None
+        close = getattr(self._kube, "close", None)  # the official client holds a connection pool and files
+        if close is not None:
+            close()
+        self._kube = None
         if self._events is not None:
             self._events.close()
             self._events = None

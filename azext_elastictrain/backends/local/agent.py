@@ -47,6 +47,9 @@ class AgentLaunch:  # pylint: disable=too-many-instance-attributes  # one field 
     warm_start: bool = True
     rdzv_conf: str = launch.LOCAL_RDZV_CONF
     progress_seconds: float = PROGRESS_SECONDS
+    # A job's own environment (launch.job_env of its spec: what its options set, as an AKS pod gets it); it
+    # replaces what keep, checkpoint_interval and memory_tier set, for callers without a spec.
+    job_env: Mapping[str, str] = field(default_factory=dict)
     recovery: str = launch.RECOVERY_RESTART
     coordinator: str | None = None  # in-process: the job's coordinator, http://127.0.0.1:PORT
     extra_env: Mapping[str, str] = field(default_factory=dict)  # last: a benchmark's own settings
@@ -80,11 +83,11 @@ class AgentLaunch:  # pylint: disable=too-many-instance-attributes  # one field 
 
     def env(self, inherited: Mapping[str, str]) -> dict[str, str]:
         """The node's environment: ``inherited`` (the caller's) without its ELASTICTRAIN_* settings, then the
-        job's runtime settings, then ``extra_env``."""
+        job's (``job_env``, else its runtime settings), then the node's own, then ``extra_env``."""
         nodes_dir = self.job_dir / "nodes"
         env = {k: v for k, v in inherited.items() if not k.startswith(launch.ENV_PREFIX)}
-        env.update(launch.runtime_env(keep=self.keep, checkpoint_interval=self.checkpoint_interval,
-                                      memory_tier=self.memory_tier))
+        env.update(self.job_env or launch.runtime_env(keep=self.keep, checkpoint_interval=self.checkpoint_interval,
+                                                      memory_tier=self.memory_tier))
         env.update({
             JOB_MARKER_ENV: str(self.job_dir),
             launch.ENV_CHECKPOINT_URL: self.checkpoint_url,

@@ -6,20 +6,48 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import Any, Callable, Protocol
 
 from azext_elastictrain.core.chaos import FollowStopped, ScheduledEviction, Skipped, sleeper
 
 
-class LocalScheduleEvictor:
-    """``core.chaos.ScheduleEvictor`` over ``LocalClusters``, for one job of one cluster."""
+class Jobs(Protocol):
+    """What the evictor reads of the job (``jobs.LocalJobs``)."""
 
-    def __init__(self, clusters: Any, cluster: str, job: str) -> None:
-        self.clusters, self.cluster, self.job = clusters, cluster, job
+    def show_job(self, cluster: str, job: str) -> dict[str, Any]:
+        ...
+
+    def follow_recovery(self, cluster: str, job: str, eviction: dict[str, Any],
+                        sleep: Callable[[float], None]) -> dict[str, Any]:
+        ...
+
+    def follow_world_size(self, cluster: str, job: str, world_size: int, since: float,
+                          sleep: Callable[[float], None]) -> dict[str, Any]:
+        ...
+
+    def job_events(self, cluster: str, job: str) -> list[dict[str, Any]]:
+        ...
+
+
+class Evictions(Protocol):
+    """How it evicts and gives capacity back (``evict.NodeEvictions``)."""
+
+    def evict(self, cluster: str, job: str, **options: Any) -> dict[str, Any]:
+        ...
+
+    def replace_nodes(self, cluster: str, job: str, count: int) -> list[dict[str, Any]]:
+        ...
+
+
+class LocalScheduleEvictor:
+    """``core.chaos.ScheduleEvictor`` over the local jobs and their evictions, for one job of one cluster."""
+
+    def __init__(self, jobs: Jobs, evictions: Evictions, cluster: str, job: str) -> None:
+        self.jobs, self.evictions, self.cluster, self.job = jobs, evictions, cluster, job
         self._world_before: dict[str, int] = {}
 
-    def evict(self, item: ScheduledEviction) -> dict:
-        shown = self.clusters.show_job(self.cluster, self.job)
+    def evict(self, item: ScheduledEviction) -> dict[str, Any]:
+        shown = self.jobs.show_job(self.cluster, self.job)
         running = [n["name"] for n in shown["nodes"] if n["alive"]]
         least = int(shown.get("minNodes") or 1)
         if len(running) <= least:
@@ -27,32 +55,33 @@ class LocalScheduleEvictor:
                           "would stop it (its capacity has not come back yet)")
         node = item.choose(running)
         world = shown.get("worldSize") or len(running) * int(shown.get("nprocPerNode") or 1)
-        result = self.clusters.evict(self.cluster, self.job, node=node, notice_seconds=item.notice_seconds,
-                                     replace_after=None)
-        eviction = result["evictions"][0]
+        result = self.evictions.evict(self.cluster, self.job, node=node, notice_seconds=item.notice_seconds,
+                                      replace_after=None)
+        eviction: dict[str, Any] = result["evictions"][0]
         self._world_before[node] = world
         return eviction
 
-    def recovery(self, eviction: dict, stop: threading.Event) -> dict:
-        return self.clusters.follow_recovery(self.cluster, self.job, eviction, sleep=sleeper(stop))
+    def recovery(self, eviction: dict[str, Any], stop: threading.Event) -> dict[str, Any]:
+        return self.jobs.follow_recovery(self.cluster, self.job, eviction, sleep=sleeper(stop))
 
-    def capacity_back(self, item: ScheduledEviction, eviction: dict, stop: threading.Event) -> dict | None:
+    def capacity_back(self, item: ScheduledEviction, eviction: dict[str, Any],
+                      stop: threading.Event) -> dict[str, Any] | None:
         """A new node ``replace_after`` s after the eviction; stopped (Ctrl-C): at once, not followed."""
         if item.replace_after is None:
             return None
         stop.wait(max(0.0, eviction["evictedAt"] + item.replace_after - time.time()))
-        replacements = self.clusters.replace_nodes(self.cluster, self.job, 1)
-        back: dict = {"replacements": replacements}
+        replacements = self.evictions.replace_nodes(self.cluster, self.job, 1)
+        back: dict[str, Any] = {"replacements": replacements}
         if stop.is_set():
             return {**back, "stopped": True}
         since = min(r["startedAt"] for r in replacements)
         try:
-            back["fullSize"] = self.clusters.follow_world_size(self.cluster, self.job,
-                                                               self._world_before[eviction["node"]], since,
-                                                               sleep=sleeper(stop))
+            back["fullSize"] = self.jobs.follow_world_size(self.cluster, self.job,
+                                                           self._world_before[eviction["node"]], since,
+                                                           sleep=sleeper(stop))
         except FollowStopped:
             back["stopped"] = True
         return back
 
-    def events(self) -> list[dict]:
-        return self.clusters.job_events(self.cluster, self.job)
+    def events(self) -> list[dict[str, Any]]:
+        return self.jobs.job_events(self.cluster, self.job)

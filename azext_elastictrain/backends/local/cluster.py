@@ -20,13 +20,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Protocol
 
 from azext_elastictrain.backends.local.components import azurite_argv, azurite_binary, etcd_argv, etcd_binary, etcd_env
-from azext_elastictrain.backends.local.jobs import LocalJobs
 from azext_elastictrain.backends.local.state import (
     AZURITE_ACCOUNT,
-    CHECKPOINT_CONTAINER,
     REPO_ROOT,
     STOP_TIMEOUT,
     ClusterError,
@@ -38,6 +36,7 @@ from azext_elastictrain.backends.local.state import (
     read_state,
     write_state,
 )
+from azext_elastictrain.core.constants import CHECKPOINT_CONTAINER
 from azext_elastictrain.core.errors import ClusterNotFound
 from azext_elastictrain.core.spec import LocalClusterSpec
 from azext_elastictrain.core.view import iso_time
@@ -46,39 +45,50 @@ COMPONENTS = ("etcd", "azurite", "scheduled-events")
 START_TIMEOUT = 30.0
 
 
-class LocalClusters(LocalJobs):
-    """Local clusters under ``state_root`` (the az config dir's ``elastictrain/local``)."""
+class ClusterJobs(Protocol):
+    """What deleting a cluster needs of its jobs (``jobs.LocalJobs``): their live nodes, and stopping them."""
+
+    def running_nodes(self, cluster: str) -> list[dict[str, Any]]:
+        ...  # [{"component": "job JOB NODE", "pid"}]
+
+    def stop_all(self, cluster: str) -> None:
+        ...
+
+
+class LocalClusters:
+    """Local clusters under ``state_root`` (the az config dir's ``elastictrain/local``): their processes and
+    state; the jobs on them are ``jobs.LocalJobs``'s, which is given these."""
 
     def __init__(self, state_root: Path):
         self.state_root = Path(state_root)
 
     # -- state ----------------------------------------------------------------
-    def _dir(self, name: str) -> Path:
+    def cluster_dir(self, name: str) -> Path:
         return self.state_root / name
 
-    def _load(self, name: str) -> dict | None:
-        return read_state(self._dir(name) / "cluster.json", f"local cluster {name!r}")
+    def load(self, name: str) -> dict[str, Any] | None:
+        return read_state(self.cluster_dir(name) / "cluster.json", f"local cluster {name!r}")
 
-    def _save(self, name: str, state: dict) -> None:
-        write_state(self._dir(name) / "cluster.json", state)
+    def _save(self, name: str, state: dict[str, Any]) -> None:
+        write_state(self.cluster_dir(name) / "cluster.json", state)
 
     # -- processes ------------------------------------------------------------
     def _spawn(self, name: str, component: str, argv: list[str], port: int,
-               env: dict | None = None) -> Component:
+               env: dict[str, Any] | None = None) -> Component:
         import psutil
 
-        log_path = self._dir(name) / "logs" / f"{component}.log"
+        log_path = self.cluster_dir(name) / "logs" / f"{component}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(  # pylint: disable=consider-using-with  # a daemon: outlives this command
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                cwd=str(self._dir(name)), env=env, start_new_session=True, close_fds=True,
+                cwd=str(self.cluster_dir(name)), env=env, start_new_session=True, close_fds=True,
             )
         return Component(component, proc.pid, psutil.Process(proc.pid).create_time(), port, str(log_path))
 
     _alive = staticmethod(alive)
 
-    def _stop(self, component: dict | Component) -> None:
+    def _stop(self, component: dict[str, Any] | Component) -> None:
         """Stop a recorded process group — only if it is still the process we started."""
         c = component if isinstance(component, dict) else component.to_json()
         if not self._alive(c):
@@ -113,7 +123,8 @@ class LocalClusters(LocalJobs):
     def _start_etcd(self, name: str) -> Component:
         port, peer = free_port(), free_port()
         client_url = f"http://127.0.0.1:{port}"
-        argv = etcd_argv(etcd_binary(), name=name, data_dir=self._dir(name) / "etcd", client_port=port, peer_port=peer)
+        argv = etcd_argv(etcd_binary(), name=name, data_dir=self.cluster_dir(name) / "etcd", client_port=port,
+                         peer_port=peer)
         env = etcd_env(os.environ)
         component = self._spawn(name, "etcd", argv, port, env)
         # 200 on the v2 keys API proves torchrun's etcd-v2 rendezvous can use it.
@@ -122,7 +133,7 @@ class LocalClusters(LocalJobs):
 
     def _start_azurite(self, name: str) -> Component:
         port = free_port()
-        data = self._dir(name) / "azurite"
+        data = self.cluster_dir(name) / "azurite"
         data.mkdir(parents=True, exist_ok=True)
         argv = azurite_argv(azurite_binary(), port=port, location=data)
         component = self._spawn(name, "azurite", argv, port)
@@ -141,7 +152,7 @@ class LocalClusters(LocalJobs):
                 pass
 
     def _start_scheduled_events(self, name: str) -> Component:
-        port_file = self._dir(name) / "scheduled-events.port"
+        port_file = self.cluster_dir(name) / "scheduled-events.port"
         port_file.unlink(missing_ok=True)
         argv = [sys.executable, "-m", "azext_elastictrain.backends.local.scheduled_events", "--host", "127.0.0.1",
                 "--port", "0", "--port-file", str(port_file)]
@@ -154,12 +165,11 @@ class LocalClusters(LocalJobs):
         return component
 
     # -- the backend interface: clusters ----------------------------------------------
-    def create_cluster(self, spec: LocalClusterSpec) -> dict:
-        spec.validate()
-        existing = self._load(spec.name)
+    def create_cluster(self, spec: LocalClusterSpec) -> dict[str, Any]:
+        existing = self.load(spec.name)
         fresh = existing is None
         state = existing or {"name": spec.name, "created": time.time(), "components": {}}
-        self._dir(spec.name).mkdir(parents=True, exist_ok=True)
+        self.cluster_dir(spec.name).mkdir(parents=True, exist_ok=True)
         started: list[Component] = []
         starters = {"etcd": self._start_etcd, "azurite": self._start_azurite,
                     "scheduled-events": self._start_scheduled_events}
@@ -177,12 +187,12 @@ class LocalClusters(LocalJobs):
             for component in started:
                 self._stop(component)
             if fresh:
-                shutil.rmtree(self._dir(spec.name), ignore_errors=True)
+                shutil.rmtree(self.cluster_dir(spec.name), ignore_errors=True)
             raise
         self._save(spec.name, state)
         return self.show_cluster(spec.name)
 
-    def _healthy(self, key: str, component: dict) -> bool:
+    def _healthy(self, key: str, component: dict[str, Any]) -> bool:
         if not self._alive(component):
             return False
         port = component["port"]
@@ -193,8 +203,8 @@ class LocalClusters(LocalJobs):
         }[key]
         return http_ok(probe)
 
-    def show_cluster(self, name: str) -> dict:
-        state = self._load(name)
+    def show_cluster(self, name: str) -> dict[str, Any]:
+        state = self.load(name)
         if state is None:
             raise ClusterNotFound(f"no local cluster named {name!r}")
         components = {}
@@ -217,7 +227,7 @@ class LocalClusters(LocalJobs):
                 self._endpoint("azurite", state["components"]["azurite"]["port"]) + "/" + CHECKPOINT_CONTAINER
                 if state["components"].get("azurite") else None),
             "components": components,
-            "stateDir": str(self._dir(name)),
+            "stateDir": str(self.cluster_dir(name)),
         }
 
     @staticmethod
@@ -228,39 +238,31 @@ class LocalClusters(LocalJobs):
             "scheduled-events": f"http://127.0.0.1:{port}/metadata/scheduledevents?api-version=2020-07-01",
         }[key]
 
-    def list_clusters(self) -> list[dict]:
+    def list_clusters(self) -> list[dict[str, Any]]:
         if not self.state_root.is_dir():
             return []
         return [self.show_cluster(p.name) for p in sorted(self.state_root.iterdir()) if (p / "cluster.json").exists()]
 
-    def delete_cluster(self, name: str, dry_run: bool = False) -> dict:
-        state = self._load(name)
+    def delete_cluster(self, name: str, jobs: ClusterJobs, dry_run: bool = False) -> dict[str, Any]:
+        state = self.load(name)
         if state is None:
             raise ClusterNotFound(f"no local cluster named {name!r}")
-        jobs = [job for job in (self._load_job(name, j) for j in self._job_names(name)) if job]
-        stopping = [
-            {"component": f"job {job['name']} {node['name']}", "pid": node["pid"]}
-            for job in jobs for node in job["nodes"] if self._alive(node)
-        ] + [
-            {"component": f"job {job['name']} coordinator", "pid": job["coordinator"]["pid"]}
-            for job in jobs if job.get("coordinator") and self._alive(job["coordinator"])
-        ] + [
+        stopping = jobs.running_nodes(name) + [
             {"component": key, "pid": c["pid"]}
             for key, c in state["components"].items() if self._alive(c)
         ]
-        result = {"name": name, "dryRun": dry_run, "stopped": stopping, "removed": str(self._dir(name))}
+        result = {"name": name, "dryRun": dry_run, "stopped": stopping, "removed": str(self.cluster_dir(name))}
         if dry_run:
             return result
-        for job in jobs:  # first the jobs: their agents would retry a vanished etcd for minutes
-            self._stop_job_processes(name, job)
+        jobs.stop_all(name)  # first the jobs: their agents would retry a vanished etcd for minutes
         for c in state["components"].values():
             self._stop(c)
-        shutil.rmtree(self._dir(name), ignore_errors=True)
+        shutil.rmtree(self.cluster_dir(name), ignore_errors=True)
         return result
 
-    def connection(self, name: str) -> dict:
+    def connection(self, name: str) -> dict[str, Any]:
         """What jobs of this cluster are given: endpoints and (Azurite's public) credentials."""
-        state = self._load(name)
+        state = self.load(name)
         if state is None:
             raise ClusterNotFound(f"no local cluster named {name!r}")
         components = state["components"]

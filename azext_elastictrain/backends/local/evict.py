@@ -15,9 +15,12 @@ import time
 import urllib.request
 from typing import Any, Callable
 
+from azext_elastictrain.backends.local import record
+from azext_elastictrain.backends.local.jobs import LocalJobs
 from azext_elastictrain.backends.local.state import alive, node_processes
+from azext_elastictrain.core.constants import AZURE_NOTICE_SECONDS
 from azext_elastictrain.core.recovery import trained_again
-from azext_elastictrain.core.spec import DEFAULT_MEMORY_TIER, JobSpec, SpecError
+from azext_elastictrain.core.spec import SpecError
 
 # A vanished node is killed once the survivors trained again without it, or after this long: a job that cannot
 # notice it (a script whose process group has torch's 30-minute timeout, a minimum of nodes the survivors lack)
@@ -26,11 +29,11 @@ from azext_elastictrain.core.spec import DEFAULT_MEMORY_TIER, JobSpec, SpecError
 VANISH_CAP_SECONDS = 120.0
 
 
-def _admin(conn: dict) -> str:
-    return conn["scheduled_events"].split("/metadata/", 1)[0] + "/admin/events"
+def _admin(conn: dict[str, Any]) -> str:
+    return str(conn["scheduled_events"]).split("/metadata/", 1)[0] + "/admin/events"
 
 
-def _request(method: str, url: str, body: dict | None = None) -> Any:
+def _request(method: str, url: str, body: dict[str, Any] | None = None) -> Any:
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -39,7 +42,7 @@ def _request(method: str, url: str, body: dict | None = None) -> Any:
     return json.loads(raw) if raw else None
 
 
-def _node_processes(node: dict, marker: str) -> list:
+def _node_processes(node: dict[str, Any], marker: str) -> list[Any]:
     """Every process of the node (known by the node's name and the job's marker where they are not the
     agent's descendants)."""
     from azext_elastictrain.backends.local.agent import JOB_MARKER_ENV
@@ -48,7 +51,7 @@ def _node_processes(node: dict, marker: str) -> list:
     return node_processes(node["pid"], {ENV_NODE_NAME: node["name"], JOB_MARKER_ENV: marker})
 
 
-def kill_processes(procs: list) -> None:
+def kill_processes(procs: list[Any]) -> None:
     """SIGKILL them all at once, and reap them."""
     import psutil
 
@@ -60,7 +63,7 @@ def kill_processes(procs: list) -> None:
     psutil.wait_procs(procs, timeout=10)
 
 
-def vanish_processes(procs: list, seconds: float, *, until: Callable[[float], bool] | None = None,
+def vanish_processes(procs: list[Any], seconds: float, *, until: Callable[[float], bool] | None = None,
                      poll: float = 0.5) -> float:
     """A VM that vanished: every process frozen at once (SIGSTOP; a frozen process keeps its sockets open and
     sends nothing, so no FIN or RST reaches a peer, which finds out only by a timeout of its own, as when an
@@ -86,7 +89,8 @@ def vanish_processes(procs: list, seconds: float, *, until: Callable[[float], bo
     return frozen_at
 
 
-def choose_nodes(job: dict, running: list[dict], node: str | None, count: int | None) -> list[dict]:
+def choose_nodes(job: dict[str, Any], running: list[dict[str, Any]], node: str | None,
+                 count: int | None) -> list[dict[str, Any]]:
     """Which live nodes go: the one named, or the newest ``count``. Pure; raises SpecError."""
     if node is not None and count is not None:
         raise SpecError("name a --node or give a --count, not both")
@@ -104,11 +108,12 @@ def choose_nodes(job: dict, running: list[dict], node: str | None, count: int | 
     return running[-count:]
 
 
-def evict_nodes(backend: Any, cluster: str, job_name: str, *, node: str | None = None, count: int | None = None,
-                notice_seconds: float = 30.0, replace_after: float | None = None, dry_run: bool = False,
-                vanish: bool = True) -> dict:
+def evict_nodes(jobs: LocalJobs, cluster: str, job_name: str, *, node: str | None = None, count: int | None = None,
+                notice_seconds: float = AZURE_NOTICE_SECONDS, replace_after: float | None = None,
+                dry_run: bool = False, vanish: bool = True) -> dict[str, Any]:
     """Evict the chosen nodes, one after the other. Replacements are the caller's next step
-    (``replace_nodes``), so it can follow the recovery at the smaller world size first.
+    (``replace_nodes``), so it can follow the recovery at the smaller world size first. One job-changing command
+    at a time: job starts wait.
 
     Without notice the node vanishes, as Azure does it (``vanish_processes``): frozen until the job's other
     nodes trained again without it (they notice by their collective timeout, core/launch.py), then killed;
@@ -119,30 +124,33 @@ def evict_nodes(backend: Any, cluster: str, job_name: str, *, node: str | None =
         raise SpecError(f"--notice-seconds {notice_seconds:g}: use 0 (no notice) or more")
     if replace_after is not None and replace_after < 0:
         raise SpecError(f"--replace-after {replace_after:g}: use 0 or more seconds")
-    job = backend.require_job(cluster, job_name)
-    running = [n for n in job["nodes"] if alive(n)]
-    targets = choose_nodes(job, running, node, count=count)
-    plan = {"job": job_name, "dryRun": dry_run, "noticeSeconds": notice_seconds,
-            "nodes": [{"node": n["name"], "pid": n["pid"]} for n in targets], "evictions": [],
-            "replaceAfterSeconds": replace_after, "replacements": []}
-    if dry_run:
+    with jobs.job_lock(cluster):
+        job = jobs.require_job(cluster, job_name)
+        running = [n for n in job["nodes"] if alive(n)]
+        targets = choose_nodes(job, running, node, count=count)
+        evictions: list[dict[str, Any]] = []
+        plan = {"job": job_name, "dryRun": dry_run, "noticeSeconds": notice_seconds,
+                "nodes": [{"node": n["name"], "pid": n["pid"]} for n in targets], "evictions": evictions,
+                "replaceAfterSeconds": replace_after, "replacements": []}
+        if dry_run:
+            return plan
+        conn = jobs.clusters.connection(cluster)
+        for target in targets:
+            evictions.append(_evict_one(jobs, cluster, job, target, conn=conn, notice_seconds=notice_seconds,
+                                        vanish=vanish))
         return plan
-    conn = backend.connection(cluster)
-    for target in targets:
-        plan["evictions"].append(_evict_one(backend, cluster, job, target, conn=conn, notice_seconds=notice_seconds,
-                                            vanish=vanish))
-    return plan
 
 
-def replace_nodes(backend: Any, cluster: str, job_name: str, count: int) -> list[dict]:
+def replace_nodes(jobs: LocalJobs, cluster: str, job_name: str, count: int) -> list[dict[str, Any]]:
     """Spot capacity is back: ``count`` new nodes join the job's rendezvous."""
-    job = backend.require_job(cluster, job_name)
-    conn = backend.connection(cluster)
-    return [_replace(backend, cluster, job, conn) for _ in range(count)]
+    with jobs.job_lock(cluster):
+        job = jobs.require_job(cluster, job_name)
+        conn = jobs.clusters.connection(cluster)
+        return [_replace(jobs, cluster, job, conn) for _ in range(count)]
 
 
-def _evict_one(backend: Any, cluster: str, job: dict, target: dict, *, conn: dict, notice_seconds: float,
-               vanish: bool = True) -> dict:
+def _evict_one(jobs: LocalJobs, cluster: str, job: dict[str, Any], target: dict[str, Any], *,
+               conn: dict[str, Any], notice_seconds: float, vanish: bool = True) -> dict[str, Any]:
     started = time.time()
     acked_after = None
     event_id = None
@@ -156,11 +164,11 @@ def _evict_one(backend: Any, cluster: str, job: dict, target: dict, *, conn: dic
                 acked_after = round(events[event_id]["AcknowledgedAt"] - started, 2)
                 break
             time.sleep(0.2)
-    procs = _node_processes(target, str(backend.job_dir(cluster, job["name"])))
+    procs = _node_processes(target, str(jobs.job_dir(cluster, job["name"])))
     survivors = [n for n in job["nodes"] if n is not target and alive(n)]
     if notice_seconds == 0 and vanish and survivors:
         def reformed(frozen_at: float) -> bool:
-            return trained_again(backend.job_events(cluster, job["name"]), frozen_at)
+            return trained_again(jobs.job_events(cluster, job["name"]), frozen_at)
 
         evicted_at = vanish_processes(procs, VANISH_CAP_SECONDS, until=reformed)
     else:
@@ -170,23 +178,30 @@ def _evict_one(backend: Any, cluster: str, job: dict, target: dict, *, conn: dic
         _request("DELETE", f"{_admin(conn)}/{event_id}")  # the VM is gone, and its events with it
     target["status"] = "evicted"
     target["evictedAt"] = evicted_at
-    backend.save_job(cluster, job)
+    jobs.save_job(cluster, job)
     return {"node": target["name"], "pid": target["pid"], "noticeSeconds": notice_seconds,
             "acknowledged": acked_after is not None, "acknowledgedAfterSeconds": acked_after,
             "evictedAt": evicted_at, "startedAt": started}
 
 
-def _replace(backend: Any, cluster: str, job: dict, conn: dict) -> dict:
-    """Spot capacity is back: a new node joins the job's rendezvous."""
-    spec = JobSpec(
-        name=job["name"], script=job["script"], min_nodes=job["minNodes"], max_nodes=job["maxNodes"],
-        nproc_per_node=job["nprocPerNode"], script_args=tuple(job["scriptArgs"]),
-        checkpoint_interval=job["checkpointInterval"], keep=job["keep"], cluster=cluster,
-        memory_tier=job.get("memoryTier", DEFAULT_MEMORY_TIER), warm_start=job.get("warmStart", True),
-    )
+def _replace(jobs: LocalJobs, cluster: str, job: dict[str, Any], conn: dict[str, Any]) -> dict[str, Any]:
+    """Spot capacity is back: a new node joins the job's rendezvous, started as the job's first nodes were."""
     name = f"{job['name']}-node-{len(job['nodes'])}"
-    node = backend.start_node(spec, job["script"], name, conn, job_dir=backend.job_dir(cluster, job["name"]),
-                              rdzv_id=job["rdzvId"])
+    node = jobs.start_node(record.spec_of(job), job["script"], name, conn, job_dir=jobs.job_dir(cluster, job["name"]),
+                           rdzv_id=job["rdzvId"])
     job["nodes"].append(node)
-    backend.save_job(cluster, job)
+    jobs.save_job(cluster, job)
     return {"node": name, "pid": node["pid"], "startedAt": node["started"]}
+
+
+class NodeEvictions:
+    """Evictions and replacements of the jobs ``jobs`` holds, as an object (what an eviction schedule calls)."""
+
+    def __init__(self, jobs: LocalJobs) -> None:
+        self.jobs = jobs
+
+    def evict(self, cluster: str, job: str, **options: Any) -> dict[str, Any]:
+        return evict_nodes(self.jobs, cluster, job, **options)
+
+    def replace_nodes(self, cluster: str, job: str, count: int) -> list[dict[str, Any]]:
+        return replace_nodes(self.jobs, cluster, job, count)

@@ -7,8 +7,8 @@ appends to blob storage (core.events). Stopping a node stops the agent and
 every descendant: torchrun's workers start sessions of their own, so a
 process-group kill would leave them training.
 
-``LocalJobs`` is half of ``LocalClusters`` (cluster.py): it uses the cluster's
-``_dir``, ``_load``, ``show_cluster`` and ``connection``.
+``LocalJobs`` works on the ``LocalClusters`` it is given (cluster.py): their
+folders, health and connection. What a job records: record.py.
 """
 from __future__ import annotations
 
@@ -21,20 +21,22 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from azext_elastictrain.core import events as job_events
 from azext_elastictrain.clients.blob import EventReader
+from azext_elastictrain.core.constants import CHECKPOINT_CONTAINER
 from azext_elastictrain.core.errors import ClusterNotFound, JobNotFound
 from azext_elastictrain.core.view import build_job_view, iso_time, read_job_events
+from azext_elastictrain.backends.local import record
 from azext_elastictrain.backends.local.agent import (
     COORDINATOR_MARKER_ENV,
     JOB_MARKER_ENV,
     AgentLaunch,
     CoordinatorLaunch,
 )
+from azext_elastictrain.backends.local.cluster import LocalClusters
 from azext_elastictrain.backends.local.state import (
-    CHECKPOINT_CONTAINER,
     STOP_TIMEOUT,
     ClusterError,
     ClusterUnhealthy,
@@ -46,7 +48,10 @@ from azext_elastictrain.backends.local.state import (
     write_state,
 )
 from azext_elastictrain.core import launch
-from azext_elastictrain.core.spec import MEMORY_TIER_OFF, JobSpec, LocalClusterSpec
+from azext_elastictrain.core.spec import JobSpec, LocalClusterSpec, check_local_script
+
+if TYPE_CHECKING:
+    from azext_elastictrain.core.blobstore import BlobEntry, BlobStore
 
 # A job's workers get this long after SIGTERM (the runtime checkpoints on it) before SIGKILL.
 JOB_STOP_TIMEOUT = 15.0
@@ -55,25 +60,19 @@ COORDINATOR_START_TIMEOUT = 60.0
 
 
 class LocalJobs:
-    """The jobs of local clusters: run, show, list, logs, evict, delete."""
+    """The jobs of the local clusters ``clusters`` holds: run, show, list, logs, delete (evictions: evict.py)."""
 
     _alive = staticmethod(alive)
 
-    # What the cluster half (LocalClusters, cluster.py) provides.
-    def _dir(self, name: str) -> Path:
-        raise NotImplementedError
-
-    def _load(self, name: str) -> dict | None:
-        raise NotImplementedError
-
-    def show_cluster(self, name: str) -> dict:
-        raise NotImplementedError
-
-    def connection(self, name: str) -> dict:
-        raise NotImplementedError
+    def __init__(self, clusters: LocalClusters) -> None:
+        self.clusters = clusters
 
     def _jobs_dir(self, cluster: str) -> Path:
-        return self._dir(cluster) / "jobs"
+        return self.clusters.cluster_dir(cluster) / "jobs"
+
+    def checkpoint_url(self, cluster: str, job: str) -> str:
+        """The blob URL of the job's prefix, as the cluster's storage is reached now."""
+        return f"{self.clusters.connection(cluster)['blob_endpoint']}/{CHECKPOINT_CONTAINER}/{job}"
 
     def job_dir(self, cluster: str, job: str) -> Path:
         return self._jobs_dir(cluster) / job
@@ -84,37 +83,36 @@ class LocalJobs:
             return []
         return sorted(p.name for p in jobs.iterdir() if (p / "job.json").is_file())
 
-    def _load_job(self, cluster: str, job: str) -> dict | None:
+    def _load_job(self, cluster: str, job: str) -> dict[str, Any] | None:
         return read_state(self.job_dir(cluster, job) / "job.json", f"job {job!r}")
 
-    def save_job(self, cluster: str, state: dict) -> None:
+    def save_job(self, cluster: str, state: dict[str, Any]) -> None:
         write_state(self.job_dir(cluster, state["name"]) / "job.json", state)
 
-    def require_job(self, cluster: str, job: str) -> dict:
+    def require_job(self, cluster: str, job: str) -> dict[str, Any]:
         from azext_elastictrain.core.layout import validate_job_name
         from azext_elastictrain.core.spec import SpecError
 
-        LocalClusterSpec(cluster).validate()
+        LocalClusterSpec(cluster)  # it becomes a path
         try:
             validate_job_name(job)  # it becomes a path: never '..' or '/'
         except ValueError as ex:
             raise SpecError(str(ex)) from ex
-        if self._load(cluster) is None:
+        if self.clusters.load(cluster) is None:
             raise ClusterNotFound(f"no local cluster named {cluster!r}")
         state = self._load_job(cluster, job)
         if state is None:
             raise JobNotFound(f"no job named {job!r} on local cluster {cluster!r}")
         return state
 
-    def _job_lock(self, cluster: str) -> FileLock:
+    def job_lock(self, cluster: str) -> FileLock:
         """One job-changing command at a time per cluster (two `job run`s of one name must not both start)."""
         return FileLock(self._jobs_dir(cluster) / ".lock")
 
-    def run_job(self, spec: JobSpec) -> dict:
+    def run_job(self, cluster: str, spec: JobSpec) -> dict[str, Any]:
         """Start ``spec.node_count`` torchrun agents, detached; all or nothing."""
-        spec.validate()
-        cluster = spec.cluster
-        shown = self.show_cluster(cluster)  # ClusterNotFound
+        check_local_script(spec.script)
+        shown = self.clusters.show_cluster(cluster)  # ClusterNotFound
         if shown["health"] != "Healthy":
             down = ", ".join(k for k, v in shown["components"].items() if v["state"] != "running")
             raise ClusterUnhealthy(
@@ -125,8 +123,8 @@ class LocalJobs:
             raise ToolMissing(f"torch is not installed in the Python that runs az ({sys.executable}): "
                               "the job's nodes run torchrun from it; install torch there")
         script = str(Path(spec.script).resolve())
-        conn = self.connection(cluster)
-        with self._job_lock(cluster):
+        conn = self.clusters.connection(cluster)
+        with self.job_lock(cluster):
             existing = self._load_job(cluster, spec.name)
             if existing and any(self._alive(n) for n in existing["nodes"]):
                 raise JobConflict(
@@ -139,28 +137,11 @@ class LocalJobs:
                 self._stop_job_processes(cluster, existing)
             shutil.rmtree(job_dir, ignore_errors=True)
             (job_dir / "nodes").mkdir(parents=True)
-            state = {
-                "name": spec.name,
-                "cluster": cluster,
-                "created": time.time(),
-                "script": script,
-                "scriptArgs": list(spec.script_args),
-                "minNodes": spec.min_nodes,
-                "maxNodes": spec.max_nodes,
-                "nodeCount": spec.node_count,
-                "nprocPerNode": spec.nproc_per_node,
-                "checkpointInterval": spec.checkpoint_interval, "memoryTier": spec.memory_tier,
-                "warmStart": spec.warm_start,
-                "recovery": spec.recovery,
-                "keep": spec.keep,
-                "checkpointUrl": f"{conn['blob_endpoint']}/{CHECKPOINT_CONTAINER}/{spec.name}",
-                # One rendezvous per run: torch keeps a finished run's rendezvous closed in etcd for
-                # hours, and agents that join a closed one exit at once. Nodes that come back later
-                # (capacity returning) join this same id.
-                "rdzvId": f"{spec.name}-{uuid.uuid4().hex[:8]}",
-                "stopRequested": False,
-                "nodes": [],
-            }
+            # One rendezvous per run: torch keeps a finished run's rendezvous closed in etcd for hours, and
+            # agents that join a closed one exit at once. Nodes that come back later (capacity returning) join
+            # this same id.
+            state = record.new_record(spec, cluster=cluster, script=script,
+                                      rdzv_id=f"{spec.name}-{uuid.uuid4().hex[:8]}")
             try:
                 self.save_job(cluster, state)
                 if spec.in_process:  # before the nodes, which find its address in the job's record
@@ -176,24 +157,25 @@ class LocalJobs:
                 raise
         return self.show_job(cluster, spec.name)
 
-    def start_node(self, spec: JobSpec, script: str, node: str, conn: dict, *, job_dir: Path, rdzv_id: str) -> dict:
-        """Start one node of the job. How it recovers (and where its coordinator is) comes from the job's record
-        when there is one: a node that joins later (an eviction's replacement) is launched as the job was."""
+    def start_node(self, spec: JobSpec, script: str, node: str, conn: dict[str, Any], *, job_dir: Path,
+                   rdzv_id: str) -> dict[str, Any]:
+        """Start one node of the job, as its spec says (a node that joins later, an eviction's replacement, is
+        started from the job's record: record.spec_of); an in-process node is told where the job's coordinator is,
+        from the record."""
         import psutil
 
         log_path = job_dir / "nodes" / f"{node}.log"
-        record = read_state(job_dir / "job.json", f"job {spec.name!r}") or {}
-        recovery = record.get("recovery", spec.recovery)
+        recorded = read_state(job_dir / "job.json", f"job {spec.name!r}") or {}
+        coordinator = (recorded.get("coordinator") or {}).get("address") if spec.in_process else None
         agent = AgentLaunch(
             node=node, script=script, script_args=tuple(spec.script_args),
             checkpoint_url=f"{conn['blob_endpoint']}/{CHECKPOINT_CONTAINER}/{spec.name}",
             connection_string=conn["connection_string"], etcd_endpoint=conn["etcd"], rdzv_id=rdzv_id,
             job_dir=job_dir, scheduled_events_url=conn["scheduled_events"], min_nodes=spec.min_nodes,
-            max_nodes=spec.max_nodes, nproc_per_node=spec.nproc_per_node, keep=spec.keep,
-            checkpoint_interval=spec.checkpoint_interval, memory_tier=spec.memory_tier != MEMORY_TIER_OFF,
-            warm_start=spec.warm_start, recovery=recovery,
-            coordinator=(record.get("coordinator") or {}).get("address") if recovery == launch.RECOVERY_IN_PROCESS
-            else None)
+            max_nodes=spec.max_nodes, nproc_per_node=spec.nproc_per_node, warm_start=spec.warm_start,
+            recovery=spec.recovery, coordinator=coordinator,
+            job_env=launch.job_env(spec, collective_timeout=launch.LOCAL_COLLECTIVE_TIMEOUT_SECONDS,
+                                   replica_timeout=launch.LOCAL_REPLICA_TIMEOUT_SECONDS, coordinator=coordinator))
         argv, env = agent.argv(), agent.env(os.environ)
         with open(log_path, "ab") as log:
             # pylint: disable-next=consider-using-with  # a detached agent: outlives this command
@@ -211,7 +193,7 @@ class LocalJobs:
         return job_dir / "nodes" / f"{node}.leaving"
 
     # -- job processes ----------------------------------------------------------------
-    def _job_processes(self, cluster: str, job: dict) -> list:
+    def _job_processes(self, cluster: str, job: dict[str, Any]) -> list[Any]:
         """Every live process of the job: each recorded agent (pid + start time checked) with all its
         descendants, and any process carrying the job's marker (workers orphaned by a killed agent)."""
         import psutil
@@ -238,13 +220,13 @@ class LocalJobs:
                 continue
         return list(found.values())
 
-    def _coordinator_processes(self, cluster: str, job: dict) -> list:
+    def _coordinator_processes(self, cluster: str, job: dict[str, Any]) -> list[Any]:
         """The job's coordinator: the recorded process (pid + start time checked), and any process carrying the
         job's coordinator marker (one whose start this command did not get to record)."""
         import psutil
 
         marker = str(self.job_dir(cluster, job["name"]))
-        found = {}
+        found: dict[int, Any] = {}
         recorded = job.get("coordinator")
         if recorded and self._alive(recorded):
             try:
@@ -260,13 +242,13 @@ class LocalJobs:
                 continue
         return list(found.values())
 
-    def _stop_job_processes(self, cluster: str, job: dict) -> None:
+    def _stop_job_processes(self, cluster: str, job: dict[str, Any]) -> None:
         """SIGTERM the job's processes (the runtime checkpoints on it), then SIGKILL what is left; then its
         coordinator, which the nodes may ask for a quorum until they are gone."""
         self._stop_nodes(cluster, job)
         self._stop_coordinator(cluster, job)
 
-    def _stop_coordinator(self, cluster: str, job: dict) -> None:
+    def _stop_coordinator(self, cluster: str, job: dict[str, Any]) -> None:
         import psutil
 
         for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -283,7 +265,7 @@ class LocalJobs:
         if left:
             raise ClusterError(f"job {job['name']!r}: coordinator {sorted(p.pid for p in left)} did not stop")
 
-    def _stop_nodes(self, cluster: str, job: dict) -> None:
+    def _stop_nodes(self, cluster: str, job: dict[str, Any]) -> None:
         import psutil
 
         job_dir = self.job_dir(cluster, job["name"])
@@ -309,11 +291,11 @@ class LocalJobs:
 
     # -- show, list ---------------------------------------------------------------------
     def _event_reader(self, cluster: str) -> EventReader:
-        conn = self.connection(cluster)
+        conn = self.clusters.connection(cluster)
         return EventReader(f"{conn['blob_endpoint']}/{CHECKPOINT_CONTAINER}",
                            connection_string=conn["connection_string"])
 
-    def _describe(self, cluster: str, job: dict, read: EventReader) -> dict:
+    def _describe(self, cluster: str, job: dict[str, Any], read: EventReader) -> dict[str, Any]:
         nodes = []
         for node in job["nodes"]:
             node_alive = self._alive(node)
@@ -325,7 +307,7 @@ class LocalJobs:
         any_alive = any(n["alive"] for n in nodes)
         events, events_error = read_job_events(read, job["name"])
 
-        def state_of(summary: dict) -> str:
+        def state_of(summary: dict[str, Any]) -> str:
             state = job_events.job_state(summary["finished"], any_alive, job.get("stopRequested", False))
             if events_error and state == job_events.FAILED:
                 return "Unknown"  # the agents are gone; whether training finished is in the unread events
@@ -340,27 +322,16 @@ class LocalJobs:
         view = build_job_view(events, created=job["created"], nodes=nodes, state_of=state_of,
                               lost_nodes=lost_nodes, events_error=events_error)
         identity = {"name": job["name"], "cluster": cluster, "type": "local"}
-        launched = {
-            "created": iso_time(job["created"]),
-            "script": job["script"],
-            "scriptArgs": job["scriptArgs"],
-            "warmStart": job.get("warmStart", False),  # jobs started before warm starts had none
-            "minNodes": job["minNodes"],
-            "maxNodes": job["maxNodes"],
-            "nodeCount": job["nodeCount"],
-            "nprocPerNode": job["nprocPerNode"],
-            "checkpointInterval": job["checkpointInterval"],
-            "keep": job["keep"],
-            "checkpointUrl": f"{self.connection(cluster)['blob_endpoint']}/{CHECKPOINT_CONTAINER}/{job['name']}",
-            "recovery": job.get("recovery", launch.RECOVERY_RESTART),  # jobs started before the option: restart
-            "rdzvId": job.get("rdzvId") if job.get("recovery") != launch.RECOVERY_IN_PROCESS else None,
-        }
+        launched = {"created": iso_time(job["created"]),
+                    **record.launched(job, self.checkpoint_url(cluster, job["name"]))}
+        if job.get("recovery") == launch.RECOVERY_IN_PROCESS:
+            launched["rdzvId"] = None  # its nodes are worlds of their own: no rendezvous
         if job.get("coordinator"):
             launched["coordinator"] = {"address": job["coordinator"].get("address"), "pid": job["coordinator"]["pid"],
                                        "alive": self._alive(job["coordinator"]), "log": job["coordinator"]["log"]}
         return view.describe(identity, launched, {"stateDir": str(self.job_dir(cluster, job["name"]))})
 
-    def show_job(self, cluster: str, job: str) -> dict:
+    def show_job(self, cluster: str, job: str) -> dict[str, Any]:
         state = self.require_job(cluster, job)
         read = self._event_reader(cluster)
         try:
@@ -368,8 +339,8 @@ class LocalJobs:
         finally:
             read.close()
 
-    def list_jobs(self, cluster: str) -> list[dict]:
-        if self._load(cluster) is None:
+    def list_jobs(self, cluster: str) -> list[dict[str, Any]]:
+        if self.clusters.load(cluster) is None:
             raise ClusterNotFound(f"no local cluster named {cluster!r}")
         read = self._event_reader(cluster)
         try:
@@ -378,26 +349,30 @@ class LocalJobs:
         finally:
             read.close()
 
+    def running_nodes(self, cluster: str) -> list[dict[str, Any]]:
+        """The live nodes (and in-process coordinators) of every job of the cluster: what deleting the cluster
+        stops first."""
+        jobs = self._jobs(cluster)
+        return [{"component": f"job {job['name']} {node['name']}", "pid": node["pid"]}
+                for job in jobs for node in job["nodes"] if self._alive(node)] + \
+            [{"component": f"job {job['name']} coordinator", "pid": job["coordinator"]["pid"]}
+             for job in jobs if job.get("coordinator") and self._alive(job["coordinator"])]
+
+    def stop_all(self, cluster: str) -> None:
+        """Stop every job of the cluster (their state stays, for the cluster's folder to go with)."""
+        for job in self._jobs(cluster):
+            self._stop_job_processes(cluster, job)
+
+    def _jobs(self, cluster: str) -> list[dict[str, Any]]:
+        return [job for job in (self._load_job(cluster, j) for j in self._job_names(cluster)) if job]
+
     def job_alive(self, cluster: str, job: str) -> bool:
         state = self._load_job(cluster, job)
-        return bool(state) and any(self._alive(n) for n in state["nodes"])
+        return state is not None and any(self._alive(n) for n in state["nodes"])
 
-    # -- evictions ---------------------------------------------------------------------
-    def evict(self, cluster: str, job: str, **options: Any) -> dict:
-        """Spot-evict nodes of a running job (see local_evict); serialized with job starts."""
-        from azext_elastictrain.backends.local.evict import evict_nodes
-
-        with self._job_lock(cluster):
-            return evict_nodes(self, cluster, job, **options)
-
-    def replace_nodes(self, cluster: str, job: str, count: int) -> list[dict]:
-        """Spot capacity is back: ``count`` new nodes join the running job."""
-        from azext_elastictrain.backends.local.evict import replace_nodes
-
-        with self._job_lock(cluster):
-            return replace_nodes(self, cluster, job, count)
-
-    def follow_recovery(self, cluster: str, job: str, eviction: dict, sleep: Any = time.sleep) -> dict:
+    # -- following a job after an eviction (the evictions themselves: evict.py) ------
+    def follow_recovery(self, cluster: str, job: str, eviction: dict[str, Any],
+                        sleep: Any = time.sleep) -> dict[str, Any]:
         from azext_elastictrain.core.recovery import follow_recovery
 
         read = self._event_reader(cluster)
@@ -407,7 +382,7 @@ class LocalJobs:
             read.close()
 
     def follow_world_size(self, cluster: str, job: str, world_size: int, since: float,
-                          sleep: Any = time.sleep) -> dict:
+                          sleep: Any = time.sleep) -> dict[str, Any]:
         from azext_elastictrain.core.recovery import follow_world_size
 
         read = self._event_reader(cluster)
@@ -416,7 +391,7 @@ class LocalJobs:
         finally:
             read.close()
 
-    def job_events(self, cluster: str, job: str) -> list[dict]:
+    def job_events(self, cluster: str, job: str) -> list[dict[str, Any]]:
         """The events of the job's current run, oldest first (core.events)."""
         state = self.require_job(cluster, job)
         read = self._event_reader(cluster)
@@ -426,13 +401,14 @@ class LocalJobs:
             read.close()
 
     # -- logs --------------------------------------------------------------------------
-    def job_nodes(self, cluster: str, job: str) -> list[dict]:
+    def job_nodes(self, cluster: str, job: str) -> list[dict[str, Any]]:
         """The job's recorded nodes: name, agent pid and start time, log, status."""
-        return self.require_job(cluster, job)["nodes"]
+        nodes: list[dict[str, Any]] = self.require_job(cluster, job)["nodes"]
+        return nodes
 
-    def _log_nodes(self, cluster: str, job: str, node: str | None) -> list[dict]:
+    def _log_nodes(self, cluster: str, job: str, node: str | None) -> list[dict[str, Any]]:
         state = self.require_job(cluster, job)
-        nodes = state["nodes"]
+        nodes: list[dict[str, Any]] = state["nodes"]
         if node is not None:
             nodes = [n for n in nodes if n["name"] == node]
             if not nodes:
@@ -494,7 +470,8 @@ class LocalJobs:
             time.sleep(poll)
 
     # -- delete ------------------------------------------------------------------------
-    def delete_job(self, cluster: str, job: str, dry_run: bool = False, delete_checkpoints: bool = False) -> dict:
+    def delete_job(self, cluster: str, job: str, dry_run: bool = False,
+                   delete_checkpoints: bool = False) -> dict[str, Any]:
         """Stop every node (agent and descendants) and remove the job's state; its checkpoints and
         event log stay unless ``delete_checkpoints``."""
         state = self.require_job(cluster, job)
@@ -502,7 +479,7 @@ class LocalJobs:
         agents = {n["pid"]: n["name"] for n in state["nodes"]}
         if state.get("coordinator"):
             agents[state["coordinator"]["pid"]] = "coordinator"
-        blobs: list = []
+        blobs: list[Any] = []
         if delete_checkpoints:
             blobs = self._job_blobs(cluster, job)
         result = {
@@ -512,13 +489,13 @@ class LocalJobs:
             "stopped": [{"node": agents.get(p.pid), "pid": p.pid} for p in sorted(procs, key=lambda p: p.pid)],
             "removed": str(self.job_dir(cluster, job)),
             "checkpoints": "deleted" if delete_checkpoints else "kept",
-            "checkpointUrl": f"{self.connection(cluster)['blob_endpoint']}/{CHECKPOINT_CONTAINER}/{job}",
+            "checkpointUrl": self.checkpoint_url(cluster, job),
             "blobsDeleted": len(blobs),
             "bytesFreed": sum(b.size for b in blobs),
         }
         if dry_run:
             return result
-        with self._job_lock(cluster):
+        with self.job_lock(cluster):
             state["stopRequested"] = True
             self.save_job(cluster, state)
             self._stop_job_processes(cluster, state)
@@ -527,14 +504,14 @@ class LocalJobs:
             shutil.rmtree(self.job_dir(cluster, job), ignore_errors=True)
         return result
 
-    def _job_store(self, cluster: str):
+    def _job_store(self, cluster: str) -> BlobStore:
         from azext_elastictrain.core.blobstore import BlobStore
 
-        conn = self.connection(cluster)
+        conn = self.clusters.connection(cluster)
         return BlobStore.from_url(f"{conn['blob_endpoint']}/{CHECKPOINT_CONTAINER}",
                                   connection_string=conn["connection_string"], quick_retries=True)
 
-    def _job_blobs(self, cluster: str, job: str) -> list:
+    def _job_blobs(self, cluster: str, job: str) -> list[BlobEntry]:
         store = self._job_store(cluster)
         try:
             return store.list(job + "/")
@@ -557,16 +534,15 @@ class LocalJobs:
         from azext_elastictrain.core.layout import validate_job_name
         from azext_elastictrain.core.spec import SpecError
 
-        LocalClusterSpec(cluster).validate()
+        LocalClusterSpec(cluster)  # it becomes a path
         try:
             validate_job_name(job)
         except ValueError as ex:
             raise SpecError(str(ex)) from ex
-        conn = self.connection(cluster)
-        return f"{conn['blob_endpoint']}/{CHECKPOINT_CONTAINER}/{job}", conn["connection_string"]
+        return self.checkpoint_url(cluster, job), self.clusters.connection(cluster)["connection_string"]
 
 
-def start_coordinator(job_dir: Path, *, min_nodes: int, job: str) -> dict:
+def start_coordinator(job_dir: Path, *, min_nodes: int, job: str) -> dict[str, Any]:
     """The coordinator of an in-process job (runtime/coordinator.py) on a free loopback port, detached, as
     ``job run --local`` starts it (the benchmarks start theirs here too); returns its record once it listens
     (name, pid, start time, address, log). Raises ClusterError with its log's end if it does not start."""
@@ -578,7 +554,7 @@ def start_coordinator(job_dir: Path, *, min_nodes: int, job: str) -> dict:
         proc = subprocess.Popen(coordinator.argv(), stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, env=coordinator.env(os.environ),
                                 start_new_session=True, close_fds=True)
-    record = {"name": "coordinator", "pid": proc.pid, "log": str(coordinator.log)}
+    record: dict[str, Any] = {"name": "coordinator", "pid": proc.pid, "log": str(coordinator.log)}
     try:
         record["started"] = psutil.Process(proc.pid).create_time()
     except psutil.Error:

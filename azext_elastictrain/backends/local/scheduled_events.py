@@ -42,6 +42,8 @@ from types import FrameType, TracebackType
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from azext_elastictrain.core.constants import AZURE_NOTICE_SECONDS
+
 EVENTS_PATH = "/metadata/scheduledevents"
 API_VERSION = "2020-07-01"
 ADMIN_PATH = "/admin"
@@ -317,9 +319,9 @@ class _ImdsRequestHandler(BaseHTTPRequestHandler):
             return
         try:
             event_id = self.server.store.add(
-                body.get("resources"),
+                body.get("resources"),  # type: ignore[arg-type]  # the store refuses what is no list of names
                 body.get("event_type", "Preempt"),
-                body.get("notice_seconds", 30.0),
+                body.get("notice_seconds", AZURE_NOTICE_SECONDS),
                 body.get("description", ""),
             )
         except ValueError as exc:
@@ -409,7 +411,7 @@ class ScheduledEventsServer:
     @property
     def base_url(self) -> str:
         """``http://host:port`` of the running server."""
-        host = self._running().server_address[0]
+        host = str(self._running().server_address[0])
         return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
 
     @property
@@ -422,8 +424,8 @@ class ScheduledEventsServer:
         """Root of the admin API (``{admin_url}/events``, ``{admin_url}/health``)."""
         return f"{self.base_url}{ADMIN_PATH}"
 
-    def post_event(self, resources: list[str], event_type: str = "Preempt",
-                   notice_seconds: float = 30.0, description: str = "") -> str:
+    def post_event(self, resources: list[str] | str, event_type: str = "Preempt",
+                   notice_seconds: float = AZURE_NOTICE_SECONDS, description: str = "") -> str:
         """Schedule an event for the given VM names; returns its EventId."""
         if isinstance(resources, str):
             raise ValueError("resources must be a list of VM names, not a string")

@@ -20,7 +20,6 @@ AZURITE_ACCOUNT = "devstoreaccount1"
 # Azurite's documented, public development account: not a secret, still never printed.
 _AZURITE_AUTH = ("AccountName=devstoreaccount1;"
                  "AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==")
-CHECKPOINT_CONTAINER = "checkpoints"
 STOP_TIMEOUT = 10.0
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -58,7 +57,8 @@ class Component:
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def http_ok(url: str, timeout: float = 2.0) -> bool:
@@ -66,7 +66,7 @@ def http_ok(url: str, timeout: float = 2.0) -> bool:
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
         with opener.open(url, timeout=timeout) as response:
-            return response.status < 500
+            return bool(response.status < 500)
     except urllib.error.HTTPError as ex:
         return ex.code < 500
     except (urllib.error.URLError, OSError):
@@ -88,35 +88,36 @@ def which_tool(env_var: str, candidates: list[Path], name: str, install: str) ->
     raise ToolMissing(f"{name} is not installed: {install} (or set {env_var})")
 
 
-def read_state(path: Path, what: str) -> dict | None:
+def read_state(path: Path, what: str) -> dict[str, Any] | None:
     try:
-        return json.loads(path.read_text())
+        state: dict[str, Any] = json.loads(path.read_text())
+        return state
     except FileNotFoundError:
         return None
     except ValueError as ex:
         raise ClusterError(f"the state of {what} is unreadable ({path}): {ex}") from ex
 
 
-def write_state(path: Path, state: dict) -> None:
+def write_state(path: Path, state: dict[str, Any]) -> None:
     """Atomically: a reader sees the old state or the new one, never half of one."""
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(state, indent=1))
     os.replace(tmp, path)
 
 
-def alive(component: dict | Component) -> bool:
+def alive(component: dict[str, Any] | Component) -> bool:
     """Whether the recorded process still runs and is still the one we started."""
     import psutil
 
     c = component if isinstance(component, dict) else component.to_json()
     try:
         proc = psutil.Process(c["pid"])
-        return abs(proc.create_time() - c["started"]) < 0.01 and proc.status() != psutil.STATUS_ZOMBIE
+        return bool(abs(proc.create_time() - c["started"]) < 0.01 and proc.status() != psutil.STATUS_ZOMBIE)
     except psutil.Error:
         return False
 
 
-def node_processes(agent_pid: int, environment: dict[str, str]) -> list:
+def node_processes(agent_pid: int, environment: dict[str, str]) -> list[Any]:
     """Every process of a local node: its agent with all descendants (workers start sessions of their own),
     and any process whose environment holds all of ``environment`` (a warm server a first launcher started,
     and the workers forked from it, live outside the agent's tree: runtime/warm.py)."""

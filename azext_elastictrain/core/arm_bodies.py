@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import re
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
+from azext_elastictrain.core.constants import GPU_TAINT
 from azext_elastictrain.core.preflight import PoolHardware
-from azext_elastictrain.core.spec import GPU_TAINT, NODE_OS_UPGRADE_CHANNEL, SYSTEM_POOL, ClusterSpec
+from azext_elastictrain.core.spec import ENGINE_TORCHELASTIC, NODE_OS_UPGRADE_CHANNEL, SYSTEM_POOL, ClusterSpec
 
 #: Built-in role: read, write and delete blobs and containers (no keys, no account management).
 STORAGE_BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
@@ -27,7 +29,8 @@ CREATOR_DATA_ROLE_NAME = "Storage Blob Data Contributor"
 TOKEN_EXCHANGE_AUDIENCE = "api://AzureADTokenExchange"
 #: Marks the resources this extension made, so list and delete find only those.
 TAG = "elastictrain"
-ENGINE_TAG = TAG + "-engine"
+# What the create records on the cluster (cluster_body writes them, spec_from_tags reads them back).
+STORAGE_TAG, IDENTITY_TAG, ENGINE_TAG = TAG + "-storage", TAG + "-identity", TAG + "-engine"
 SYSTEM_POOL_MIN, SYSTEM_POOL_MAX = 1, 3
 #: Pods per node: Kubernetes' own default, sent so it is fixed at creation rather than the network plugin's (AKS
 #: takes 10-250; a GPU node runs a few training pods and the daemon sets).
@@ -51,7 +54,7 @@ def tags(spec: ClusterSpec) -> dict[str, str]:
     return {TAG: spec.name}
 
 
-def blob_endpoint(account: dict | None, spec: ClusterSpec, storage_suffix: str) -> str:
+def blob_endpoint(account: dict[str, Any] | None, spec: ClusterSpec, storage_suffix: str) -> str:
     """The account's blob endpoint, no trailing slash: ARM's ``primaryEndpoints.blob`` (sovereign clouds and
     DNS-zone accounts have other hosts); before the account exists (a dry run), the cloud's usual host for it."""
     endpoint = (((account or {}).get("properties") or {}).get("primaryEndpoints") or {}).get("blob")
@@ -104,11 +107,11 @@ def service_account_subject(spec: ClusterSpec) -> str:
 # --------------------------------------------------------------------------- request bodies
 
 
-def resource_group(spec: ClusterSpec) -> dict:
+def resource_group(spec: ClusterSpec) -> dict[str, Any]:
     return {"location": spec.location, "tags": tags(spec)}
 
 
-def storage_account(spec: ClusterSpec) -> dict:
+def storage_account(spec: ClusterSpec) -> dict[str, Any]:
     """StorageV2, HTTPS only, TLS 1.2, no anonymous blob access, no shared keys: Entra ID only.
 
     The network: open (Entra ID still decides who reads and writes) unless ``--storage-allow`` lists who may reach
@@ -135,26 +138,26 @@ def storage_account(spec: ClusterSpec) -> dict:
     }
 
 
-def storage_network_rules(spec: ClusterSpec) -> dict:
-    rules: dict = {"bypass": "AzureServices", "defaultAction": "Deny" if spec.storage_allow else "Allow"}
+def storage_network_rules(spec: ClusterSpec) -> dict[str, Any]:
+    rules: dict[str, Any] = {"bypass": "AzureServices", "defaultAction": "Deny" if spec.storage_allow else "Allow"}
     if spec.storage_allow:
         rules["virtualNetworkRules"] = [{"id": subnet, "action": "Allow"} for subnet in spec.storage_allowed_subnets]
         rules["ipRules"] = [{"value": ip, "action": "Allow"} for ip in spec.storage_allowed_ips]
     return rules
 
 
-def blob_container(spec: ClusterSpec) -> dict:
+def blob_container(spec: ClusterSpec) -> dict[str, Any]:
     return {"properties": {"publicAccess": "None", "metadata": {TAG: spec.name}}}
 
 
-def user_assigned_identity(spec: ClusterSpec) -> dict:
+def user_assigned_identity(spec: ClusterSpec) -> dict[str, Any]:
     return {"location": spec.location, "tags": tags(spec)}
 
 
-def _pool_hardening(spec: ClusterSpec, hardware: PoolHardware) -> dict:
+def _pool_hardening(spec: ClusterSpec, hardware: PoolHardware) -> dict[str, Any]:
     """Fixed at a pool's creation (CREATION_ONLY_POOL_FIELDS): pods per node, the subnet, the OS disk (ephemeral:
     on the host, no remote disk to attach, re-image and boot faster), host encryption (temp disks and caches)."""
-    fields: dict = {"maxPods": MAX_PODS}
+    fields: dict[str, Any] = {"maxPods": MAX_PODS}
     if spec.vnet_subnet:
         fields["vnetSubnetID"] = spec.vnet_subnet
     if hardware.os_disk_type:
@@ -166,7 +169,7 @@ def _pool_hardening(spec: ClusterSpec, hardware: PoolHardware) -> dict:
     return fields
 
 
-def system_pool_profile(spec: ClusterSpec, hardware: PoolHardware | None = None) -> dict:
+def system_pool_profile(spec: ClusterSpec, hardware: PoolHardware | None = None) -> dict[str, Any]:
     """The CPU pool: runs etcd and the operator, so it is never Spot (they must survive evictions)."""
     profile = {
         "name": SYSTEM_POOL,
@@ -185,7 +188,7 @@ def system_pool_profile(spec: ClusterSpec, hardware: PoolHardware | None = None)
     return profile
 
 
-def managed_cluster(spec: ClusterSpec, hardware: NodeHardware | None = None) -> dict:
+def managed_cluster(spec: ClusterSpec, hardware: NodeHardware | None = None) -> dict[str, Any]:
     """The AKS cluster with its system pool; OIDC issuer and workload identity on for keyless storage.
 
     Upgrades come by themselves: the node image weekly (security fixes, ``nodeOSUpgradeChannel``, in the maintenance
@@ -215,7 +218,7 @@ def managed_cluster(spec: ClusterSpec, hardware: NodeHardware | None = None) -> 
         "location": spec.location,
         # the names of the cluster's storage account and identity, for show and delete to find them; the engine
         # its jobs run on by default (`job run` reads it)
-        "tags": {**tags(spec), TAG + "-storage": spec.storage_account_name, TAG + "-identity": spec.identity_name,
+        "tags": {**tags(spec), STORAGE_TAG: spec.storage_account_name, IDENTITY_TAG: spec.identity_name,
                  ENGINE_TAG: spec.engine},
         "identity": {"type": "SystemAssigned"},
         "sku": {"name": "Base", "tier": "Free"},
@@ -223,7 +226,7 @@ def managed_cluster(spec: ClusterSpec, hardware: NodeHardware | None = None) -> 
     }
 
 
-def access_profile(spec: ClusterSpec) -> dict:
+def access_profile(spec: ClusterSpec) -> dict[str, Any]:
     """Who may reach the Kubernetes API. Default: Entra ID only - AKS-managed Entra ID with Azure RBAC deciding
     what each identity may do, and local accounts (the static client-certificate credentials, an unaudited
     admin back door) off. ``--local-accounts``: Kubernetes RBAC with local accounts, as without Entra ID.
@@ -233,7 +236,7 @@ def access_profile(spec: ClusterSpec) -> dict:
     return {"aadProfile": {"managed": True, "enableAzureRBAC": True}, "disableLocalAccounts": True}
 
 
-def gpu_agent_pool(spec: ClusterSpec, hardware: NodeHardware | None = None) -> dict:
+def gpu_agent_pool(spec: ClusterSpec, hardware: NodeHardware | None = None) -> dict[str, Any]:
     """The GPU Spot pool: autoscaled from --min-count (0: no cost while idle) to --max-count.
 
     Only pods that tolerate ``sku=gpu:NoSchedule`` (the training workers, the device plugin) land here;
@@ -261,7 +264,7 @@ def gpu_agent_pool(spec: ClusterSpec, hardware: NodeHardware | None = None) -> d
     return {"properties": properties}
 
 
-def maintenance_window(spec: ClusterSpec) -> dict:
+def maintenance_window(spec: ClusterSpec) -> dict[str, Any]:
     """The weekly window for AKS's upgrades (MaintenanceConfigurations_CreateOrUpdate), in UTC: the same body for
     node image upgrades and Kubernetes upgrades."""
     window = spec.maintenance()
@@ -271,18 +274,18 @@ def maintenance_window(spec: ClusterSpec) -> dict:
         "durationHours": window.hours, "utcOffset": "+00:00", "startTime": window.start}}}
 
 
-def federated_credential(spec: ClusterSpec, issuer: str) -> dict:
+def federated_credential(spec: ClusterSpec, issuer: str) -> dict[str, Any]:
     """Trust tokens of the training service account, issued by this cluster's OIDC issuer."""
     return {"properties": {"issuer": issuer, "subject": service_account_subject(spec),
                            "audiences": [TOKEN_EXCHANGE_AUDIENCE]}}
 
 
-def role_assignment(subscription: str, principal_id: str) -> dict:
+def role_assignment(subscription: str, principal_id: str) -> dict[str, Any]:
     return {"properties": {"roleDefinitionId": role_definition_id(subscription), "principalId": principal_id,
                            "principalType": "ServicePrincipal"}}
 
 
-def cluster_admin_assignment(subscription: str, principal_id: str, principal_type: str | None) -> dict:
+def cluster_admin_assignment(subscription: str, principal_id: str, principal_type: str | None) -> dict[str, Any]:
     """'Azure Kubernetes Service RBAC Cluster Admin' on the cluster for its creator (or --admin-principal).
     ``principal_type`` (User, ServicePrincipal) where known: it spares Azure a directory lookup that fails for a
     principal created moments ago; left out for an --admin-principal of unknown type."""
@@ -293,7 +296,7 @@ def cluster_admin_assignment(subscription: str, principal_id: str, principal_typ
     return {"properties": properties}
 
 
-def checkpoint_access_assignment(subscription: str, principal_id: str, principal_type: str | None) -> dict:
+def checkpoint_access_assignment(subscription: str, principal_id: str, principal_type: str | None) -> dict[str, Any]:
     """``CREATOR_DATA_ROLE`` on the checkpoint container for the creator (the principal of the Kubernetes admin role,
     or --admin-principal): the role every blob read and delete of the CLI needs."""
     properties = {"roleDefinitionId": role_definition_id(subscription, CREATOR_DATA_ROLE), "principalId": principal_id}
@@ -315,7 +318,7 @@ def role_assignment_command(principal_id: str, scope: str, role: str = CREATOR_D
 CREATION_ONLY_POOL_FIELDS = ("osDiskType", "osDiskSizeGB", "enableEncryptionAtHost", "maxPods", "vnetSubnetID")
 
 
-def as_existing(body: dict, found: dict | None) -> dict:
+def as_existing(body: dict[str, Any], found: dict[str, Any] | None) -> dict[str, Any]:
     """``body`` for a resource that ``found`` is: the creation-only fields of its pools as they are there, and
     the Kubernetes versions as Azure has them where they already meet what was asked (``version_met``)."""
     if not found:
@@ -352,10 +355,10 @@ def parse_version(text: object) -> tuple[int, ...] | None:
     return tuple(int(part) for part in match.groups() if part is not None) if match else None
 
 
-def azure_version(resource: dict, key: str) -> str | None:
+def azure_version(resource: dict[str, Any], key: str) -> str | None:
     """The higher of what ``resource`` says for ``key`` and the version it runs now (the current* field)."""
     values = [v for v in (resource.get(key), resource.get(VERSION_FIELDS[key])) if parse_version(v)]
-    return max(values, key=parse_version) if values else resource.get(key)
+    return str(max(values, key=lambda v: parse_version(v) or ())) if values else resource.get(key)
 
 
 def version_met(asked: str, have: str | None) -> bool:
@@ -372,7 +375,7 @@ def version_met(asked: str, have: str | None) -> bool:
     return actual[:len(wanted)] >= wanted
 
 
-def _keep_version(wanted: dict, have: dict, key: str) -> None:
+def _keep_version(wanted: dict[str, Any], have: dict[str, Any], key: str) -> None:
     """Send Azure's own version where it meets ours: never a lower one (a downgrade AKS refuses), no change."""
     actual = azure_version(have, key)
     if wanted.get(key) and actual and version_met(wanted[key], actual):
@@ -387,7 +390,7 @@ SERVICE_EXTENDED_LISTS = frozenset({"nodeTaints"})
 CASE_SENSITIVE = frozenset({"nodeTaints", "nodeLabels", "tags", "metadata", "subject", "issuer", "audiences"})
 
 
-def differences(wanted: dict, actual: dict, path: str = "") -> list[str]:
+def differences(wanted: dict[str, Any], actual: dict[str, Any], path: str = "") -> list[str]:
     """Fields of ``wanted`` (what we PUT) that ``actual`` (what ARM answers) lacks or has otherwise.
 
     What each kind of field means, and so how it compares:
@@ -411,7 +414,7 @@ def differences(wanted: dict, actual: dict, path: str = "") -> list[str]:
     return _differences(wanted, actual, path, exact=False)
 
 
-def _differences(wanted: dict, actual: dict, path: str, exact: bool) -> list[str]:
+def _differences(wanted: dict[str, Any], actual: dict[str, Any], path: str, exact: bool) -> list[str]:
     found = []
     autoscaled = wanted.get("enableAutoScaling") is True
     for key, value in wanted.items():
@@ -438,7 +441,7 @@ def _differences(wanted: dict, actual: dict, path: str, exact: bool) -> list[str
     return found
 
 
-def _same_list(wanted: list, actual, *, subset: bool, exact: bool) -> bool:
+def _same_list(wanted: list[Any], actual: Any, *, subset: bool, exact: bool) -> bool:
     if not isinstance(actual, list):
         return not wanted and actual is None  # an empty list we want and ARM leaves out
     ours = [next((a for a in actual if _same(w, a, exact=exact)), None) for w in wanted]
@@ -447,12 +450,12 @@ def _same_list(wanted: list, actual, *, subset: bool, exact: bool) -> bool:
     return subset or len(actual) == len(wanted)
 
 
-def same_value(wanted, actual) -> bool:
+def same_value(wanted: Any, actual: Any) -> bool:
     """One value as ``differences`` compares it: ARM names without case, numbers by value."""
     return _same(wanted, actual)
 
 
-def _same(wanted, actual, *, exact: bool = False) -> bool:
+def _same(wanted: Any, actual: Any, *, exact: bool = False) -> bool:
     if isinstance(wanted, dict) and isinstance(actual, dict):  # a list entry: ours in Azure's (it adds read-only
         return not _differences(wanted, actual, "", exact)    # fields, e.g. a network rule's state)
     if isinstance(wanted, str) and isinstance(actual, str):
@@ -463,7 +466,7 @@ def _same(wanted, actual, *, exact: bool = False) -> bool:
         return wanted is actual
     if isinstance(wanted, (int, float)) and isinstance(actual, (int, float)):
         return float(wanted) == float(actual)
-    return wanted == actual
+    return bool(wanted == actual)
 
 
 # --------------------------------------------------------------------------- updates: GET -> merge ours -> PUT
@@ -474,7 +477,7 @@ def _same(wanted, actual, *, exact: bool = False) -> bool:
 MERGED_KINDS = frozenset({"cluster", "agent_pool"})
 
 
-def merged_update(body: dict, found: dict | None) -> dict:
+def merged_update(body: dict[str, Any], found: dict[str, Any] | None) -> dict[str, Any]:
     """What to PUT on a resource that exists: Azure's resource with ours merged in, as ``az aks update`` builds its
     PUT from a GET. What the user or AKS set outside this tool stays (other add-ons, tags, labels, AKS's Spot label
     and taint); what we ask for wins.
@@ -493,7 +496,7 @@ def merged_update(body: dict, found: dict | None) -> dict:
     return _merge(body, found)
 
 
-def _merge(ours: dict, theirs: dict) -> dict:
+def _merge(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, Any]:
     import copy
 
     merged = copy.deepcopy(theirs)
@@ -514,3 +517,12 @@ def _merge(ours: dict, theirs: dict) -> dict:
         else:
             merged[key] = copy.deepcopy(value)
     return merged
+
+
+def spec_from_tags(spec: ClusterSpec, cluster: dict[str, Any]) -> ClusterSpec:
+    """What the create recorded on the cluster (storage account, identity, engine), for show, delete and jobs.
+    A cluster made before the engine was recorded runs the operator: torchelastic."""
+    recorded = cluster.get("tags") or {}
+    return replace(spec, storage_account=recorded.get(STORAGE_TAG) or spec.storage_account,
+                   identity=recorded.get(IDENTITY_TAG) or spec.identity,
+                   engine=recorded.get(ENGINE_TAG) or ENGINE_TORCHELASTIC)
