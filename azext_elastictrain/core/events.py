@@ -26,6 +26,14 @@ INTERRUPTED = "interrupted"
 # the world re-forms, or the job stops. ``step``: the step every rank stopped at; ``kept_in_memory``: it was
 # in every node's memory, so no blob save was made.
 REFORMING = "reforming"
+# In-process recovery mode (the workers outlive a re-form): written once per change of the job's per-step quorum,
+# by the node that is its first replica (local rank 0), when the quorum's members change: the world that trains
+# from ``step`` on has ``world_size`` ranks (``replicas`` nodes), after ``from_world_size`` (None: this node just
+# joined or started); ``last_step``/``last_step_time``: the old world's last committed step and when;
+# ``discarded``: its steps discarded since the previous change; ``source``: "live" (the members kept their own
+# state) or "peer" (a node took it from a peer). It starts a world as ``restored`` does in the restart mode, so
+# every reading of the log (core/goodput.py) measures both modes alike.
+QUORUM = "quorum"
 
 # Job states, as `job show` reports them.
 RUNNING = "Running"
@@ -64,6 +72,11 @@ def since(events: Iterable[dict[str, Any]], start_time: float) -> list[dict[str,
     return [e for e in events if isinstance(e.get("time"), (int, float)) and e["time"] >= start_time]
 
 
+# How summarize reads an in-process job's events: a quorum change begins a world, as ``restored`` does in the
+# restart mode; a joining node's own start and restore are not the job's.
+_IN_PROCESS_READING: dict[str, str | None] = {QUORUM: RESTORED, RESTORED: None, STARTED: None}
+
+
 def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
     """What the events say about a run: step, world size, throughput, checkpoints, notices, recoveries.
 
@@ -81,8 +94,11 @@ def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
     trained_at = None  # the world size of the last start, restore or progress before this event
     restarts = 0
     failed_checkpoints = 0
+    in_process = any(e.get("event") == QUORUM for e in events)
     for e in events:
-        kind = e.get("event")
+        kind: str | None = e.get("event")
+        if in_process and kind in _IN_PROCESS_READING:  # its worlds begin at quorum changes, not a node's restore
+            kind = _IN_PROCESS_READING[kind]
         if kind in (STARTED, RESTORED, PROGRESS, CHECKPOINT, REFORMING):
             finished = None  # a world trains after the finished event (an old runtime's done() after a stop)
         if kind == RESTORED and restores >= 1:
@@ -112,7 +128,7 @@ def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
             failed_checkpoints += 1
         elif kind == PREEMPTED:
             preempted.append(e)
-        elif kind == STARTED:
+        elif e.get("event") == STARTED:
             restarts = max(restarts, int(e.get("restart_count") or 0))
     return {
         "started": any(e.get("event") == STARTED for e in events),

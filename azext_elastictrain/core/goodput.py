@@ -37,6 +37,11 @@ step at once), whatever the cause: an eviction with a notice (the survivors stop
 the VM goes), one without, a scale-up (the survivors stop when the node joins) or a restart. Not from the kill
 or the node joining: a user's training stopped at the last step, and only the first step of the new world
 trains again. ``stepsLost``: the old world's last completed step minus the step the new one resumed from.
+
+The in-process recovery mode (the workers outlive a re-form) writes no ``restored`` per world: its worlds begin
+at its ``quorum`` events (core/events.py), which carry the old world's last committed step and its time, and its
+first committed step after a change is reported at once. A log with ``quorum`` events is read by them
+(``world_starts``), so both modes give the same figures; a node's own ``restored`` there is not a world's.
 """
 from __future__ import annotations
 
@@ -96,8 +101,23 @@ class Segment:
         return t0 + (t1 - t0) * (step - s0) / (s1 - s0)
 
 
+def world_starts(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The events that begin a world of the job, in time order: its ``quorum`` changes (in-process recovery
+    mode), else rank 0's ``restored`` events."""
+    ordered = unique(events)
+    kind = _world_start_kind(ordered)
+    return [e for e in ordered if e.get("event") == kind]
+
+
+def _world_start_kind(events: list[dict[str, Any]]) -> str:
+    return job_events.QUORUM if any(e.get("event") == job_events.QUORUM for e in events) else job_events.RESTORED
+
+
 def _step_point(e: dict[str, Any]) -> tuple[int, float] | None:
     kind, step = e.get("event"), e.get("step")
+    if kind == job_events.QUORUM:  # the old world's last committed step, as the new world's first replica saw it
+        last, at = e.get("last_step"), e.get("last_step_time")
+        return (last, at) if isinstance(last, int) and isinstance(at, (int, float)) else None
     if not isinstance(step, int):
         return None
     if kind in (job_events.PROGRESS, job_events.FINISHED):
@@ -112,11 +132,13 @@ def segments(events: Iterable[dict[str, Any]]) -> list[Segment]:
     found: list[Segment] = []
     last_started: float | None = None
     ordered = unique(events)
+    begins = _world_start_kind(ordered)
     for e in ordered:
         kind = e.get("event")
         if kind == job_events.STARTED:
-            last_started = e["time"]
-        elif kind == job_events.RESTORED:
+            # in-process: a node's start is the job's only before its first world (the others live on)
+            last_started = e["time"] if begins == job_events.RESTORED or not found else last_started
+        elif kind == begins:
             step = e["step"] if isinstance(e.get("step"), int) else 0
             found.append(Segment(started=last_started, restored=e["time"],
                                  world_size=int(e.get("world_size") or 1), first_step=step,
@@ -179,6 +201,7 @@ def scale_ups(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     full size and of no training, the steps lost and where it restored from (module doc)."""
     ordered = unique(events)
     worlds = segments(ordered)
+    in_process = _world_start_kind(ordered) == job_events.QUORUM
     out = []
     for before, seg in zip(worlds, worlds[1:]):
         if seg.world_size <= before.world_size:
@@ -187,6 +210,8 @@ def scale_ups(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         signals = [e["sigterm_time"] for e in window if e.get("event") == job_events.INTERRUPTED
                    and isinstance(e.get("sigterm_time"), (int, float))]
         reforming = [e["time"] for e in window if e.get("event") == job_events.REFORMING]
+        if in_process:  # no rendezvous round: the node joined when its workers started
+            reforming = [e["time"] for e in window if e.get("event") == job_events.STARTED]
         joined = min(signals) if signals else (reforming[0] if reforming else before.last_time)
         full = [e["time"] for e in ordered if e.get("event") == job_events.PROGRESS and e["time"] >= seg.restored
                 and e.get("world_size") == seg.world_size]

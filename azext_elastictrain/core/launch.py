@@ -88,6 +88,18 @@ ENV_COLLECTIVE_TIMEOUT = "ELASTICTRAIN_COLLECTIVE_TIMEOUT_SECONDS"
 LOCAL_COLLECTIVE_TIMEOUT_SECONDS = 10.0
 AKS_COLLECTIVE_TIMEOUT_SECONDS = 60.0
 DEFAULT_COLLECTIVE_TIMEOUT_SECONDS = LOCAL_COLLECTIVE_TIMEOUT_SECONDS  # a script run outside a job
+# In-process recovery mode: how long the cross-node collective (the gradients averaged across the nodes, each
+# step) and the commit wait for a peer, set by the backend for in-process jobs only; torchft's TORCHFT_TIMEOUT_SEC
+# overrides it. A vanished node costs this plus one step (measured by docs/runtime.md's benchmark: 10.08 s at
+# 10 s, 3.08 s at 3 s). A false timeout here costs one discarded step, not a re-form (the slow node keeps its
+# heartbeats and stays in the quorum), so it can be far shorter than the restart mode's collective timeout.
+# It also bounds a newcomer's admission: the others wait for it in the step it takes the state in, so a state
+# that takes longer than this to send is not admitted (docs/runtime.md).
+# Local: 2 s, so that a vanish costs under 3 s; measured: a soak under two CPU hogs on this 2-core machine
+# (docs/runtime.md). AKS: 30 s, not measured here: real models' states cross a real network to a newcomer.
+ENV_REPLICA_TIMEOUT = "ELASTICTRAIN_REPLICA_TIMEOUT_SECONDS"
+LOCAL_REPLICA_TIMEOUT_SECONDS = 2.0
+AKS_REPLICA_TIMEOUT_SECONDS = 30.0
 
 # torch 2.13: an elastic scale-up hangs when the rendezvous shares its TCP store with the workers.
 TCP_STORE_WORKAROUND = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
@@ -173,15 +185,18 @@ def coordinator_args(*, bind: str, min_nodes: int) -> list[str]:
 
 
 def recovery_env(recovery: str, *, coordinator: str | None = None, replica_id: str | None = None,
-                 replica_host: str | None = None) -> dict[str, str]:
+                 replica_host: str | None = None, replica_timeout: float | None = None) -> dict[str, str]:
     """The recovery mode's environment of a node; in-process: where its coordinator is, the node's replica id and
-    the address its peers reach it at (AKS gives the last two from the downward API instead: None here)."""
+    the address its peers reach it at (AKS gives the last two from the downward API instead: None here), and how
+    long its cross-node collective waits for a peer (the backend's: LOCAL_/AKS_REPLICA_TIMEOUT_SECONDS)."""
     env = {ENV_RECOVERY: recovery}
     if recovery == RECOVERY_IN_PROCESS:
         for name, value in ((ENV_COORDINATOR, coordinator), (ENV_REPLICA_ID, replica_id),
                             (ENV_REPLICA_HOST, replica_host)):
             if value:
                 env[name] = value
+        if replica_timeout is not None:
+            env[ENV_REPLICA_TIMEOUT] = f"{replica_timeout:g}"
     return env
 
 
@@ -203,11 +218,13 @@ def runtime_env(*, keep: int, checkpoint_interval: int | None, memory_tier: bool
     return env
 
 
-def job_env(job: JobSpec, *, collective_timeout: float, coordinator: str | None = None) -> dict[str, str]:
+def job_env(job: JobSpec, *, collective_timeout: float, replica_timeout: float,
+            coordinator: str | None = None) -> dict[str, str]:
     """The environment a job's options give every node, the same on both backends (a local node's agent and an
-    AKS worker pod; each says its collective timeout and, in process, where the job's coordinator is). An option
-    that reaches the training processes is added here."""
+    AKS worker pod; each says its collective timeout, its replica timeout and, in process, where the job's
+    coordinator is). An option that reaches the training processes is added here."""
     return {**runtime_env(keep=job.keep, checkpoint_interval=job.checkpoint_interval, memory_tier=job.memory_tier_on,
                           collective_timeout=collective_timeout),
-            **recovery_env(job.recovery, coordinator=coordinator if job.in_process else None),
+            **recovery_env(job.recovery, coordinator=coordinator if job.in_process else None,
+                           replica_timeout=replica_timeout),
             **job.env_vars}

@@ -538,5 +538,6 @@ def _worker_env(job: JobSpec, namespace: str) -> list[dict[str, Any]]:
         env.append({"name": launch.ENV_REPLICA_ID, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
         env.append({"name": launch.ENV_REPLICA_HOST, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
     shared = launch.job_env(job, collective_timeout=launch.AKS_COLLECTIVE_TIMEOUT_SECONDS,
+                            replica_timeout=launch.AKS_REPLICA_TIMEOUT_SECONDS,
                             coordinator=coordinator_url(job.name, namespace))
     return env + [{"name": name, "value": value} for name, value in shared.items()]

@@ -9,15 +9,16 @@ import time
 from typing import Any, Callable
 
 from azext_elastictrain.core.errors import EvictionError
-from azext_elastictrain.core.goodput import last_completed_step, outages, scale_ups
+from azext_elastictrain.core.goodput import last_completed_step, outages, scale_ups, world_starts
 
 # A local node comes back in seconds; the AKS backend passes its own, longer timeout (a new Spot VM).
 RECOVERY_TIMEOUT = 240.0
 
 
 def trained_again(events: list[dict[str, Any]], since: float) -> bool:
-    """Whether a world formed after ``since`` completed a step: it restored, then reported progress."""
-    restored = [e["time"] for e in events if e.get("event") == "restored" and e["time"] > since]
+    """Whether a world formed after ``since`` completed a step: it restored (in-process: its quorum formed), then
+    reported progress."""
+    restored = [e["time"] for e in world_starts(events) if e["time"] > since]
     return bool(restored) and any(e.get("event") == "progress" and e["time"] > restored[0] for e in events)
 
 
@@ -33,16 +34,17 @@ def follow_recovery(read_events: Any, job: str, eviction: dict[str, Any], timeou
     started_at = eviction.get("startedAt", evicted_at)
     while time.time() < deadline:
         events = read_events(job)
-        restored = [e for e in events if e.get("event") == "restored" and e.get("step") is not None
-                    and e["time"] > evicted_at]
+        # from the eviction's start: an in-process job re-forms at the notice, before the node goes
+        restored = [e for e in world_starts(events) if e.get("step") is not None and e["time"] > started_at]
         resumed = [e for e in events if e.get("event") == "progress" and restored
                    and e["time"] > restored[0]["time"]]
         if resumed:
             found = {"node": eviction["node"], "resumedFromStep": restored[0]["step"],
                      "worldSize": resumed[0].get("world_size"),
-                     "restoreSeconds": round(restored[0]["time"] - evicted_at, 2),
-                     "recoverySeconds": round(resumed[0]["time"] - evicted_at, 2), "outageSeconds": None}
-            after = [o for o in outages(events) if o["restoredAt"] > evicted_at and o["firstStepAt"] is not None]
+                     # 0: an in-process job trained on without the node before it went
+                     "restoreSeconds": round(max(0.0, restored[0]["time"] - evicted_at), 2),
+                     "recoverySeconds": round(max(0.0, resumed[0]["time"] - evicted_at), 2), "outageSeconds": None}
+            after = [o for o in outages(events) if o["restoredAt"] > started_at and o["firstStepAt"] is not None]
             if after:
                 found.update({k: after[0][k]
                               for k in ("kind", "outageSeconds", "stepsLost", "lastStep", "resumedFromStep")})

@@ -407,15 +407,19 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
                         samples: float | None = None) -> Iterator[Any]:
         """The loop of ``steps()`` and ``batches()`` when workers outlive a re-form: a quorum at each step
         boundary before the batch is fetched; a discarded step is trained again; only committed steps count."""
+        from azext_elastictrain.runtime.membership import Membership
         from azext_elastictrain.runtime.replicas import ReplicaGroup
 
         replicas = self._replicas = ReplicaGroup(state, step=step)
+        members = Membership(self.world_size)
         try:
             while not (data.finished() if data is not None else step >= (total or 0)):
                 quorum = replicas.begin_step(step)
+                self._record_quorum(members, quorum, replicas.served())
                 item = data.next(quorum) if data is not None else None
                 yield (quorum.step + 1, item) if data is not None else quorum.step + 1
                 if not replicas.end_step():
+                    members.discard()
                     if data is not None:
                         data.discarded()
                     continue
@@ -432,6 +436,18 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
             if not self.finished:
                 self.close()
             replicas.close()
+
+    def _record_quorum(self, members: Any, quorum: Any, served: bool) -> None:
+        """A change of the quorum's members: the job's world size from here, and its ``quorum`` event (written by
+        the quorum's first replica; runtime/membership.py)."""
+        before = members.replicas
+        change = members.observe(replicas=quorum.participants, step=quorum.step, rank=quorum.rank,
+                                 last_step=self._reporter.last_step, last_step_time=self._reporter.last_step_time,
+                                 served=served)
+        if members.replicas != before and members.replicas:
+            self._reporter.new_world(members.world_size(members.replicas))
+        if change is not None and self.local_rank == 0:
+            self._reporter.emit(progress.QUORUM, **change)
 
     def _replica_step(self, step: int, state: dict[str, Any], replicas: Any, samples: float | None) -> bool:
         """After a committed step: keep it in memory, save on the interval (the writer group only), and on a
@@ -460,11 +476,11 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
         the step durable (the peers that committed it hold it; alone, blob), the notice acknowledged, then hold
         until the node goes."""
         alone = replicas.participants() <= 1
-        replicas.close()
-        for notice in notices:
+        for notice in notices:  # stamped before the survivors' next quorum: that re-form is this notice's
             self._notices.handled(notice)
             if self.local_rank == 0:
                 self._reporter.emit(progress.PREEMPTED, step=step, source=notice.source, event_id=notice.event_id)
+        replicas.close()
         log.warning("leaving the job at step %d (%s)", step, "saving it: no peer holds it" if alone
                     else "its peers hold it")
         if alone:

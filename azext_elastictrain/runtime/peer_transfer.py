@@ -33,6 +33,7 @@ class PeerTransport(CheckpointTransport):
     def __init__(self, host: str, bind: str = "0.0.0.0") -> None:
         self._host = host
         self._payload: tuple[int, bytes] | None = None
+        self.sent = 0  # states offered to a replica behind (send_checkpoint calls): what the quorum event reports
         self._lock = threading.Lock()
         transport = self
 
@@ -70,6 +71,7 @@ class PeerTransport(CheckpointTransport):
         torch.save(state_dict, buffer)
         with self._lock:
             self._payload = (step, buffer.getvalue())
+            self.sent += 1
 
     def disallow_checkpoint(self) -> None:
         with self._lock:

@@ -27,6 +27,7 @@ from azext_elastictrain.core.events import (
     INTERRUPTED,
     PREEMPTED,
     PROGRESS,
+    QUORUM,
     REFORMING,
     RESTORED,
     STARTED,
@@ -34,7 +35,7 @@ from azext_elastictrain.core.events import (
 )
 
 __all__ = ["EventLog", "CHECKPOINT", "CHECKPOINT_FAILED", "FINISHED", "INTERRUPTED", "PREEMPTED", "PROGRESS",
-           "REFORMING", "RESTORED", "STARTED", "read_events"]
+           "QUORUM", "REFORMING", "RESTORED", "STARTED", "read_events"]
 
 log = logging.getLogger(__name__)
 

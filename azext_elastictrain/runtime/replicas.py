@@ -35,15 +35,15 @@ from azext_elastictrain.runtime import entries
 from azext_elastictrain.runtime.loop import samplers_in
 from azext_elastictrain.runtime.state import capture_rng, modules_in, restore_rng
 from azext_elastictrain.runtime.stopping import TrainingStopped
-from azext_elastictrain.runtime.timeouts import collective_timeout
+from azext_elastictrain.runtime.timeouts import replica_timeout
 
 log = logging.getLogger(__name__)
 
-# How long the cross-node collective waits for a peer is the job's collective timeout (runtime/timeouts.py; local
-# 10 s, AKS 60 s), torchft's TORCHFT_TIMEOUT_SEC overriding it: a silent peer's collective fails after it and the
-# step is discarded, so it is the figure of a node that vanishes (frozen, no FIN; measured 10.08 s at 10 s, 3.08 s
-# at 3 s: docs/runtime.md). It also bounds how long the others wait in a newcomer's first step, which joins the
-# collective only once it has the state: a state that takes longer to send can never be admitted.
+# How long the cross-node collective and the commit wait for a peer: the backend's replica timeout
+# (runtime/timeouts.py, core/launch.py: local 2 s, AKS 30 s), torchft's TORCHFT_TIMEOUT_SEC overriding it. A silent
+# peer's collective fails after it and the step is discarded, so it is the figure of a node that vanishes. It also
+# bounds how long the others wait in a newcomer's first step, which joins the collective only once it has the
+# state: a state that takes longer to send can never be admitted.
 QUORUM_TIMEOUT = timedelta(seconds=60)  # no quorum this long (the coordinator gone): back to the restart path
 CONNECT_TIMEOUT = timedelta(seconds=10)
 # A quorum request that fails (the coordinator restarting) is tried again this many times before the worker takes
@@ -92,8 +92,9 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         else:  # one process without a process group: a store of its own for the Manager
             self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
             store_addr, store_port = "127.0.0.1", self._store.port
-        timeout = timedelta(seconds=int(env["TORCHFT_TIMEOUT_SEC"])) if env.get("TORCHFT_TIMEOUT_SEC") \
-            else collective_timeout(env)
+        self._transport = PeerTransport(host)
+        self._served = 0
+        timeout = replica_timeout(env)
         self.manager = Manager(
             pg=ProcessGroupGloo(timeout=timeout), load_state_dict=None, state_dict=None,
             min_replica_size=1, use_async_quorum=True, init_sync=False,
@@ -101,7 +102,7 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
             rank=self.node_rank, world_size=self.node_size, store_addr=store_addr, store_port=store_port,
             lighthouse_addr=env.get(launch.ENV_COORDINATOR), hostname=host,
             replica_id=env.get(launch.ENV_REPLICA_ID) or socket.gethostname(),
-            checkpoint_transport=PeerTransport(host), quorum_retries=QUORUM_RETRIES)
+            checkpoint_transport=self._transport, quorum_retries=QUORUM_RETRIES)
         self.manager.register_state_dict_fn(STATE_KEY, self._load, self._state_dict)
         self.manager.load_state_dict({"step": step, "batches_committed": 0})
         self._in_hook = False
@@ -182,6 +183,11 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
             for p, g in zip(params, grads):
                 p.grad = g
         self.healed = True
+
+    def served(self) -> bool:
+        """Whether this group sent its state to a replica behind since the last call."""
+        before, self._served = self._served, self._transport.sent
+        return self._served > before
 
     # -- leaving -------------------------------------------------------------------------------
     def is_writer(self) -> bool:

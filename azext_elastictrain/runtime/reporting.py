@@ -40,6 +40,12 @@ class Reporter:  # pylint: disable=too-many-instance-attributes  # the step coun
         if self.events is not None:
             self.events.emit(kind, **fields)
 
+    def new_world(self, world_size: int) -> None:
+        """The job trains at ``world_size`` from here (in-process: the quorum changed): its first step is reported
+        at once, and no rate measured at the old size is carried over."""
+        self.world_size = world_size
+        self._samples, self._since, self._last_report = 0.0, self._clock(), None
+
     def reached(self, step: int) -> None:
         """This rank's state completed ``step`` (its optimizer step ran), before the ranks agreed on it."""
         self.reached_step = (step, self._wall())

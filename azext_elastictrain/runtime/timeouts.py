@@ -36,4 +36,24 @@ def collective_timeout(environ: Mapping[str, Any] | None = None) -> timedelta:
     return timedelta(seconds=seconds)
 
 
-__all__ = ["collective_timeout"]
+def replica_timeout(environ: Mapping[str, Any] | None = None) -> timedelta:
+    """How long the in-process mode's cross-node collective and commit wait for a peer: torchft's
+    ``TORCHFT_TIMEOUT_SEC`` if set, else the backend's (``ELASTICTRAIN_REPLICA_TIMEOUT_SECONDS``, core/launch.py),
+    else the job's collective timeout. Raises ValueError for a value that is not a number of seconds above 0."""
+    env = os.environ if environ is None else environ
+    for name in ("TORCHFT_TIMEOUT_SEC", launch.ENV_REPLICA_TIMEOUT):
+        raw = env.get(name)
+        if raw in (None, ""):
+            continue
+        try:
+            seconds = float(raw)
+        except ValueError:
+            seconds = math.nan
+        if not math.isfinite(seconds) or seconds <= 0:
+            raise ValueError(f"{name}={raw!r}: give the seconds the cross-node collective may wait for a peer, "
+                             f"more than 0 (default {launch.LOCAL_REPLICA_TIMEOUT_SECONDS:g} locally)")
+        return timedelta(seconds=seconds)
+    return collective_timeout(env)
+
+
+__all__ = ["collective_timeout", "replica_timeout"]

@@ -210,6 +210,17 @@ def durable_steps(azurite: svc.AzuriteService, container_url: str, prefix: str) 
         client.close()
 
 
+def job_events(azurite: svc.AzuriteService, container_url: str, prefix: str) -> list[dict]:
+    """The job's event log as the CLI reads it."""
+    from azext_elastictrain.core.events import parse_events
+
+    client = azurite.blob_service_client().get_container_client(container_url.rsplit("/", 1)[1])
+    try:
+        return parse_events(client.download_blob(f"{prefix}/events.jsonl").readall())
+    finally:
+        client.close()
+
+
 def test_killed_replica_survivors_go_on_and_newcomer_heals(job, azurite, container_url) -> None:
     """The newcomer restores blob's older checkpoint first (a stale copy), then heals from a live peer."""
     every = {"REPLICA_EPOCHS": "12", "ELASTICTRAIN_CHECKPOINT_INTERVAL_STEPS": "10"}
@@ -275,7 +286,7 @@ def test_notice_is_a_planned_departure_the_others_do_not_stop(job) -> None:
     assert survivors[0].records[-1]["ranks"] == 2 and left_at < survivors[0].final["step"]
 
 
-def test_frozen_replica_is_dropped_and_the_others_go_on(job) -> None:
+def test_frozen_replica_is_dropped_and_the_others_go_on(job, azurite, container_url) -> None:
     replicas = [job.start(f"node-{i}", REPLICA_EPOCHS="12") for i in range(3)]
     wait_for(lambda: all(r.last_step() >= 5 for r in replicas), 120, "every replica at step 5")
     victim, survivors = replicas[-1], replicas[:-1]
@@ -289,6 +300,18 @@ def test_frozen_replica_is_dropped_and_the_others_go_on(job) -> None:
     assert_same_pids(survivors)
     assert_exactly_once(replicas, survivors)
     assert survivors[0].final["final"] == survivors[1].final["final"]
+    # the CLI's reading: one quorum event per change (one writer), and the vanish is one outage, no step lost
+    from azext_elastictrain.core import goodput
+
+    events = job_events(azurite, container_url, job.prefix)
+    changes = [e for e in events if e.get("event") == "quorum"]
+    assert [(e["from_world_size"], e["world_size"]) for e in changes][-1] == (3, 2), changes
+    assert len({(e["from_world_size"], e["world_size"], e["step"]) for e in changes}) == len(changes), changes
+    # the re-form without the frozen node; its outage runs from the last world that trained a step (the world of 3
+    # may have formed just before the freeze and trained none)
+    (outage,) = [o for o in goodput.outages(events) if o["restoredAt"] == changes[-1]["time"]]
+    assert outage["stepsLost"] == 0 and outage["outageSeconds"] > 0 and changes[-1]["discarded"] >= 1, outage
+    assert outage["lastStep"] >= frozen_at - 1 and outage["firstStep"] == outage["lastStep"] + 1, outage
 
 
 def test_coordinator_restart_never_trains_on_a_wrong_state(job) -> None:

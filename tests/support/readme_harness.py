@@ -11,6 +11,12 @@ folder for the records. The block runs unchanged, as ``__main__`` (runpy). Recor
   batch of that step held (the index lists the sampler handed the DataLoader, in the order drawn: the
   batches a DataLoader yields, and the block trains, in that order).
 
+In the in-process recovery mode (``ELASTICTRAIN_RECOVERY=in-process``) the workers outlive a re-form and the
+runtime's per-step hook is not ``Checkpointer.step``: each committed step's slice is recorded where the sampler
+moves on (``advance``) in ``slices-<node>-rank<r>-<pid>.jsonl``: node, pid, epoch, the sampler's position after
+the step (``consumed``), the step's layout (``ranks``, ``rank``), time and ids. A step that is discarded, or in
+which the node took the state from a peer, does not advance the sampler, so it records nothing.
+
 While the file ``READMETEST_SLOW`` exists each step also sleeps ``READMETEST_STEP_DELAY`` seconds, so the
 test has time to evict nodes before the job ends; then it trains at full speed.
 
@@ -65,9 +71,29 @@ def _iter_recording(self):
     return recorded()
 
 
+IN_PROCESS = os.environ.get("ELASTICTRAIN_RECOVERY") == "in-process"
+NODE = os.environ.get("ELASTICTRAIN_NODE_NAME", "node")
+
+
+class _Slices:
+    out = None
+
+
 def _advance_recording(self):
+    ranks, rank = self.num_replicas, self.rank  # the committed step's layout, before anything reshards it
     _advance(self)
     self.readmetest_trained = self.readmetest_drawn.pop(0)
+    if IN_PROCESS:
+        if _Slices.out is None:
+            _Slices.out = open(OUT / f"slices-{NODE}-rank{RANK}-{os.getpid()}.jsonl", "a", buffering=1,
+                               encoding="utf-8")
+        _Slices.out.write(json.dumps({"node": NODE, "pid": os.getpid(), "epoch": self.epoch,
+                                      "consumed": self.consumed, "ranks": ranks, "rank": rank,
+                                      "seed": self.seed, "dataset_size": self.dataset_size,
+                                      "global_batch": self.global_batch_size, "time": time.time(),
+                                      "ids": self.readmetest_trained}) + "\n")
+        if SLOW and os.path.exists(SLOW):
+            time.sleep(DELAY)
 
 
 class _Log:

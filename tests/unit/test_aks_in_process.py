@@ -220,3 +220,34 @@ def test_a_submit_that_fails_at_the_job_leaves_no_coordinator_behind() -> None:
     assert [c[1] for c in kube.calls if c[0] == "apply"] == ["Deployment", "Service", "NetworkPolicy"]
     assert [c[1] for c in kube.calls if c[0] == "delete"] == ["NetworkPolicy", "Service", "Deployment"]
     assert [o for o in kube.objects if o[1] in ("Deployment", "Service", "NetworkPolicy")] == []
+
+
+def _selects(selector: dict, labels: dict) -> bool:
+    """Whether a NetworkPolicy's podSelector matches a pod's labels (matchLabels; anything else: assume it does)."""
+    if set(selector) - {"matchLabels"}:
+        return True
+    return all(labels.get(k) == v for k, v in (selector.get("matchLabels") or {}).items())
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_no_network_policy_stands_between_the_in_process_workers(engine) -> None:
+    """The in-process workers reach each other on ports no policy could list: each node's store (MASTER_PORT, on
+    the pod's IP), torchft's Manager server, gloo's pairs and the state server all listen on ports picked at start.
+    So no policy this extension ships or renders may select a worker pod (for ingress or egress), and the workers
+    may leave for the coordinator's port, which its own policy admits them to."""
+    from importlib.resources import files
+
+    objects = render(engine=engine)
+    shipped = [d for path in files("azext_elastictrain").joinpath("manifests").iterdir()
+               if path.name.endswith(".yaml") for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict)]
+    policies = [o for o in [*objects, *shipped] if o.get("kind") == "NetworkPolicy"]
+    assert len(policies) == 2  # etcd's and the coordinator's: a new one must be looked at here
+    worker_labels = _worker_template(objects)["metadata"]["labels"]
+    for policy in policies:
+        assert not _selects(policy["spec"]["podSelector"], worker_labels), policy["metadata"]["name"]
+    coordinator = _one(objects, "NetworkPolicy")
+    (rule,) = coordinator["spec"]["ingress"]
+    assert _selects(rule["from"][0]["podSelector"], worker_labels)
+    assert rule["ports"] == [{"protocol": "TCP", "port": launch.COORDINATOR_PORT}]
+    env = {e["name"]: e for e in _worker(objects)["env"]}
+    assert env[launch.ENV_COORDINATOR]["value"].endswith(f":{launch.COORDINATOR_PORT}")

@@ -139,3 +139,29 @@ def test_peer_transfer_round_trips_state_and_refuses_arbitrary_objects() -> None
     finally:
         sender.shutdown()
         receiver.shutdown()
+
+
+# -- the cross-node timeout: one owner (core/launch.py), set by each backend for in-process jobs only -------------
+def test_each_backend_sets_its_replica_timeout_for_in_process_jobs_only() -> None:
+    from azext_elastictrain.core import launch
+
+    local = launch.recovery_env(launch.RECOVERY_IN_PROCESS, replica_timeout=launch.LOCAL_REPLICA_TIMEOUT_SECONDS)
+    assert local[launch.ENV_REPLICA_TIMEOUT] == "2"
+    restart = launch.recovery_env(launch.RECOVERY_RESTART, replica_timeout=launch.LOCAL_REPLICA_TIMEOUT_SECONDS)
+    assert launch.ENV_REPLICA_TIMEOUT not in restart
+    # shorter than the restart mode's collective timeout: a false timeout costs a discarded step, not a re-form
+    assert launch.LOCAL_REPLICA_TIMEOUT_SECONDS < launch.LOCAL_COLLECTIVE_TIMEOUT_SECONDS
+    assert launch.AKS_REPLICA_TIMEOUT_SECONDS < launch.AKS_COLLECTIVE_TIMEOUT_SECONDS
+
+
+def test_the_replica_timeout_is_torchfts_variable_then_the_backends_then_the_collective_timeout() -> None:
+    from azext_elastictrain.core import launch
+    from azext_elastictrain.runtime.timeouts import replica_timeout
+
+    both = {"TORCHFT_TIMEOUT_SEC": "3", launch.ENV_REPLICA_TIMEOUT: "2", launch.ENV_COLLECTIVE_TIMEOUT: "10"}
+    assert replica_timeout(both) == timedelta(seconds=3)
+    assert replica_timeout({launch.ENV_REPLICA_TIMEOUT: "1.5", launch.ENV_COLLECTIVE_TIMEOUT: "10"}) == \
+        timedelta(seconds=1.5)  # the old reading took int(TORCHFT_TIMEOUT_SEC) only: no fraction of a second
+    assert replica_timeout({launch.ENV_COLLECTIVE_TIMEOUT: "7"}) == timedelta(seconds=7)
+    with pytest.raises(ValueError, match="ELASTICTRAIN_REPLICA_TIMEOUT_SECONDS"):
+        replica_timeout({launch.ENV_REPLICA_TIMEOUT: "soon"})

@@ -174,6 +174,9 @@ def test_an_in_process_node_is_a_standalone_torchrun_world_that_knows_its_coordi
     restart = _in_process_launch(tmp_path, recovery=launch.RECOVERY_RESTART, coordinator=None).env({})
     assert set(restart) - {launch.ENV_RECOVERY} <= set(env)
     assert restart[launch.ENV_RECOVERY] == "restart" and launch.ENV_COORDINATOR not in restart
+    # the cross-node timeout of the in-process mode only: a restart job's collectives keep the collective timeout
+    assert env[launch.ENV_REPLICA_TIMEOUT] == f"{launch.LOCAL_REPLICA_TIMEOUT_SECONDS:g}"
+    assert launch.ENV_REPLICA_TIMEOUT not in restart
 
 
 def test_an_in_process_node_without_a_coordinator_is_refused(tmp_path):

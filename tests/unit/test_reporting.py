@@ -85,3 +85,16 @@ def test_nothing_is_recorded_after_the_end_before_any_step_or_without_an_event_l
         rep.events = None
     rep.record_interruption([])
     assert events.emitted == [] and events.flushed == 0
+
+
+def test_a_new_world_reports_its_first_step_at_once_at_its_size_without_the_old_rate() -> None:
+    """In-process: the workers outlive a re-form, so the reporter is told of the new world; its first step is the
+    end of the outage (core/goodput.py), which a report 10 s later would stretch."""
+    rep, events, clock, _ = reporter(progress_seconds=10.0)
+    rep.record_progress(1, samples=64, metrics=None)
+    clock.now += 1.0
+    rep.record_progress(2, samples=64, metrics=None)  # rate-limited
+    rep.new_world(2)
+    clock.now += 1.0
+    rep.record_progress(3, samples=64, metrics=None)
+    assert [(kind, fields) for kind, fields in events.emitted][-1] == (progress.PROGRESS, {"step": 3, "world_size": 2})

@@ -104,7 +104,8 @@ class AgentLaunch:  # pylint: disable=too-many-instance-attributes  # one field 
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), inherited.get("PYTHONPATH")])),
         })
         env.update(launch.recovery_env(self.recovery, coordinator=self.coordinator, replica_id=self.node,
-                                       replica_host="127.0.0.1"))  # as --local-addr: every node is on loopback
+                                       replica_host="127.0.0.1",  # as --local-addr: every node is on loopback
+                                       replica_timeout=launch.LOCAL_REPLICA_TIMEOUT_SECONDS))
         env.setdefault("OMP_NUM_THREADS", "1")
         env.update(self.extra_env)
         return env

@@ -205,7 +205,7 @@ class LocalJobs:
             max_nodes=spec.max_nodes, nproc_per_node=spec.nproc_per_node, warm_start=spec.warm_start,
             recovery=spec.recovery, coordinator=coordinator,
             job_env=launch.job_env(spec, collective_timeout=launch.LOCAL_COLLECTIVE_TIMEOUT_SECONDS,
-                                   coordinator=coordinator))
+                                   replica_timeout=launch.LOCAL_REPLICA_TIMEOUT_SECONDS, coordinator=coordinator))
         argv, env = agent.argv(), agent.env(os.environ)
         with open(log_path, "ab") as log:
             # pylint: disable-next=consider-using-with  # a detached agent: outlives this command
