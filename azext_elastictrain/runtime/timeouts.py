@@ -23,17 +23,9 @@ def collective_timeout(environ: Mapping[str, Any] | None = None) -> timedelta:
     """The job's collective timeout (``ELASTICTRAIN_COLLECTIVE_TIMEOUT_SECONDS``, set by the launch); outside a
     job, the launch's default. Raises ValueError for a value that is not a number of seconds above 0."""
     env = os.environ if environ is None else environ
-    raw = env.get(launch.ENV_COLLECTIVE_TIMEOUT)
-    if raw in (None, ""):
-        return timedelta(seconds=launch.DEFAULT_COLLECTIVE_TIMEOUT_SECONDS)
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = math.nan
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ValueError(f"{launch.ENV_COLLECTIVE_TIMEOUT}={raw!r}: give the seconds a collective may wait for a "
-                         f"peer, more than 0 (default {launch.DEFAULT_COLLECTIVE_TIMEOUT_SECONDS:g})")
-    return timedelta(seconds=seconds)
+    found = _seconds(env, launch.ENV_COLLECTIVE_TIMEOUT, "the seconds a collective may wait for a peer",
+                     f"default {launch.DEFAULT_COLLECTIVE_TIMEOUT_SECONDS:g}")
+    return timedelta(seconds=launch.DEFAULT_COLLECTIVE_TIMEOUT_SECONDS) if found is None else found
 
 
 def replica_timeout(environ: Mapping[str, Any] | None = None) -> timedelta:
@@ -42,18 +34,25 @@ def replica_timeout(environ: Mapping[str, Any] | None = None) -> timedelta:
     else the job's collective timeout. Raises ValueError for a value that is not a number of seconds above 0."""
     env = os.environ if environ is None else environ
     for name in ("TORCHFT_TIMEOUT_SEC", launch.ENV_REPLICA_TIMEOUT):
-        raw = env.get(name)
-        if raw in (None, ""):
-            continue
-        try:
-            seconds = float(raw)
-        except ValueError:
-            seconds = math.nan
-        if not math.isfinite(seconds) or seconds <= 0:
-            raise ValueError(f"{name}={raw!r}: give the seconds the cross-node collective may wait for a peer, "
-                             f"more than 0 (default {launch.LOCAL_REPLICA_TIMEOUT_SECONDS:g} locally)")
-        return timedelta(seconds=seconds)
+        found = _seconds(env, name, "the seconds the cross-node collective may wait for a peer",
+                         f"default {launch.LOCAL_REPLICA_TIMEOUT_SECONDS:g} locally")
+        if found is not None:
+            return found
     return collective_timeout(env)
+
+
+def _seconds(env: Mapping[str, Any], name: str, what: str, default: str) -> timedelta | None:
+    """``env[name]`` as a timeout; None when unset or empty. Raises ValueError unless it is seconds above 0."""
+    raw = env.get(name)
+    if raw in (None, ""):
+        return None
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"{name}={raw!r}: give {what}, more than 0 ({default})")
+    return timedelta(seconds=seconds)
 
 
 __all__ = ["collective_timeout", "replica_timeout"]

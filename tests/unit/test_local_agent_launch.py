@@ -31,7 +31,7 @@ class _Started:
 def _product_launch(monkeypatch, tmp_path: Path, record: dict | None = None) -> _Started:
     monkeypatch.setattr(local_jobs.subprocess, "Popen", _Started)
     spec = JobSpec(name="job", script=str(elastic.TRAIN_SCRIPT), min_nodes=1, max_nodes=2,
-                   script_args=("--steps", "10"))
+                   script_args=("--steps", "10"), **({"recovery": record["recovery"]} if record else {}))
     (tmp_path / "job" / "nodes").mkdir(parents=True)
     if record is not None:  # the job's record: how a node of this job recovers, where its coordinator is
         (tmp_path / "job" / "job.json").write_text(json.dumps(record), encoding="utf-8")
@@ -74,7 +74,7 @@ def test_a_benchmark_in_process_node_runs_what_job_run_local_runs(monkeypatch, t
                                                              "coordinator": {"address": address}})
     bench = _bench_launch(monkeypatch, tmp_path, recovery=launch.RECOVERY_IN_PROCESS, coordinator=address)
     assert bench.argv == product.argv and "--standalone" in product.argv
-    for name in (launch.ENV_RECOVERY, launch.ENV_COORDINATOR, launch.ENV_REPLICA_ID):
+    for name in (launch.ENV_RECOVERY, launch.ENV_COORDINATOR, launch.ENV_REPLICA_ID, launch.ENV_REPLICA_TIMEOUT):
         assert bench.env[name] == product.env[name]
     assert bench.env[launch.ENV_RECOVERY] == launch.RECOVERY_IN_PROCESS and bench.env[launch.ENV_COORDINATOR] == address
 

@@ -21,7 +21,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from azext_elastictrain.core import events as job_events
 from azext_elastictrain.clients.blob import EventReader
@@ -249,45 +249,18 @@ class LocalJobs:
         self._stop_coordinator(cluster, job)
 
     def _stop_coordinator(self, cluster: str, job: dict[str, Any]) -> None:
-        import psutil
-
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            procs = self._coordinator_processes(cluster, job)
-            if not procs:
-                return
-            for proc in procs:
-                try:
-                    proc.send_signal(sig)
-                except psutil.Error:
-                    pass
-            psutil.wait_procs(procs, timeout=STOP_TIMEOUT)
-        left = self._coordinator_processes(cluster, job)
-        if left:
-            raise ClusterError(f"job {job['name']!r}: coordinator {sorted(p.pid for p in left)} did not stop")
+        rounds = ((signal.SIGTERM, STOP_TIMEOUT), (signal.SIGKILL, STOP_TIMEOUT))
+        _signal_until_gone(lambda: self._coordinator_processes(cluster, job), rounds,
+                           f"job {job['name']!r}: coordinator")
 
     def _stop_nodes(self, cluster: str, job: dict[str, Any]) -> None:
-        import psutil
-
         job_dir = self.job_dir(cluster, job["name"])
         for node in job.get("nodes", []):
             leaving = self._leaving_file(job_dir, node["name"])
             if leaving.parent.is_dir():
                 leaving.touch()
-        # Listed again before each round: an agent may start a worker between listing and signalling.
         rounds = ((signal.SIGTERM, JOB_STOP_TIMEOUT), (signal.SIGKILL, STOP_TIMEOUT), (signal.SIGKILL, STOP_TIMEOUT))
-        for sig, timeout in rounds:
-            procs = self._job_processes(cluster, job)
-            if not procs:
-                return
-            for proc in procs:
-                try:
-                    proc.send_signal(sig)
-                except psutil.Error:
-                    pass
-            psutil.wait_procs(procs, timeout=timeout)
-        left = self._job_processes(cluster, job)
-        if left:
-            raise ClusterError(f"job {job['name']!r}: processes {sorted(p.pid for p in left)} did not stop")
+        _signal_until_gone(lambda: self._job_processes(cluster, job), rounds, f"job {job['name']!r}: processes")
 
     # -- show, list ---------------------------------------------------------------------
     def _event_reader(self, cluster: str) -> EventReader:
@@ -571,3 +544,23 @@ def start_coordinator(job_dir: Path, *, min_nodes: int, job: str) -> dict[str, A
         time.sleep(0.1)
     record["address"] = coordinator.address_file.read_text(encoding="utf-8").strip()
     return record
+
+
+def _signal_until_gone(processes: Callable[[], list[Any]], rounds: tuple[tuple[int, float], ...], what: str) -> None:
+    """Each round: send the signal to what ``processes()`` lists now, wait up to its timeout. Listed again before
+    each round: an agent may start a worker between listing and signalling. Raises ClusterError if any is left."""
+    import psutil
+
+    for sig, timeout in rounds:
+        procs = processes()
+        if not procs:
+            return
+        for proc in procs:
+            try:
+                proc.send_signal(sig)
+            except psutil.Error:
+                pass
+        psutil.wait_procs(procs, timeout=timeout)
+    left = processes()
+    if left:
+        raise ClusterError(f"{what} {sorted(p.pid for p in left)} did not stop")
