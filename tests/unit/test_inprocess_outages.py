@@ -80,8 +80,8 @@ def test_a_notice_is_followed_from_the_notice_the_survivors_re_form_before_the_n
     """`evict simulate --wait` (and the benchmarks) follow the recovery once the node is gone: the re-form of a
     planned departure happened before it. Before, follow_recovery looked only after the kill and waited out its
     timeout (this test: EvictionError after 1 s)."""
-    found = recovery.follow_recovery(lambda job: departed(), "j", {"node": "n1", "startedAt": 134.5,
-                                                                    "evictedAt": 137.0}, timeout=1)
+    eviction = {"node": "n1", "startedAt": 134.5, "evictedAt": 137.0}
+    found = recovery.follow_recovery(lambda job: departed(), "j", eviction, timeout=1)
     assert (found["kind"], found["outageSeconds"], found["stepsLost"], found["worldSize"]) == \
         ("evictionWithNotice", 1.4, 0, 1)
 

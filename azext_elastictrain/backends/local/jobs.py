@@ -527,11 +527,11 @@ def start_coordinator(job_dir: Path, *, min_nodes: int, job: str) -> dict[str, A
         proc = subprocess.Popen(coordinator.argv(), stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, env=coordinator.env(os.environ),
                                 start_new_session=True, close_fds=True)
-    record: dict[str, Any] = {"name": "coordinator", "pid": proc.pid, "log": str(coordinator.log)}
+    started: dict[str, Any] = {"name": "coordinator", "pid": proc.pid, "log": str(coordinator.log)}
     try:
-        record["started"] = psutil.Process(proc.pid).create_time()
+        started["started"] = psutil.Process(proc.pid).create_time()
     except psutil.Error:
-        record["started"] = 0.0  # gone already: the wait below says why
+        started["started"] = 0.0  # gone already: the wait below says why
     deadline = time.monotonic() + COORDINATOR_START_TIMEOUT
     while not coordinator.address_file.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -542,8 +542,8 @@ def start_coordinator(job_dir: Path, *, min_nodes: int, job: str) -> dict[str, A
             raise ClusterError(f"the coordinator of job {job!r} did not start (is torchft installed in "
                                f"{sys.executable}? pip install torchft==0.2.0); its log ends:\n{tail}")
         time.sleep(0.1)
-    record["address"] = coordinator.address_file.read_text(encoding="utf-8").strip()
-    return record
+    started["address"] = coordinator.address_file.read_text(encoding="utf-8").strip()
+    return started
 
 
 def _signal_until_gone(processes: Callable[[], list[Any]], rounds: tuple[tuple[int, float], ...], what: str) -> None:
