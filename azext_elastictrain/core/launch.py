@@ -60,8 +60,8 @@ COORDINATOR_PORT = 29510  # the coordinator's port on AKS (its Service); local: 
 COORDINATOR_MODULE = "azext_elastictrain.runtime.coordinator"
 # Its settings, the same on both backends: each is a wait in a re-form, so short ones; torchft's defaults are
 # made for jobs whose replicas rarely change (a 60 s wait for stragglers before each new quorum, a 5 s heartbeat
-# timeout). Measured with scripts/bench/inprocess.py (0.31 s outage after a kill, 0.07 s for the survivors when
-# a newcomer joins).
+# timeout). Measured with a torchft spike (docs/benchmarks.md: 0.31 s outage after a kill, 0.07 s for the
+# survivors when a newcomer joins); scripts/bench/outage.py measures them in the product's own jobs.
 # - join_timeout_ms 200: once min nodes are in, how long the quorum waits for more; a newcomer later than this
 #   joins at the next step's quorum, so a short wait costs a newcomer one step, never the survivors a second.
 # - quorum_tick_ms 50: how often a waiting quorum is looked at again: a step's quorum is never late by more.

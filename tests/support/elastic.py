@@ -21,7 +21,8 @@ import psutil
 
 # The rendezvous settings local jobs run with: one place decides them.
 from azext_elastictrain.backends.local.agent import AgentLaunch
-from azext_elastictrain.backends.local.evict import vanish_processes
+from azext_elastictrain.backends.local.evict import kill_processes, vanish_processes
+from azext_elastictrain.backends.local.jobs import start_coordinator
 from azext_elastictrain.backends.local.state import node_processes
 from azext_elastictrain.core import launch
 from azext_elastictrain.core.launch import LOCAL_RDZV_CONF as TUNED_RDZV_CONF
@@ -46,6 +47,9 @@ class JobConfig:
     warm_start: bool = True  # workers fork from the node's warm server (runtime/warm.py); False: plain torchrun
     memory_tier: bool = True  # False: interrupted workers keep no step in the node's memory (blob only)
     progress_seconds: float = 1  # how often rank 0 reports progress (the product's default: PROGRESS_SECONDS)
+    script: Path = TRAIN_SCRIPT
+    recovery: str = launch.RECOVERY_RESTART  # in-process: each node asks ``coordinator`` (a Coordinator's address)
+    coordinator: str | None = None
 
 
 class Node:
@@ -58,12 +62,13 @@ class Node:
         self.log_path = log_dir / f"{name}.log"
         (log_dir / "nodes").mkdir(parents=True, exist_ok=True)
         agent = AgentLaunch(
-            node=name, script=str(TRAIN_SCRIPT), script_args=tuple(job.script_args),
+            node=name, script=str(job.script), script_args=tuple(job.script_args),
             checkpoint_url=job.checkpoint_url, connection_string=job.connection_string,
             etcd_endpoint=job.etcd_endpoint, rdzv_id=job.name, job_dir=log_dir,
             scheduled_events_url=job.scheduled_events_url, min_nodes=job.min_nodes, max_nodes=job.max_nodes,
             nproc_per_node=job.nproc_per_node, warm_start=job.warm_start, rdzv_conf=job.rdzv_conf,
-            memory_tier=job.memory_tier, progress_seconds=job.progress_seconds,
+            memory_tier=job.memory_tier, progress_seconds=job.progress_seconds, recovery=job.recovery,
+            coordinator=job.coordinator,
             # the session's memory-tier folder (tests/conftest.py), which the product's launch does not pass on
             extra_env={**{k: os.environ[k] for k in (launch.ENV_MEMORY_DIR,) if k in os.environ},
                        **job.extra_env})
@@ -119,6 +124,27 @@ class Node:
         self._log.close()
 
 
+class Coordinator:
+    """The coordinator of an in-process job, started as ``job run --local`` starts it
+    (backends/local/jobs.py's start_coordinator: runtime/coordinator.py, the product's settings)."""
+
+    def __init__(self, job_dir: Path, min_nodes: int, job: str):
+        job_dir.mkdir(parents=True, exist_ok=True)
+        self.record = start_coordinator(job_dir, min_nodes=min_nodes, job=job)
+        self.address: str = self.record["address"]
+
+    def stop(self) -> None:
+        """SIGTERM (it exits 0 on it), then SIGKILL whatever is left."""
+        try:
+            proc = psutil.Process(self.record["pid"])
+            proc.terminate()
+            proc.wait(timeout=10)
+        except psutil.NoSuchProcess:
+            return
+        except psutil.TimeoutExpired:
+            kill_processes([proc])
+
+
 def read_events(store, job_prefix: str) -> list[dict]:
     from azext_elastictrain.runtime.progress import read_events as _read
 
@@ -144,4 +170,4 @@ def dump(events: list[dict]) -> str:
     return "\n".join(json.dumps(e) for e in events[-40:])
 
 
-__all__ = ["JobConfig", "Node", "read_events", "wait_for", "events_of", "dump", "signal"]
+__all__ = ["JobConfig", "Node", "Coordinator", "read_events", "wait_for", "events_of", "dump", "signal"]

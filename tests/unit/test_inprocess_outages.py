@@ -65,6 +65,27 @@ def test_a_vanished_node_is_one_outage_from_the_last_committed_step_to_the_first
         ("eviction", 4.0, 0, 1)
 
 
+def departed() -> list[dict]:
+    """A notice for n1 posted at 134.5: at the boundary after step 35 it leaves the quorum, n0 alone trains step 36
+    by 136.4, and n1 acknowledges and is killed at 137.0, after the re-form."""
+    return start() + [
+        ev(135.1, "preempted", "n1", step=35, source="scheduled-events"),
+        quorum(135.3, step=35, world_size=1, replicas=1, from_world_size=2, from_replicas=2, last_step=35,
+               last_step_time=135.0, discarded=0, source="live"),
+        ev(136.4, "progress", step=36, world_size=1),
+    ]
+
+
+def test_a_notice_is_followed_from_the_notice_the_survivors_re_form_before_the_node_goes():
+    """`evict simulate --wait` (and the benchmarks) follow the recovery once the node is gone: the re-form of a
+    planned departure happened before it. Before, follow_recovery looked only after the kill and waited out its
+    timeout (this test: EvictionError after 1 s)."""
+    eviction = {"node": "n1", "startedAt": 134.5, "evictedAt": 137.0}
+    found = recovery.follow_recovery(lambda job: departed(), "j", eviction, timeout=1)
+    assert (found["kind"], found["outageSeconds"], found["stepsLost"], found["worldSize"]) == \
+        ("evictionWithNotice", 1.4, 0, 1)
+
+
 def test_trained_again_waits_for_the_smaller_quorums_first_step_not_for_a_restore():
     frozen = vanished()[:-2]
     assert not recovery.trained_again(frozen, since=137.2)

@@ -3,6 +3,7 @@
 etcd and Azurite exactly as `cluster create --local` does (backends/local/components.py)."""
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -27,11 +28,13 @@ class _Started:
         _Started.last = self
 
 
-def _product_launch(monkeypatch, tmp_path: Path) -> _Started:
+def _product_launch(monkeypatch, tmp_path: Path, record: dict | None = None) -> _Started:
     monkeypatch.setattr(local_jobs.subprocess, "Popen", _Started)
     spec = JobSpec(name="job", script=str(elastic.TRAIN_SCRIPT), min_nodes=1, max_nodes=2,
-                   script_args=("--steps", "10"))
+                   script_args=("--steps", "10"), **({"recovery": record["recovery"]} if record else {}))
     (tmp_path / "job" / "nodes").mkdir(parents=True)
+    if record is not None:  # the job's record: how a node of this job recovers, where its coordinator is
+        (tmp_path / "job" / "job.json").write_text(json.dumps(record), encoding="utf-8")
     conn = {"blob_endpoint": "http://127.0.0.1:10000/devstoreaccount1", "connection_string": "UseDevelopment",
             "etcd": "127.0.0.1:2379", "scheduled_events": "http://127.0.0.1:9/metadata/scheduledevents"}
     jobs = local_jobs.LocalJobs(local_jobs.LocalClusters(tmp_path))
@@ -39,12 +42,12 @@ def _product_launch(monkeypatch, tmp_path: Path) -> _Started:
     return _Started.last
 
 
-def _bench_launch(monkeypatch, tmp_path: Path) -> _Started:
+def _bench_launch(monkeypatch, tmp_path: Path, **settings) -> _Started:
     monkeypatch.setattr(elastic.subprocess, "Popen", _Started)
     config = elastic.JobConfig(name="job-1234", checkpoint_url="http://127.0.0.1:10000/devstoreaccount1/ckpt/job",
                                connection_string="UseDevelopment", etcd_endpoint="127.0.0.1:2379",
                                script_args=("--steps", "10"),
-                               scheduled_events_url="http://127.0.0.1:9/metadata/scheduledevents")
+                               scheduled_events_url="http://127.0.0.1:9/metadata/scheduledevents", **settings)
     node = elastic.Node(config, "job-node-0", tmp_path / "bench")
     node._log.close()  # pylint: disable=protected-access  # the fake started nothing
     return _Started.last
@@ -61,6 +64,19 @@ def test_a_benchmark_node_runs_the_command_line_job_run_local_runs(monkeypatch, 
     theirs = {k: v for k, v in bench.env.items() if k.startswith(launch.ENV_PREFIX) and k not in differ}
     assert ours == theirs and ours[launch.ENV_KEEP] == "3"
     assert bench.env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == product.env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+
+
+def test_a_benchmark_in_process_node_runs_what_job_run_local_runs(monkeypatch, tmp_path):
+    """goodput.py's and outage.py's in-process config: a torchrun --standalone world told the coordinator and
+    its replica id as a node of `job run --local --recovery in-process` is, not a restart-mode node."""
+    address = "http://127.0.0.1:29999"
+    product = _product_launch(monkeypatch, tmp_path, record={"recovery": launch.RECOVERY_IN_PROCESS,
+                                                             "coordinator": {"address": address}})
+    bench = _bench_launch(monkeypatch, tmp_path, recovery=launch.RECOVERY_IN_PROCESS, coordinator=address)
+    assert bench.argv == product.argv and "--standalone" in product.argv
+    for name in (launch.ENV_RECOVERY, launch.ENV_COORDINATOR, launch.ENV_REPLICA_ID, launch.ENV_REPLICA_TIMEOUT):
+        assert bench.env[name] == product.env[name]
+    assert bench.env[launch.ENV_RECOVERY] == launch.RECOVERY_IN_PROCESS and bench.env[launch.ENV_COORDINATOR] == address
 
 
 def test_the_callers_elastictrain_settings_do_not_leak_into_a_node(monkeypatch, tmp_path):

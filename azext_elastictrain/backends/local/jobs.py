@@ -145,7 +145,7 @@ class LocalJobs:
             try:
                 self.save_job(cluster, state)
                 if spec.in_process:  # before the nodes, which find its address in the job's record
-                    state["coordinator"] = self._start_coordinator(spec, job_dir)
+                    state["coordinator"] = start_coordinator(job_dir, min_nodes=spec.min_nodes, job=spec.name)
                     self.save_job(cluster, state)
                 for node in spec.node_names():  # recorded as each starts: no agent is ever untracked
                     started = self.start_node(spec, script, node, conn, job_dir=job_dir, rdzv_id=state["rdzvId"])
@@ -156,36 +156,6 @@ class LocalJobs:
                 shutil.rmtree(job_dir, ignore_errors=True)
                 raise
         return self.show_job(cluster, spec.name)
-
-    @staticmethod
-    def _start_coordinator(spec: JobSpec, job_dir: Path) -> dict[str, Any]:
-        """The job's coordinator (runtime/coordinator.py) on a free loopback port; returns its record once it
-        listens (pid, start time, address, log)."""
-        import psutil
-
-        coordinator = CoordinatorLaunch(job_dir, min_nodes=spec.min_nodes)
-        with open(coordinator.log, "ab") as log:
-            # pylint: disable-next=consider-using-with  # a detached process: outlives this command
-            proc = subprocess.Popen(coordinator.argv(), stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, env=coordinator.env(os.environ),
-                                    start_new_session=True, close_fds=True)
-        started: dict[str, Any] = {"name": "coordinator", "pid": proc.pid, "log": str(coordinator.log)}
-        try:
-            started["started"] = psutil.Process(proc.pid).create_time()
-        except psutil.Error:
-            started["started"] = 0.0  # gone already: the wait below says why
-        deadline = time.monotonic() + COORDINATOR_START_TIMEOUT
-        while not coordinator.address_file.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                if proc.poll() is None:
-                    proc.kill()
-                proc.wait()
-                tail = coordinator.log.read_text(encoding="utf-8", errors="replace")[-1500:]
-                raise ClusterError(f"the coordinator of job {spec.name!r} did not start (is torchft installed in "
-                                   f"{sys.executable}? pip install torchft==0.2.0); its log ends:\n{tail}")
-            time.sleep(0.1)
-        started["address"] = coordinator.address_file.read_text(encoding="utf-8").strip()
-        return started
 
     def start_node(self, spec: JobSpec, script: str, node: str, conn: dict[str, Any], *, job_dir: Path,
                    rdzv_id: str) -> dict[str, Any]:
@@ -543,6 +513,37 @@ class LocalJobs:
         except ValueError as ex:
             raise SpecError(str(ex)) from ex
         return self.checkpoint_url(cluster, job), self.clusters.connection(cluster)["connection_string"]
+
+
+def start_coordinator(job_dir: Path, *, min_nodes: int, job: str) -> dict[str, Any]:
+    """The coordinator of an in-process job (runtime/coordinator.py) on a free loopback port, detached, as
+    ``job run --local`` starts it (the benchmarks start theirs here too); returns its record once it listens
+    (name, pid, start time, address, log). Raises ClusterError with its log's end if it does not start."""
+    import psutil
+
+    coordinator = CoordinatorLaunch(job_dir, min_nodes=min_nodes)
+    with open(coordinator.log, "ab") as log:
+        # pylint: disable-next=consider-using-with  # a detached process: outlives this command
+        proc = subprocess.Popen(coordinator.argv(), stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, env=coordinator.env(os.environ),
+                                start_new_session=True, close_fds=True)
+    started: dict[str, Any] = {"name": "coordinator", "pid": proc.pid, "log": str(coordinator.log)}
+    try:
+        started["started"] = psutil.Process(proc.pid).create_time()
+    except psutil.Error:
+        started["started"] = 0.0  # gone already: the wait below says why
+    deadline = time.monotonic() + COORDINATOR_START_TIMEOUT
+    while not coordinator.address_file.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            tail = coordinator.log.read_text(encoding="utf-8", errors="replace")[-1500:]
+            raise ClusterError(f"the coordinator of job {job!r} did not start (is torchft installed in "
+                               f"{sys.executable}? pip install torchft==0.2.0); its log ends:\n{tail}")
+        time.sleep(0.1)
+    started["address"] = coordinator.address_file.read_text(encoding="utf-8").strip()
+    return started
 
 
 def _signal_until_gone(processes: Callable[[], list[Any]], rounds: tuple[tuple[int, float], ...], what: str) -> None:
