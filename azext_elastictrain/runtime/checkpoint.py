@@ -305,6 +305,14 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
         or mark the job finished. After a Scheduled Events notice training goes
         on: the node leaves when Azure takes it, and the job resumes from this step.
         """
+        if self.in_process:
+            # A loop of the script's own has no step boundary for the quorum: each node would train alone on its
+            # own slice and every node would write the job's checkpoints. Never silently: refuse it.
+            raise RuntimeError(
+                "Checkpointer.step() is the hook of a hand-written loop, which the in-process recovery mode "
+                "(job run --recovery in-process) cannot keep in step across nodes: loop with "
+                "`for step, batch in ckpt.batches(state, loader, epochs=E)` or `for step in ckpt.steps(state, "
+                "total=N)` (docs/runtime.md), or run the job with --recovery restart")
         self._check_running("step()")
         metrics = {**self._metrics, **(metrics or {})}
         self._metrics = {}

@@ -53,3 +53,12 @@ def test_the_step_hook_records_the_step_and_trains_on(ckpt: Checkpointer) -> Non
 def test_a_keep_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="keep must be at least 1"):
         Checkpointer(BlobStore(NoContainer(), prefix="x"), keep=0, watcher=None, events=False, memory_rescue=False)
+
+
+def test_a_hand_written_loop_is_refused_in_the_in_process_mode(ckpt: Checkpointer) -> None:
+    """A script's own loop calling step() has no step boundary for the per-step quorum: each node would train
+    alone and write the job's checkpoints (seen with scripts/train_cifar10.py). It must fail, never train on."""
+    ckpt.in_process = True
+    with pytest.raises(RuntimeError, match=r"ckpt\.batches\(state, loader, epochs=E\)"):
+        ckpt.step(1, {})
+    assert ckpt.last_step is None
