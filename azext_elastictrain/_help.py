@@ -255,8 +255,8 @@ examples:
     text: az elastictrain job run -g ml-rg -c trainer -n cifar --image myregistry.azurecr.io/elastictrain:0.1.0 --script /app/train_cifar10.py --script-args "--steps 3000" --min-nodes 2 --max-nodes 4
   - name: Nodes with 4 GPUs and 4 training processes each.
     text: az elastictrain job run -g ml-rg -c trainer -n big --image myregistry.azurecr.io/elastictrain:0.1.0 --script /app/train.py --min-nodes 1 --max-nodes 2 --gpus-per-node 4 --nproc-per-node 4
-  - name: Workers that keep running when a node is lost or added (a coordinator of the job's own).
-    text: az elastictrain job run --local --name cifar --script scripts/train_cifar10.py --min-nodes 1 --max-nodes 2 --recovery in-process
+  - name: Workers that keep running when a node is lost or added (a coordinator of the job's own); the script loops with ckpt.batches() or ckpt.steps(), as the README's train.py.
+    text: az elastictrain job run --local --name readme --script train.py --min-nodes 1 --max-nodes 2 --recovery in-process
   - name: Print the ElasticJob it would create; create nothing.
     text: az elastictrain job run -g ml-rg -c trainer -n cifar --image myregistry.azurecr.io/elastictrain:0.1.0 --script /app/train_cifar10.py --min-nodes 1 --max-nodes 2 --dry-run
 """
