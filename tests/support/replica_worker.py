@@ -3,8 +3,11 @@
 Run as ``python -m tests.support.replica_worker`` with the job's environment (ELASTICTRAIN_RECOVERY=in-process,
 TORCHFT_LIGHTHOUSE, ELASTICTRAIN_REPLICA_ID, the checkpoint URL, MASTER_ADDR/PORT, RANK/WORLD_SIZE of the node).
 Each step prints one JSON line before its body's optimizer step: the step, the sample ids of this worker's slice,
-its layout (ranks, rank), the sampler's position and the pid; the test reads them to check exactly-once data.
-After the loop it prints the final parameters. ``REPLICA_STEP_SECONDS``: compute slept per step.
+its layout (ranks, rank), the sampler's position and the pid; after the optimizer step, a second line with the
+step's verdict (``committed``: the runtime discards a step by leaving every gradient ``None``, runtime/replicas.py).
+The test reads them to check exactly-once data from ground truth: a step trained, then discarded and healed from a
+peer, is followed by later records although this replica never committed it. After the loop it prints the final
+parameters. ``REPLICA_STEP_SECONDS``: compute slept per step.
 """
 from __future__ import annotations
 
@@ -58,6 +61,8 @@ def main() -> int:
         if step == die_at:
             os._exit(9)
         optimizer.step()
+        committed = all(p.grad is not None for p in model.parameters())
+        print(json.dumps({"verdict": step, "committed": committed}), flush=True)
     params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     print(json.dumps({"final": params.tolist(), "step": ckpt.last_step, "pid": os.getpid()}), flush=True)
     return 0
