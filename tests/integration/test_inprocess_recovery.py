@@ -127,6 +127,7 @@ def job(azurite: svc.AzuriteService, container_url: str, tmp_path: Path):
     env = {**base, "ELASTICTRAIN_RECOVERY": "in-process", "TORCHFT_LIGHTHOUSE": coordinator.address,
            "ELASTICTRAIN_REPLICA_HOST": "127.0.0.1", "ELASTICTRAIN_SCHEDULED_EVENTS_URL": "off",
            "ELASTICTRAIN_MEMORY_RESCUE": "off", "ELASTICTRAIN_WARM_START": "off",
+           launch.ENV_REPLICA_TIMEOUT: f"{launch.LOCAL_REPLICA_TIMEOUT_SECONDS:g}",  # what a local job's nodes get
            "ELASTICTRAIN_CHECKPOINT_URL": f"{container_url}/job-{uuid.uuid4().hex[:6]}",
            "AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(REPO)}
@@ -257,7 +258,7 @@ def test_killed_replica_survivors_go_on_and_newcomer_heals(job, azurite, contain
 
 
 def test_two_replicas_lost_at_once(job) -> None:
-    replicas = [job.start(f"node-{i}", REPLICA_EPOCHS="12") for i in range(4)]
+    replicas = [job.start(f"node-{i}", REPLICA_EPOCHS="6") for i in range(4)]
     wait_for(lambda: all(r.last_step() >= 5 for r in replicas), 120, "every replica at step 5")
     survivors = replicas[:2]
     for victim in replicas[2:]:
@@ -278,8 +279,8 @@ def test_notice_is_a_planned_departure_the_others_do_not_stop(job) -> None:
     with ScheduledEventsServer() as imds:
         leaving = {"ELASTICTRAIN_SCHEDULED_EVENTS_URL": imds.url, "ELASTICTRAIN_VM_NAME": "vm-2",
                    "ELASTICTRAIN_PREEMPTION_POLL_SECONDS": "0.2", "ELASTICTRAIN_PREEMPTION_HOLD_SECONDS": "1"}
-        replicas = [job.start(f"node-{i}", REPLICA_EPOCHS="12") for i in range(2)]
-        replicas.append(job.start("node-2", REPLICA_EPOCHS="12", **leaving))
+        replicas = [job.start(f"node-{i}", REPLICA_EPOCHS="8") for i in range(2)]
+        replicas.append(job.start("node-2", REPLICA_EPOCHS="8", **leaving))
         wait_for(lambda: all(r.records and r.records[-1]["ranks"] == 3 for r in replicas), 120, "3 replicas")
         event = imds.post_event(["vm-2"], "Preempt", notice_seconds=30)
         assert imds.wait_acknowledged(event, timeout=60), "the leaving node never acknowledged the notice"
@@ -297,7 +298,7 @@ def test_notice_is_a_planned_departure_the_others_do_not_stop(job) -> None:
 
 
 def test_frozen_replica_is_dropped_and_the_others_go_on(job, azurite, container_url) -> None:
-    replicas = [job.start(f"node-{i}", REPLICA_EPOCHS="12") for i in range(3)]
+    replicas = [job.start(f"node-{i}", REPLICA_EPOCHS="8") for i in range(3)]
     wait_for(lambda: all(r.last_step() >= 5 for r in replicas), 120, "every replica at step 5")
     victim, survivors = replicas[-1], replicas[:-1]
     victim.proc.send_signal(signal.SIGSTOP)
@@ -327,9 +328,9 @@ def test_frozen_replica_is_dropped_and_the_others_go_on(job, azurite, container_
 def test_coordinator_restart_never_trains_on_a_wrong_state(job) -> None:
     """The coordinator is killed and comes back on the same address 2 s later: the replicas go on in place (the
     quorum request is retried), every committed step trained exactly once, the same model on both. (The new
-    coordinator counts quorums from the start again, so the first re-form may wait out the collective timeout on
+    coordinator counts quorums from the start again, so the first re-form may wait out the replica timeout on
     the old quorum's store keys: that step is discarded.)"""
-    replicas = [job.start(f"node-{i}", REPLICA_EPOCHS="12") for i in range(2)]
+    replicas = [job.start(f"node-{i}", REPLICA_EPOCHS="8") for i in range(2)]
     wait_for(lambda: all(r.records and r.records[-1]["ranks"] == 2 for r in replicas), 120, "2 replicas")
     job.coordinator.kill()
     time.sleep(2)
@@ -359,8 +360,8 @@ def test_communicator_error_mid_collective_discards_the_step_and_trains_it_again
     """A peer gone in the middle of a step (after its forward and backward, before the gradient collective): the
     survivors' collective fails, the step is discarded (no optimizer update from a partial average) and trained
     again by the new world, its global batch whole."""
-    replicas = [job.start(f"node-{i}", REPLICA_EPOCHS="12") for i in range(2)]
-    replicas.append(job.start("node-2", REPLICA_EPOCHS="12", REPLICA_DIE_AT_STEP="30"))
+    replicas = [job.start(f"node-{i}", REPLICA_EPOCHS="6") for i in range(2)]
+    replicas.append(job.start("node-2", REPLICA_EPOCHS="6", REPLICA_DIE_AT_STEP="30"))
     assert replicas[-1].proc.wait(timeout=180) == 9
     survivors = replicas[:2]
     for r in survivors:
@@ -379,7 +380,9 @@ def test_peer_dies_mid_state_transfer_the_newcomer_heals_from_another(job, tmp_p
 
     The kill follows the newcomer's log line naming its source, and may land after a fast transfer: then the
     scenario is tried again with the two live replicas and another newcomer (each try kills the serving peer)."""
-    big = {"REPLICA_EPOCHS": "40", "REPLICA_PAD_MB": "256"}
+    # The survivors wait for a newcomer's first step while it fetches the state, at most the replica timeout: the
+    # local 2 s may not carry 256 MiB on a loaded machine (a newcomer never admitted is another test's subject).
+    big = {"REPLICA_EPOCHS": "40", "REPLICA_PAD_MB": "256", launch.ENV_REPLICA_TIMEOUT: "10"}
     everyone = [job.start(f"node-{i}", **big) for i in range(2)]
     live = list(everyone)
     wait_for(lambda: all(r.records and r.records[-1]["ranks"] == 2 for r in live), 120, "2 replicas")
