@@ -427,6 +427,7 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
                 item = data.next(quorum) if data is not None else None
                 yield (quorum.step + 1, item) if data is not None else quorum.step + 1
                 if not replicas.end_step():
+                    replicas.undo.undo()
                     members.discard()
                     if data is not None:
                         data.discarded()

@@ -20,6 +20,7 @@ How the user's script is adapted, public APIs only, nothing in the script change
 """
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import socket
@@ -33,7 +34,7 @@ import torch.distributed as dist
 from azext_elastictrain.core import launch
 from azext_elastictrain.runtime import entries
 from azext_elastictrain.runtime.loop import samplers_in
-from azext_elastictrain.runtime.state import capture_rng, modules_in, restore_rng
+from azext_elastictrain.runtime.state import capture_rng, modules_in, restore_rng, schedulers_in
 from azext_elastictrain.runtime.stopping import TrainingStopped
 from azext_elastictrain.runtime.timeouts import replica_timeout
 
@@ -76,7 +77,7 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
 
         env = os.environ if environ is None else environ
         self.state = state
-        self.optimizer = _the_optimizer(state)
+        self.optimizer = the_optimizer(state)
         self.node_rank = dist.get_rank() if dist.is_initialized() else 0
         self.node_size = dist.get_world_size() if dist.is_initialized() else 1
         self.committed: bool | None = None  # the current step's verdict, once asked
@@ -107,6 +108,7 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         self.manager.load_state_dict({"step": step, "batches_committed": 0})
         self._in_hook = False
         self._hook = self.optimizer.register_step_pre_hook(self._before_optimizer_step)
+        self.undo = StepUndo(state, self.optimizer)
         self.left = False
 
     # -- the step ---------------------------------------------------------------------------
@@ -126,6 +128,7 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
             self.close()
             raise TrainingStopped(last_step, f"in-process recovery: no quorum ({ex})") from ex
         self.rank = rank
+        self.undo.keep()  # the state this step starts from (a healing load, later in the step, keeps again)
         return Quorum(self.manager.current_step(), participants, rank)
 
     def end_step(self) -> bool:
@@ -178,6 +181,7 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
                 raise RuntimeError(f"the peer's state lacks {sorted(missing)[:5]}: the replicas run other scripts")
             tree.apply({key: payload["flat"][key] for key in tree.flat})
             restore_rng(payload["rng"])
+            self.undo.keep()  # a discarded healing step goes back to the peer's state, not to this replica's old one
         finally:
             self._in_hook = False
             for p, g in zip(params, grads):
@@ -234,7 +238,38 @@ def discard_step(optimizer: torch.optim.Optimizer) -> None:
             p.grad = None
 
 
-def _the_optimizer(state: dict[str, Any]) -> torch.optim.Optimizer:
+class StepUndo:
+    """What a discarded step must take back besides the optimizer's update (which ``discard_step`` prevents): the
+    LR schedulers of the state, which the script steps after ``optimizer.step()`` whatever the verdict, and the
+    hyperparameters they set in the optimizer's groups (learning rate, OneCycleLR's momentum). The step is trained
+    again, so without this every discarded step would move the schedule on by one; a restart-mode job restores
+    the same schedulers from its checkpoint. Kept at each step boundary (a few numbers); a scheduler outside the
+    state is not seen (as a restart would not restore it)."""
+
+    def __init__(self, state: dict[str, Any], optimizer: torch.optim.Optimizer) -> None:
+        self.schedulers = schedulers_in(state)
+        self.optimizer = optimizer
+        self._kept: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = None
+
+    def keep(self) -> None:
+        """Before the step's body runs."""
+        if self.schedulers:
+            self._kept = ([copy.deepcopy(s.state_dict()) for s in self.schedulers],
+                          [copy.deepcopy({k: v for k, v in group.items() if k != "params"})
+                           for group in self.optimizer.param_groups])
+
+    def undo(self) -> None:
+        """The step was discarded: the schedulers and the groups' hyperparameters as they were before it."""
+        if self._kept is None:
+            return
+        schedules, groups = self._kept
+        for scheduler, kept in zip(self.schedulers, schedules):
+            scheduler.load_state_dict(copy.deepcopy(kept))
+        for group, kept_group in zip(self.optimizer.param_groups, groups):
+            group.update(copy.deepcopy(kept_group))
+
+
+def the_optimizer(state: dict[str, Any]) -> torch.optim.Optimizer:
     """The state's one optimizer, with its model a DDP: what the in-process mode adapts (see the docstring)."""
     found: list[Any] = []
 
@@ -251,6 +286,7 @@ def _the_optimizer(state: dict[str, Any]) -> torch.optim.Optimizer:
             found.append(value.optimizer)
 
     walk(state)
+    found = list({id(o): o for o in found}.values())  # a scheduler in the state names its optimizer again
     if len(found) != 1:
         raise ValueError(
             f"in-process recovery needs exactly one optimizer in the state, found {len(found)}: its step is where "

@@ -102,6 +102,19 @@ def modules_in(state: dict[str, Any]) -> list[torch.nn.Module]:
     return modules
 
 
+def schedulers_in(value: Any) -> list[Any]:
+    """The LR schedulers of a state: its values, those of nested dicts, lists and tuples, and TrainingState's."""
+    if isinstance(value, torch.optim.lr_scheduler.LRScheduler):
+        return [value]
+    if isinstance(value, TrainingState):
+        return schedulers_in(value.scheduler)
+    if isinstance(value, dict):
+        return [s for item in value.values() for s in schedulers_in(item)]
+    if isinstance(value, (list, tuple)):
+        return [s for item in value for s in schedulers_in(item)]
+    return []
+
+
 def pair_optimizers(found: list[tuple[str, Any]]) -> dict[int, torch.nn.Module]:
     """id(optimizer) -> the smallest module of the state holding every parameter it optimizes."""
     modules = [(path, m, {id(p) for p in m.parameters()}) for path, m in found if isinstance(m, torch.nn.Module)]

@@ -3,11 +3,11 @@
 Run as ``python -m tests.support.replica_worker`` with the job's environment (ELASTICTRAIN_RECOVERY=in-process,
 TORCHFT_LIGHTHOUSE, ELASTICTRAIN_REPLICA_ID, the checkpoint URL, MASTER_ADDR/PORT, RANK/WORLD_SIZE of the node).
 Each step prints one JSON line before its body's optimizer step: the step, the sample ids of this worker's slice,
-its layout (ranks, rank), the sampler's position and the pid; after the optimizer step, a second line with the
-step's verdict (``committed``: the runtime discards a step by leaving every gradient ``None``, runtime/replicas.py).
-The test reads them to check exactly-once data from ground truth: a step trained, then discarded and healed from a
-peer, is followed by later records although this replica never committed it. After the loop it prints the final
-parameters. ``REPLICA_STEP_SECONDS``: compute slept per step.
+its layout (ranks, rank), the sampler's position, the learning rate its LR scheduler set and the pid; after the
+optimizer step, a second line with the step's verdict (``committed``: the runtime discards a step by leaving every
+gradient ``None``, runtime/replicas.py). The test reads them to check exactly-once data from ground truth: a step
+trained, then discarded and healed from a peer, is followed by later records although this replica never committed
+it. After the loop it prints the final parameters. ``REPLICA_STEP_SECONDS``: compute slept per step.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, Dataset
 from azext_elastictrain.runtime import Checkpointer, ElasticSampler
 
 SIZE, BATCH = int(os.environ.get("REPLICA_SAMPLES", "240")), 12
+LR, GAMMA = 1e-2, 0.995
 
 
 class Ids(Dataset):
@@ -42,8 +43,9 @@ def main() -> int:
     sampler = ElasticSampler(data, global_batch_size=BATCH, seed=0)
     loader = DataLoader(data, batch_sampler=sampler, num_workers=int(os.environ.get("REPLICA_LOADER_WORKERS", "0")))
     model = nn.parallel.DistributedDataParallel(nn.Linear(8, 4))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    state = {"model": model, "optimizer": optimizer, "data": sampler}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=GAMMA)  # step s: LR x GAMMA^(s-1)
+    state = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "data": sampler}
     pause = float(os.environ.get("REPLICA_STEP_SECONDS", "0.05"))
     die_at = int(os.environ.get("REPLICA_DIE_AT_STEP", "0"))  # gone mid-step: its peers' collective fails
     if os.environ.get("REPLICA_PAD_MB"):  # a large state, so that a transfer to a newcomer takes a while
@@ -55,12 +57,13 @@ def main() -> int:
         loss.backward()
         time.sleep(pause)
         print(json.dumps({"step": step, "ids": ids.tolist(), "ranks": sampler.num_replicas, "rank": sampler.rank,
-                          "replica_rank": ckpt.replica_rank,
+                          "replica_rank": ckpt.replica_rank, "lr": optimizer.param_groups[0]["lr"],
                           "epoch": sampler.epoch, "consumed": sampler.consumed, "pid": os.getpid(),
                           "time": time.time()}), flush=True)
         if step == die_at:
             os._exit(9)
         optimizer.step()
+        scheduler.step()  # whatever the verdict, as scripts do
         committed = all(p.grad is not None for p in model.parameters())
         print(json.dumps({"verdict": step, "committed": committed}), flush=True)
     params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])

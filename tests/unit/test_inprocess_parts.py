@@ -11,7 +11,7 @@ import torch
 
 from azext_elastictrain.runtime.data import ElasticSampler
 from azext_elastictrain.runtime.replica_data import ReplicaBatches, layout, skip_one
-from azext_elastictrain.runtime.replicas import Quorum, average_across_replicas, discard_step
+from azext_elastictrain.runtime.replicas import Quorum, StepUndo, average_across_replicas, discard_step, the_optimizer
 
 SIZE, BATCH = 48, 12
 
@@ -90,6 +90,62 @@ def test_a_discarded_step_changes_neither_the_model_nor_the_optimizer(make) -> N
     optimizer.step()
     assert all(torch.equal(a, p) for a, p in zip(before_params, model.parameters()))
     assert pickle.dumps(optimizer.state_dict()) == before_state
+
+
+@pytest.mark.parametrize("make", [
+    lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5),
+    lambda o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=1.0, total_steps=10),  # cycles momentum too
+    lambda o: torch.optim.lr_scheduler.SequentialLR(o, [torch.optim.lr_scheduler.LinearLR(o, total_iters=2),
+                                                        torch.optim.lr_scheduler.ExponentialLR(o, 0.9)],
+                                                     milestones=[2]),
+], ids=["StepLR", "OneCycleLR", "SequentialLR"])
+def test_a_discarded_step_takes_back_the_schedulers_step(make) -> None:
+    """The script steps its scheduler after optimizer.step() whatever the verdict; the step is trained again, so
+    the schedule must not move on: the schedulers and the groups' hyperparameters come back as they were."""
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    scheduler = make(optimizer)
+    undo = StepUndo({"model": model, "nested": [{"optimizer": optimizer, "scheduler": scheduler}]}, optimizer)
+    assert undo.schedulers == [scheduler]
+    optimizer.step()
+    scheduler.step()
+    before = (pickle.dumps(scheduler.state_dict()), [dict(g, params=None) for g in optimizer.param_groups])
+    undo.keep()
+    optimizer.step()  # a discarded try: no update, but the script steps its scheduler
+    scheduler.step()
+    assert [dict(g, params=None) for g in optimizer.param_groups] != before[1]
+    undo.undo()
+    assert (pickle.dumps(scheduler.state_dict()), [dict(g, params=None) for g in optimizer.param_groups]) == before
+    scheduler.step()  # and it goes on from there as an undisturbed one would
+    twin_model = torch.nn.Linear(4, 3)
+    twin_optimizer = torch.optim.SGD(twin_model.parameters(), lr=0.1, momentum=0.9)
+    twin = make(twin_optimizer)
+    for _ in range(2):
+        twin_optimizer.step()
+        twin.step()
+    assert [g["lr"] for g in optimizer.param_groups] == [g["lr"] for g in twin_optimizer.param_groups]
+
+
+def test_no_scheduler_nothing_to_take_back() -> None:
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    undo = StepUndo({"model": model, "optimizer": optimizer}, optimizer)
+    undo.keep()
+    optimizer.param_groups[0]["lr"] = 0.5
+    undo.undo()  # no scheduler: the script's own changes to the groups are its business
+    assert optimizer.param_groups[0]["lr"] == 0.5
+
+
+def test_the_optimizer_is_found_once_when_a_scheduler_names_it_too() -> None:
+    """{"model", "optimizer", "scheduler"} is the usual state; the scheduler's .optimizer is the same object."""
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    state = {"model": model, "optimizer": optimizer,
+             "scheduler": torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)}
+    assert the_optimizer(state) is optimizer
+    other = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="exactly one optimizer"):
+        the_optimizer({**state, "other": other})
 
 
 def test_gradients_are_averaged_across_replicas_in_the_optimizer_order() -> None:
