@@ -65,12 +65,19 @@ COORDINATOR_MODULE = "azext_elastictrain.runtime.coordinator"
 # - join_timeout_ms 200: once min nodes are in, how long the quorum waits for more; a newcomer later than this
 #   joins at the next step's quorum, so a short wait costs a newcomer one step, never the survivors a second.
 # - quorum_tick_ms 50: how often a waiting quorum is looked at again: a step's quorum is never late by more.
-# - heartbeat_timeout_ms 1000: a node not heard from this long is out of the next quorum. torchft's Manager
-#   beats every 100 ms, so ten beats lost in a row: a busy CPU or a slow network does not drop a live node
-#   (and a needless drop costs one re-form, well under a second, not a restart).
+# - heartbeat_timeout_ms: a node not heard from this long is out of the next quorum (torchft's Manager beats every
+#   100 ms, and each quorum request counts as a beat). It is also what a 2-node job's planned departure waits:
+#   torchft's Lighthouse forms no quorum of half the live nodes or fewer (its split-brain rule), so the survivor
+#   waits until the leaving node's last beat is this old (measured: notice outage 1.07 s at 1000 ms, 0.80 s at
+#   500 ms, and a vanish 1.03 s / 0.57 s; outage.py --nodes 2 --repeats 3 --modes in-process@1000,in-process@500;
+#   3 nodes and more wait only the join timeout). A needless drop costs the node a heal from a peer, not a restart.
+#   Local: 500 ms, five beats lost in a row: 0 needless drops in 120 s under two CPU hogs on this 2-core machine
+#   (rdzv_soak.py --in-process-heartbeat-ms 500). AKS: 1000 ms, not measured here: a needless drop there sends a
+#   real model's state across the network, so ten beats.
 COORDINATOR_JOIN_TIMEOUT_MS = 200
 COORDINATOR_QUORUM_TICK_MS = 50
-COORDINATOR_HEARTBEAT_TIMEOUT_MS = 1000
+LOCAL_COORDINATOR_HEARTBEAT_TIMEOUT_MS = 500
+AKS_COORDINATOR_HEARTBEAT_TIMEOUT_MS = 1000
 ENV_PREFIX = "ELASTICTRAIN_"  # a local node starts without the caller's ELASTICTRAIN_* settings
 # How long a worker waits in one collective before it gives up (every process group of the job: the runtime's
 # own, and the script's default group through runtime.collective_timeout()). A Spot VM evicted without notice
@@ -176,12 +183,13 @@ def standalone_torchrun_options(*, nproc_per_node: int) -> list[str]:
     return ["--standalone", "--nnodes=1", f"--nproc-per-node={nproc_per_node}", f"--max-restarts={MAX_RESTARTS}"]
 
 
-def coordinator_args(*, bind: str, min_nodes: int) -> list[str]:
-    """The coordinator's options (runtime/coordinator.py): where it listens, and the fewest nodes a quorum takes
-    (the job's --min-nodes: below it the workers wait, as a torchrun rendezvous waits for --nnodes MIN)."""
+def coordinator_args(*, bind: str, min_nodes: int, heartbeat_timeout_ms: int) -> list[str]:
+    """The coordinator's options (runtime/coordinator.py): where it listens, the fewest nodes a quorum takes
+    (the job's --min-nodes: below it the workers wait, as a torchrun rendezvous waits for --nnodes MIN), and how
+    long a silent node stays in (the backend's: LOCAL_/AKS_COORDINATOR_HEARTBEAT_TIMEOUT_MS)."""
     return [f"--bind={bind}", f"--min-replicas={min_nodes}",
             f"--join-timeout-ms={COORDINATOR_JOIN_TIMEOUT_MS}", f"--quorum-tick-ms={COORDINATOR_QUORUM_TICK_MS}",
-            f"--heartbeat-timeout-ms={COORDINATOR_HEARTBEAT_TIMEOUT_MS}"]
+            f"--heartbeat-timeout-ms={heartbeat_timeout_ms}"]
 
 
 def recovery_env(recovery: str, *, coordinator: str | None = None, replica_id: str | None = None,

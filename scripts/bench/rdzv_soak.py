@@ -1,7 +1,7 @@
 """Does a rendezvous setting re-form a healthy job for nothing? A soak under CPU load.
 
     .venv/bin/python scripts/bench/rdzv_soak.py [--seconds 180] [--hogs 2] [--conf RDZV_CONF ...]
-        [--collective-timeout SECONDS ...] [--checkpoint-every STEPS]
+        [--collective-timeout SECONDS ...] [--checkpoint-every STEPS] [--in-process-heartbeat-ms MS ...]
 
 Shorter keep-alives notice a dead node sooner (faster recovery) but call a live
 node dead when its agent's heartbeat is late: the job then re-forms for
@@ -10,7 +10,8 @@ rendezvous, Azurite) trains for ``--seconds`` with no eviction while ``--hogs``
 busy processes compete for the CPU; every restore after the first is a
 needless re-form. The same soak prices a collective timeout (``--collective-timeout``: each value soaked with the
 shipped rendezvous settings): too short, and a peer that is slow rather than gone fails a collective and the job
-re-forms for nothing. Everything runs on loopback and is stopped at the end.
+re-forms for nothing. ``--in-process-heartbeat-ms`` soaks in-process jobs instead: a coordinator that drops a node
+unheard of for MS milliseconds, each quorum change after both train a needless one. Everything runs on loopback and is stopped at the end.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts" / "bench"))
 
 from tests.support.elastic import TUNED_RDZV_CONF, JobConfig, Node, events_of, read_events, wait_for  # noqa: E402
 from tests.support.services import start_azurite, start_etcd  # noqa: E402
@@ -62,6 +64,42 @@ def soak(conf: str, seconds: float, blob, etcd, logs: Path, timeout: float | Non
         store.close()
 
 
+def soak_in_process(heartbeat_ms: int, seconds: float, blob, logs: Path) -> dict:
+    """A healthy 2-node in-process job (goodput.py's config, its coordinator at ``heartbeat_ms``): every quorum
+    change after both nodes train is a live node taken for dead (its heartbeats late) and dropped for nothing."""
+    from goodput import CONFIGS, WORKLOAD, WORKLOAD_ARGS, start_coordinator  # pylint: disable=import-outside-toplevel
+
+    cfg = CONFIGS["in-process"]
+    name = f"soak-ip-{uuid.uuid4().hex[:6]}"
+    product = launch.LOCAL_COORDINATOR_HEARTBEAT_TIMEOUT_MS
+    launch.LOCAL_COORDINATOR_HEARTBEAT_TIMEOUT_MS = heartbeat_ms  # read when the coordinator's command line is built
+    try:
+        coordinator = start_coordinator(cfg, logs / name, name)
+    finally:
+        launch.LOCAL_COORDINATOR_HEARTBEAT_TIMEOUT_MS = product
+    job = JobConfig(name=name, checkpoint_url=f"{blob.blob_endpoint}/bench/{name}",
+                    connection_string=blob.connection_string, etcd_endpoint="unused:0", progress_seconds=0.2,
+                    recovery=launch.RECOVERY_IN_PROCESS, coordinator=coordinator.address,
+                    extra_env={launch.ENV_CHECKPOINT_INTERVAL_STEPS: str(cfg["every"])},
+                    script=WORKLOAD, script_args=WORKLOAD_ARGS)
+    store = BlobStore.from_url(job.checkpoint_url, connection_string=blob.connection_string)
+    nodes = [Node(job, "node-a", logs), Node(job, "node-b", logs)]
+    try:
+        wait_for(lambda: [e for e in events_of(read_events(store, store.prefix), "progress")
+                          if e.get("world_size") == 2], 300, "training at world size 2")
+        start = time.time()
+        time.sleep(seconds)
+        events = [e for e in read_events(store, store.prefix) if e["time"] >= start]
+        progress = events_of(events, "progress")
+        return {"seconds": seconds, "reforms": len(events_of(events, "quorum")),
+                "steps": progress[-1]["step"] - progress[0]["step"] if progress else 0}
+    finally:
+        for node in nodes:
+            node.stop()
+        coordinator.stop()
+        store.close()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=180)
@@ -70,6 +108,8 @@ def main() -> int:
     parser.add_argument("--collective-timeout", type=float, action="append", metavar="SECONDS",
                         help="instead: soak these collective timeouts, with the shipped rendezvous settings")
     parser.add_argument("--checkpoint-every", type=int, default=50, help="steps between blob checkpoints")
+    parser.add_argument("--in-process-heartbeat-ms", type=int, action="append", metavar="MS",
+                        help="instead: soak in-process jobs whose coordinator drops a node unheard of this long")
     args = parser.parse_args()
     hogs = [multiprocessing.Process(target=_hog, daemon=True) for _ in range(args.hogs)]
     for hog in hogs:
@@ -79,12 +119,18 @@ def main() -> int:
             work = Path(tmp)
             with start_azurite(work / "azurite") as blob, start_etcd(work / "etcd") as etcd:
                 blob.blob_service_client().create_container("bench")
-                for timeout in args.collective_timeout or []:
+                for heartbeat_ms in args.in_process_heartbeat_ms or []:
+                    r = soak_in_process(heartbeat_ms, args.seconds, blob, work / "logs")
+                    print(f"{r['reforms']} needless re-form(s) in {r['seconds']:.0f}s ({r['steps']} steps, "
+                          f"{args.hogs} CPU hogs): in-process, coordinator heartbeat timeout {heartbeat_ms} ms",
+                          flush=True)
+                for timeout in [] if args.in_process_heartbeat_ms else args.collective_timeout or []:
                     r = soak(TUNED_RDZV_CONF, args.seconds, blob, etcd, work / "logs", timeout, args.checkpoint_every)
                     print(f"{r['reforms']} needless re-form(s) in {r['seconds']:.0f}s ({r['steps']} steps, "
                           f"{args.hogs} CPU hogs, a checkpoint every {args.checkpoint_every} steps): collective "
                           f"timeout {timeout:g}s", flush=True)
-                for conf in [] if args.collective_timeout else args.conf or [TUNED_RDZV_CONF]:
+                for conf in [] if args.collective_timeout or args.in_process_heartbeat_ms else \
+                        args.conf or [TUNED_RDZV_CONF]:
                     r = soak(conf, args.seconds, blob, etcd, work / "logs", None, args.checkpoint_every)
                     print(f"{r['reforms']} needless re-form(s) in {r['seconds']:.0f}s ({r['steps']} steps, "
                           f"{args.hogs} CPU hogs): {conf}", flush=True)

@@ -14,12 +14,7 @@ integration tests compare the replicas' states with each other instead (tests/in
 """
 from __future__ import annotations
 
-import json
-from collections import defaultdict
-from pathlib import Path
-
 import pytest
-import torch
 
 from azext_elastictrain.backends.local.cluster import LocalClusters
 from azext_elastictrain.backends.local.jobs import LocalJobs
@@ -27,6 +22,7 @@ from azext_elastictrain.core.spec import LOCAL_CLUSTER_DEFAULT
 from tests.e2e.test_readme import BLOCKS, HARNESS, _show, _wait_world
 from tests.support import services as svc
 from tests.support.processes import local_cluster
+from tests.support.slices import check_exactly_once, read_slices
 
 JOB = "readme-inproc-evict"
 
@@ -38,42 +34,6 @@ def _evict(az, notice: bool, states: list[str]) -> dict:
                      timeout=300)
     _wait_world(az, JOB, 2, states)
     return result
-
-
-def _slices(out: Path) -> list[dict]:
-    records = []
-    for path in out.glob("slices-*.jsonl"):
-        lines = path.read_text().splitlines()
-        for number, line in enumerate(lines):
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                assert number == len(lines) - 1, f"{path.name}:{number + 1} is not JSON"  # a kill mid-write
-    return records
-
-
-def _check_exactly_once(records: list[dict]) -> int:
-    """Every epoch's global batches, each trained once: the committed slices of each batch (its position in the
-    epoch) join into it, at whatever layout the quorum had then. Returns the steps trained."""
-    by_batch: dict[tuple[int, int], list[dict]] = defaultdict(list)
-    for r in records:
-        by_batch[(r["epoch"], r["consumed"])].append(r)
-    first = records[0]
-    size, batch, seed = first["dataset_size"], first["global_batch"], first["seed"]
-    epochs: dict[int, list[int]] = defaultdict(list)
-    for (epoch, consumed), slices in sorted(by_batch.items()):
-        layouts = {s["ranks"] for s in slices}
-        assert len(layouts) == 1, f"epoch {epoch} at {consumed}: committed at several layouts {slices}"
-        assert sorted(s["rank"] for s in slices) == list(range(slices[0]["ranks"])), (epoch, consumed, slices)
-        epochs[epoch].extend(i for s in sorted(slices, key=lambda s: s["rank"]) for i in s["ids"])
-    for epoch, ids in epochs.items():
-        order = torch.randperm(size, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
-        assert sorted(ids) == sorted(order[:size - size % batch]), f"epoch {epoch}: not each sample once"
-        global_batches = [order[i:i + batch] for i in range(0, size - size % batch, batch)]
-        trained = [ids[i:i + batch] for i in range(0, len(ids), batch)]
-        assert [sorted(b) for b in trained] == [sorted(b) for b in global_batches], f"epoch {epoch}: out of order"
-    assert sorted(epochs) == [0, 1, 2], sorted(epochs)
-    return len(by_batch)
 
 
 @pytest.mark.slow  # a coordinator, two nodes, two evictions and two scale-ups, 192 steps
@@ -103,6 +63,7 @@ def test_the_readme_script_in_process_through_evictions_and_scale_ups(tmp_path, 
                 done = az.json("elastictrain", "job", "wait", "--local", "--name", JOB, "--state", "Succeeded",
                                "--timeout", "300", timeout=360)
                 shown = _show(az, JOB)
+                checkpoints = az.json("elastictrain", "checkpoint", "list", "--local", "--job", JOB)
                 events = LocalJobs(LocalClusters(az.config_dir / "elastictrain" / "local")).job_events(
                     LOCAL_CLUSTER_DEFAULT, JOB)
             finally:
@@ -110,18 +71,19 @@ def test_the_readme_script_in_process_through_evictions_and_scale_ups(tmp_path, 
     except svc.ServiceNotFound as exc:
         pytest.fail(str(exc), pytrace=False)
 
-    records = _slices(out)
+    records = read_slices(out)
     # the survivor (node-0: evictions take the newest node) kept its one worker process through all four re-forms
     survivor = [r for r in records if r["node"].endswith("node-0")]
     assert survivor and len({r["pid"] for r in survivor}) == 1, sorted({r["pid"] for r in survivor})
     assert len({r["node"] for r in records}) >= 3, "no replacement node trained"
-    total = _check_exactly_once(records)
+    total = check_exactly_once(records, epochs=3)
 
     # Succeeded only at the end, after its last step, which one finished event records
     assert "Succeeded" not in states and during["state"] == "Running", (states, during)
     assert done["state"] == shown["state"] == "Succeeded" and shown["step"] == total == 3 * 4096 // 64, shown
     (finished,) = [e for e in events if e["event"] == "finished"]
     assert finished["step"] == total
+    assert max(c["step"] for c in checkpoints) == total, checkpoints  # the writer node's final checkpoint
 
     # each eviction: acknowledged or not, its outage and the capacity back, as evict simulate --wait reports them
     notice, vanish = evictions

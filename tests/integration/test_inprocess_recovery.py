@@ -8,6 +8,7 @@ batch, whatever the world was at that step).
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import socket
@@ -22,6 +23,7 @@ import pytest
 import torch
 
 from azext_elastictrain.core import launch
+from tests.support import replica_worker
 from tests.support import services as svc
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -93,8 +95,8 @@ def wait_for(predicate, timeout: float, what: str):
 
 
 class Coordinator:
-    """The job's coordinator as its own process (runtime/coordinator.py, job run's settings), so a test can kill
-    and restart it."""
+    """The job's coordinator as its own process (runtime/coordinator.py, a local job's settings on a port of its
+    own), so a test can kill and restart it on the same address."""
 
     def __init__(self, log_dir: Path):
         self.port, self.log_dir, self.proc = free_port(), log_dir, None
@@ -104,8 +106,10 @@ class Coordinator:
     def start(self) -> None:
         with open(self.log_dir / "coordinator.log", "ab") as log:
             self.proc = subprocess.Popen(  # pylint: disable=consider-using-with
-                [sys.executable, "-m", launch.COORDINATOR_MODULE, "--bind", f"127.0.0.1:{self.port}",
-                 "--min-replicas", "1"], cwd=REPO, stdout=log, stderr=log)
+                [sys.executable, "-m", launch.COORDINATOR_MODULE,
+                 *launch.coordinator_args(bind=f"127.0.0.1:{self.port}", min_nodes=1,
+                                          heartbeat_timeout_ms=launch.LOCAL_COORDINATOR_HEARTBEAT_TIMEOUT_MS)],
+                cwd=REPO, stdout=log, stderr=log)
         wait_for(lambda: self._listening(), 30, "the coordinator's port")
 
     def _listening(self) -> bool:
@@ -188,6 +192,9 @@ def assert_exactly_once(replicas: list[Replica], survivors: list[Replica]) -> No
         trained = sorted(i for rec in records for i in rec["ids"])
         assert trained == sorted(expected), f"step {step}: trained {trained}, the global batch is {sorted(expected)}"
         assert sorted(rec["rank"] for rec in records) == list(range(records[0]["ranks"])), (step, records)
+        # the worker's LR scheduler, stepped after every try: a discarded try is taken back (runtime StepUndo)
+        lr = replica_worker.LR * replica_worker.GAMMA ** (step - 1)
+        assert all(math.isclose(rec["lr"], lr, rel_tol=1e-9) for rec in records), (step, lr, records)
 
 
 def assert_same_pids(survivors: list[Replica]) -> None:

@@ -29,9 +29,20 @@ def test_its_defaults_are_the_launch_settings():
     args = parse_args([])
     assert args.bind == f"0.0.0.0:{launch.COORDINATOR_PORT}" and args.min_replicas == 1
     assert (args.join_timeout_ms, args.quorum_tick_ms, args.heartbeat_timeout_ms) == (
-        launch.COORDINATOR_JOIN_TIMEOUT_MS, launch.COORDINATOR_QUORUM_TICK_MS, launch.COORDINATOR_HEARTBEAT_TIMEOUT_MS)
-    given = parse_args(launch.coordinator_args(bind="127.0.0.1:0", min_nodes=3))
-    assert (given.bind, given.min_replicas) == ("127.0.0.1:0", 3)
+        launch.COORDINATOR_JOIN_TIMEOUT_MS, launch.COORDINATOR_QUORUM_TICK_MS,
+        launch.AKS_COORDINATOR_HEARTBEAT_TIMEOUT_MS)
+    given = parse_args(launch.coordinator_args(bind="127.0.0.1:0", min_nodes=3, heartbeat_timeout_ms=500))
+    assert (given.bind, given.min_replicas, given.heartbeat_timeout_ms) == ("127.0.0.1:0", 3, 500)
+
+
+def test_a_local_coordinator_drops_a_silent_node_sooner_than_an_aks_one():
+    """A 2-node job's planned departure waits for the leaving node's heartbeats to age out (torchft's split-brain
+    rule): local 500 ms (soaked on 2 cores), AKS 1000 ms (a needless drop sends a real state over the network)."""
+    from azext_elastictrain.backends.local.agent import CoordinatorLaunch
+
+    local = parse_args(CoordinatorLaunch(REPO).argv()[3:-1])
+    assert local.heartbeat_timeout_ms == launch.LOCAL_COORDINATOR_HEARTBEAT_TIMEOUT_MS == 500
+    assert launch.AKS_COORDINATOR_HEARTBEAT_TIMEOUT_MS == 1000
 
 
 def test_a_bad_setting_is_refused_before_torch_is_imported():
@@ -46,7 +57,9 @@ def coordinator(tmp_path):
     address_file = tmp_path / "address"
     proc = subprocess.Popen(  # pylint: disable=consider-using-with
         [sys.executable, "-m", launch.COORDINATOR_MODULE,
-         *launch.coordinator_args(bind="127.0.0.1:0", min_nodes=1), f"--address-file={address_file}"],
+         *launch.coordinator_args(bind="127.0.0.1:0", min_nodes=1,
+                                  heartbeat_timeout_ms=launch.LOCAL_COORDINATOR_HEARTBEAT_TIMEOUT_MS),
+         f"--address-file={address_file}"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)})
     try:

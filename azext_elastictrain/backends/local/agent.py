@@ -129,7 +129,8 @@ class CoordinatorLaunch:
 
     def argv(self) -> list[str]:
         return [sys.executable, "-m", launch.COORDINATOR_MODULE,
-                *launch.coordinator_args(bind="127.0.0.1:0", min_nodes=self.min_nodes),
+                *launch.coordinator_args(bind="127.0.0.1:0", min_nodes=self.min_nodes,
+                                         heartbeat_timeout_ms=launch.LOCAL_COORDINATOR_HEARTBEAT_TIMEOUT_MS),
                 f"--address-file={self.address_file}"]
 
     def env(self, inherited: Mapping[str, str]) -> dict[str, str]:
