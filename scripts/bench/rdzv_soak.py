@@ -11,7 +11,8 @@ busy processes compete for the CPU; every restore after the first is a
 needless re-form. The same soak prices a collective timeout (``--collective-timeout``: each value soaked with the
 shipped rendezvous settings): too short, and a peer that is slow rather than gone fails a collective and the job
 re-forms for nothing. ``--in-process-heartbeat-ms`` soaks in-process jobs instead: a coordinator that drops a node
-unheard of for MS milliseconds, each quorum change after both train a needless one. Everything runs on loopback and is stopped at the end.
+unheard of for MS milliseconds, each quorum change after both train a needless one. Everything runs on loopback
+and is stopped at the end.
 """
 from __future__ import annotations
 
@@ -39,6 +40,23 @@ def _hog() -> None:
         pass
 
 
+def train_healthy(job: JobConfig, seconds: float, store: BlobStore, logs: Path, reform: str) -> dict:
+    """Two nodes of ``job`` train ``seconds`` with no eviction: every ``reform`` event then is a needless one."""
+    nodes = [Node(job, "node-a", logs), Node(job, "node-b", logs)]
+    try:
+        wait_for(lambda: [e for e in events_of(read_events(store, store.prefix), "progress")
+                          if e.get("world_size") == 2], 300, "training at world size 2")
+        start = time.time()
+        time.sleep(seconds)
+        events = [e for e in read_events(store, store.prefix) if e["time"] >= start]
+        progress = events_of(events, "progress")
+        return {"seconds": seconds, "reforms": len(events_of(events, reform)),
+                "steps": progress[-1]["step"] - progress[0]["step"] if progress else 0}
+    finally:
+        for node in nodes:
+            node.stop()
+
+
 def soak(conf: str, seconds: float, blob, etcd, logs: Path, timeout: float | None = None,
          checkpoint_every: int = 50) -> dict:
     name = f"soak-{uuid.uuid4().hex[:6]}"
@@ -48,19 +66,9 @@ def soak(conf: str, seconds: float, blob, etcd, logs: Path, timeout: float | Non
                     script_args=["--steps", "1000000", "--checkpoint-every", str(checkpoint_every),
                                  "--step-delay", "0.05", "--log-every", "1000"])
     store = BlobStore.from_url(job.checkpoint_url, connection_string=blob.connection_string)
-    nodes = [Node(job, "node-a", logs), Node(job, "node-b", logs)]
     try:
-        wait_for(lambda: [e for e in events_of(read_events(store, store.prefix), "progress")
-                          if e.get("world_size") == 2], 300, "training at world size 2")
-        start = time.time()
-        time.sleep(seconds)
-        events = [e for e in read_events(store, store.prefix) if e["time"] >= start]
-        progress = events_of(events, "progress")
-        return {"conf": conf, "seconds": seconds, "reforms": len(events_of(events, "restored")),
-                "steps": progress[-1]["step"] - progress[0]["step"] if progress else 0}
+        return {"conf": conf, **train_healthy(job, seconds, store, logs, "restored")}
     finally:
-        for node in nodes:
-            node.stop()
         store.close()
 
 
@@ -83,19 +91,9 @@ def soak_in_process(heartbeat_ms: int, seconds: float, blob, logs: Path) -> dict
                     extra_env={launch.ENV_CHECKPOINT_INTERVAL_STEPS: str(cfg["every"])},
                     script=WORKLOAD, script_args=WORKLOAD_ARGS)
     store = BlobStore.from_url(job.checkpoint_url, connection_string=blob.connection_string)
-    nodes = [Node(job, "node-a", logs), Node(job, "node-b", logs)]
     try:
-        wait_for(lambda: [e for e in events_of(read_events(store, store.prefix), "progress")
-                          if e.get("world_size") == 2], 300, "training at world size 2")
-        start = time.time()
-        time.sleep(seconds)
-        events = [e for e in read_events(store, store.prefix) if e["time"] >= start]
-        progress = events_of(events, "progress")
-        return {"seconds": seconds, "reforms": len(events_of(events, "quorum")),
-                "steps": progress[-1]["step"] - progress[0]["step"] if progress else 0}
+        return train_healthy(job, seconds, store, logs, "quorum")
     finally:
-        for node in nodes:
-            node.stop()
         coordinator.stop()
         store.close()
 
