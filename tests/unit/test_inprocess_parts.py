@@ -95,9 +95,9 @@ def test_a_discarded_step_changes_neither_the_model_nor_the_optimizer(make) -> N
 @pytest.mark.parametrize("make", [
     lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5),
     lambda o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=1.0, total_steps=10),  # cycles momentum too
-    lambda o: torch.optim.lr_scheduler.SequentialLR(o, [torch.optim.lr_scheduler.LinearLR(o, total_iters=2),
-                                                        torch.optim.lr_scheduler.ExponentialLR(o, 0.9)],
-                                                     milestones=[2]),
+    lambda o: torch.optim.lr_scheduler.SequentialLR(
+        o, [torch.optim.lr_scheduler.LinearLR(o, total_iters=2), torch.optim.lr_scheduler.ExponentialLR(o, 0.9)],
+        milestones=[2]),
 ], ids=["StepLR", "OneCycleLR", "SequentialLR"])
 def test_a_discarded_step_takes_back_the_schedulers_step(make) -> None:
     """The script steps its scheduler after optimizer.step() whatever the verdict; the step is trained again, so
