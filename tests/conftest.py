@@ -30,10 +30,9 @@ _FOLDER_MARKS = ("unit", "integration", "contract", "e2e")
 _TORCHRUN_MODULES = frozenset({
     "e2e/test_demo.py", "e2e/test_local_chaos.py", "e2e/test_local_evict.py", "e2e/test_readme.py",
     "integration/test_elastic_data.py", "integration/test_elastic_recovery.py",
-    # In-process recovery: whether a kill lands mid-transfer and in which step a newcomer heals depend on timing
-    # that three parallel workers on two cores skew (both failed once so in CI's parallel phase).
-    "integration/test_inprocess_recovery.py",
 })
+# A module may also mark single tests ``torchrun`` (integration/test_inprocess_recovery.py: the cases whose
+# timing three parallel workers on two cores would skew; its others run in parallel).
 _LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
 
 

@@ -26,6 +26,8 @@ from azext_elastictrain.core import launch
 from tests.support import replica_worker
 from tests.support import services as svc
 
+# Cases whose timing three parallel workers on two cores would skew are marked torchrun: scripts/test.sh runs them
+# alone, after the rest (both the mid-transfer kill and a newcomer's admission once failed in the parallel phase).
 pytestmark = [pytest.mark.timeout(300), pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -246,6 +248,7 @@ def job_events(azurite: svc.AzuriteService, container_url: str, prefix: str) -> 
         client.close()
 
 
+@pytest.mark.torchrun  # a newcomer admitted before the survivors finish
 def test_killed_replica_survivors_go_on_and_newcomer_heals(job, azurite, container_url) -> None:
     """The newcomer restores blob's older checkpoint first (a stale copy), then heals from a live peer."""
     every = {"REPLICA_EPOCHS": "12", "ELASTICTRAIN_CHECKPOINT_INTERVAL_STEPS": "10"}
@@ -285,6 +288,7 @@ def test_two_replicas_lost_at_once(job) -> None:
     assert survivors[0].records[-1]["ranks"] == 2
 
 
+@pytest.mark.torchrun  # "no step trained twice": a 2 s timeout under load would discard one
 def test_notice_is_a_planned_departure_the_others_do_not_stop(job) -> None:
     """A Scheduled Events Preempt on one node: it leaves the quorum at a step boundary, acknowledges the event and
     ends (exit 143, as a stop); the others train on, and no committed step of theirs is discarded."""
@@ -311,6 +315,7 @@ def test_notice_is_a_planned_departure_the_others_do_not_stop(job) -> None:
     assert survivors[0].records[-1]["ranks"] == 2 and left_at < survivors[0].final["step"]
 
 
+@pytest.mark.torchrun  # the replica timeout tells a frozen node from a slow one
 def test_frozen_replica_is_dropped_and_the_others_go_on(job, azurite, container_url) -> None:
     replicas = [job.start(f"node-{i}", REPLICA_EPOCHS="8") for i in range(3)]
     wait_for(lambda: training_together(replicas), 120, f"{len(replicas)} replicas training together")
@@ -339,6 +344,7 @@ def test_frozen_replica_is_dropped_and_the_others_go_on(job, azurite, container_
     assert outage["lastStep"] >= frozen_at - 1 and outage["firstStep"] == outage["lastStep"] + 1, outage
 
 
+@pytest.mark.torchrun  # the replicas must still train when it is back
 def test_coordinator_restart_never_trains_on_a_wrong_state(job) -> None:
     """The coordinator is killed and comes back on the same address 2 s later: the replicas go on in place (the
     quorum request is retried), every committed step trained exactly once, the same model on both. (The new
@@ -370,6 +376,7 @@ def test_coordinator_gone_past_the_timeout_stops_with_the_retryable_code(job) ->
     assert all(r.last_step() <= stopped + 1 for r in replicas), "trained on without a quorum"
 
 
+@pytest.mark.torchrun  # step 30 at 3 replicas, then at 2
 def test_communicator_error_mid_collective_discards_the_step_and_trains_it_again(job) -> None:
     """A peer gone in the middle of a step (after its forward and backward, before the gradient collective): the
     survivors' collective fails, the step is discarded (no optimizer update from a partial average) and trained
@@ -388,6 +395,7 @@ def test_communicator_error_mid_collective_discards_the_step_and_trains_it_again
     assert survivors[0].final["final"] == survivors[1].final["final"]
 
 
+@pytest.mark.torchrun  # the kill must land within a transfer
 def test_peer_dies_mid_state_transfer_the_newcomer_heals_from_another(job, tmp_path) -> None:
     """The peer a newcomer fetches the state from is killed while it serves it (a 256 MiB state): the newcomer's
     step is discarded and it heals at a later quorum from the other live peer, to the same model.
