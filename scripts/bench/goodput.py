@@ -164,11 +164,13 @@ def bench_job(name: str, cfg: dict, blob, etcd, imds: ScheduledEventsServer, scr
     )
 
 
-def start_coordinator(cfg: dict, logs: Path, name: str) -> Coordinator | None:
-    """An in-process config's coordinator, as ``job run --local`` starts one (min nodes 1, the job's)."""
+def start_coordinator(cfg: dict, logs: Path, name: str,
+                      heartbeat_timeout_ms: int = launch.LOCAL_COORDINATOR_HEARTBEAT_TIMEOUT_MS) -> Coordinator | None:
+    """An in-process config's coordinator, as ``job run --local`` starts one (min nodes 1, the job's; another
+    heartbeat timeout than the product's only where a benchmark compares them)."""
     if cfg.get("recovery") != launch.RECOVERY_IN_PROCESS:
         return None
-    return Coordinator(logs / "coordinator", min_nodes=1, job=name)
+    return Coordinator(logs / "coordinator", min_nodes=1, job=name, heartbeat_timeout_ms=heartbeat_timeout_ms)
 
 
 def run_config(config: str, spec: ScheduleSpec, blob, etcd, imds: ScheduledEventsServer, logs: Path) -> dict:

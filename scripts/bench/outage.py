@@ -71,12 +71,8 @@ def run_job(mode: str, nodes: int, blob, etcd, imds: ScheduledEventsServer, logs
     base, _, heartbeat_ms = mode.partition("@")  # in-process@500: its coordinator's heartbeat timeout, in ms
     cfg = MODES[base]
     name = f"out-{base}-{nodes}-{uuid.uuid4().hex[:6]}"
-    product = launch.LOCAL_COORDINATOR_HEARTBEAT_TIMEOUT_MS
-    launch.LOCAL_COORDINATOR_HEARTBEAT_TIMEOUT_MS = int(heartbeat_ms or product)  # read when its command line is built
-    try:
-        coordinator = start_coordinator(cfg, logs / name, name)
-    finally:
-        launch.LOCAL_COORDINATOR_HEARTBEAT_TIMEOUT_MS = product
+    coordinator = start_coordinator(cfg, logs / name, name,
+                                    int(heartbeat_ms or launch.LOCAL_COORDINATOR_HEARTBEAT_TIMEOUT_MS))
     job = bench_job(name, cfg, blob, etcd, imds, SCRIPT_ARGS, coordinator, max_nodes=nodes)
     store = BlobStore.from_url(job.checkpoint_url, connection_string=blob.connection_string)
     evictor = BenchEvictor(job, imds, lambda: read_events(store, store.prefix), logs / name, full_size=nodes)

@@ -79,12 +79,7 @@ def soak_in_process(heartbeat_ms: int, seconds: float, blob, logs: Path) -> dict
 
     cfg = CONFIGS["in-process"]
     name = f"soak-ip-{uuid.uuid4().hex[:6]}"
-    product = launch.LOCAL_COORDINATOR_HEARTBEAT_TIMEOUT_MS
-    launch.LOCAL_COORDINATOR_HEARTBEAT_TIMEOUT_MS = heartbeat_ms  # read when the coordinator's command line is built
-    try:
-        coordinator = start_coordinator(cfg, logs / name, name)
-    finally:
-        launch.LOCAL_COORDINATOR_HEARTBEAT_TIMEOUT_MS = product
+    coordinator = start_coordinator(cfg, logs / name, name, heartbeat_ms)
     job = JobConfig(name=name, checkpoint_url=f"{blob.blob_endpoint}/bench/{name}",
                     connection_string=blob.connection_string, etcd_endpoint="unused:0", progress_seconds=0.2,
                     recovery=launch.RECOVERY_IN_PROCESS, coordinator=coordinator.address,

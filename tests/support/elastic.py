@@ -128,9 +128,11 @@ class Coordinator:
     """The coordinator of an in-process job, started as ``job run --local`` starts it
     (backends/local/jobs.py's start_coordinator: runtime/coordinator.py, the product's settings)."""
 
-    def __init__(self, job_dir: Path, min_nodes: int, job: str):
+    def __init__(self, job_dir: Path, min_nodes: int, job: str,
+                 heartbeat_timeout_ms: int = launch.LOCAL_COORDINATOR_HEARTBEAT_TIMEOUT_MS):
         job_dir.mkdir(parents=True, exist_ok=True)
-        self.record = start_coordinator(job_dir, min_nodes=min_nodes, job=job)
+        self.record = start_coordinator(job_dir, min_nodes=min_nodes, job=job,
+                                        heartbeat_timeout_ms=heartbeat_timeout_ms)
         self.address: str = self.record["address"]
 
     def stop(self) -> None:

@@ -43,6 +43,8 @@ def test_a_local_coordinator_drops_a_silent_node_sooner_than_an_aks_one():
     local = parse_args(CoordinatorLaunch(REPO).argv()[3:-1])
     assert local.heartbeat_timeout_ms == launch.LOCAL_COORDINATOR_HEARTBEAT_TIMEOUT_MS == 500
     assert launch.AKS_COORDINATOR_HEARTBEAT_TIMEOUT_MS == 1000
+    compared = parse_args(CoordinatorLaunch(REPO, heartbeat_timeout_ms=700).argv()[3:-1])  # what the benches vary
+    assert compared.heartbeat_timeout_ms == 700
 
 
 def test_a_bad_setting_is_refused_before_torch_is_imported():

@@ -515,13 +515,14 @@ class LocalJobs:
         return self.checkpoint_url(cluster, job), self.clusters.connection(cluster)["connection_string"]
 
 
-def start_coordinator(job_dir: Path, *, min_nodes: int, job: str) -> dict[str, Any]:
+def start_coordinator(job_dir: Path, *, min_nodes: int, job: str,
+                      heartbeat_timeout_ms: int = launch.LOCAL_COORDINATOR_HEARTBEAT_TIMEOUT_MS) -> dict[str, Any]:
     """The coordinator of an in-process job (runtime/coordinator.py) on a free loopback port, detached, as
     ``job run --local`` starts it (the benchmarks start theirs here too); returns its record once it listens
     (name, pid, start time, address, log). Raises ClusterError with its log's end if it does not start."""
     import psutil
 
-    coordinator = CoordinatorLaunch(job_dir, min_nodes=min_nodes)
+    coordinator = CoordinatorLaunch(job_dir, min_nodes=min_nodes, heartbeat_timeout_ms=heartbeat_timeout_ms)
     with open(coordinator.log, "ab") as log:
         # pylint: disable-next=consider-using-with  # a detached process: outlives this command
         proc = subprocess.Popen(coordinator.argv(), stdin=subprocess.DEVNULL, stdout=log,
