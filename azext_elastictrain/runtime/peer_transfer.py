@@ -8,7 +8,8 @@ restricted unpickler that builds tensors and plain containers only.
 
 The sender serialises the state when the quorum asks for it (``send_checkpoint``, at a step boundary before its
 next optimizer step), so the bytes served are that step's state even while it trains on; the receiver polls until
-the peer has it or the timeout passes.
+the peer has it or the transfer's timeout passes. That timeout is the transport's own (runtime/replicas.py sizes it
+to the state): torchft passes its Manager's, which knows nothing of the state's size.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import urllib.error
 import urllib.request
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torchft.checkpointing import CheckpointTransport
@@ -30,8 +31,9 @@ PATH = "/elastictrain/state/"
 class PeerTransport(CheckpointTransport):
     """Serves this replica's state for one step over HTTP; fetches a peer's."""
 
-    def __init__(self, host: str, bind: str = "0.0.0.0") -> None:
+    def __init__(self, host: str, *, timeout: Callable[[], timedelta], bind: str = "0.0.0.0") -> None:
         self._host = host
+        self._timeout = timeout
         self._payload: tuple[int, bytes] | None = None
         self.sent = 0  # states offered to a replica behind (send_checkpoint calls): what the quorum event reports
         self._lock = threading.Lock()
@@ -78,7 +80,7 @@ class PeerTransport(CheckpointTransport):
             self._payload = None
 
     def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> Any:
-        deadline = time.monotonic() + timeout.total_seconds()
+        deadline = time.monotonic() + self._timeout().total_seconds()  # not torchft's timeout: see the docstring
         url = f"{metadata}{PATH}{step}"
         while True:
             try:

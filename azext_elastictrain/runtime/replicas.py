@@ -26,7 +26,7 @@ import os
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -40,11 +40,16 @@ from azext_elastictrain.runtime.timeouts import replica_timeout
 
 log = logging.getLogger(__name__)
 
-# How long the cross-node collective and the commit wait for a peer: the backend's replica timeout
-# (runtime/timeouts.py, core/launch.py: local 2 s, AKS 30 s), torchft's TORCHFT_TIMEOUT_SEC overriding it. A silent
-# peer's collective fails after it and the step is discarded, so it is the figure of a node that vanishes. It also
-# bounds how long the others wait in a newcomer's first step, which joins the collective only once it has the
-# state: a state that takes longer to send can never be admitted.
+# How long the cross-node collective waits for a peer: the backend's replica timeout (runtime/timeouts.py,
+# core/launch.py: local 2 s, AKS 30 s), torchft's TORCHFT_TIMEOUT_SEC overriding it. A silent peer's collective
+# fails after it and the step is discarded, so it is the figure of a node that vanishes. Except in a step where a
+# replica heals: it joins the collective only once it has the state, so there the others wait as long as the state
+# takes to send (transfer_timeout). With the replica timeout there, a state slower to send than it was never
+# admitted: the others discarded the step, trained on without the newcomer, and it was behind again.
+TRANSFER_FLOOR_BYTES_PER_SECOND = 50 * 2**20  # the slowest peer-to-peer copy we allow for (~20x below loopback)
+# What torchft's Manager waits for on its own node (its server's commit vote, the state lock) and for a peer's
+# metadata call: no vanished node is found by these, so they need not be short.
+CONTROL_TIMEOUT = timedelta(seconds=30)
 QUORUM_TIMEOUT = timedelta(seconds=60)  # no quorum this long (the coordinator gone): back to the restart path
 CONNECT_TIMEOUT = timedelta(seconds=10)
 # A quorum request that fails (the coordinator restarting) is tried again this many times before the worker takes
@@ -93,13 +98,14 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         else:  # one process without a process group: a store of its own for the Manager
             self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
             store_addr, store_port = "127.0.0.1", self._store.port
-        self._transport = PeerTransport(host)
+        self.timeout = replica_timeout(env)
+        self._transport = PeerTransport(host, timeout=self.transfer_timeout)
         self._served = 0
-        timeout = replica_timeout(env)
+        self._pg = ProcessGroupGloo(timeout=self.timeout)
         self.manager = Manager(
-            pg=ProcessGroupGloo(timeout=timeout), load_state_dict=None, state_dict=None,
+            pg=self._pg, load_state_dict=None, state_dict=None,
             min_replica_size=1, use_async_quorum=True, init_sync=False,
-            timeout=timeout, quorum_timeout=QUORUM_TIMEOUT, connect_timeout=CONNECT_TIMEOUT,
+            timeout=max(self.timeout, CONTROL_TIMEOUT), quorum_timeout=QUORUM_TIMEOUT, connect_timeout=CONNECT_TIMEOUT,
             rank=self.node_rank, world_size=self.node_size, store_addr=store_addr, store_port=store_port,
             lighthouse_addr=env.get(launch.ENV_COORDINATOR), hostname=host,
             replica_id=env.get(launch.ENV_REPLICA_ID) or socket.gethostname(),
@@ -152,13 +158,43 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         self._in_hook = True
         try:
             params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
-            average_across_replicas(params, self.manager.allreduce)
+            average_across_replicas(params, self._allreduce)
             self.committed = self._should_commit()
             if not self.committed:
                 discard_step(optimizer)
         finally:
             self._in_hook = False
         return None
+
+    def _allreduce(self, flat: torch.Tensor) -> None:
+        """``flat`` averaged over the step's participants: torchft's ``Manager.allreduce`` (public calls only), with
+        this step's timeout. A healing replica sends zeros; an error is reported to the manager and fails the
+        commit (the step is discarded)."""
+        manager = self.manager
+        if manager.errored():  # an earlier failure this step (its quorum, a transfer): the step is discarded
+            return
+        manager.wait_quorum()
+        participants = manager.num_participants()
+        if not manager.is_participating():
+            flat.zero_()
+        options = dist.AllreduceOptions()
+        options.reduceOp = dist.ReduceOp.SUM
+        options.timeout = self.step_timeout(self._pg.size(), participants)
+        try:
+            self._pg.allreduce([flat], options).wait()
+        except Exception as ex:  # pylint: disable=broad-exception-caught  # the step's verdict carries it
+            log.warning("the step's collective failed: %s; discarding the step", ex)
+            manager.report_error(ex)
+            return
+        flat /= participants
+
+    def step_timeout(self, members: int, participants: int) -> timedelta:
+        """How long this step's collective waits: the replica timeout, or while a member of the quorum (one of
+        ``members``, ``participants`` of them at the job's step) takes the state from a peer, the transfer's."""
+        return self.transfer_timeout() if members > participants else self.timeout
+
+    def transfer_timeout(self) -> timedelta:
+        return transfer_timeout(self.state, self.timeout)
 
     # -- state transfer (runtime/peer_transfer.py) ---------------------------------------------
     def _state_dict(self) -> dict[str, Any]:
@@ -213,17 +249,41 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
             log.warning("leaving the quorum: %s", ex)
 
 
-def average_across_replicas(params: list[torch.Tensor], allreduce: Any) -> None:
+def transfer_timeout(state: dict[str, Any], replica: timedelta) -> timedelta:
+    """How long sending ``state`` to a peer may take: the replica timeout plus its tensors' bytes at the floor rate.
+    Every replica computes it from its own state (the same script: the same shapes; a newcomer's optimizer may not
+    have its moments yet, which the floor's margin covers)."""
+    return replica + timedelta(seconds=state_bytes(state) / TRANSFER_FLOOR_BYTES_PER_SECOND)
+
+
+def state_bytes(value: Any) -> int:
+    """The bytes of the tensors a state holds: modules' parameters and buffers, optimizers' state, plain tensors.
+    Read from the live objects, without a state_dict (torch's optimizer state dict initialises a fresh optimizer
+    by stepping it, which would re-enter this mode's step hook): safe on torchft's quorum thread."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, torch.nn.Module):
+        return sum(state_bytes(t) for t in (*value.parameters(), *value.buffers()))
+    if isinstance(value, torch.optim.Optimizer):
+        return sum(state_bytes(t) for per_param in list(value.state.values()) for t in list(per_param.values()))
+    if isinstance(value, dict):
+        return sum(state_bytes(item) for item in list(value.values()))
+    if isinstance(value, (list, tuple)):
+        return sum(state_bytes(item) for item in value)
+    return 0
+
+
+def average_across_replicas(params: list[torch.Tensor], allreduce: Callable[[torch.Tensor], None]) -> None:
     """Every parameter's gradient averaged across the replicas in one collective, in the optimizer's order.
 
     A parameter without a gradient counts as zeros, so every replica sends the same layout; after it every
-    parameter has the averaged gradient. ``allreduce``: torchft's (averages over the participants; a healing
-    replica sends zeros; an error is recorded and fails the commit).
+    parameter has the averaged gradient. ``allreduce`` averages its tensor in place, over the participants
+    (``ReplicaGroup._allreduce``: a healing replica sends zeros; an error is recorded and fails the commit).
     """
     if not params:
         return
     flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
-    allreduce(flat).wait()
+    allreduce(flat)
     offset = 0
     for p in params:
         size = p.numel()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import threading
 from datetime import timedelta
 
 import pytest
@@ -154,13 +155,8 @@ def test_gradients_are_averaged_across_replicas_in_the_optimizer_order() -> None
     params[1].grad = torch.arange(3.0)
     # params[2] has no gradient: it counts as zeros, so every replica sends the same layout
 
-    class Done:
-        def wait(self) -> None:
-            pass
-
-    def allreduce(flat: torch.Tensor) -> Done:  # another replica sent all ones: the average of the two
+    def allreduce(flat: torch.Tensor) -> None:  # another replica sent all ones: the average of the two, in place
         flat.add_(1).div_(2)
-        return Done()
 
     average_across_replicas(params, allreduce)
     assert torch.equal(params[0].grad, torch.full((2, 2), 1.5))
@@ -177,7 +173,8 @@ def test_peer_transfer_round_trips_state_and_refuses_arbitrary_objects() -> None
     pytest.importorskip("torchft")
     from azext_elastictrain.runtime.peer_transfer import PeerTransport
 
-    sender, receiver = PeerTransport("127.0.0.1", bind="127.0.0.1"), PeerTransport("127.0.0.1", bind="127.0.0.1")
+    sender, receiver = (PeerTransport("127.0.0.1", timeout=lambda: timedelta(seconds=5), bind="127.0.0.1")
+                        for _ in range(2))
     try:
         state = {"user": {"flat": {"model.weight": torch.ones(2), "data.epoch": 1, "opt.param_groups": [{"lr": 0.1}]}},
                  "torchft": {"step": 7, "batches_committed": 7}}
@@ -195,6 +192,55 @@ def test_peer_transfer_round_trips_state_and_refuses_arbitrary_objects() -> None
     finally:
         sender.shutdown()
         receiver.shutdown()
+
+
+def test_peer_transfer_waits_as_long_as_the_state_needs_not_torchfts_timeout() -> None:
+    """torchft passes its Manager's timeout (the replica timeout: 2 s locally); a state that takes longer to
+    serialise must still arrive, so the receiver keeps to the transport's own, sized to the state."""
+    pytest.importorskip("torchft")
+    from azext_elastictrain.runtime.peer_transfer import PeerTransport
+
+    sender, receiver = (PeerTransport("127.0.0.1", timeout=lambda: timedelta(seconds=10), bind="127.0.0.1")
+                        for _ in range(2))
+    try:
+        late = threading.Timer(1.0, sender.send_checkpoint, ([1], 3, {"x": torch.ones(3)}, timedelta(seconds=5)))
+        late.start()
+        got = receiver.recv_checkpoint(0, sender.metadata(), 3, timedelta(seconds=0.2))
+        assert torch.equal(got["x"], torch.ones(3))
+        late.join()
+    finally:
+        sender.shutdown()
+        receiver.shutdown()
+
+
+def test_a_healing_step_waits_for_the_transfer_sized_to_the_state() -> None:
+    pytest.importorskip("torchft")
+    from azext_elastictrain.runtime import replicas
+
+    replica = timedelta(seconds=2)
+    model = torch.nn.Linear(1024, 1024)  # 4 MiB of weights, 4 KiB of bias
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    state = {"model": model, "optimizer": optimizer, "pad": torch.zeros(100 * 2**18)}  # + 100 MiB
+    size = (1024 * 1024 + 1024) * 4 + 100 * 2**20
+    expected = replica + timedelta(seconds=size / replicas.TRANSFER_FLOOR_BYTES_PER_SECOND)
+    assert replicas.transfer_timeout(state, replica) == expected
+    assert expected > replica + timedelta(seconds=2)  # ~2 s more per 100 MiB at the floor rate
+
+    class Group:  # the two figures step_timeout reads
+        timeout = replica
+
+        def transfer_timeout(self) -> timedelta:
+            return expected
+
+    assert replicas.ReplicaGroup.step_timeout(Group(), members=3, participants=2) == expected  # one heals
+    assert replicas.ReplicaGroup.step_timeout(Group(), members=2, participants=2) == replica
+    # read from the live objects: torch's optimizer state dict would step a fresh optimizer to create its moments,
+    # re-entering the step hook from torchft's quorum thread (a deadlock)
+    fresh = torch.optim.AdamW(model.parameters())
+    assert replicas.state_bytes({"optimizer": fresh}) == 0 and not fresh.state
+    model(torch.ones(1, 1024)).sum().backward()
+    fresh.step()
+    assert replicas.state_bytes({"optimizer": fresh}) == 2 * (1024 * 1024 + 1024) * 4 + 2 * 4  # moments + steps
 
 
 # -- the cross-node timeout: one owner (core/launch.py), set by each backend for in-process jobs only -------------
