@@ -329,6 +329,17 @@ class StepUndo:
             group.update(copy.deepcopy(kept_group))
 
 
+def scalers_in(value: Any) -> list[torch.amp.GradScaler]:
+    """The AMP gradient scalers of a state (its values, nested dicts, lists and tuples)."""
+    if isinstance(value, torch.amp.GradScaler):
+        return [value]
+    if isinstance(value, dict):
+        return [s for item in value.values() for s in scalers_in(item)]
+    if isinstance(value, (list, tuple)):
+        return [s for item in value for s in scalers_in(item)]
+    return []
+
+
 def the_optimizer(state: dict[str, Any]) -> torch.optim.Optimizer:
     """The state's one optimizer, with its model a DDP: what the in-process mode adapts (see the docstring)."""
     found: list[Any] = []
@@ -346,6 +357,15 @@ def the_optimizer(state: dict[str, Any]) -> torch.optim.Optimizer:
             found.append(value.optimizer)
 
     walk(state)
+    if any(scaler.is_enabled() for scaler in scalers_in(state)):  # a disabled one just steps the optimizer
+        # GradScaler.step() checks this node's unscaled gradients for inf/NaN and skips optimizer.step() on its
+        # own, before the hook where the nodes average: one node skipping while the others wait for it in the
+        # collective (a replica timeout and a discarded step each time; a fresh scaler overflows on its first
+        # steps by design). Within a node DDP has averaged first, so the node's workers agree; across nodes not.
+        raise ValueError(
+            "in-process recovery does not take a torch.amp.GradScaler: it skips a step on this node's gradients "
+            "alone, before the nodes average theirs, so the nodes disagree on which steps to take. Train in "
+            "bfloat16 autocast (no scaler needed), or run the job with --recovery restart")
     found = list({id(o): o for o in found}.values())  # a scheduler in the state names its optimizer again
     if len(found) != 1:
         raise ValueError(

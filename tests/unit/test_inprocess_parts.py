@@ -213,6 +213,17 @@ def test_peer_transfer_waits_as_long_as_the_state_needs_not_torchfts_timeout() -
         receiver.shutdown()
 
 
+def test_a_grad_scaler_is_refused_nodes_would_disagree_on_skipped_steps() -> None:
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    the_optimizer({"model": model, "optimizer": optimizer})
+    with pytest.raises(ValueError, match="GradScaler.*bfloat16.*--recovery restart"):
+        the_optimizer({"model": model, "optimizer": optimizer, "amp": {"scaler": torch.amp.GradScaler("cpu")}})
+    # GradScaler(enabled=use_amp) with AMP off only steps the optimizer
+    disabled = torch.amp.GradScaler("cpu", enabled=False)
+    assert the_optimizer({"model": model, "optimizer": optimizer, "scaler": disabled}) is optimizer
+
+
 def test_a_healing_step_waits_for_the_transfer_sized_to_the_state() -> None:
     pytest.importorskip("torchft")
     from azext_elastictrain.runtime import replicas
