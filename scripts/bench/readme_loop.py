@@ -6,9 +6,13 @@ The README's script with its numbers as options: a DDP MLP over a random dataset
 seeded), an ``ElasticSampler`` in the state, ``for step, (x, y) in ckpt.batches(...)``. The benchmarks run it
 rather than ``scripts/train_cifar10.py``, whose loop calls ``ckpt.step()`` itself: the in-process mode runs only
 the loops of ``ckpt.batches()`` / ``ckpt.steps()``, so both modes train this one. ``--step-delay`` sleeps in
-each step (the compute of a larger model: the figures are the recovery's); ``--epochs`` is large enough that
-the job trains until the benchmark stops it. The DataLoader has no worker processes (the README's has 2): on a
-2-core machine running up to 8 nodes they would only compete for the CPU.
+each step (the compute of a larger model: the figures are the recovery's) between the backward and the optimizer
+step, where a model's forward and backward are: a node that vanishes then is most likely computing, so its peers
+find out in the step's collective (in-process: the optimizer step's cross-node average, after the replica
+timeout). Slept after ``optimizer.step()`` it was most likely between steps, where the in-process mode's
+coordinator drops it after its heartbeat timeout, sooner: the vanish figure a real model would not see.
+``--epochs`` is large enough that the job trains until the benchmark stops it. The DataLoader has no worker
+processes (the README's has 2): on a 2-core machine running up to 8 nodes they would only compete for the CPU.
 """
 from __future__ import annotations
 
@@ -47,9 +51,9 @@ def main() -> None:
         loss = nn.functional.cross_entropy(model(x), y)
         optimizer.zero_grad()
         loss.backward()
+        time.sleep(args.step_delay)  # a larger model's compute: before the step's cross-node average (see above)
         optimizer.step()
         ckpt.report(loss=loss.item())
-        time.sleep(args.step_delay)
 
 
 if __name__ == "__main__":
