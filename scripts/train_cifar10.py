@@ -13,6 +13,9 @@ only on (seed, epoch), never on the world size; its position (samples trained
 in the epoch) is checkpointed with the model, so ranks can come and go and a
 resumed run sees exactly the batches it would have seen, each sample once per
 epoch. Each rank takes an equal slice of the global batch; DDP averages gradients.
+The loop is the runtime's (``ckpt.batches(state, loader, steps=N)``), so it runs in
+both recovery modes: workers that outlive a re-form (the local default) and
+torchrun restarts (``job run --recovery restart``).
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ import tarfile
 import time
 import uuid
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -140,13 +143,6 @@ def make_loader(images: torch.Tensor, labels: torch.Tensor, global_batch: int, s
     return DataLoader(dataset, batch_sampler=sampler, num_workers=workers), sampler
 
 
-def endless(loader: DataLoader, sampler: ElasticSampler) -> Iterator[list[torch.Tensor]]:
-    """Batches epoch after epoch: the rest of the (restored) epoch first, then whole ones."""
-    while True:
-        yield from loader
-        sampler.set_epoch(sampler.epoch + 1)
-
-
 def augment(images: torch.Tensor) -> torch.Tensor:
     """Random horizontal flips and 4-pixel shifts (CIFAR); uses torch's RNG, which checkpoints restore."""
     flip = torch.rand(images.shape[0]) < 0.5
@@ -245,53 +241,49 @@ def main(argv: list[str] | None = None) -> int:
     overrides = {"interval_steps": args.checkpoint_every} if args.checkpoint_every else {}
     ckpt = Checkpointer.from_env(**overrides)
     torch.manual_seed(args.seed * 7919 + rank)  # per-rank augmentation stream (restored on resume)
-    start = ckpt.restore(state) or 0
-    if scheduler.total_steps != args.steps:
-        # Resumed with a different --steps: the restored schedule would end at the old length.
-        log.warning("LR schedule was for %d steps; stretching it to %d", scheduler.total_steps, args.steps)
-        scheduler.total_steps = args.steps
-    if rank == 0:
-        log.info("dataset %s: %d samples; world size %d; %s at step %d of %d",
-                 name, len(labels), world, "resuming" if start else "starting", start, args.steps)
-
     sample_log = open_sample_log(args.sample_log, rank)
-    batches = endless(loader, sampler)
-    step = start
+    start = None
     loss_value = float("nan")
     window_start, window_samples = time.monotonic(), 0
-    while step < args.steps:
-        step += 1
-        x, y, ids = next(batches)
+    # The runtime's loop (both recovery modes): restores the state, hands out the global batches left (this
+    # rank's slice), checkpoints, ends the process on a stop, and records the job finished after the last step.
+    for step, (x, y, ids) in ckpt.batches(state, loader, steps=args.steps):
+        if start is None:  # the state is restored by now
+            start = step - 1
+            if scheduler.total_steps != args.steps:
+                # Resumed with a different --steps: the restored schedule would end at the old length.
+                log.warning("LR schedule was for %d steps; stretching it to %d", scheduler.total_steps, args.steps)
+                scheduler.total_steps = args.steps
+            if rank == 0:
+                log.info("dataset %s: %d samples; world size %d; %s at step %d of %d",
+                         name, len(labels), world, "resuming" if start else "starting", start, args.steps)
         if name == "cifar10":
             x = augment(x)
         model.train()
         loss = F.cross_entropy(model(x.to(device)), y.to(device))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if args.step_delay:
+            time.sleep(args.step_delay)
         optimizer.step()
         scheduler.step()
-        sampler.advance()  # this global batch is trained: the checkpointed position moves past it
         if sample_log is not None:
             sample_log(step=step, epoch=sampler.epoch, world=world, ids=ids.tolist())
         loss_value = loss.item()
+        ckpt.report(loss=loss_value)
         window_samples += args.global_batch
-        if args.step_delay:
-            time.sleep(args.step_delay)
         if rank == 0 and (step % args.log_every == 0 or step == start + 1):
             rate = window_samples / max(time.monotonic() - window_start, 1e-9)
             log.info("step %d loss %.4f world %d %.1f samples/s", step, loss_value, world, rate)
             window_start, window_samples = time.monotonic(), 0
-        if ckpt.step(step, state, samples=args.global_batch, metrics={"loss": loss_value}):
-            log.info("rank %d: preempted at step %d; checkpoint is durable, exiting", rank, step)
-            ckpt.close()
-            return 0
 
-    ckpt.done(step, state)
     if rank == 0:
-        log.info("finished %d steps; final loss %.4f", step, loss_value)
-        if args.save_final:
+        log.info("finished %d steps; final loss %.4f", args.steps, loss_value)
+        if args.save_final:  # each node's rank 0 in the in-process mode (the same model): replace, never interleave
             weights = (model.module if hasattr(model, "module") else model).state_dict()
-            torch.save({k: v.cpu() for k, v in weights.items()}, args.save_final)
+            partial = f"{args.save_final}.{os.getpid()}.tmp"
+            torch.save({k: v.cpu() for k, v in weights.items()}, partial)
+            os.replace(partial, args.save_final)
     if dist.is_initialized():
         dist.destroy_process_group()
     return 0

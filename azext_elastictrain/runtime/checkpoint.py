@@ -50,6 +50,7 @@ import os
 import socket
 import time
 import warnings
+from itertools import islice
 from typing import Any, Iterable, Iterator
 
 from azext_elastictrain.core import catalog, launch
@@ -363,15 +364,23 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
             return self._run_replicated(state, step, total=total, samples=samples)
         return self._run(state, step, total, count(step, total), samples=samples)
 
-    def batches(self, state: dict[str, Any], loader: Iterable[Any], epochs: int) -> Iterator[tuple[int, Any]]:
-        """``(step, batch)`` for every batch left in ``epochs`` epochs, one flat loop with no inner one.
+    def batches(self, state: dict[str, Any], loader: Iterable[Any], epochs: int | None = None, *,
+                steps: int | None = None) -> Iterator[tuple[int, Any]]:
+        """``(step, batch)`` for every batch left in ``epochs`` epochs, one flat loop with no inner one; or,
+        with ``steps=N`` instead, for the first N global batches, across as many epochs as they take.
 
         ``loader`` is a DataLoader over an ``ElasticSampler`` (its ``batch_sampler``) that is in ``state``.
         Restores ``state`` (the sampler comes back mid-epoch, at any world size), moves the sampler from
         epoch to epoch, marks each batch trained (``advance()``) after its body, then as ``steps()``: the
-        per-step hook, the end of the process at a stop, the job finished after the last batch of the
-        last epoch. Step numbers count global batches: the total is ``epochs * sampler.batches_per_epoch``.
+        per-step hook, the end of the process at a stop, the job finished after the last batch. Step
+        numbers count global batches: the total is ``epochs * sampler.batches_per_epoch``, or ``steps``.
         """
+        if (epochs is None) == (steps is None):
+            raise ValueError("give batches() how long to train: epochs=E (whole epochs) or steps=N (global "
+                             "batches), one of the two")
+        for name, value in (("epochs", epochs), ("steps", steps)):
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be at least 0, not {value}")
         sampler = getattr(loader, "batch_sampler", None)
         if not isinstance(sampler, ElasticSampler):
             raise ValueError("batches() needs a DataLoader over an ElasticSampler: "
@@ -379,18 +388,21 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
         if not any(found is sampler for found in samplers_in(state)):
             raise ValueError("the loader's ElasticSampler is not in the state: put it there (e.g. "
                              "state['data'] = sampler) so its position is checkpointed with the model")
-        if epochs < 0:
-            raise ValueError(f"epochs must be at least 0, not {epochs}")
+        if steps is not None:  # the epochs the steps reach into; the loop ends at the step
+            epochs = -(-steps // sampler.batches_per_epoch) if sampler.batches_per_epoch else 0
+        assert epochs is not None
         step = self.restore(state) or 0
         if self.in_process:
             from azext_elastictrain.runtime.replica_data import ReplicaBatches
 
             data = ReplicaBatches(loader, sampler, epochs, node_rank=self.rank, node_size=self.world_size)
-            return self._run_replicated(state, step, data=data, samples=sampler.global_batch_size)
-        # The planned work is every batch of every epoch: done when they are exhausted, whatever a script
-        # migrated from another loop counted its steps as.
-        return self._run(state, step, None, epoch_batches(loader, sampler, epochs),
-                         samples=sampler.global_batch_size, trained=sampler.advance)
+            return self._run_replicated(state, step, total=steps, data=data, samples=sampler.global_batch_size)
+        # The planned work is every batch of every epoch (done when they are exhausted, whatever a script
+        # migrated from another loop counted its steps as), or the first ``steps`` of them.
+        items = epoch_batches(loader, sampler, epochs)
+        if steps is not None:
+            items = islice(items, max(0, steps - step))
+        return self._run(state, step, steps, items, samples=sampler.global_batch_size, trained=sampler.advance)
 
     def _run(self, state: dict[str, Any], step: int, total: int | None, items: Iterator[Any], *,
              samples: float | None, trained: Any = None) -> Iterator[Any]:
@@ -421,7 +433,7 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
         replicas = self._replicas = ReplicaGroup(state, step=step)
         members = Membership(self.world_size)
         try:
-            while not (data.finished() if data is not None else step >= (total or 0)):
+            while not (step >= total if total is not None else data is None or data.finished()):
                 quorum = replicas.begin_step(step)
                 self._record_quorum(members, quorum, replicas.served())
                 item = data.next(quorum) if data is not None else None

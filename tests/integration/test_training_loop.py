@@ -219,3 +219,38 @@ def test_batches_refuses_a_sampler_missing_from_the_state_and_a_plain_loader(ope
         ckpt.batches(_state(), loader, epochs=1)
     with pytest.raises(ValueError, match="ElasticSampler"):
         ckpt.batches(_state(), DataLoader(IndexDataset(), batch_size=4), epochs=1)
+
+
+def test_batches_with_steps_trains_that_many_global_batches_across_epochs_and_a_stop(open_checkpointer, store) -> None:
+    """steps=N: the first N global batches (5 an epoch here: 7 reach into the second epoch), resumed mid-way."""
+    loader, sampler = _loader()
+    state = {**_state(), "data": sampler}
+    ckpt = open_checkpointer(interval_steps=100)
+    seen: list[tuple[int, int, list[int]]] = []
+    with pytest.raises(TrainingStopped):
+        for step, batch in ckpt.batches(state, loader, steps=7):
+            _train(state)
+            seen.append((step, sampler.epoch, batch.tolist()))
+            if step == 3:
+                _sigterm()
+    loader, sampler = _loader()
+    state = {**_state(), "data": sampler}
+    ckpt = open_checkpointer()
+    for step, batch in ckpt.batches(state, loader, steps=7):
+        _train(state)
+        seen.append((step, sampler.epoch, batch.tolist()))
+    assert [s for s, _, _ in seen] == list(range(1, 8)) and ckpt.finished
+    assert [i for _, e, b in seen if e == 0 for i in b] == sampler.order(0)
+    assert [i for _, e, b in seen if e == 1 for i in b] == sampler.order(1)[:2 * BATCH]
+    assert (sampler.epoch, sampler.consumed) == (1, 2 * BATCH)
+    assert [(e["step"], e["total"]) for e in _kinds(store, "finished")] == [(7, 7)]
+
+
+def test_batches_wants_epochs_or_steps_one_of_the_two(open_checkpointer) -> None:
+    loader, sampler = _loader()
+    ckpt = open_checkpointer()
+    for kwargs in ({}, {"epochs": 1, "steps": 3}):
+        with pytest.raises(ValueError, match="epochs=E .* or steps=N"):
+            ckpt.batches({**_state(), "data": sampler}, loader, **kwargs)
+    with pytest.raises(ValueError, match="steps must be at least 0"):
+        ckpt.batches({**_state(), "data": sampler}, loader, steps=-1)
