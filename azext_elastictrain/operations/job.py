@@ -13,6 +13,7 @@ from azure.cli.core.azclierror import InvalidArgumentValueError
 
 from azext_elastictrain._errors import az_errors
 from azext_elastictrain._validators import resolve_target
+from azext_elastictrain.core import launch
 
 
 def run_job(cmd, *, name: str, script: str, min_nodes: int, max_nodes: int, local: bool = False,
@@ -29,7 +30,7 @@ def run_job(cmd, *, name: str, script: str, min_nodes: int, max_nodes: int, loca
                          nproc_per_node=nproc_per_node, memory_tier=memory_tier, name=name, script=script,
                          min_nodes=min_nodes, max_nodes=max_nodes, nodes=nodes,
                          checkpoint_interval=checkpoint_interval, keep=keep, warm_start=warm_start is not False,
-                         env=tuple(env or ()), **({"recovery": recovery} if recovery else {}))
+                         env=tuple(env or ()), recovery=recovery)
     return _plan_and_submit(cmd, target, spec, image=image, gpus_per_node=gpus_per_node, engine=engine,
                             dry_run=dry_run)
 
@@ -45,8 +46,9 @@ def _plan_and_submit(cmd, target, spec, *, image: str | None, gpus_per_node: int
 
 
 def _job_spec(target, *, script_args: str | None, gpus_per_node: int | None, nproc_per_node: int | None,
-              memory_tier: str | None, **fields):
-    """The job's spec from the command's values (``fields``: JobSpec's own); bad ones are az errors."""
+              memory_tier: str | None, recovery: str | None, **fields):
+    """The job's spec from the command's values (``fields``: JobSpec's own); bad ones are az errors. Without
+    --recovery, the backend's default mode (core/launch.py: in-process locally, restart on AKS)."""
     from azext_elastictrain.core.spec import DEFAULT_MEMORY_TIER, JobSpec
 
     if gpus_per_node is not None and gpus_per_node < 1:
@@ -63,7 +65,8 @@ def _job_spec(target, *, script_args: str | None, gpus_per_node: int | None, npr
     if nproc_per_node is None:
         nproc_per_node = (gpus_per_node or 1) if target.kind == "aks" else 1
     return JobSpec(**fields, nproc_per_node=nproc_per_node, script_args=args,
-                   memory_tier=memory_tier or DEFAULT_MEMORY_TIER)
+                   memory_tier=memory_tier or DEFAULT_MEMORY_TIER,
+                   recovery=recovery or launch.DEFAULT_RECOVERY.get(target.kind, launch.RECOVERY_RESTART))
 
 
 def list_jobs(cmd, local: bool = False, cluster: str | None = None,

@@ -31,7 +31,7 @@ def test_a_schedule_evicts_reports_each_recovery_and_ctrl_c_gives_the_capacity_b
             try:
                 az("elastictrain", "job", "run", "--local", "--name", JOB, "--script", "scripts/train_cifar10.py",
                    "--script-args", "--steps 100000 --step-delay 0.05", "--min-nodes", "1", "--max-nodes", "2",
-                   "--checkpoint-interval", "25", "-o", "none")
+                   "--checkpoint-interval", "25", "--recovery", "restart", "-o", "none")
                 az("elastictrain", "job", "wait", "--local", "--name", JOB, "--world-size", "2", "--step", "30",
                    "--timeout", "240", "-o", "none", timeout=300)
                 _check_schedule(az)

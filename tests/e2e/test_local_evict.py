@@ -18,7 +18,7 @@ def job(local_az):
     try:
         az("elastictrain", "job", "run", "--local", "--name", JOB, "--script", "scripts/train_cifar10.py",
            "--script-args", "--steps 5000 --step-delay 0.05", "--min-nodes", "1", "--max-nodes", "2",
-           "--checkpoint-interval", str(INTERVAL), "-o", "none")
+           "--checkpoint-interval", str(INTERVAL), "--recovery", "restart", "-o", "none")
         az("elastictrain", "job", "wait", "--local", "--name", JOB, "--step", "50", "--timeout", "240",
            "-o", "none", timeout=300)
         yield az

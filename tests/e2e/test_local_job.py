@@ -59,7 +59,7 @@ def test_a_two_node_job_trains_to_the_end_and_delete_leaves_nothing(local_az):
     az = local_az
     run = az("elastictrain", "job", "run", "--local", "--name", JOB, "--script", SCRIPT,
              "--script-args", f"--steps {STEPS} --step-delay 0.05", "--min-nodes", "1", "--max-nodes", "2",
-             "--checkpoint-interval", "25", "-o", "json")
+             "--checkpoint-interval", "25", "--recovery", "restart", "-o", "json")
     _no_secret(run.stdout)
     started = json.loads(run.stdout)
     assert started["state"] == "Running" and started["nodeCount"] == 2 and started["cluster"] == "local"
@@ -151,7 +151,7 @@ def test_a_lost_node_shows_as_an_eviction_and_a_recovery_and_delete_stops_the_re
     az = local_az
     started = az.json("elastictrain", "job", "run", "--local", "--name", "longer", "--script", SCRIPT,
                       "--script-args", "--steps 100000 --step-delay 0.05", "--min-nodes", "1",
-                      "--max-nodes", "2", "--checkpoint-interval", "10")
+                      "--max-nodes", "2", "--checkpoint-interval", "10", "--recovery", "restart")
     assert started["nodeCount"] == 2
     shown = az.json("elastictrain", "job", "wait", "--local", "--name", "longer", "--step", "12",
                     "--timeout", "120", timeout=150)

@@ -129,7 +129,7 @@ def _run_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: Path, job:
             try:
                 az("elastictrain", "job", "run", "--local", "--name", job, "--script", str(HARNESS),
                    "--script-args", script_args, "--min-nodes", "1", "--max-nodes", "2",
-                   "--checkpoint-interval", "20", "-o", "none")
+                   "--checkpoint-interval", "20", "--recovery", "restart", "-o", "none")
                 _wait_world(az, job, 2, states)
                 evictions = [_evict(az, job, notice=notice, states=states) for notice in notices]
                 during = _show(az, job)

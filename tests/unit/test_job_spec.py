@@ -90,6 +90,20 @@ def test_the_recovery_mode_defaults_to_restart_and_is_checked_when_the_spec_is_m
         spec(recovery="inprocess")  # refused as it is made
 
 
+def test_job_run_without_recovery_gets_in_process_locally_and_restart_on_aks() -> None:
+    """The in-process mode is the default where it is measured (local jobs); AKS keeps restart until it is."""
+    from azext_elastictrain._validators import Target
+    from azext_elastictrain.operations.job import _job_spec
+
+    def made(kind: str, recovery: str | None) -> str:
+        return _job_spec(Target(kind, "c", "rg" if kind == "aks" else None), script_args=None, gpus_per_node=None,
+                         nproc_per_node=None, memory_tier=None, recovery=recovery, name="j", script="train.py",
+                         min_nodes=1, max_nodes=2).recovery
+
+    assert made("local", None) == "in-process" and made("aks", None) == "restart"
+    assert made("local", "restart") == "restart" and made("aks", "in-process") == "in-process"
+
+
 def test_name_is_checked_before_the_file_system() -> None:
     with pytest.raises(SpecError, match="invalid job name"):
         local_job(name="BAD", script="/nonexistent")
