@@ -62,7 +62,7 @@ from tests.support.elastic import (  # noqa: E402
 from tests.support.services import start_azurite, start_etcd  # noqa: E402
 
 # The workload of every config: the README's loop (ckpt.batches), which both recovery modes run
-# (train_cifar10.py's own loop calls ckpt.step(), which the in-process mode does not drive).
+# (a small MLP, so that the figures are the recovery's, not a model's compute).
 WORKLOAD = REPO / "scripts" / "bench" / "readme_loop.py"
 WORKLOAD_ARGS = ["--step-delay", "0.05"]
 STEPS_PER_EPOCH = 4096 // 64  # readme_loop.py's defaults: samples // global batch

@@ -3,9 +3,8 @@
     torchrun ... scripts/bench/readme_loop.py [--width 64] [--global-batch 64] [--step-delay 0.05]
 
 The README's script with its numbers as options: a DDP MLP over a random dataset (the same on every rank,
-seeded), an ``ElasticSampler`` in the state, ``for step, (x, y) in ckpt.batches(...)``. The benchmarks run it
-rather than ``scripts/train_cifar10.py``, whose loop calls ``ckpt.step()`` itself: the in-process mode runs only
-the loops of ``ckpt.batches()`` / ``ckpt.steps()``, so both modes train this one. ``--step-delay`` sleeps in
+seeded), an ``ElasticSampler`` in the state, ``for step, (x, y) in ckpt.batches(...)``: both modes train this
+one, a model small enough that the figures are the recovery's. ``--step-delay`` sleeps in
 each step (the compute of a larger model: the figures are the recovery's) between the backward and the optimizer
 step, where a model's forward and backward are: a node that vanishes then is most likely computing, so its peers
 find out in the step's collective (in-process: the optimizer step's cross-node average, after the replica
