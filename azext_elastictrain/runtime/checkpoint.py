@@ -359,6 +359,14 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
         """
         if total < 0:
             raise ValueError(f"total must be at least 0, not {total}")
+        if self.in_process and any(True for _ in samplers_in(state)):
+            # steps() hands out no batches: each node's own loader would draw its node's slice of the same global
+            # batch as every other node's, so the job would train each sample once per node. batches() slices
+            # each step's global batch by the step's quorum.
+            raise ValueError(
+                "in-process recovery: a loop over an ElasticSampler takes its batches from "
+                "`for step, batch in ckpt.batches(state, loader, steps=N)`, which slices each global batch across "
+                "the nodes; with ckpt.steps() every node would train the same samples")
         step = self.restore(state) or 0
         if self.in_process:
             return self._run_replicated(state, step, total=total, samples=samples)

@@ -254,3 +254,12 @@ def test_batches_wants_epochs_or_steps_one_of_the_two(open_checkpointer) -> None
             ckpt.batches({**_state(), "data": sampler}, loader, **kwargs)
     with pytest.raises(ValueError, match="steps must be at least 0"):
         ckpt.batches({**_state(), "data": sampler}, loader, steps=-1)
+
+
+def test_steps_over_an_elastic_sampler_is_refused_in_process(open_checkpointer, monkeypatch) -> None:
+    """In-process mode, each node's loader would draw the same global batch's node slice: trained once per node."""
+    loader, sampler = _loader()
+    monkeypatch.setenv("ELASTICTRAIN_RECOVERY", "in-process")
+    ckpt = open_checkpointer()
+    with pytest.raises(ValueError, match="ckpt.batches.*every node would train the same samples"):
+        ckpt.steps({**_state(), "data": sampler}, total=3)
