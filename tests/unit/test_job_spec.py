@@ -90,8 +90,8 @@ def test_the_recovery_mode_defaults_to_restart_and_is_checked_when_the_spec_is_m
         spec(recovery="inprocess")  # refused as it is made
 
 
-def test_job_run_without_recovery_gets_in_process_locally_and_restart_on_aks() -> None:
-    """The in-process mode is the default where it is measured (local jobs); AKS keeps restart until it is."""
+def test_job_run_without_recovery_gets_restart_on_both_backends() -> None:
+    """A mode is the default only while it passes the battery of users' scripts: restart does, in-process not yet."""
     from azext_elastictrain._validators import Target
     from azext_elastictrain.operations.job import _job_spec
 
@@ -100,7 +100,7 @@ def test_job_run_without_recovery_gets_in_process_locally_and_restart_on_aks() -
                          nproc_per_node=None, memory_tier=None, recovery=recovery, name="j", script="train.py",
                          min_nodes=1, max_nodes=2).recovery
 
-    assert made("local", None) == "in-process" and made("aks", None) == "restart"
+    assert made("local", None) == "restart" and made("aks", None) == "restart"
     assert made("local", "restart") == "restart" and made("aks", "in-process") == "in-process"
 
 
