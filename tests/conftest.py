@@ -28,7 +28,8 @@ _FOLDER_MARKS = ("unit", "integration", "contract", "e2e")
 # a re-form happens): marked ``torchrun``, so scripts/test.sh runs them alone after the rest (which runs in
 # parallel). Other multi-process tests (local jobs, memory rescue, resharding) assert no timing: they run in parallel.
 _TORCHRUN_MODULES = frozenset({
-    "e2e/test_demo.py", "e2e/test_local_chaos.py", "e2e/test_local_evict.py", "e2e/test_readme.py",
+    "e2e/test_battery.py", "e2e/test_demo.py", "e2e/test_local_chaos.py", "e2e/test_local_evict.py",
+    "e2e/test_readme.py",
     "integration/test_elastic_data.py", "integration/test_elastic_recovery.py",
 })
 # A module may also mark single tests ``torchrun`` (integration/test_inprocess_recovery.py: the cases whose

@@ -1,0 +1,134 @@
+"""The battery: scripts as users write them (tests/support/battery_train.py), each a real 2-node local job through
+the real az in the local default recovery mode, through an eviction with notice, one without and a scale-up after
+each, compared with the same script as one uninterrupted 2-node run in the restart mode.
+
+A mode is the local default only while it passes this (core/launch.py DEFAULT_RECOVERY): the test runs whatever
+the default is (``BATTERY_RECOVERY=in-process`` runs it on another mode, to see where that one stands). Checked at every step the job kept (for each step, the records of the newest world that trained
+it: a step trained again after a re-form replaces the earlier try):
+
+- the global batch (this step's slices, joined in rank order), the learning rate the step used, the generator's
+  state and the plain counter after it: equal to the uninterrupted run's;
+- the replicas are one: every rank's digest of parameters, optimizer state and EMA is the same after the step;
+- the gradient norm the script saw (``clip_grad_norm_``: the average over every rank, as DDP gives it) equals the
+  uninterrupted run's within float error, at every world size: the global batch is fixed and its final partial
+  batch splits evenly at 1 and 2 ranks, so the maths is one DDP run's. Not in the bn variant: its model is
+  unseeded, so the two runs start from other weights (and with BatchNorm each rank normalises with its own
+  slice's statistics in DDP too, so a world of another size computes another function anyway).
+- the job is Succeeded after the last step of its last epoch, and each eviction really shrank the job.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from azext_elastictrain.core import launch
+from tests.support import services as svc
+from tests.support.processes import local_cluster
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = Path(__file__).resolve().parents[2] / "tests" / "support" / "battery_train.py"
+STEPS = 4 * 17  # battery_train.py: 4 epochs of 16 full global batches and one of 34 samples
+
+
+def _records(out: Path) -> list[dict]:
+    records = []
+    for path in out.glob("records-*.jsonl"):
+        lines = path.read_text().splitlines()
+        for number, line in enumerate(lines):
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                assert number == len(lines) - 1, f"{path.name}:{number + 1} is not JSON"  # a kill mid-write
+    return records
+
+
+def kept_steps(records: list[dict]) -> dict[int, list[dict]]:
+    """step -> the records of the newest world that trained it, one per rank in rank order: a step trained again
+    after a re-form (or a discarded try) is replaced by the later one."""
+    by_step: dict[int, list[dict]] = defaultdict(list)
+    for record in records:
+        by_step[record["step"]].append(record)
+    kept = {}
+    for step, tries in by_step.items():
+        world = max(tries, key=lambda r: r["time"])["world"]
+        newest: dict[int, dict] = {}
+        for r in sorted((r for r in tries if r["world"] == world), key=lambda r: r["time"]):
+            newest[r["rank"]] = r
+        assert sorted(newest) == list(range(world)), f"step {step}: ranks {sorted(newest)} of a world of {world}"
+        kept[step] = [newest[rank] for rank in range(world)]
+    return kept
+
+
+def compare_with_uninterrupted(run: dict[int, list[dict]], reference: dict[int, list[dict]], *,
+                               same_weights: bool) -> None:
+    assert sorted(run) == sorted(reference) == list(range(1, STEPS + 1)), (sorted(run), sorted(reference))
+    for step in sorted(reference):
+        got, want = run[step], reference[step]
+        where = f"step {step} (world {len(got)}, uninterrupted {len(want)})"
+        assert [i for r in got for i in r["ids"]] == [i for r in want for i in r["ids"]], f"{where}: global batch"
+        for key in ("lr", "strength", "counter"):
+            assert {r[key] for r in got} == {want[0][key]}, (where, key, [r[key] for r in got], want[0][key])
+        assert all(r["replica"] == got[0]["replica"] for r in got), f"{where}: the replicas differ {got}"
+        if same_weights:
+            assert all(math.isclose(r["norm"], want[0]["norm"], rel_tol=1e-4, abs_tol=1e-6) for r in got), (
+                where, "gradient norm", [r["norm"] for r in got], want[0]["norm"])
+    assert any(len(run[s]) == 1 for s in run), "no step was trained at world size 1: the evictions did not shrink it"
+
+
+def _run(az, name: str, variant: str, out: Path, *, recovery: str, evict: bool, slow: Path) -> dict:
+    az("elastictrain", "job", "run", "--local", "--name", name, "--script", str(SCRIPT),
+       "--script-args", f"--variant {variant}", "--min-nodes", "1" if evict else "2", "--max-nodes", "2",
+       "--checkpoint-interval", "10", "--recovery", recovery, "--env", f"BATTERY_OUT={out}", "-o", "none",
+       timeout=180)
+    try:
+        if evict:
+            _wait_world(az, name, 2)
+            for notice in ("30", "0"):
+                az.json("elastictrain", "evict", "simulate", "--local", "--job", name, "--notice-seconds", notice,
+                        "--replace-after", "3", "--wait", "--yes", timeout=300)
+                _wait_world(az, name, 2)
+            slow.unlink()  # the rest at full speed
+        return az.json("elastictrain", "job", "wait", "--local", "--name", name, "--state", "Succeeded",
+                       "--timeout", "420", timeout=480)
+    finally:
+        az("elastictrain", "job", "delete", "--local", "--name", name, "--yes", check=False, timeout=180)
+
+
+def _wait_world(az, name: str, size: int, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        shown = az.json("elastictrain", "job", "show", "--local", "--name", name)
+        if shown["state"] == "Running" and shown.get("worldSize") == size:
+            return
+        assert shown["state"] in ("Running", "Pending"), f"{name} ended before the evictions: {shown}"
+        time.sleep(1)
+    raise AssertionError(f"{name} never trained at world size {size}")
+
+
+@pytest.mark.parametrize("variant", ["plain", "bn"])
+def test_the_default_mode_trains_what_one_uninterrupted_run_trains(variant, tmp_path, monkeypatch) -> None:
+    mode = os.environ.get("BATTERY_RECOVERY") or launch.DEFAULT_RECOVERY["local"]
+    slow = tmp_path / "slow"
+    monkeypatch.setenv("BATTERY_SLOW", str(slow))  # the jobs' processes inherit az's environment
+    monkeypatch.setenv("BATTERY_STEP_DELAY", "0.5")
+    try:
+        with local_cluster(tmp_path / "azure-config") as az:
+            done = _run(az, "uninterrupted", variant, tmp_path / "uninterrupted", recovery=launch.RECOVERY_RESTART,
+                        evict=False, slow=slow)
+            assert done["state"] == "Succeeded" and done["step"] == STEPS, done
+            slow.touch()
+            done = _run(az, "evicted", variant, tmp_path / "evicted", recovery=mode, evict=True, slow=slow)
+            assert done["state"] == "Succeeded" and done["step"] == STEPS, done
+    except svc.ServiceNotFound as exc:
+        pytest.fail(str(exc), pytrace=False)
+    reference = kept_steps(_records(tmp_path / "uninterrupted"))
+    assert all(len(reference[s]) == 2 for s in reference), "the uninterrupted run was not 2 nodes throughout"
+    compare_with_uninterrupted(kept_steps(_records(tmp_path / "evicted")), reference,
+                               same_weights=variant != "bn")
