@@ -7,16 +7,19 @@ are averaged across the participants and the step is committed only if every par
 
 How the user's script is adapted, public APIs only, nothing in the script changes:
 
-- the optimizer gets a step pre-hook (``register_step_pre_hook``) that averages the gradients across the replicas
-  (DDP has already averaged them within the node) and asks ``should_commit()``; a step that must be discarded
-  leaves every gradient ``None``, and torch's optimizers skip parameters without one (the step is a no-op).
-  Why not a DDP comm hook: the cross-replica collective must pair the same tensors on every replica, and a DDP
-  rebuilds its gradient buckets after its first iteration, so a newcomer in its first step and the survivors in
-  their thousandth could pair different buckets (torchft's own DDP forces ``find_unused_parameters=True`` to stop
-  that, which the user's DDP does not have). The optimizer's parameter order is the same on every replica by
-  construction.
+- the script's DDP gets a communication hook (runtime/replica_grads.py) that averages the gradients across the
+  replicas inside ``backward()``, after DDP's own average within the node, so clipping and everything the script
+  does with the gradients sees the job's average, as in one DDP run. A model that is no DDP (one worker per
+  node) is averaged in the optimizer's step pre-hook instead, before the step. The pre-hook then asks
+  ``should_commit()``; a step that must be discarded leaves every gradient ``None``, and torch's optimizers skip
+  parameters without one (the step is a no-op).
 - the state a newcomer needs (model, optimizer, sampler position, RNG: runtime/state.py's flat items) goes through
-  torchft's state callbacks and runtime/peer_transfer.py.
+  torchft's state callbacks and runtime/peer_transfer.py, loaded in the optimizer's pre-hook of the newcomer's
+  first step (torchft's asynchronous quorum): that body ran on the newcomer's own stale state, and its gradient
+  counts as zeros. (torchft's synchronous quorum loads it before the body, but then no replica can see with
+  public calls that another heals in the step, so the others' collective waits only the replica timeout.)
+- a discarded step takes back everything in ``state`` (``StepUndo``): what the body changed besides the
+  optimizer's update, which ``discard_step`` prevents.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ import copy
 import logging
 import os
 import socket
+import threading
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable
@@ -34,7 +38,7 @@ import torch.distributed as dist
 from azext_elastictrain.core import launch
 from azext_elastictrain.runtime import entries
 from azext_elastictrain.runtime.loop import samplers_in
-from azext_elastictrain.runtime.state import capture_rng, modules_in, restore_rng, schedulers_in
+from azext_elastictrain.runtime.state import capture_rng, modules_in, restore_rng
 from azext_elastictrain.runtime.stopping import TrainingStopped
 from azext_elastictrain.runtime.timeouts import replica_timeout
 
@@ -113,9 +117,31 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         self.manager.register_state_dict_fn(STATE_KEY, self._load, self._state_dict)
         self.manager.load_state_dict({"step": step, "batches_committed": 0})
         self._in_hook = False
+        # The hook acts on the training thread only: torch's optimizer state dict steps a stateless optimizer (plain
+        # SGD) to initialise it, and torchft takes the state on its quorum thread, which must not enter the step's
+        # collective (it waited on the quorum it was computing: a node that never finished its quorum).
+        self._training_thread = threading.get_ident()
         self._hook = self.optimizer.register_step_pre_hook(self._before_optimizer_step)
+        self._in_backward = self._average_in_backward(state)
         self.undo = StepUndo(state, self.optimizer)
         self.left = False
+
+    def _average_in_backward(self, state: dict[str, Any]) -> Any:
+        """The comm hook on the state's DDP (runtime/replica_grads.py), or None: averaged in the step pre-hook."""
+        from azext_elastictrain.runtime.replica_grads import CrossReplicaAverage, the_ddp
+
+        ddp = the_ddp(modules_in(state), self.optimizer)
+        if ddp is None:
+            return None
+        order = [p for group in self.optimizer.param_groups for p in group["params"] if p.requires_grad]
+        hook = CrossReplicaAverage(order, self._allreduce)
+        try:
+            ddp.register_comm_hook(state=None, hook=hook.average)
+        except RuntimeError as ex:  # a hook of the script's own: one per DDP
+            raise ValueError(f"in-process recovery averages the gradients across the nodes in a DDP communication "
+                             f"hook, and this model has one already ({ex}); remove it, or use --recovery restart"
+                             ) from ex
+        return hook
 
     # -- the step ---------------------------------------------------------------------------
     def begin_step(self, last_step: int) -> Quorum:
@@ -125,6 +151,8 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         stops (TrainingStopped): torchrun restarts it and it resumes from its node's memory, a peer or blob.
         """
         self.committed, self.healed = None, False
+        if self._in_backward is not None:
+            self._in_backward.reset()
         try:
             self.manager.start_quorum()
             rank = self.manager.participating_rank()  # waits for the quorum (and a newcomer's transfer)
@@ -155,10 +183,13 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         """Average the gradients across the replicas, then step only if the quorum commits the step."""
         if self._in_hook or self.committed is not None:  # a re-entry (a healing load), or a second step()
             return None
+        if threading.get_ident() != self._training_thread:  # torch initialising a stateless optimizer's state
+            return None
         self._in_hook = True
         try:
-            params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
-            average_across_replicas(params, self._allreduce)
+            if self._in_backward is None or not self._in_backward.averaged:  # no DDP, or no backward through it
+                params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+                average_across_replicas(params, self._allreduce)
             self.committed = self._should_commit()
             if not self.committed:
                 discard_step(optimizer)
@@ -299,34 +330,126 @@ def discard_step(optimizer: torch.optim.Optimizer) -> None:
 
 
 class StepUndo:
-    """What a discarded step must take back besides the optimizer's update (which ``discard_step`` prevents): the
-    LR schedulers of the state, which the script steps after ``optimizer.step()`` whatever the verdict, and the
-    hyperparameters they set in the optimizer's groups (learning rate, OneCycleLR's momentum). The step is trained
-    again, so without this every discarded step would move the schedule on by one; a restart-mode job restores
-    the same schedulers from its checkpoint. Kept at each step boundary (a few numbers); a scheduler outside the
-    state is not seen (as a restart would not restore it)."""
+    """Everything a discarded step changed in ``state`` besides the optimizer's update (which ``discard_step``
+    prevents), taken back: the step is trained again, so it must start from what the step before committed, as a
+    restart from that step would. Kept at each step boundary, restored on a discard:
+
+    - the modules the optimizer trains: their buffers (BatchNorm's statistics move in the forward); their
+      parameters and the optimizer's state are untouched by a discarded step;
+    - every other module (an EMA's ``AveragedModel``): its parameters and buffers;
+    - LR schedulers and the hyperparameters they set in the optimizer's groups (learning rate, momentum);
+    - ``torch.Generator``s, tensors, plain values (a counter), any object with ``state_dict()``;
+    - this process's global RNGs (torch, Python, NumPy).
+
+    An ``ElasticSampler``'s position moves only for a committed step (runtime/replica_data.py). Anything outside
+    ``state`` is the script's: a discarded step does not take it back (a restart would not restore it either). The
+    cost: a copy of the buffers, of the other modules (an EMA: one model's parameters) and of the small items, each
+    step."""
 
     def __init__(self, state: dict[str, Any], optimizer: torch.optim.Optimizer) -> None:
-        self.schedulers = schedulers_in(state)
+        self.state = state
         self.optimizer = optimizer
-        self._kept: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = None
+        self._trained = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        self._kept: tuple[Any, dict[str, Any], list[dict[str, Any]]] | None = None
 
     def keep(self) -> None:
-        """Before the step's body runs."""
-        if self.schedulers:
-            self._kept = ([copy.deepcopy(s.state_dict()) for s in self.schedulers],
-                          [copy.deepcopy({k: v for k, v in group.items() if k != "params"})
-                           for group in self.optimizer.param_groups])
+        """At the step boundary, before the step's body runs."""
+        groups = [copy.deepcopy({k: v for k, v in group.items() if k != "params"})
+                  for group in self.optimizer.param_groups]
+        self._kept = (self._snapshot(self.state), capture_rng(), groups)
 
     def undo(self) -> None:
-        """The step was discarded: the schedulers and the groups' hyperparameters as they were before it."""
+        """The step was discarded: ``state`` (and the global RNGs) as they were at its boundary."""
         if self._kept is None:
             return
-        schedules, groups = self._kept
-        for scheduler, kept in zip(self.schedulers, schedules):
-            scheduler.load_state_dict(copy.deepcopy(kept))
+        kept, rng, groups = self._kept
+        self._restore(self.state, kept)
+        restore_rng(rng)
         for group, kept_group in zip(self.optimizer.param_groups, groups):
             group.update(copy.deepcopy(kept_group))
+
+    def _snapshot(self, value: Any) -> Any:  # pylint: disable=too-many-return-statements  # one per kind
+        from azext_elastictrain.runtime.data import ElasticSampler
+
+        if isinstance(value, torch.optim.Optimizer) or isinstance(value, ElasticSampler):
+            return None  # protected by discard_step / moved only when committed
+        if isinstance(value, torch.nn.Module):
+            return [t.detach().clone() for t in self._changeable(value)]
+        if _bundles_optimizer(value):  # TrainingState(model, optimizer, scheduler): its parts
+            return {"model": self._snapshot(value.model), "scheduler": self._snapshot(value.scheduler)}
+        if isinstance(value, torch.Generator):
+            return value.get_state()
+        if isinstance(value, torch.Tensor):
+            return value.detach().clone()
+        if isinstance(value, dict):
+            return {key: self._snapshot(item) for key, item in value.items()}
+        if isinstance(value, list) and not _plain(value):
+            return [self._snapshot(item) for item in value]
+        if isinstance(value, tuple) and not _plain(value):
+            return tuple(self._snapshot(item) for item in value)
+        if hasattr(value, "state_dict") and hasattr(value, "load_state_dict"):
+            return copy.deepcopy(value.state_dict())  # schedulers, a disabled GradScaler, user objects
+        return copy.deepcopy(value)  # plain values
+
+    def _changeable(self, module: torch.nn.Module) -> list[torch.Tensor]:
+        """What a discarded step may have changed in ``module``: its buffers if the optimizer trains it, else
+        its parameters too (an EMA's are updated by the script)."""
+        if any(id(p) in self._trained for p in module.parameters()):
+            return list(module.buffers())
+        return [*module.parameters(), *module.buffers()]
+
+    def _restore(self, live: Any, kept: Any) -> Any:
+        """``live`` as ``kept`` says; returns what its container must hold (a plain value is rebound there)."""
+        from azext_elastictrain.runtime.data import ElasticSampler
+
+        if kept is None and isinstance(live, (torch.optim.Optimizer, ElasticSampler)):
+            return live
+        if isinstance(live, torch.nn.Module):
+            with torch.no_grad():
+                for tensor, saved in zip(self._changeable(live), kept):
+                    tensor.copy_(saved)
+            return live
+        if _bundles_optimizer(live):
+            self._restore(live.model, kept["model"])
+            if live.scheduler is not None:
+                live.scheduler = self._restore(live.scheduler, kept["scheduler"])
+            return live
+        if isinstance(live, torch.Generator):
+            live.set_state(kept)
+            return live
+        if isinstance(live, torch.Tensor) and isinstance(kept, torch.Tensor) and live.shape == kept.shape:
+            with torch.no_grad():
+                live.copy_(kept)
+            return live
+        if isinstance(live, dict) and isinstance(kept, dict):
+            for key in list(live):
+                if key in kept:
+                    live[key] = self._restore(live[key], kept[key])
+            return live
+        if isinstance(live, list) and isinstance(kept, list) and len(live) == len(kept):
+            live[:] = [self._restore(item, saved) for item, saved in zip(live, kept)]
+            return live
+        if isinstance(live, tuple) and isinstance(kept, tuple) and len(live) == len(kept):
+            return tuple(self._restore(item, saved) for item, saved in zip(live, kept))
+        if hasattr(live, "load_state_dict") and isinstance(kept, dict):
+            live.load_state_dict(copy.deepcopy(kept))
+            return live
+        return copy.deepcopy(kept)
+
+
+def _plain(value: Any) -> bool:
+    """A value made of JSON-like items only (kept by a deep copy, restored by rebinding)."""
+    if isinstance(value, (list, tuple)):
+        return all(_plain(item) for item in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    return value is None or isinstance(value, (bool, int, float, str))
+
+
+def _bundles_optimizer(value: Any) -> bool:
+    """An object whose state_dict() holds an optimizer's (runtime/state.py's TrainingState): its parts are kept
+    one by one instead (an optimizer's state dict steps a stateless optimizer; it is untouched anyway)."""
+    return isinstance(getattr(value, "optimizer", None), torch.optim.Optimizer) and hasattr(value, "model")
 
 
 def scalers_in(value: Any) -> list[torch.amp.GradScaler]:

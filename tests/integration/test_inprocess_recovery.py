@@ -378,7 +378,7 @@ def test_coordinator_gone_past_the_timeout_stops_with_the_retryable_code(job) ->
 
 @pytest.mark.torchrun  # step 30 at 3 replicas, then at 2
 def test_communicator_error_mid_collective_discards_the_step_and_trains_it_again(job) -> None:
-    """A peer gone in the middle of a step (after its forward and backward, before the gradient collective): the
+    """A peer gone in the middle of a step (after it drew its batch, before the backward's gradient collective): the
     survivors' collective fails, the step is discarded (no optimizer update from a partial average) and trained
     again by the new world, its global batch whole."""
     replicas = [job.start(f"node-{i}", REPLICA_EPOCHS="6") for i in range(2)]

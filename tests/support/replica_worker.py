@@ -2,7 +2,7 @@
 
 Run as ``python -m tests.support.replica_worker`` with the job's environment (ELASTICTRAIN_RECOVERY=in-process,
 TORCHFT_LIGHTHOUSE, ELASTICTRAIN_REPLICA_ID, the checkpoint URL, MASTER_ADDR/PORT, RANK/WORLD_SIZE of the node).
-Each step prints one JSON line before its body's optimizer step: the step, the sample ids of this worker's slice,
+Each step prints one JSON line before its backward (whose collective averages the nodes' gradients): the step, the sample ids of this worker's slice,
 its layout (ranks, rank), the sampler's position, the learning rate its LR scheduler set and the pid; after the
 optimizer step, a second line with the step's verdict (``committed``: the runtime discards a step by leaving every
 gradient ``None``, runtime/replicas.py). The test reads them to check exactly-once data from ground truth: a step
@@ -52,16 +52,18 @@ def main() -> int:
         state["pad"] = torch.zeros(int(os.environ["REPLICA_PAD_MB"]) * 2**18)
     ckpt = Checkpointer.from_env()
     for step, (x, ids) in ckpt.batches(state, loader, epochs=int(os.environ.get("REPLICA_EPOCHS", "2"))):
-        loss = model(x).pow(2).mean()
-        optimizer.zero_grad()
-        loss.backward()
-        time.sleep(pause)
+        # the slice's record before the backward, whose collective (the nodes' average) may commit the step
+        # with this slice in it even if this process dies right after
         print(json.dumps({"step": step, "ids": ids.tolist(), "ranks": sampler.num_replicas, "rank": sampler.rank,
                           "replica_rank": ckpt.replica_rank, "lr": optimizer.param_groups[0]["lr"],
                           "epoch": sampler.epoch, "consumed": sampler.consumed, "pid": os.getpid(),
                           "time": time.time()}), flush=True)
         if step == die_at:
-            os._exit(9)
+            os._exit(9)  # gone before the step's collective: its peers' fails
+        loss = model(x).pow(2).mean()
+        optimizer.zero_grad()
+        time.sleep(pause)  # the step's compute, before the backward's collective
+        loss.backward()
         optimizer.step()
         scheduler.step()  # whatever the verdict, as scripts do
         committed = all(p.grad is not None for p in model.parameters())

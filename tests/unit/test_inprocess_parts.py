@@ -12,7 +12,8 @@ import torch
 
 from azext_elastictrain.runtime.data import ElasticSampler
 from azext_elastictrain.runtime.replica_data import ReplicaBatches, layout, skip_one
-from azext_elastictrain.runtime.replicas import Quorum, StepUndo, average_across_replicas, discard_step, the_optimizer
+from azext_elastictrain.runtime.replicas import (Quorum, ReplicaGroup, StepUndo, average_across_replicas, discard_step,
+                                                 the_optimizer)
 
 SIZE, BATCH = 48, 12
 
@@ -107,7 +108,6 @@ def test_a_discarded_step_takes_back_the_schedulers_step(make) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     scheduler = make(optimizer)
     undo = StepUndo({"model": model, "nested": [{"optimizer": optimizer, "scheduler": scheduler}]}, optimizer)
-    assert undo.schedulers == [scheduler]
     optimizer.step()
     scheduler.step()
     before = (pickle.dumps(scheduler.state_dict()), [dict(g, params=None) for g in optimizer.param_groups])
@@ -127,14 +127,93 @@ def test_a_discarded_step_takes_back_the_schedulers_step(make) -> None:
     assert [g["lr"] for g in optimizer.param_groups] == [g["lr"] for g in twin_optimizer.param_groups]
 
 
-def test_no_scheduler_nothing_to_take_back() -> None:
+def test_a_discarded_step_takes_back_the_scripts_own_learning_rate_change() -> None:
+    """A hand-written warm-up sets the groups' lr in the body: as a restart from the step before would (the
+    optimizer's state dict holds its groups), the discarded try's setting is taken back."""
     model = torch.nn.Linear(4, 3)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     undo = StepUndo({"model": model, "optimizer": optimizer}, optimizer)
     undo.keep()
     optimizer.param_groups[0]["lr"] = 0.5
-    undo.undo()  # no scheduler: the script's own changes to the groups are its business
-    assert optimizer.param_groups[0]["lr"] == 0.5
+    undo.undo()
+    assert optimizer.param_groups[0]["lr"] == 0.1
+
+
+class Tally:  # an object of the script's own with state_dict()/load_state_dict()
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def state_dict(self) -> dict:
+        return {"seen": self.seen}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.seen = state["seen"]
+
+
+def test_a_discarded_step_takes_back_everything_in_the_state() -> None:
+    """What users keep besides the model and optimizer: a counter, a generator, an EMA, BatchNorm's statistics, a
+    tensor, nested plain values, an object with state_dict(), and the global RNGs; all as at the step's start,
+    while the model's parameters and the optimizer's moments stay as the discard left them (untouched)."""
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2))
+    optimizer = torch.optim.AdamW(net.parameters(), lr=0.1)
+    ema = AveragedModel(net, multi_avg_fn=get_ema_multi_avg_fn(0.9))
+    state = {"model": net, "optimizer": optimizer, "ema": ema, "counter": 7, "noise": torch.Generator().manual_seed(3),
+             "best": torch.tensor([1.5]), "log": {"losses": [0.5, 0.4], "tally": Tally()}}
+
+    def body() -> None:  # one step as a script writes it; the verdict (discard) comes in the optimizer's hook
+        x = torch.randn(16, 4) * (1 + torch.rand((), generator=state["noise"]))
+        net(x).sum().backward()
+        optimizer.step()
+        ema.update_parameters(net)
+        state["counter"] += 1
+        state["best"] -= 0.1
+        state["log"]["losses"].append(0.3)
+        state["log"]["tally"].seen += 1
+
+    body()  # a committed step: moments exist
+    undo = StepUndo(state, optimizer)
+    undo.keep()
+    kept = pickle.dumps({k: v for k, v in state.items() if k not in ("model", "optimizer", "ema", "noise")})
+    kept_tensors = [t.clone() for t in (*net.parameters(), *net.buffers(), *ema.parameters(), *ema.buffers(),
+                                        state["noise"].get_state(), torch.get_rng_state())]
+    kept_moments = pickle.dumps(optimizer.state_dict())
+    optimizer.zero_grad()
+    hook = optimizer.register_step_pre_hook(lambda opt, *_: discard_step(opt))  # the quorum's verdict: discard
+    body()
+    hook.remove()
+    undo.undo()
+    assert pickle.dumps({k: v for k, v in state.items() if k not in ("model", "optimizer", "ema", "noise")}) == kept
+    assert all(torch.equal(a, b) for a, b in zip(kept_tensors, (
+        *net.parameters(), *net.buffers(), *ema.parameters(), *ema.buffers(), state["noise"].get_state(),
+        torch.get_rng_state())))
+    assert pickle.dumps(optimizer.state_dict()) == kept_moments
+
+
+def test_the_step_hook_ignores_torch_initialising_a_stateless_optimizer_on_another_thread() -> None:
+    """Plain SGD (momentum 0) has no state, so torch's optimizer state dict initialises it by stepping it; torchft
+    takes the state to send on its quorum thread, which then entered the step hook and waited on the quorum it
+    was computing (the sending node hung). The hook acts on the training thread only."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    group = object.__new__(ReplicaGroup)  # only the hook's own fields: no coordinator in a unit test
+    group._in_hook, group.committed, group._training_thread = False, None, threading.get_ident()
+
+    def collective(*_):
+        raise AssertionError("the quorum thread entered the step's collective")
+
+    group._allreduce = collective
+    optimizer.register_step_pre_hook(group._before_optimizer_step)
+    result: list = []
+    worker = threading.Thread(target=lambda: result.append(get_optimizer_state_dict(model, optimizer)))
+    worker.start()
+    worker.join(timeout=30)
+    assert result and not worker.is_alive()
+    assert all(p.grad is None for p in model.parameters())  # torch's own initialisation left no gradient
 
 
 def test_the_optimizer_is_found_once_when_a_scheduler_names_it_too() -> None:

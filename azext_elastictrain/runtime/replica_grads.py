@@ -1,0 +1,83 @@
+"""The in-process mode's gradient average across the nodes, inside ``backward()``, as one DDP run over every rank.
+
+The script's DDP averages the gradients among its node's workers; this communication hook (DDP's public
+``register_comm_hook``, as torchft's own DDP does) then averages them across the step's participating nodes before
+``backward()`` returns, so what the script does with the gradients afterwards sees the job's average: clipping
+(``clip_grad_norm_`` clips the global gradient, as in DDP), logging a norm, accumulating over ``no_sync()``
+micro-batches (the hook runs on the backward that syncs).
+
+The cross-node collective must pair the same tensors on every node, and DDP rebuilds its buckets after its first
+iteration (a newcomer in its first step and the others in their thousandth can hold other buckets). So each
+bucket is averaged within the node as DDP does (``allreduce_hook``), and the last bucket's call makes one
+collective of every gradient in the optimizer's parameter order, the same on every node by construction, then
+hands each bucket its part back. DDP waits for every bucket's future at the end of ``backward()``.
+
+No ``from __future__ import annotations`` here: DDP checks the hook's annotations as objects
+(``bucket: dist.GradBucket``, ``-> torch.futures.Future[torch.Tensor]``).
+"""
+from typing import Any, Callable, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+
+class CrossReplicaAverage:
+    """DDP comm hook (``average``): the node's average (DDP's own), then the nodes' average in one collective (see the module).
+
+    ``allreduce(flat)`` averages ``flat`` in place over the step's participants (runtime/replicas.py: a node
+    that is not participating sends zeros; a failure is recorded and the step discarded). ``order``: the
+    parameters in the optimizer's order. ``averaged`` counts the backward passes averaged since ``reset()``.
+    """
+
+    def __init__(self, order: List[torch.nn.Parameter], allreduce: Callable[[torch.Tensor], None]) -> None:
+        self.order = order
+        self.allreduce = allreduce
+        self.averaged = 0
+        self._pending: List[Tuple[Any, Any, List[torch.Tensor], List[Any]]] = []
+
+    def reset(self) -> None:
+        self.averaged = 0
+
+    def average(self, state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        within = allreduce_hook(None, bucket)  # type: ignore[arg-type]  # None: the default group (the node)
+        done: Any = torch.futures.Future()
+        self._pending.append((within, done, bucket.gradients(), bucket.parameters()))
+        if bucket.is_last():
+            self._across_nodes()
+        return done
+
+    def _across_nodes(self) -> None:
+        pending, self._pending = self._pending, []
+        try:
+            views = {}
+            buffers = []
+            for within, _done, gradients, parameters in pending:
+                buffers.append(within.wait())
+                views.update({id(p): g for p, g in zip(parameters, gradients)})
+            ordered = [views[id(p)] for p in self.order if id(p) in views]
+            if ordered:
+                flat = torch.cat([g.reshape(-1) for g in ordered])
+                self.allreduce(flat)
+                offset = 0
+                for g in ordered:
+                    g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                    offset += g.numel()
+            self.averaged += 1
+        except Exception as ex:  # pylint: disable=broad-exception-caught  # every bucket's future carries it
+            for _within, done, _g, _p in pending:
+                done.set_exception(ex)
+            return
+        for (_within, done, _g, _p), buffer in zip(pending, buffers):
+            done.set_result(buffer)
+
+
+def the_ddp(state_modules: List[torch.nn.Module], optimizer: torch.optim.Optimizer
+            ) -> Optional[torch.nn.parallel.DistributedDataParallel]:
+    """The state's DDP that holds every parameter the optimizer trains, if there is one."""
+    trained = {id(p) for group in optimizer.param_groups for p in group["params"] if p.requires_grad}
+    for module in state_modules:
+        if isinstance(module, torch.nn.parallel.DistributedDataParallel):
+            if trained <= {id(p) for p in module.parameters()}:
+                return module
+    return None
