@@ -114,7 +114,15 @@ class PeerWatch:  # pylint: disable=too-many-instance-attributes  # the beat's s
 
     def _beat(self) -> None:
         try:
-            self._client = self._call(self._connect)
+            # Not timed as a call: a store that cannot be reached at all is not a vanish (a script whose group
+            # is elsewhere); a store that vanished right now is seen by the next call.
+            client = self._connect()
+        except Exception as exc:  # pylint: disable=broad-except
+            log.warning("peer watch off: the job's store could not be reached (%s)", exc)
+            return
+        with self._lock:
+            self._client = client
+        try:
             while not self._stop.is_set():
                 self._call(self._client.add, self._keys[self.rank], 1)
                 counters = self._call(self._client.counters, self._keys)
