@@ -16,7 +16,7 @@ from azext_elastictrain.core.spec import SpecError
 from azext_elastictrain.runtime.peer_watch import PeerWatch
 from azext_elastictrain.runtime.timeouts import peer_timeout
 
-TIMEOUT = 0.6
+TIMEOUT = 1.0
 
 
 class Store:
@@ -61,7 +61,8 @@ def test_a_peer_whose_beat_stops_is_gone_after_the_peer_timeout_and_not_before()
         peer._stop.set()  # pylint: disable=protected-access  # its Python stops: frozen, no leaving mark
         stopped = time.monotonic()
         assert wait(lambda: verdicts, 10 * TIMEOUT), "the silent peer was never judged gone"
-        assert time.monotonic() - stopped >= TIMEOUT and verdicts[0].startswith("rank 1 has not beaten"), verdicts
+        # not before: its last beat seen may precede the stop by a beat or two
+        assert time.monotonic() - stopped >= TIMEOUT / 2 and verdicts[0].startswith("rank 1 has not beaten"), verdicts
         assert len(verdicts) == 1
     finally:
         me.stop()
