@@ -97,6 +97,15 @@ ENV_PREFIX = "ELASTICTRAIN_"  # a local node starts without the caller's ELASTIC
 # AKS: 60 s, not measured here: a margin for checkpoints of real models, whose parts a rank reads or writes over
 # the network up to tens of seconds slower than its peers (a timeout there re-forms a healthy job).
 ENV_COLLECTIVE_TIMEOUT = "ELASTICTRAIN_COLLECTIVE_TIMEOUT_SECONDS"
+# Restart mode: how long a worker's runtime may go without hearing a peer's beat (in the job's store) before it
+# takes the peer for gone and ends itself, so the job re-forms without a vanished node within this, whatever
+# timeout the script's own process group has (runtime/peer_watch.py). "off" turns it off (then only the
+# collective timeouts, and the script's, bound the wait). Not set by the launch: the runtime's default is the
+# same on both backends, the rendezvous' own verdict on AKS (keep_alive_interval x keep_alive_max_attempt of
+# AKS_RDZV_CONF: an agent silent that long is out of the rendezvous, so a re-form cannot come sooner). Only a
+# process whose Python stops for this long is taken for gone: the beat has a thread of its own.
+ENV_PEER_TIMEOUT = "ELASTICTRAIN_PEER_TIMEOUT_SECONDS"
+PEER_TIMEOUT_SECONDS = 6.0
 LOCAL_COLLECTIVE_TIMEOUT_SECONDS = 10.0
 AKS_COLLECTIVE_TIMEOUT_SECONDS = 60.0
 DEFAULT_COLLECTIVE_TIMEOUT_SECONDS = LOCAL_COLLECTIVE_TIMEOUT_SECONDS  # a script run outside a job

@@ -31,8 +31,34 @@ def run_job(cmd, *, name: str, script: str, min_nodes: int, max_nodes: int, loca
                          min_nodes=min_nodes, max_nodes=max_nodes, nodes=nodes,
                          checkpoint_interval=checkpoint_interval, keep=keep, warm_start=warm_start is not False,
                          env=tuple(env or ()), recovery=recovery)
+    _warn_default_group_timeout(spec)
     return _plan_and_submit(cmd, target, spec, image=image, gpus_per_node=gpus_per_node, engine=engine,
                             dry_run=dry_run)
+
+
+def _warn_default_group_timeout(spec) -> None:
+    """Restart mode, a script this machine can read (a local job's; an AKS job's path when it is here too): warn
+    when it calls init_process_group without a timeout. The runtime's peer watch bounds a vanish once the script
+    created its Checkpointer; before that only the script's own timeout does (core/script_check.py)."""
+    from pathlib import Path
+
+    from azext_elastictrain.core.script_check import init_without_timeout
+
+    if spec.in_process:
+        return  # the script's group is the node's own world: no remote peer can vanish from it
+    try:
+        lines = init_without_timeout(Path(spec.script).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        return  # not here (a path in the job's image): nothing to see
+    if lines:
+        from knack.log import get_logger
+
+        get_logger(__name__).warning(
+            "%s calls init_process_group without a timeout (line %s): a node that vanishes before the script creates "
+            "its Checkpointer (during init_process_group or DDP's first broadcast) stalls the other nodes for torch's "
+            "default timeout, 30 minutes for gloo and 10 for NCCL. Pass timeout=collective_timeout() (from "
+            "azext_elastictrain.runtime), as the README's script does (docs/runtime.md, \"A vanished peer\").",
+            spec.script, ", ".join(map(str, lines)))
 
 
 def _plan_and_submit(cmd, target, spec, *, image: str | None, gpus_per_node: int | None, engine: str | None,

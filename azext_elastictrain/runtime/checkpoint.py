@@ -66,7 +66,8 @@ from azext_elastictrain.runtime.reporting import Reporter
 from azext_elastictrain.runtime.restoring import Restorer
 from azext_elastictrain.runtime.saving import BlobSaver
 from azext_elastictrain.runtime.stepping import Notices, StepPolicy
-from azext_elastictrain.runtime.stopping import TrainingStopped
+from azext_elastictrain.runtime.stopping import PEER_GONE_EXIT_CODE, TrainingStopped
+from azext_elastictrain.runtime.timeouts import peer_timeout
 
 __all__ = ["Checkpointer", "CheckpointError", "FencedError"]
 
@@ -143,13 +144,15 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
         self._ranks = Collectives()
         self.distributed, self.rank, self.world_size = \
             self._ranks.distributed, self._ranks.rank, self._ranks.world_size
+        self.in_process = in_process_recovery(os.environ)  # workers outlive a re-form (runtime/replicas.py)
+        self._stopping = False
+        # Started first, right after the groups' barrier: every rank's watch begins at about the same time.
+        self._peers = self._watch_peers()
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.node = os.environ.get(launch.ENV_NODE_NAME) or os.environ.get(launch.ENV_VM_NAME) or socket.gethostname()
-        self._stopping = False
         # The step a stop (step() returned True) happened at; the metrics report()ed for the step being trained.
         self.stopped_at, self._metrics = None, {}  # int | None, dict[str, float]
         self._newest_blob: int | None = None  # the newest durable checkpoint in blob, as restore found it
-        self.in_process = in_process_recovery(os.environ)  # workers outlive a re-form (runtime/replicas.py)
         self._replicas: Any = None  # the node's replica group, while the in-process loop runs
 
         event_log = progress.EventLog(store, self.job_prefix, rank=self.rank, node=self.node) if events else None
@@ -177,6 +180,39 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
             )
         # A worker whose collective failed (a peer died) exits by an exception the script does not catch.
         atexit.register(self._record_interruption)
+
+    def _watch_peers(self) -> Any:
+        """Restart mode, distributed: a thread that ends this worker when a peer vanished (runtime/peer_watch.py);
+        None otherwise. In the in-process mode the node's own world has no remote peer: the cross-node
+        collectives are the runtime's, bounded by the replica timeout."""
+        seconds = peer_timeout()
+        host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+        if not self.distributed or self.in_process or seconds is None or not host or not port:
+            return None
+        from azext_elastictrain.runtime.peer_watch import PeerWatch, StoreClient
+
+        timeout = seconds.total_seconds()
+        watch = PeerWatch(lambda: StoreClient(host, int(port), timeout), rank=self.rank,
+                          world_size=self.world_size, timeout=timeout, on_gone=self._peer_gone).start()
+        atexit.register(watch.stop)  # an exit of any kind is not a vanish
+        return watch
+
+    def _peer_gone(self, reason: str) -> None:
+        """A peer vanished: end this worker now (its training thread may wait in a collective of the script's
+        group for torch's default timeout), keeping what a stop keeps: the step committed to memory and the
+        ``interrupted`` event. torchrun re-forms the job without the peer; it resumes from the last step."""
+        if self._stopping or getattr(getattr(self, "_reporter", None), "finished", False):
+            return  # on its way out already
+        log.error("a peer is gone: %s; ending this worker so that the job re-forms without it (exit code %d)",
+                  reason, PEER_GONE_EXIT_CODE)
+        try:
+            self.kept_in_memory()  # the copy being committed, if any, is whole before the process goes
+            self._record_interruption()
+        except Exception:  # pylint: disable=broad-except  # nothing may keep this worker from ending
+            log.exception("while ending this worker for a gone peer")
+        finally:
+            logging.shutdown()
+            os._exit(PEER_GONE_EXIT_CODE)
 
     # -- construction from the job's environment -------------------------------
     @classmethod
@@ -552,6 +588,8 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
             return
         self._stopping = True
         atexit.unregister(self._record_interruption)
+        if self._peers is not None:
+            self._peers.stop()  # leaving on purpose: not a vanish for the peers
         self._record_interruption()  # first: waiting for an upload whose peers died can take long
         if self._replicas is not None:
             self._replicas.close()  # out of the quorum at once: the others go on without this node

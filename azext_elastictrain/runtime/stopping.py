@@ -13,6 +13,9 @@ from __future__ import annotations
 # the training's success; torchrun, which sent the SIGTERM, restarts the workers either way.
 STOPPED_EXIT_CODE = 143
 
+# A worker that ended itself because a peer vanished (runtime/peer_watch.py): a failure, so torchrun re-forms.
+PEER_GONE_EXIT_CODE = 75
+
 
 class TrainingStopped(SystemExit):
     """The job was stopped at ``step``; the process ends (exit code 143) and its training resumes from there.
@@ -32,4 +35,4 @@ class TrainingStopped(SystemExit):
                 + (f" ({self.what})" if self.what else ""))
 
 
-__all__ = ["STOPPED_EXIT_CODE", "TrainingStopped"]
+__all__ = ["PEER_GONE_EXIT_CODE", "STOPPED_EXIT_CODE", "TrainingStopped"]

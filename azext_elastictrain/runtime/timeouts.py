@@ -7,7 +7,9 @@ give the default group a timeout other than ``init_process_group(timeout=...)``,
     dist.init_process_group("gloo", timeout=collective_timeout())
 
 and the runtime creates its own groups with it. The job's launch sets the value (core/launch.py); a timed-out
-collective raises, the worker fails, and torchrun re-forms the world without the vanished node.
+collective raises, the worker fails, and torchrun re-forms the world without the vanished node. In the restart
+mode the runtime does not wait for it: a peer unheard for the peer timeout ends the worker sooner
+(runtime/peer_watch.py), whatever the script passed.
 """
 from __future__ import annotations
 
@@ -26,6 +28,18 @@ def collective_timeout(environ: Mapping[str, Any] | None = None) -> timedelta:
     found = _seconds(env, launch.ENV_COLLECTIVE_TIMEOUT, "the seconds a collective may wait for a peer",
                      f"default {launch.DEFAULT_COLLECTIVE_TIMEOUT_SECONDS:g}")
     return timedelta(seconds=launch.DEFAULT_COLLECTIVE_TIMEOUT_SECONDS) if found is None else found
+
+
+def peer_timeout(environ: Mapping[str, Any] | None = None) -> timedelta | None:
+    """Restart mode: how long a peer may go unheard before this worker takes it for gone
+    (``ELASTICTRAIN_PEER_TIMEOUT_SECONDS``, default core/launch.py's; ``off``: None, never). Raises ValueError for
+    a value that is neither ``off`` nor a number of seconds above 0."""
+    env = os.environ if environ is None else environ
+    if str(env.get(launch.ENV_PEER_TIMEOUT, "")).strip().lower() == "off":
+        return None
+    found = _seconds(env, launch.ENV_PEER_TIMEOUT, "the seconds a peer may go unheard, or off",
+                     f"default {launch.PEER_TIMEOUT_SECONDS:g}")
+    return timedelta(seconds=launch.PEER_TIMEOUT_SECONDS) if found is None else found
 
 
 def replica_timeout(environ: Mapping[str, Any] | None = None) -> timedelta:
@@ -55,4 +69,4 @@ def _seconds(env: Mapping[str, Any], name: str, what: str, default: str) -> time
     return timedelta(seconds=seconds)
 
 
-__all__ = ["collective_timeout", "replica_timeout"]
+__all__ = ["collective_timeout", "peer_timeout", "replica_timeout"]

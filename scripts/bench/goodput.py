@@ -48,7 +48,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts" / "bench"))
 
-from azext_elastictrain.backends.local.evict import VANISH_CAP_SECONDS  # noqa: E402
+from azext_elastictrain.backends.local.evict import vanish_cap  # noqa: E402
 from azext_elastictrain.backends.local.scheduled_events import ScheduledEventsServer  # noqa: E402
 from azext_elastictrain.core import launch  # noqa: E402
 from azext_elastictrain.core.blobstore import BlobStore  # noqa: E402
@@ -116,7 +116,7 @@ class BenchEvictor:
             node.kill()
             evicted = time.time()
         else:  # vanished, as evict simulate --local does it: frozen until the survivors trained again
-            evicted = node.vanish(VANISH_CAP_SECONDS, until=lambda frozen_at: trained_again(self._events(), frozen_at))
+            evicted = node.vanish(vanish_cap(), until=lambda frozen_at: trained_again(self._events(), frozen_at))
         if event_id is not None:
             self.imds.remove_event(event_id)
         return {"node": node.name, "startedAt": started, "evictedAt": evicted, "acknowledgedAfterSeconds": acked}

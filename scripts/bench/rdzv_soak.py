@@ -1,7 +1,8 @@
 """Does a rendezvous setting re-form a healthy job for nothing? A soak under CPU load.
 
     .venv/bin/python scripts/bench/rdzv_soak.py [--seconds 180] [--hogs 2] [--conf RDZV_CONF ...]
-        [--collective-timeout SECONDS ...] [--checkpoint-every STEPS] [--in-process-heartbeat-ms MS ...]
+        [--collective-timeout SECONDS ...] [--peer-timeout SECONDS ...] [--checkpoint-every STEPS]
+        [--in-process-heartbeat-ms MS ...]
 
 Shorter keep-alives notice a dead node sooner (faster recovery) but call a live
 node dead when its agent's heartbeat is late: the job then re-forms for
@@ -10,7 +11,9 @@ rendezvous, Azurite) trains for ``--seconds`` with no eviction while ``--hogs``
 busy processes compete for the CPU; every restore after the first is a
 needless re-form. The same soak prices a collective timeout (``--collective-timeout``: each value soaked with the
 shipped rendezvous settings): too short, and a peer that is slow rather than gone fails a collective and the job
-re-forms for nothing. ``--in-process-heartbeat-ms`` soaks in-process jobs instead: a coordinator that drops a node
+re-forms for nothing; so does the runtime's peer timeout (``--peer-timeout``: each value soaked with the shipped
+rendezvous settings and AKS's 60 s collective timeout, so only a peer taken for gone re-forms it: a worker whose
+Python stops that long). ``--in-process-heartbeat-ms`` soaks in-process jobs instead: a coordinator that drops a node
 unheard of for MS milliseconds, each quorum change after both train a needless one. Everything runs on loopback
 and is stopped at the end.
 """
@@ -58,11 +61,14 @@ def train_healthy(job: JobConfig, seconds: float, store: BlobStore, logs: Path, 
 
 
 def soak(conf: str, seconds: float, blob, etcd, logs: Path, timeout: float | None = None,
-         checkpoint_every: int = 50) -> dict:
+         checkpoint_every: int = 50, peer_timeout: float | None = None) -> dict:
     name = f"soak-{uuid.uuid4().hex[:6]}"
+    env = {launch.ENV_COLLECTIVE_TIMEOUT: f"{timeout:g}"} if timeout is not None else {}
+    if peer_timeout is not None:
+        env[launch.ENV_PEER_TIMEOUT] = f"{peer_timeout:g}"
     job = JobConfig(name=name, checkpoint_url=f"{blob.blob_endpoint}/bench/{name}",
                     connection_string=blob.connection_string, etcd_endpoint=etcd.endpoint, rdzv_conf=conf,
-                    extra_env={launch.ENV_COLLECTIVE_TIMEOUT: f"{timeout:g}"} if timeout is not None else {},
+                    extra_env=env,
                     script_args=["--steps", "1000000", "--checkpoint-every", str(checkpoint_every),
                                  "--step-delay", "0.05", "--log-every", "1000"])
     store = BlobStore.from_url(job.checkpoint_url, connection_string=blob.connection_string)
@@ -100,6 +106,9 @@ def main() -> int:
     parser.add_argument("--conf", action="append", help="rendezvous settings to soak (default: the shipped ones)")
     parser.add_argument("--collective-timeout", type=float, action="append", metavar="SECONDS",
                         help="instead: soak these collective timeouts, with the shipped rendezvous settings")
+    parser.add_argument("--peer-timeout", type=float, action="append", metavar="SECONDS",
+                        help="instead: soak these peer timeouts (the runtime's peer watch), the collective timeout "
+                             "at AKS's 60 s")
     parser.add_argument("--checkpoint-every", type=int, default=50, help="steps between blob checkpoints")
     parser.add_argument("--in-process-heartbeat-ms", type=int, action="append", metavar="MS",
                         help="instead: soak in-process jobs whose coordinator drops a node unheard of this long")
@@ -117,12 +126,18 @@ def main() -> int:
                     print(f"{r['reforms']} needless re-form(s) in {r['seconds']:.0f}s ({r['steps']} steps, "
                           f"{args.hogs} CPU hogs): in-process, coordinator heartbeat timeout {heartbeat_ms} ms",
                           flush=True)
+                for peer in [] if args.in_process_heartbeat_ms else args.peer_timeout or []:
+                    r = soak(TUNED_RDZV_CONF, args.seconds, blob, etcd, work / "logs",
+                             launch.AKS_COLLECTIVE_TIMEOUT_SECONDS, args.checkpoint_every, peer_timeout=peer)
+                    print(f"{r['reforms']} needless re-form(s) in {r['seconds']:.0f}s ({r['steps']} steps, "
+                          f"{args.hogs} CPU hogs, a checkpoint every {args.checkpoint_every} steps): peer "
+                          f"timeout {peer:g}s", flush=True)
                 for timeout in [] if args.in_process_heartbeat_ms else args.collective_timeout or []:
                     r = soak(TUNED_RDZV_CONF, args.seconds, blob, etcd, work / "logs", timeout, args.checkpoint_every)
                     print(f"{r['reforms']} needless re-form(s) in {r['seconds']:.0f}s ({r['steps']} steps, "
                           f"{args.hogs} CPU hogs, a checkpoint every {args.checkpoint_every} steps): collective "
                           f"timeout {timeout:g}s", flush=True)
-                for conf in [] if args.collective_timeout or args.in_process_heartbeat_ms else \
+                for conf in [] if args.collective_timeout or args.in_process_heartbeat_ms or args.peer_timeout else \
                         args.conf or [TUNED_RDZV_CONF]:
                     r = soak(conf, args.seconds, blob, etcd, work / "logs", None, args.checkpoint_every)
                     print(f"{r['reforms']} needless re-form(s) in {r['seconds']:.0f}s ({r['steps']} steps, "

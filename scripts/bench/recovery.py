@@ -52,7 +52,7 @@ sys.path.insert(0, str(REPO))
 
 from azext_elastictrain.core.blobstore import BlobStore  # noqa: E402
 from azext_elastictrain.backends.local.scheduled_events import ScheduledEventsServer  # noqa: E402
-from azext_elastictrain.backends.local.evict import VANISH_CAP_SECONDS  # noqa: E402
+from azext_elastictrain.backends.local.evict import vanish_cap  # noqa: E402
 from azext_elastictrain.core import launch  # noqa: E402
 from azext_elastictrain.core.recovery import follow_recovery, trained_again  # noqa: E402
 from tests.support.elastic import TUNED_RDZV_CONF, JobConfig, Node, events_of, read_events, wait_for  # noqa: E402
@@ -94,7 +94,7 @@ def run_case(case: str, blob, etcd, imds: ScheduledEventsServer, logs: Path) -> 
             if not imds.wait_acknowledged(event_id, timeout=60):
                 raise RuntimeError("the notice was never acknowledged")
         if cfg.get("vanish") == "until trained again":  # frozen (no FIN reaches node-a), as evict simulate does
-            evicted = b.vanish(VANISH_CAP_SECONDS, until=lambda frozen_at: trained_again(events(), frozen_at))
+            evicted = b.vanish(vanish_cap(), until=lambda frozen_at: trained_again(events(), frozen_at))
         elif cfg.get("vanish") is not None:  # frozen, killed cfg["vanish"] s later
             evicted = b.vanish(cfg["vanish"])
         else:

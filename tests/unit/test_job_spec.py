@@ -322,3 +322,30 @@ def test_a_script_inside_the_image_is_not_looked_for_here() -> None:
     check_script_in_image(job.script)  # raises SpecError for what is no path; never looks at this machine
     with pytest.raises(SpecError, match="is not a file"):
         check_local_script(job.script)
+
+
+def test_job_run_warns_when_a_restart_mode_script_gives_its_process_group_no_timeout(tmp_path, caplog) -> None:
+    """The runtime's peer watch bounds a vanish once the script created its Checkpointer; before that only the
+    script's own timeout does (core/script_check.py), so `job run` says so where it can read the script."""
+    import logging
+
+    from azext_elastictrain.core.script_check import init_without_timeout
+    from azext_elastictrain.operations.job import _warn_default_group_timeout
+
+    assert init_without_timeout('import torch.distributed as dist\ndist.init_process_group("nccl")\n') == [2]
+    for given in ('dist.init_process_group("gloo", timeout=collective_timeout())',
+                  'init_process_group("gloo", "env://", timedelta(seconds=60))', "init_process_group(**options)",
+                  "not python (", ""):
+        assert init_without_timeout(given) == [], given
+    bare, readme = tmp_path / "bare.py", tmp_path / "readme.py"
+    bare.write_text('import torch.distributed as dist\n\ndist.init_process_group("gloo")\n')
+    readme.write_text('import torch.distributed as dist\n\ndist.init_process_group("gloo", timeout=t)\n')
+    with caplog.at_level(logging.WARNING):
+        _warn_default_group_timeout(spec(script=str(bare), recovery="restart"))
+    assert len(caplog.records) == 1 and "(line 3)" in caplog.text and "30 minutes for gloo" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        _warn_default_group_timeout(spec(script=str(readme), recovery="restart"))
+        _warn_default_group_timeout(spec(script=str(bare), recovery="in-process"))  # no remote peer in its group
+        _warn_default_group_timeout(spec(script=str(tmp_path / "image" / "train.py"), recovery="restart"))  # not here
+    assert not caplog.records

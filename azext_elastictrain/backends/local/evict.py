@@ -4,13 +4,16 @@ the node vanishes.
 With a notice, a ``Preempt`` event for the node is posted on the cluster's Scheduled Events endpoint; the
 node's agent and all its workers are killed once the runtime acknowledged the event (its checkpoint is durable)
 or the notice ran out. Without one, the node vanishes (``vanish_processes``): frozen, its sockets open, until
-the job's survivors noticed by their own collective timeout and trained again without it, then killed. Then
+the job's survivors noticed by a timeout of their own (the runtime's peer timeout) and trained again without it,
+then killed. Then
 Spot capacity may come back: ``replace_nodes`` starts nodes that join the job's rendezvous. How the job
 recovered is read from its events: ``core.recovery``.
 """
 from __future__ import annotations
 
 import json
+import math
+import os
 import time
 import urllib.request
 from typing import Any, Callable
@@ -22,11 +25,31 @@ from azext_elastictrain.core.constants import AZURE_NOTICE_SECONDS
 from azext_elastictrain.core.recovery import trained_again
 from azext_elastictrain.core.spec import SpecError
 
-# A vanished node is killed once the survivors trained again without it, or after this long: a job that cannot
-# notice it (a script whose process group has torch's 30-minute timeout, a minimum of nodes the survivors lack)
-# is then told by the kill, which Azure would not do, rather than stalled for good. Well above the collective
-# timeout (core/launch.py) plus a re-form.
+# A vanished node is killed once the survivors trained again without it, or after this long: a last resort for a
+# job that cannot notice it (a minimum of nodes the survivors lack, the runtime's peer watch turned off), which is
+# then told by the kill, which Azure would not do, rather than stalled for good. Well above the peer and
+# collective timeouts (core/launch.py) plus a re-form. ``ELASTICTRAIN_LOCAL_VANISH_CAP=off`` in the caller's
+# environment (benchmarks, tests) turns it off, so what is measured is what Azure gives: the node stays frozen
+# until the job trained again without it.
 VANISH_CAP_SECONDS = 120.0
+ENV_VANISH_CAP = "ELASTICTRAIN_LOCAL_VANISH_CAP"
+
+
+def vanish_cap(environ: Any = None) -> float:
+    """How long a local vanish lasts at most: VANISH_CAP_SECONDS, or for ever (``ELASTICTRAIN_LOCAL_VANISH_CAP``
+    ``off``); a number there is the cap in seconds."""
+    raw = str((os.environ if environ is None else environ).get(ENV_VANISH_CAP, "")).strip().lower()
+    if raw == "off":
+        return math.inf
+    if not raw:
+        return VANISH_CAP_SECONDS
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not seconds > 0:
+        raise SpecError(f"{ENV_VANISH_CAP}={raw!r}: give seconds above 0, or off")
+    return seconds
 
 
 def _admin(conn: dict[str, Any]) -> str:
@@ -116,7 +139,8 @@ def evict_nodes(jobs: LocalJobs, cluster: str, job_name: str, *, node: str | Non
     at a time: job starts wait.
 
     Without notice the node vanishes, as Azure does it (``vanish_processes``): frozen until the job's other
-    nodes trained again without it (they notice by their collective timeout, core/launch.py), then killed;
+    nodes trained again without it (they notice by the runtime's peer timeout, core/launch.py), then killed (or
+    after ``vanish_cap()``, a last resort);
     killed at once when no other node runs (nobody is there to notice). ``vanish=False``: killed at once, which
     tells its peers at once through their closed sockets (a detection Azure never gives; for tests that
     need the old behaviour)."""
@@ -170,7 +194,7 @@ def _evict_one(jobs: LocalJobs, cluster: str, job: dict[str, Any], target: dict[
         def reformed(frozen_at: float) -> bool:
             return trained_again(jobs.job_events(cluster, job["name"]), frozen_at)
 
-        evicted_at = vanish_processes(procs, VANISH_CAP_SECONDS, until=reformed)
+        evicted_at = vanish_processes(procs, vanish_cap(), until=reformed)
     else:
         kill_processes(procs)
         evicted_at = time.time()

@@ -1,0 +1,41 @@
+"""What ``job run`` can see in a training script before it runs: pure, stdlib only (``ast``; the script is never
+imported or run).
+
+A restart-mode job does not wait for torch's default timeout when a node vanishes once the script created its
+``Checkpointer`` (the runtime's peer watch ends the survivors' workers: runtime/peer_watch.py). Before that, the
+script's own process group is all there is: a node that vanishes during ``init_process_group``'s rendezvous or
+DDP's first broadcast leaves the others waiting for the timeout the script gave ``init_process_group``, torch's
+default (30 minutes for gloo, 10 for NCCL) unless it passed one.
+"""
+from __future__ import annotations
+
+import ast
+
+# init_process_group(backend, init_method, timeout, ...): the timeout is its third positional parameter.
+_TIMEOUT_POSITION = 2
+
+
+def init_without_timeout(source: str) -> list[int]:
+    """The lines where ``source`` calls ``init_process_group`` without a timeout (no ``timeout=``, no third
+    positional argument, no ``**options`` that could hold one). [] for a script that does not parse."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return []
+    lines = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+        if name != "init_process_group":
+            continue
+        if len(node.args) > _TIMEOUT_POSITION or any(isinstance(a, ast.Starred) for a in node.args):
+            continue
+        if any(k.arg in ("timeout", None) for k in node.keywords):  # None: **options
+            continue
+        lines.append(node.lineno)
+    return sorted(lines)
+
+
+__all__ = ["init_without_timeout"]
