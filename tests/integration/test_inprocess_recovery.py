@@ -139,6 +139,7 @@ def job(azurite: svc.AzuriteService, container_url: str, tmp_path: Path):
     base = {k: v for k, v in os.environ.items() if not k.startswith("ELASTICTRAIN_")}
     env = {**base, "ELASTICTRAIN_RECOVERY": "in-process", "TORCHFT_LIGHTHOUSE": coordinator.address,
            "ELASTICTRAIN_REPLICA_HOST": "127.0.0.1", "ELASTICTRAIN_SCHEDULED_EVENTS_URL": "off",
+           launch.ENV_JOB_SECRET: uuid.uuid4().hex,  # the state server's guard, as job run gives it
            "ELASTICTRAIN_MEMORY_RESCUE": "off", "ELASTICTRAIN_WARM_START": "off",
            launch.ENV_REPLICA_TIMEOUT: f"{launch.LOCAL_REPLICA_TIMEOUT_SECONDS:g}",  # what a local job's nodes get
            "ELASTICTRAIN_CHECKPOINT_URL": f"{container_url}/job-{uuid.uuid4().hex[:6]}",
@@ -469,6 +470,7 @@ def test_steps_loop_alone_in_this_process(azurite, container_url, monkeypatch, t
     monkeypatch.setenv("ELASTICTRAIN_RECOVERY", "in-process")
     monkeypatch.setenv("TORCHFT_LIGHTHOUSE", coordinator.address)
     monkeypatch.setenv("ELASTICTRAIN_REPLICA_HOST", "127.0.0.1")
+    monkeypatch.setenv(launch.ENV_JOB_SECRET, uuid.uuid4().hex)
     monkeypatch.setenv("ELASTICTRAIN_MEMORY_RESCUE", "off")
     store = BlobStore.from_url(f"{container_url}/steps-{uuid.uuid4().hex[:6]}",
                                connection_string=azurite.connection_string)
