@@ -228,6 +228,22 @@ def test_replicas_train_every_sample_once_and_end_identical(job) -> None:
     assert {r["ranks"] for r in alone.records} == {1}
 
 
+def test_no_replica_ends_before_the_final_checkpoint_is_committed(job, azurite, container_url) -> None:
+    """k8s-job's Job succeeds at the first pod that exits 0 and then stops the others (successPolicy
+    succeededCount 1): a replica that does not write the final checkpoint ends only after the writing one committed
+    it, so the job's success never cuts the final upload short. A 64 MB state makes that upload take a while."""
+    settings = {"REPLICA_PAD_MB": "64", "REPLICA_EPOCHS": "1", launch.ENV_CHECKPOINT_INTERVAL_STEPS: "100000"}
+    replicas = [job.start(f"node-{i}", **settings) for i in range(2)]
+    final = SIZE // BATCH
+    first = wait_for(lambda: next((r for r in replicas if r.final is not None), None), 240,
+                     "a replica to end its loop")
+    committed = durable_steps(azurite, container_url, job.prefix)
+    assert final in committed, f"{first.name} ended its loop before step {final} was committed: {committed}"
+    for replica in replicas:
+        assert replica.proc.wait(timeout=120) == 0, f"{replica.name} failed: see its log"
+    assert [r.final["step"] for r in replicas] == [final, final]
+
+
 def durable_steps(azurite: svc.AzuriteService, container_url: str, prefix: str) -> list[int]:
     """The steps whose checkpoint is committed in blob (its manifest.json written)."""
     client = azurite.blob_service_client().get_container_client(container_url.rsplit("/", 1)[1])
