@@ -137,3 +137,18 @@ def test_unreachable_prices_and_graph_errors_leave_unknowns_and_the_list_still_s
     (row,) = json.loads(result.stdout)
     assert (row["spotPerHour"], row["onDemandPerHour"], row["evictionRate"]) == ("unknown", "unknown", "unknown")
     assert "could not be read" in row["priceError"]
+
+
+@pytest.mark.parametrize("kind, why", [("truncated", "IncompleteRead"), ("status-line", "BadStatusLine")])
+def test_a_price_answer_cut_short_on_the_wire_is_unknown_not_a_traceback(az, arm, front, kind, why):
+    front.garble_next(kind)
+    result = az("elastictrain", "sku", "list", "-l", "eastus", "--gpu", "T4", "-o", "json",
+                env={PRICES_URL_ENV: front.url})
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    (row,) = json.loads(result.stdout)
+    assert (row["spotPerHour"], row["onDemandPerHour"], row["evictionRate"]) == ("unknown", "unknown", "0-5")
+    assert f"Prices are unknown: the Retail Prices API could not be read: the answer was cut short or garbled ({why})" \
+        in result.stderr
+    again = az.json("elastictrain", "sku", "list", "-l", "eastus", "--gpu", "T4", env={PRICES_URL_ENV: front.url})
+    assert again[0]["spotPerHour"] == "unknown" and "s ago; asked again after 120 s" in again[0]["priceError"], \
+        "the failure is remembered a short while: the next command does not wait on the API again"
