@@ -76,7 +76,13 @@ def _store_unreachable(t: Any, ex: Any) -> az.AzCLIError:
 
 def _access_denied(t: Any, ex: Any) -> az.AzCLIError:
     """A 403 from blob: the login lacks a data role on the container (Owner and Contributor have no data actions)."""
-    grant = getattr(ex, "grant", None) or t.grant or (
+    grant = getattr(ex, "grant", None) or t.grant
+    if callable(grant):  # built only now, on a 403: it reads the login's token
+        try:
+            grant = grant()
+        except Exception:  # noqa: BLE001  # pylint: disable=broad-exception-caught  # the generic hint below
+            grant = None
+    grant = grant or (
         'az role assignment create --assignee "$(az ad signed-in-user show --query id -o tsv)" --role "Storage Blob '
         'Data Contributor" --scope <the checkpoint container\'s resource id>')
     return az.ForbiddenError(
@@ -147,7 +153,7 @@ class _Where:  # pylint: disable=too-few-public-methods,too-many-instance-attrib
     """What a row's message may name: the target's fields, the job, and for storage its URL and a hint."""
 
     def __init__(self, target: Any, job: str | None, url: str | None, hint: str | None,
-                 grant: str | None = None) -> None:
+                 grant: "str | Callable[[], str] | None" = None) -> None:
         self.kind, self.cluster = target.kind, target.cluster
         self.resource_group, self.where = target.resource_group, target.where if target.kind != "url" else ""
         self.job, self.url, self.hint, self.grant = job, url or target.url, hint, grant
@@ -163,7 +169,7 @@ def _loaded(path: str) -> type | None:
 
 @contextmanager
 def az_errors(target: Any, *, job: str | None = None, url: str | None = None,
-              hint: str | None = None, grant: str | None = None) -> Iterator[None]:
+              hint: str | None = None, grant: "str | Callable[[], str] | None" = None) -> Iterator[None]:
     """Run a command's work; any error of the table leaves as its az error (az errors pass unchanged)."""
     try:
         yield

@@ -170,6 +170,8 @@ def aks_job_delete_table(result) -> list:
                          ("Name", p.get("pod")), ("Node", p.get("node") or "")]) for p in result.get("stopped", [])]
     pods += [OrderedDict([("Action", "would delete" if dry else "deleted"), ("What", f"coordinator {c.get('kind')}"),
                           ("Name", c.get("name")), ("Node", "")]) for c in result.get("coordinator") or []]
+    pods += [OrderedDict([("Action", "would delete" if dry else "deleted"), ("What", f"workers' {g.get('kind')}"),
+                          ("Name", g.get("name")), ("Node", "")]) for g in result.get("guards") or []]
     kept = OrderedDict([("Action", "keeps"), ("What", "checkpoints"), ("Name", result.get("checkpointUrl", "")),
                         ("Node", "")])
     return [job] + pods + [kept]

@@ -134,7 +134,8 @@ def load_arguments(self, _):  # pylint: disable=too-many-statements  # one state
                         "decides, local accounts are off, and the CLI uses your login's token.")
         c.argument("admin_principal", options_list=["--admin-principal"],
                    help="Object id of the user, group or service principal that gets 'Azure Kubernetes Service "
-                        "RBAC Cluster Admin' on the cluster. Default: the signed-in identity.")
+                        "RBAC Cluster Admin' on the cluster (not with --local-accounts) and 'Storage Blob Data "
+                        "Contributor' on the checkpoint container. Default: the signed-in identity.")
     with self.argument_context("elastictrain cluster list") as c:
         c.argument("resource_group_name", options_list=["--resource-group", "-g"],
                    help="Only the AKS clusters of this resource group (default: the whole subscription).")

@@ -113,7 +113,9 @@ class CheckpointLocation:
     url: str
     connection_string: str | None = None
     unreachable: str | None = None
-    grant: str | None = None  # the command that gives the login the data role a 403 says it lacks
+    # the command that gives the login the data role a 403 says it lacks; a callable is asked only on a 403 (it
+    # reads the login's token for the object id)
+    grant: "str | Callable[[], str] | None" = None
 
 
 #: A request field -> (why it is not an option here, how to fix it): the options a backend does not take.

@@ -19,6 +19,9 @@ if TYPE_CHECKING:
 RESOURCE_GRAPH_API_VERSION = "2022-10-01"
 #: The most pages of one query read (a page holds up to 1000 rows; ours ask for a few sizes of one region).
 RESOURCE_GRAPH_PAGES = 5
+#: Seconds to connect and to wait for an answer: a Spot band is never worth holding a command for long (Resource
+#: Graph answers these small queries in well under a second).
+RESOURCE_GRAPH_TIMEOUT = 10
 
 
 def _raw(pipeline_response: Any, _deserialized: Any, _headers: Any) -> Any:
@@ -216,31 +219,48 @@ class AzureArm:
     # -- Resource Graph (Spot eviction rates): POST /providers/Microsoft.ResourceGraph/resources ------------------
 
     def resource_graph(self, query: str) -> list[dict[str, Any]]:
-        """The rows of a Resource Graph query over the command's subscription (``resultFormat`` objectArray),
-        pages followed by ``$skipToken``. azure-cli has no Resource Graph SDK client (``az graph`` is an
-        extension): the request goes through azure-cli's ``send_raw_request`` ('az rest'), with the login's
-        ARM token."""
-        from azure.cli.core.azclierror import HTTPError
-        from azure.cli.core.util import send_raw_request
+        """The rows of a tenant-scoped Resource Graph query (``resultFormat`` objectArray), pages followed by
+        ``$skipToken``.
+
+        Tenant scope (no ``subscriptions`` in the body; ``allowPartialScopes`` so that a tenant of more
+        subscriptions than one query may span still answers): the ``SpotResources`` table belongs to no
+        subscription, and a query scoped to one answers no row at all, without an error (grafana/grafana#103702:
+        the same SpotResources query "NOT WORKING" with a subscription, "WORKING" without; the REST reference's
+        "Basic tenant query" example sends the query alone). The token is the command subscription's tenant's.
+
+        azure-cli has no Resource Graph SDK client (``az graph`` is an extension) and its ``send_raw_request``
+        ('az rest') sets no timeout: the request is sent as it sends it (the login's ARM token, az's proxy and CA
+        settings) with ``RESOURCE_GRAPH_TIMEOUT``. A timeout or a connection error is an ``OSError``
+        (requests' exceptions are), an error status an ``ArmError``."""
+        import requests
+        from azure.cli.core._profile import Profile
+        from azure.cli.core.util import should_disable_connection_verify
 
         from azext_elastictrain.core.errors import ArmError
 
-        url = f"/providers/Microsoft.ResourceGraph/resources?api-version={RESOURCE_GRAPH_API_VERSION}"
+        endpoints = self._cli_ctx.cloud.endpoints
+        url = (f"{endpoints.resource_manager.rstrip('/')}/providers/Microsoft.ResourceGraph/resources"
+               f"?api-version={RESOURCE_GRAPH_API_VERSION}")
+        (token_type, token, _), _, _ = Profile(cli_ctx=self._cli_ctx).get_raw_token(
+            endpoints.active_directory_resource_id, subscription=self.subscription)
+        headers = {"Authorization": f"{token_type} {token}", "Content-Type": "application/json",
+                   "User-Agent": "az-elastictrain"}
         rows: list[dict[str, Any]] = []
-        options: dict[str, Any] = {"resultFormat": "objectArray"}
-        for _ in range(RESOURCE_GRAPH_PAGES):
-            body = {"subscriptions": [self.subscription], "query": query, "options": options}
-            try:
-                answer = send_raw_request(self._cli_ctx, "POST", url, body=json.dumps(body)).json()
-            except HTTPError as ex:
-                response = getattr(ex, "response", None)
-                error = _json_or_empty(response).get("error") or {}
-                raise ArmError(getattr(response, "status_code", 0) or 0, error.get("code", ""),
-                               error.get("message", "") or str(ex).splitlines()[0]) from ex
-            rows += list(answer.get("data") or [])
-            if not answer.get("$skipToken"):
-                break
-            options = {**options, "$skipToken": answer["$skipToken"]}
+        options: dict[str, Any] = {"resultFormat": "objectArray", "allowPartialScopes": True}
+        with requests.Session() as session:
+            settings = session.merge_environment_settings(url, {}, None, not should_disable_connection_verify(), None)
+            for _ in range(RESOURCE_GRAPH_PAGES):
+                response = session.post(url, data=json.dumps({"query": query, "options": options}),
+                                        headers=headers, timeout=RESOURCE_GRAPH_TIMEOUT, **settings)
+                if not response.ok:
+                    error = _json_or_empty(response).get("error") or {}
+                    raise ArmError(response.status_code, error.get("code", ""),
+                                   error.get("message", "") or f"HTTP {response.status_code} {response.reason}")
+                answer = _json_or_empty(response)
+                rows += [row for row in answer.get("data") or [] if isinstance(row, dict)]
+                if not answer.get("$skipToken"):
+                    break
+                options = {**options, "$skipToken": answer["$skipToken"]}
         return rows
 
     # -- the VMSS instances behind AKS nodes (backends.aks.evict's Compute) -------------------------------

@@ -301,6 +301,9 @@ class OfficialKubeClient:
             applied: dict[str, Any] = resource.server_side_apply(
                 body=obj, name=meta["name"], namespace=meta.get("namespace"), field_manager=FIELD_MANAGER,
                 _request_timeout=(_CONNECT_TIMEOUT_S, _READ_TIMEOUT_S)).to_dict()
+            if obj.get("kind") == "Secret":  # what the API server answered holds the value: never handed up
+                applied.pop("data", None)
+                applied.pop("stringData", None)
             return applied
 
         return self._call(f"apply {what}", send)

@@ -1,9 +1,11 @@
 """Azure's Retail Prices API, the one place the CLI talks to it: a public GET, no login (``core.prices`` reads
 the answers). Each size's prices in a region are kept a day in a cache file under az's config folder.
 
-A price that cannot be had (the API unreachable, an error status, an answer not in the documented shape) is
-unknown: ``HourlyPrice.error`` says why, and nothing is cached, so the next command asks again. Nothing here
-raises but ``CurrencyError`` (bad input, checked before any request).
+A price that cannot be had (the API unreachable or slower than ``TIMEOUT``, an error status, an answer cut short
+or garbled on the wire, an answer not in the documented shape) is unknown: ``HourlyPrice.error`` says why. The
+failure is remembered ``FAILURE_SECONDS``: a ``job show`` or ``job wait`` run again and again does not wait
+``TIMEOUT`` on an unreachable API each time; after that the next command asks again. Nothing here raises but
+``CurrencyError`` (bad input, checked before any request).
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from http.client import HTTPException
 from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import urlencode
@@ -19,6 +22,9 @@ from azext_elastictrain.core import prices as core_prices
 
 #: Seconds one request may take: a price is never worth blocking a command for long.
 TIMEOUT = 10
+#: Seconds a failed look-up is remembered: long enough that commands run in a loop do not each wait ``TIMEOUT``,
+#: short enough that a passing outage costs a user a couple of minutes of "unknown", not a day.
+FAILURE_SECONDS = 120
 CACHE_FILE = "elastictrain-prices.json"
 
 Fetch = Callable[[str], dict[str, Any]]
@@ -35,8 +41,9 @@ def fetch_json(url: str) -> dict[str, Any]:
     request = Request(url, headers={"Accept": "application/json", "User-Agent": "az-elastictrain"})
     with urlopen(request, timeout=TIMEOUT) as response:  # noqa: S310  (https, or the test front on loopback)
         answer = json.loads(response.read().decode("utf-8"))
-    if not isinstance(answer, dict):
-        raise ValueError(f"{url} answered {type(answer).__name__}, not a JSON object")
+    if not isinstance(answer, dict) or not isinstance(answer.get("Items"), list) \
+            or not all(isinstance(i, dict) for i in answer["Items"]):
+        raise ValueError("the answer is not the documented {Items: [...]} object")
     return answer
 
 
@@ -58,9 +65,15 @@ class RetailPrices:
         found, missing = {}, []
         for size in sizes:
             entry = cached.get(self._key(size, region))
-            if entry and self._clock() - float(entry.get("fetched", 0)) < core_prices.CACHE_SECONDS:
-                found[size.lower()] = core_prices.HourlyPrice(size, region.lower(), self.currency,
-                                                              entry.get("spot"), entry.get("onDemand"))
+            entry = entry if isinstance(entry, dict) else None
+            age = self._clock() - _fetched(entry)
+            if entry and entry.get("error") and age < FAILURE_SECONDS and entry.get("endpoint") == endpoint():
+                found[size.lower()] = core_prices.HourlyPrice(
+                    core_prices.arm_size_name(size), region.lower(), self.currency, None, None,
+                    error=f"{entry['error']} ({age:.0f} s ago; asked again after {FAILURE_SECONDS} s)")
+            elif entry and "spot" in entry and age < core_prices.CACHE_SECONDS:
+                found[size.lower()] = core_prices.HourlyPrice(core_prices.arm_size_name(size), region.lower(),
+                                                              self.currency, entry.get("spot"), entry.get("onDemand"))
             else:
                 missing.append(size)
         if missing:
@@ -68,10 +81,11 @@ class RetailPrices:
                 asked = list(pool.map(lambda s: self._ask(s, region), missing))
             for price in asked:
                 found[price.size.lower()] = price
-            self._write_cache(cached, [p for p in asked if p.error is None])
+            self._write_cache(cached, asked)
         return found
 
     def _ask(self, size: str, region: str) -> core_prices.HourlyPrice:
+        size = core_prices.arm_size_name(size)  # filter values are case-sensitive: as Resource SKUs spells it
         query = urlencode({"currencyCode": f"'{self.currency}'",
                            "$filter": core_prices.retail_filter(size, region)})
         url: str | None = f"{endpoint()}?{query}"
@@ -83,7 +97,9 @@ class RetailPrices:
                 page = self._fetch(url)
                 items += list(page["Items"])
                 url = page.get("NextPageLink")
-        except (OSError, ValueError, KeyError, TypeError) as ex:  # unreachable, an error status, not JSON
+        except (OSError, HTTPException, ValueError, KeyError, TypeError) as ex:
+            # unreachable or too slow, an error status (HTTPError), cut short (IncompleteRead) or not HTTP
+            # (BadStatusLine) on the wire, not JSON or not the documented shape
             return core_prices.HourlyPrice(size, region.lower(), self.currency, None, None,
                                            error=f"the Retail Prices API could not be read: {_reason(ex)}")
         return core_prices.hourly_prices(items, size, region, self.currency)
@@ -104,10 +120,12 @@ class RetailPrices:
         if self._cache is None or not asked:
             return
         now = self._clock()
-        fresh = {k: v for k, v in cached.items() if now - float(v.get("fetched", 0)) < core_prices.CACHE_SECONDS}
+        fresh = {k: v for k, v in cached.items() if isinstance(v, dict)
+                 and now - _fetched(v) < (FAILURE_SECONDS if v.get("error") else core_prices.CACHE_SECONDS)}
         for price in asked:
-            fresh[self._key(price.size, price.region)] = {"fetched": now, "spot": price.spot,
-                                                          "onDemand": price.on_demand}
+            fresh[self._key(price.size, price.region)] = {"fetched": now, "error": price.error,
+                                                          "endpoint": endpoint()} if price.error \
+                else {"fetched": now, "spot": price.spot, "onDemand": price.on_demand}
         try:
             self._cache.parent.mkdir(parents=True, exist_ok=True)
             temporary = self._cache.with_suffix(f".{os.getpid()}.tmp")
@@ -117,10 +135,21 @@ class RetailPrices:
             pass  # a cache that cannot be written costs a request next time, nothing more
 
 
+def _fetched(entry: Any) -> float:
+    try:
+        return float(entry.get("fetched", 0)) if isinstance(entry, dict) else 0.0
+    except (TypeError, ValueError):
+        return 0.0
+
+
 def _reason(ex: Exception) -> str:
     code = getattr(ex, "code", None)
     if isinstance(code, int):  # urllib's HTTPError
         return f"HTTP {code}"
+    if isinstance(ex, HTTPException):  # IncompleteRead, BadStatusLine: the text is bytes or the raw line
+        return f"the answer was cut short or garbled ({type(ex).__name__})"
+    if isinstance(ex, json.JSONDecodeError):
+        return "the answer is not JSON"
     return str(getattr(ex, "reason", None) or ex) or type(ex).__name__
 
 

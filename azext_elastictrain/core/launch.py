@@ -60,6 +60,13 @@ ENV_REPLICA_ID = "ELASTICTRAIN_REPLICA_ID"
 # machine name may not be loopback, where its gloo runs). The runtime serves a newcomer the state at it too.
 # Local: 127.0.0.1; AKS: the pod's IP (downward API).
 ENV_REPLICA_HOST = "ELASTICTRAIN_REPLICA_HOST"
+# The job's secret, which the state server (runtime/peer_transfer.py) asks of every request: on AKS the value, from
+# the job's Kubernetes Secret (key JOB_SECRET_KEY); locally a file of the job's own (mode 0600) named by the _FILE
+# variable. The state a newcomer takes from a peer is the whole model: a pod the NetworkPolicy lets through (or a
+# process of this machine) without the secret gets a 403.
+ENV_JOB_SECRET = "ELASTICTRAIN_JOB_SECRET"
+ENV_JOB_SECRET_FILE = "ELASTICTRAIN_JOB_SECRET_FILE"
+JOB_SECRET_KEY = "state-secret"
 COORDINATOR_PORT = 29510  # the coordinator's port on AKS (its Service); local: a free port of the machine
 # The coordinator: python -m COORDINATOR_MODULE (runtime/coordinator.py, torchft's LighthouseServer).
 COORDINATOR_MODULE = "azext_elastictrain.runtime.coordinator"
@@ -207,14 +214,16 @@ def coordinator_args(*, bind: str, min_nodes: int, heartbeat_timeout_ms: int) ->
 
 
 def recovery_env(recovery: str, *, coordinator: str | None = None, replica_id: str | None = None,
-                 replica_host: str | None = None, replica_timeout: float | None = None) -> dict[str, str]:
+                 replica_host: str | None = None, replica_timeout: float | None = None,
+                 secret_file: str | None = None) -> dict[str, str]:
     """The recovery mode's environment of a node; in-process: where its coordinator is, the node's replica id and
-    the address its peers reach it at (AKS gives the last two from the downward API instead: None here), and how
-    long its cross-node collective waits for a peer (the backend's: LOCAL_/AKS_REPLICA_TIMEOUT_SECONDS)."""
+    the address its peers reach it at (AKS gives the last two from the downward API instead: None here), how
+    long its cross-node collective waits for a peer (the backend's: LOCAL_/AKS_REPLICA_TIMEOUT_SECONDS), and the
+    file holding the job's secret (local jobs; AKS gives the secret from the job's Secret instead)."""
     env = {ENV_RECOVERY: recovery}
     if recovery == RECOVERY_IN_PROCESS:
         for name, value in ((ENV_COORDINATOR, coordinator), (ENV_REPLICA_ID, replica_id),
-                            (ENV_REPLICA_HOST, replica_host)):
+                            (ENV_REPLICA_HOST, replica_host), (ENV_JOB_SECRET_FILE, secret_file)):
             if value:
                 env[name] = value
         if replica_timeout is not None:

@@ -315,6 +315,51 @@ def render_coordinator(job: JobSpec, cluster: InClusterSpec, image: str) -> list
     return [deployment, service, policy]
 
 
+def worker_policy_name(job_name: str) -> str:
+    """The NetworkPolicy that admits only the job's own workers to its worker pods."""
+    return f"{job_name}-workers"
+
+
+def job_secret_name(job_name: str) -> str:
+    """The Secret holding an in-process job's state-server secret (launch.ENV_JOB_SECRET)."""
+    return f"{job_name}-state"
+
+
+#: The value a rendered Secret carries until ``job run`` sends it (a dry run never shows a secret).
+SECRET_PLACEHOLDER = "<made when the job is created; never shown>"
+
+
+def render_worker_policy(job: JobSpec, cluster: InClusterSpec) -> dict[str, Any]:
+    """A NetworkPolicy selecting every worker pod of ``job`` (either engine, either recovery mode) that admits
+    ingress from the job's own worker pods only, on every port.
+
+    Every port: the workers listen on ports picked at start (each node's store, torchft's Manager server, gloo's
+    pairs, the state server, NCCL's sockets), so the rule has a ``from`` and no ``ports`` (a rule without ports
+    matches all of them: NetworkPolicy's API reference). Nothing else reaches a worker: etcd, the coordinator and
+    the CLI (through the API server) are reached by the workers, never the other way round, and egress stays
+    open (blob storage, the image registry, IMDS). In a namespace shared with other jobs, a pod of another job,
+    even with the worker labels, is not admitted: the selector has the job's label."""
+    workers = {JOB_LABEL: job.name, **WORKER_LABELS}
+    return {
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": worker_policy_name(job.name), "namespace": cluster.namespace,
+                     "labels": {"app.kubernetes.io/part-of": "elastictrain", JOB_LABEL: job.name}},
+        "spec": {"podSelector": {"matchLabels": dict(workers)}, "policyTypes": ["Ingress"],
+                 "ingress": [{"from": [{"podSelector": {"matchLabels": dict(workers)}}]}]},
+    }
+
+
+def render_job_secret(job: JobSpec, cluster: InClusterSpec) -> dict[str, Any]:
+    """The Secret of an in-process job's state server; its value is made by ``job run`` (``SECRET_PLACEHOLDER``
+    until then) and read by the workers' environment (secretKeyRef), never by the CLI again."""
+    return {
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": {"name": job_secret_name(job.name), "namespace": cluster.namespace,
+                     "labels": {"app.kubernetes.io/part-of": "elastictrain", JOB_LABEL: job.name}},
+        "stringData": {launch.JOB_SECRET_KEY: SECRET_PLACEHOLDER},
+    }
+
+
 def render_elastic_job(job: JobSpec, cluster: InClusterSpec, image: str, *, run_id: str | None = None,
                        gpus_per_node: int | None = None) -> dict[str, Any]:
     """The ElasticJob running ``job`` (a core.spec.JobSpec; its script is a path inside ``image``).
@@ -538,6 +583,8 @@ def _worker_env(job: JobSpec, namespace: str) -> list[dict[str, Any]]:
     if job.in_process:  # each pod is one replica group of the job's quorums, named after itself
         env.append({"name": launch.ENV_REPLICA_ID, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
         env.append({"name": launch.ENV_REPLICA_HOST, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
+        env.append({"name": launch.ENV_JOB_SECRET, "valueFrom": {"secretKeyRef": {
+            "name": job_secret_name(job.name), "key": launch.JOB_SECRET_KEY}}})
     shared = launch.job_env(job, collective_timeout=launch.AKS_COLLECTIVE_TIMEOUT_SECONDS,
                             replica_timeout=launch.AKS_REPLICA_TIMEOUT_SECONDS,
                             coordinator=coordinator_url(job.name, namespace))

@@ -96,6 +96,14 @@ def spot_market_line(offer: dict[str, Any]) -> str:
             f"{band + '%' if band != 'unknown' else 'unknown'} (last 28 days)")
 
 
+def spot_band_warnings(offer: dict[str, Any]) -> list[str]:
+    """An eviction-rate band that could not be had: said, so that "unknown" is not read as "no evictions"."""
+    if offer.get("evictionRate") not in (None, "unknown") or not offer.get("evictionRateError"):
+        return []
+    return [f"The eviction rate of {offer.get('vmSize')} in {offer.get('location')} is unknown: "
+            f"{offer['evictionRateError']}."]
+
+
 def spot_price_warnings(offer: dict[str, Any], max_price: float) -> list[str]:
     """A --max-price below the current Spot price: the pool would never get a node (Azure allocates a Spot VM
     only while its price is at most the max price). -1 (pay up to on-demand) and an unknown price warn of

@@ -9,8 +9,13 @@ next page at ``NextPageLink`` (null on the last). An item is one meter: ``armSku
 ``retailPrice``, ``unitOfMeasure`` ("1 Hour"), ``type`` ("Consumption", "Reservation", "DevTestConsumption"),
 ``meterName``/``skuName`` (e.g. "NC4as T4 v3", "NC4as T4 v3 Spot", "NC4as T4 v3 Low Priority"), ``productName``
 (e.g. "Virtual Machines NCasT4_v3 Series Windows"). A filter on the size and region alone also returns the Windows
-meters, the retired Low Priority meters, reservations and dev/test prices: each one would be a wrong price, so
-``hourly_prices`` keeps Linux consumption meters by the hour only, Spot where ``Spot`` is in the meter's name.
+meters, the retired Low Priority meters, reservations, dev/test prices, the classic Cloud Services meters
+(``productName`` "NCasT4_v3 Series Cloud Services": the same ``armSkuName`` and service, another product, a
+Windows-like rate) and $0 placeholder meters of sizes not yet priced (mattrobinsonsre/terrapod#932 met both pricing
+every size): each one would be a wrong price, so ``hourly_prices`` keeps the Linux consumption meters of the
+"Virtual Machines ..." products by the hour with a price above zero only, Spot where ``Spot`` is in the meter's name.
+Filter values are case-sensitive (the API's page, "Filter values are case-sensitive"): ``retail_filter`` spells the
+size as Resource SKUs does (``arm_size_name``).
 
 **Eviction rates** (Resource Graph, table ``SpotResources``, type ``microsoft.compute/skuspotevictionrate/
 location``): one row per size and region with ``properties.evictionRate``, a band of the share of Spot VMs of the
@@ -18,6 +23,7 @@ size evicted in the last 28 days: "0-5", "5-10", "10-15", "15-20", "20+" (percen
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,7 +69,35 @@ def retail_filter(size: str, region: str) -> str:
     """The ``$filter`` of one size's Virtual Machines meters in one region (the API compares values exactly
     since api-version 2023-01-01-preview, so the size is sent as ARM spells it, the region in lower case)."""
     return (f"serviceName eq 'Virtual Machines' and armRegionName eq {_quoted(region.lower())} and "
-            f"armSkuName eq {_quoted(size)} and priceType eq 'Consumption'")
+            f"armSkuName eq {_quoted(arm_size_name(size))} and priceType eq 'Consumption'")
+
+
+_SIZE_HEAD = re.compile(r"(?P<family>[a-z]+)(?P<rest>\d.*)?", re.IGNORECASE)
+
+
+def arm_size_name(size: str) -> str:
+    """``size`` spelled as Resource SKUs and the price API's ``armSkuName`` spell it, whatever case it was typed in:
+    "standard_nc4as_t4_v3" -> "Standard_NC4as_T4_v3". The naming convention of Azure's VM sizes page ("Virtual
+    machine sizes naming conventions"): ``<Tier>_<Family><vCPUs>[-<constrained>]<additive features>[_<accelerator>]
+    [_v<version>]``; the tier capitalised ("Standard", "Basic"), the family letters and the accelerator in upper case
+    ("NC", "DS", "T4", "A100", "MI300X"), the additive features and the version in lower case ("as", "isr", "v5"),
+    a trailing word capitalised ("Promo").
+    Every size of the ARM front's Resource SKUs (the official examples' and the GPU sizes) round-trips
+    (tests/unit/test_prices.py). A name that is not of this shape is sent as typed."""
+    parts = size.strip().split("_")
+    if len(parts) < 2 or not parts[0].isalpha():
+        return size.strip()
+    head = _SIZE_HEAD.fullmatch(parts[1])
+    if not head:
+        return size.strip()
+    rest = head["rest"] or ""
+    spelled = [parts[0].capitalize(), head["family"].upper() + rest.lower()]
+    for part in parts[2:]:
+        if re.fullmatch(r"v\d{1,2}", part, re.IGNORECASE):  # a version; "V620" is an accelerator
+            spelled.append(part.lower())
+        else:  # an accelerator ("T4", "MI300X") has a digit; a word ("Promo") is capitalised
+            spelled.append(part.upper() if any(c.isdigit() for c in part) else part.capitalize())
+    return "_".join(spelled)
 
 
 @dataclass(frozen=True)
@@ -93,8 +127,17 @@ def _is_linux_hourly_consumption(item: dict[str, Any]) -> bool:
     names = " ".join(str(item.get(k) or "") for k in ("productName", "skuName", "meterName"))
     return (str(item.get("type", "")).lower() == "consumption"
             and str(item.get("unitOfMeasure", "")).lower() == "1 hour"
+            and str(item.get("productName") or "").lower().startswith("virtual machines ")  # not Cloud Services
             and "windows" not in names.lower() and "low priority" not in names.lower()
-            and float(item.get("tierMinimumUnits") or 0) == 0)
+            and "cloud services" not in names.lower()
+            and _float(item.get("tierMinimumUnits"), 0.0) == 0 and _float(item.get("retailPrice"), 0.0) > 0)
+
+
+def _float(value: Any, default: float) -> float:
+    try:
+        return float(value if value is not None else default)
+    except (TypeError, ValueError):
+        return default
 
 
 def _is_spot(item: dict[str, Any]) -> bool:
@@ -104,11 +147,11 @@ def _is_spot(item: dict[str, Any]) -> bool:
 def hourly_prices(items: list[dict[str, Any]], size: str, region: str, currency: str) -> HourlyPrice:
     """The Spot and on-demand (pay-as-you-go) Linux price of ``size`` in ``region`` from the API's items: the
     newest meter of each by ``effectiveStartDate``; None where there is none."""
-    mine = [i for i in items if str(i.get("armSkuName", "")).lower() == size.lower()
+    mine = [i for i in items if isinstance(i, dict) and str(i.get("armSkuName", "")).lower() == size.lower()
             and str(i.get("armRegionName", "")).lower() == region.lower() and _is_linux_hourly_consumption(i)]
     spot = [i for i in mine if _is_spot(i)]
     regular = [i for i in mine if not _is_spot(i)]
-    return HourlyPrice(size, region.lower(), currency, _newest(spot), _newest(regular))
+    return HourlyPrice(arm_size_name(size), region.lower(), currency, _newest(spot), _newest(regular))
 
 
 def _newest(items: list[dict[str, Any]]) -> float | None:

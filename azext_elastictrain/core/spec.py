@@ -452,13 +452,11 @@ class ClusterSpec:  # pylint: disable=too-many-instance-attributes  # one field 
         self._validate_access()
 
     def _validate_access(self) -> None:
-        """--admin-principal and --local-accounts; raises SpecError."""
+        """--admin-principal; raises SpecError. With --local-accounts it names who gets the data role on the
+        checkpoint container (there is no Kubernetes role to give through Entra ID)."""
         if self.admin_principal and not _GUID.fullmatch(self.admin_principal):
             raise SpecError(f"invalid --admin-principal {self.admin_principal!r}: give the Entra ID object id (a "
                             "GUID) of a user, group or service principal ('az ad signed-in-user show --query id')")
-        if self.admin_principal and self.local_accounts:
-            raise SpecError("--admin-principal gives a Kubernetes role through Entra ID, which --local-accounts "
-                            "turns off: pass one of them")
 
     def _validate_network(self) -> None:
         """--storage-allow, --vnet-subnet-id, --api-server-authorized-ips; raises SpecError."""

@@ -35,8 +35,8 @@ def list_skus(cmd, location: str, gpu: str | None = None, currency: str | None =
         latest = market.latest_spot_usd(names, location) if not market.rates_error else {}
         rows = core_prices.spot_offers(offered, retail.prices(names, location), rates,
                                        preflight.spot_quota(arm.usages(location)), latest_usd=latest)
-    if market.rates_error:
-        get_logger(__name__).warning("Eviction rates are unknown: %s", market.rates_error)
+    if market.missing_bands_note(location):
+        get_logger(__name__).warning("Eviction rates are unknown: %s", market.missing_bands_note(location))
     price_error = next((r["priceError"] for r in rows if r.get("priceError")), None)
     if price_error:
         get_logger(__name__).warning("Prices are unknown: %s", price_error)

@@ -69,6 +69,11 @@ from azext_elastictrain.runtime.stepping import Notices, StepPolicy
 from azext_elastictrain.runtime.stopping import PEER_GONE_EXIT_CODE, TrainingStopped
 from azext_elastictrain.runtime.timeouts import peer_timeout
 
+#: In-process mode: how long a node that does not write the final checkpoint waits for the writing node's commit
+#: before it ends (an upload of a large state to blob takes minutes), and how often it looks.
+FINAL_COMMIT_TIMEOUT_SECONDS = 1800.0
+FINAL_COMMIT_POLL_SECONDS = 0.5
+
 __all__ = ["Checkpointer", "CheckpointError", "FencedError"]
 
 log = logging.getLogger(__name__)
@@ -495,12 +500,31 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
                     raise TrainingStopped(step, "this node leaves the job (a notice or a SIGTERM)")
             if replicas.is_writer() or replicas.participants() == 0:
                 self._finish(step, state, step if total is None else total)
-            else:  # the writer group saves the final step and records the job finished; the others just end
+            else:  # the writer group saves the final step and records the job finished; the others end after it
+                self._await_final_commit(step)
                 self._reporter.finished = True
         finally:
             if not self.finished:
                 self.close()
             replicas.close()
+
+    def _await_final_commit(self, step: int) -> None:
+        """A node that does not write the final checkpoint ends only once the writing node committed it (its
+        manifest in blob): k8s-job's Job succeeds at the first pod that exits 0 and then stops the others, so a node
+        ending first would have the writing node's pod stopped mid-upload. No commit within
+        ``FINAL_COMMIT_TIMEOUT_SECONDS`` (the writing node gone with the final step): CheckpointError, so the job
+        is not taken for Succeeded without its final checkpoint."""
+        if self.rank != 0:  # the node's rank 0 waits; torchrun ends the node once all its workers ended
+            return
+        deadline = time.monotonic() + FINAL_COMMIT_TIMEOUT_SECONDS
+        while True:
+            committed = [c.step for c in catalog.list_checkpoints(self.store, self.job_prefix) if c.complete]
+            if committed and max(committed) >= step:
+                return
+            if time.monotonic() >= deadline:
+                raise CheckpointError(f"the final checkpoint (step {step}) was not committed by the writing node "
+                                      f"within {FINAL_COMMIT_TIMEOUT_SECONDS:g} s")
+            time.sleep(FINAL_COMMIT_POLL_SECONDS)
 
     def _record_quorum(self, members: Any, quorum: Any, served: bool) -> None:
         """A change of the quorum's members: the job's world size from here, and its ``quorum`` event (written by

@@ -82,7 +82,7 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
     def __init__(self, state: dict[str, Any], *, step: int, environ: Any = None) -> None:
         from torchft import Manager, ProcessGroupGloo
 
-        from azext_elastictrain.runtime.peer_transfer import PeerTransport
+        from azext_elastictrain.runtime.peer_transfer import PeerTransport, job_secret
 
         env = os.environ if environ is None else environ
         self.state = state
@@ -103,7 +103,9 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
             self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
             store_addr, store_port = "127.0.0.1", self._store.port
         self.timeout = replica_timeout(env)
-        self._transport = PeerTransport(host, timeout=self.transfer_timeout)
+        # The state server on the node's own address only (the pod's IP, loopback locally), guarded by the secret.
+        self._transport = PeerTransport(host, timeout=self.transfer_timeout, secret=job_secret(env),
+                                        bind=env.get(launch.ENV_REPLICA_HOST) or "0.0.0.0")
         self._served = 0
         self._pg = ProcessGroupGloo(timeout=self.timeout)
         self.manager = Manager(

@@ -78,11 +78,23 @@ def test_the_plan_is_entra_id_only_with_the_creator_as_kubernetes_admin(az, arm,
 
 @pytest.mark.parametrize("args, expected", [
     (["--admin-principal", "alice@contoso.com"], "invalid --admin-principal"),
-    (["--local-accounts", "--admin-principal", "00000000-0000-0000-0000-000000000001"], "pass one of them"),
 ])
 def test_bad_access_options_are_az_errors_before_any_request(az, arm, group, args, expected):
     result = az("elastictrain", "cluster", "create", "-g", group, "-n", "bad1", "-l", "eastus", *args, check=False)
     assert result.returncode != 0 and expected in result.stderr and "Traceback" not in result.stderr
+    assert arm.writes() == []
+
+
+def test_with_local_accounts_admin_principal_names_who_reads_the_checkpoints(az, arm, group):
+    """With --local-accounts there is no Kubernetes role to give, but the checkpoint container's data role still
+    goes to someone: --admin-principal names them (a login whose token has no object id is told to pass it), and
+    no Kubernetes admin role is planned."""
+    other = str(uuid.uuid4())
+    plan = az.json("elastictrain", "cluster", "create", "-g", group, "-n", "local1", "-l", "eastus", "--dry-run",
+                   "--local-accounts", "--admin-principal", other)
+    steps = {r["step"]: r for r in plan["arm"]}
+    assert "Kubernetes admin role" not in steps
+    assert steps["your checkpoint access"]["body"]["properties"]["principalId"] == other
     assert arm.writes() == []
 
 

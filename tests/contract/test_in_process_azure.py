@@ -61,7 +61,8 @@ def test_run_applies_the_coordinator_before_the_job_and_points_the_workers_at_it
     assert (shown["name"], shown["engine"], shown["recovery"]) == (name, engine, "in-process")
     applied = [(kind, obj) for verb, kind, _, obj in arm.kube.calls if verb == "apply"]
     coordinator = f"{name}-coordinator"
-    assert applied[:3] == [("Deployment", coordinator), ("Service", coordinator), ("NetworkPolicy", coordinator)]
+    assert applied[:2] == [("NetworkPolicy", f"{name}-workers"), ("Secret", f"{name}-state")]
+    assert applied[2:5] == [("Deployment", coordinator), ("Service", coordinator), ("NetworkPolicy", coordinator)]
     assert applied[-1] == (JOBS[engine][1], name)
     deployment = arm.kube.get("apps/v1", "Deployment", coordinator, NAMESPACE)
     pod = deployment["spec"]["template"]["spec"]
@@ -111,8 +112,98 @@ def test_a_restart_job_gets_no_coordinator_and_deletes_as_before(az, arm, cluste
     shown = az.json("elastictrain", "job", "run", "-n", name, "--image", IMAGE, "--script", "/app/train.py",
                     "--min-nodes", "1", "--max-nodes", "2", *_where(cluster))
     assert shown["recovery"] == "restart"
-    assert [k for verb, k, _, _ in arm.kube.calls if verb == "apply"] == ["ElasticJob"]
-    assert az.json("elastictrain", "job", "delete", "-n", name, *_where(cluster), "--dry-run")["coordinator"] == []
+    assert [k for verb, k, _, _ in arm.kube.calls if verb == "apply"] == ["NetworkPolicy", "ElasticJob"]
+    planned = az.json("elastictrain", "job", "delete", "-n", name, *_where(cluster), "--dry-run")
+    assert planned["coordinator"] == [] and [g["kind"] for g in planned["guards"]] == ["NetworkPolicy"]
+
+
+def _selects(selector: dict, labels: dict) -> bool:
+    """A NetworkPolicy's podSelector against a pod's labels, as the API reference defines it: matchLabels all
+    equal, each matchExpressions term holds (In, NotIn, Exists, DoesNotExist); an empty selector selects all."""
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for term in selector.get("matchExpressions") or []:
+        key, op, values = term["key"], term["operator"], term.get("values") or []
+        if (op == "In" and labels.get(key) not in values) or (op == "NotIn" and labels.get(key) in values) or \
+                (op == "Exists" and key not in labels) or (op == "DoesNotExist" and key in labels):
+            return False
+    return True
+
+
+def _admitted(policy: dict, pod: dict, namespace: str) -> bool:
+    """Whether ``policy``'s ingress admits traffic from ``pod`` (of ``namespace``) on some port."""
+    for rule in policy["spec"].get("ingress") or []:
+        sources = rule.get("from")
+        if not sources:  # a rule without 'from' admits every source
+            return True
+        for peer in sources:
+            if "ipBlock" in peer or "namespaceSelector" in peer and (
+                    namespace != policy["metadata"]["namespace"] or peer.get("namespaceSelector")):
+                return True  # wider than the job's namespace: would admit pods outside the job
+            if "podSelector" in peer and _selects(peer["podSelector"], pod["metadata"].get("labels") or {}):
+                return True
+    return False
+
+
+@pytest.mark.parametrize("recovery", ("in-process", "restart"))
+@pytest.mark.parametrize("engine", sorted(JOBS))
+def test_every_worker_pod_is_reachable_by_the_jobs_own_workers_only(az, arm, cluster, engine, recovery):
+    """On the fake API server, after the engine's controller made the pods: every worker pod of the job is selected
+    by a NetworkPolicy (Ingress), and the policies that select it admit the job's own workers and no other pod of
+    the namespace (another job's workers, its coordinator, etcd, a pod of nothing). Deleting the job takes the
+    policy (and an in-process job's Secret) with it."""
+    name, other = f"np{uuid.uuid4().hex[:8]}", f"np{uuid.uuid4().hex[:8]}"
+    for job in (name, other):
+        az.json("elastictrain", "job", "run", "-n", job, "--image", IMAGE, "--script", "/app/train.py",
+                "--min-nodes", "2", "--max-nodes", "2", "--engine", engine, "--recovery", recovery, *_where(cluster))
+    for _ in range(2):  # the controller creates the workers, the scheduler binds them
+        arm.kube.operator.reconcile()
+        arm.kube.jobs.reconcile()
+    pods = arm.kube.list("v1", "Pod", NAMESPACE)
+    outsiders = [{"metadata": {"name": "nobody", "labels": {"run": "curl"}}},
+                 {"metadata": {"name": "lookalike", "labels": {**m.WORKER_LABELS, m.JOB_LABEL: "not-" + name}}}]
+    policies = [p for p in arm.kube.list("networking.k8s.io/v1", "NetworkPolicy", NAMESPACE)
+                if "Ingress" in p["spec"].get("policyTypes", ["Ingress"])]
+
+    def workers_of(job: str) -> list[dict]:
+        return [p for p in pods if (p["metadata"].get("labels") or {}).get(m.JOB_LABEL) == job
+                and (p["metadata"].get("labels") or {}).get(m.COMPONENT_LABEL) == "training-worker"]
+
+    assert len(workers_of(name)) == 2 and len(workers_of(other)) == 2, [p["metadata"]["name"] for p in pods]
+    for worker in workers_of(name):
+        guarding = [p for p in policies if _selects(p["spec"]["podSelector"], worker["metadata"]["labels"])]
+        assert guarding, f"no NetworkPolicy selects {worker['metadata']['name']}"
+        for source in [*pods, *outsiders]:
+            admitted = any(_admitted(p, source, NAMESPACE) for p in guarding)
+            assert admitted == (source in workers_of(name)), (source["metadata"]["name"], admitted)
+    secret = arm.kube.get("v1", "Secret", f"{name}-state", NAMESPACE)
+    assert (secret is not None) == (recovery == "in-process")
+    az.json("elastictrain", "job", "delete", "-n", name, *_where(cluster), "--yes")
+    assert arm.kube.get("networking.k8s.io/v1", "NetworkPolicy", f"{name}-workers", NAMESPACE) is None
+    assert arm.kube.get("v1", "Secret", f"{name}-state", NAMESPACE) is None
+    assert arm.kube.get("networking.k8s.io/v1", "NetworkPolicy", f"{other}-workers", NAMESPACE) is not None
+    az.json("elastictrain", "job", "delete", "-n", other, *_where(cluster), "--yes")
+
+
+def test_the_jobs_secret_is_made_at_run_and_shown_nowhere(az, arm, cluster):
+    """The dry run shows a placeholder; the Secret sent has a value of its own, which no output (--debug
+    included) and no log file of az holds."""
+    name = f"sc{uuid.uuid4().hex[:8]}"
+    planned = _run(az, cluster, name, m.ENGINE_K8S_JOB, "--dry-run")
+    (shown,) = [o for o in planned["objects"] if o["kind"] == "Secret"]
+    assert shown["stringData"] == {launch.JOB_SECRET_KEY: m.SECRET_PLACEHOLDER}
+    result = az("elastictrain", "job", "run", "-n", name, "--image", IMAGE, "--script", "/app/train.py",
+                "--min-nodes", "2", "--max-nodes", "3", "--engine", m.ENGINE_K8S_JOB, "--recovery", "in-process",
+                *_where(cluster), "--debug")
+    stored = arm.kube.get("v1", "Secret", f"{name}-state", NAMESPACE)
+    value = (stored.get("stringData") or {}).get(launch.JOB_SECRET_KEY) or __import__("base64").b64decode(
+        stored["data"][launch.JOB_SECRET_KEY]).decode()
+    assert len(value) >= 32 and value != m.SECRET_PLACEHOLDER
+    encoded = __import__("base64").b64encode(value.encode()).decode()
+    logs = [p.read_text(errors="replace") for p in az.config_dir.rglob("*") if p.is_file()]
+    for text in [result.stdout, result.stderr, *logs]:
+        assert value not in text and encoded not in text
+    az.json("elastictrain", "job", "delete", "-n", name, *_where(cluster), "--yes")
 
 
 def test_an_unknown_recovery_mode_is_an_az_error(az, arm, cluster):

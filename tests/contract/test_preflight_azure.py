@@ -134,3 +134,24 @@ def test_the_preflight_shows_prices_and_band_and_warns_of_a_low_max_price(az, ar
     market = offline["preflight"]["spotMarket"]
     assert market["spotPerHour"] == "unknown" and "could not be read" in market["priceError"]
     assert offline["preflight"]["warnings"] == [], "an unknown price warns of nothing and blocks nothing"
+
+
+def test_the_preflight_prices_a_size_typed_in_any_case_and_says_when_the_band_cannot_be_had(az, arm, group):
+    """The Retail Prices API compares filter values case-sensitively: a size typed in other casing is priced as
+    Resource SKUs spells it. A size Resource Graph has no band for is "unknown" with a warning saying so."""
+    from azext_elastictrain.clients.prices import CACHE_FILE
+    from azext_elastictrain.core.prices import PRICES_URL_ENV
+    from tests.support.prices_server import PricesServer
+
+    (az.config_dir / CACHE_FILE).unlink(missing_ok=True)
+    del arm.spot_eviction_rates["eastus"]["standard_nc4as_t4_v3"]
+    with PricesServer() as front:
+        result = az("elastictrain", "cluster", "create", "-g", group, "-n", "pre7", "-l", "eastus", "--dry-run",
+                    "--gpu-vm-size", "Standard_nc4as_t4_v3", "-o", "json", env={PRICES_URL_ENV: front.url})
+        assert front.violations == []
+    market = json.loads(result.stdout)["preflight"]["spotMarket"]
+    assert (market["vmSize"], market["spotPerHour"], market["onDemandPerHour"], market["evictionRate"]) == (
+        "Standard_NC4as_T4_v3", 0.0789, 0.526, "unknown")
+    warning = ("The eviction rate of Standard_NC4as_T4_v3 in eastus is unknown: Resource Graph has no Spot "
+               "eviction-rate band for Standard_NC4as_T4_v3 in eastus")
+    assert warning in result.stderr and warning in json.loads(result.stdout)["preflight"]["warnings"][0]

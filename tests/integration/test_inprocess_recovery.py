@@ -139,6 +139,7 @@ def job(azurite: svc.AzuriteService, container_url: str, tmp_path: Path):
     base = {k: v for k, v in os.environ.items() if not k.startswith("ELASTICTRAIN_")}
     env = {**base, "ELASTICTRAIN_RECOVERY": "in-process", "TORCHFT_LIGHTHOUSE": coordinator.address,
            "ELASTICTRAIN_REPLICA_HOST": "127.0.0.1", "ELASTICTRAIN_SCHEDULED_EVENTS_URL": "off",
+           launch.ENV_JOB_SECRET: uuid.uuid4().hex,  # the state server's guard, as job run gives it
            "ELASTICTRAIN_MEMORY_RESCUE": "off", "ELASTICTRAIN_WARM_START": "off",
            launch.ENV_REPLICA_TIMEOUT: f"{launch.LOCAL_REPLICA_TIMEOUT_SECONDS:g}",  # what a local job's nodes get
            "ELASTICTRAIN_CHECKPOINT_URL": f"{container_url}/job-{uuid.uuid4().hex[:6]}",
@@ -225,6 +226,22 @@ def test_replicas_train_every_sample_once_and_end_identical(job) -> None:
     assert alone.proc.wait(timeout=240) == 0
     assert torch.allclose(torch.tensor(alone.final["final"]), torch.tensor(replicas[0].final["final"]), atol=1e-5)
     assert {r["ranks"] for r in alone.records} == {1}
+
+
+def test_no_replica_ends_before_the_final_checkpoint_is_committed(job, azurite, container_url) -> None:
+    """k8s-job's Job succeeds at the first pod that exits 0 and then stops the others (successPolicy
+    succeededCount 1): a replica that does not write the final checkpoint ends only after the writing one committed
+    it, so the job's success never cuts the final upload short. A 64 MB state makes that upload take a while."""
+    settings = {"REPLICA_PAD_MB": "64", "REPLICA_EPOCHS": "1", launch.ENV_CHECKPOINT_INTERVAL_STEPS: "100000"}
+    replicas = [job.start(f"node-{i}", **settings) for i in range(2)]
+    final = SIZE // BATCH
+    first = wait_for(lambda: next((r for r in replicas if r.final is not None), None), 240,
+                     "a replica to end its loop")
+    committed = durable_steps(azurite, container_url, job.prefix)
+    assert final in committed, f"{first.name} ended its loop before step {final} was committed: {committed}"
+    for replica in replicas:
+        assert replica.proc.wait(timeout=120) == 0, f"{replica.name} failed: see its log"
+    assert [r.final["step"] for r in replicas] == [final, final]
 
 
 def durable_steps(azurite: svc.AzuriteService, container_url: str, prefix: str) -> list[int]:
@@ -469,6 +486,7 @@ def test_steps_loop_alone_in_this_process(azurite, container_url, monkeypatch, t
     monkeypatch.setenv("ELASTICTRAIN_RECOVERY", "in-process")
     monkeypatch.setenv("TORCHFT_LIGHTHOUSE", coordinator.address)
     monkeypatch.setenv("ELASTICTRAIN_REPLICA_HOST", "127.0.0.1")
+    monkeypatch.setenv(launch.ENV_JOB_SECRET, uuid.uuid4().hex)
     monkeypatch.setenv("ELASTICTRAIN_MEMORY_RESCUE", "off")
     store = BlobStore.from_url(f"{container_url}/steps-{uuid.uuid4().hex[:6]}",
                                connection_string=azurite.connection_string)

@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 import psutil
 
 # The rendezvous settings local jobs run with: one place decides them.
-from azext_elastictrain.backends.local.agent import AgentLaunch
+from azext_elastictrain.backends.local.agent import AgentLaunch, write_job_secret
 from azext_elastictrain.backends.local.evict import kill_processes, vanish_processes
 from azext_elastictrain.backends.local.jobs import start_coordinator
 from azext_elastictrain.backends.local.state import node_processes
@@ -61,6 +61,8 @@ class Node:
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         (log_dir / "nodes").mkdir(parents=True, exist_ok=True)
+        if job.recovery == launch.RECOVERY_IN_PROCESS:
+            write_job_secret(log_dir)  # the job's nodes share it, as a local job's do
         agent = AgentLaunch(
             node=name, script=str(job.script), script_args=tuple(job.script_args),
             checkpoint_url=job.checkpoint_url, connection_string=job.connection_string,

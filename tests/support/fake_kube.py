@@ -50,7 +50,7 @@ Key = tuple[str, str, str | None, str]
 
 #: What the API server serves without a CustomResourceDefinition: group/version -> kinds.
 BUILT_IN = {
-    "v1": ("Namespace", "ServiceAccount", "ConfigMap", "Service", "Pod", "Node"),
+    "v1": ("Namespace", "ServiceAccount", "ConfigMap", "Secret", "Service", "Pod", "Node"),
     "apps/v1": ("StatefulSet", "Deployment", "DaemonSet"),
     "rbac.authorization.k8s.io/v1": ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"),
     "networking.k8s.io/v1": ("NetworkPolicy",),

@@ -15,16 +15,25 @@ What comes from where:
   pay-as-you-go meter ("NC4as T4 v3"), a Spot meter ("NC4as T4 v3 Spot") and the retired Low Priority meter
   ("NC4as T4 v3 Low Priority"), plus reservations (``type`` "Reservation", ``unitOfMeasure`` "1 Hour" too, the
   price of the whole term) and dev/test prices (``type`` "DevTestConsumption"). A filter on size and region gets
-  them all: what a naive reader mixes up.
+  them all: what a naive reader mixes up. Two more kinds of meter carry the VM's ``armSkuName`` and
+  ``serviceName`` 'Virtual Machines' without being its price (mattrobinsonsre/terrapod#932, which priced every
+  Azure size from this API): the classic **Cloud Services** meters (``productName`` "<series> Series Cloud
+  Services", meter "NC4as T4 v3", no "Windows" in any name, at a Windows-like rate; also seen in the API's answers
+  quoted by other projects, e.g. "Dasv5 Series Cloud Services"), and **$0 placeholder meters** of sizes not yet
+  priced (here a Linux Spot meter at 0.0, effective after the real one, so a newest-first pick takes it).
 * **Filters**: ``$filter`` is ``field eq 'value'`` clauses joined by ``and`` on the documented filter fields;
-  values compare without case (the default api-version; 2023-01-01-preview made them case-sensitive). Anything
-  else is a 400 with the API's error shape (``{"Error": {"Code", "Message"}}``), and a violation the test sees.
+  values compare exactly, case included: Microsoft's page for the API says filter values are case-sensitive
+  ("Filter values are case-sensitive": from api-version 2023-01-01-preview on; earlier versions ignored case),
+  so ``armSkuName eq 'standard_nc4as_t4_v3'`` finds nothing, as it may on Azure. Anything else is a 400 with the API's error shape (``{"Error": {"Code", "Message"}}``), and a violation the test sees.
 * **Paging**: the doc's "API response pagination": at most 100 items a page, ``NextPageLink`` the URL of the next
   page (``$skip``), null on the last. ``page_size`` makes pages smaller so that a test pages with few meters.
 * **Currency**: ``currencyCode='EUR'`` (quoted, as the doc's examples) prices in that currency; the API's
   supported list is the doc's. The figures here are the test's own, not Azure's: each currency is the USD price
   times a fixed rate.
-* **Faults**: ``fail_next(status)`` answers the next request with that status.
+* **Faults**: ``fail_next(status)`` answers the next request with that status; ``garble_next(kind)`` breaks the
+  next answer on the wire: "truncated" (a Content-Length longer than the body, then the connection closed:
+  ``http.client.IncompleteRead``), "status-line" (a status line that is not HTTP: ``BadStatusLine``), "not-json", "not-items" (JSON whose ``Items`` is no list).
+* **Sizes without a Spot meter**: ``drop_spot(size)`` removes a size's Spot meters (a test of "unknown").
 """
 from __future__ import annotations
 
@@ -41,7 +50,7 @@ PRICES = {
     "Standard_NC24ads_A100_v4": ("NCadsA100v4", "NC24ads A100 v4", 3.673, 0.7346),
     "Standard_NC40ads_H100_v5": ("NCadsH100v5", "NC40ads H100 v5", 6.98, 1.396),
     "Standard_ND96isr_H100_v5": ("NDsrH100v5", "ND96isr H100 v5", 98.32, 19.664),
-    "Standard_ND96isr_H200_v5": ("NDsrH200v5", "ND96isr H200 v5", 110.24, None),  # a size with no Spot meter
+    "Standard_ND96isr_H200_v5": ("NDsrH200v5", "ND96isr H200 v5", 110.24, 22.048),
     "Standard_D4s_v5": ("Dsv5", "D4s v5", 0.192, 0.0384),
     "Standard_D4ds_v5": ("Ddsv5", "D4ds v5", 0.226, 0.0452),
 }
@@ -60,7 +69,8 @@ PAGE = 100
 def _meters(size: str, region: str) -> list[dict]:
     series, meter, linux, spot = PRICES[size]
     factor = REGION_FACTOR[region]
-    rows = []
+    rows = [_item(size, region, f"{series} Series Cloud Services", name, "Consumption", price * factor * 1.9)
+            for name, price in ((meter, linux), (f"{meter} Low Priority", linux * .2))]  # not the VM's price
     # the order a reader must not rely on (the API promises none): the superseded Spot price first, then Windows,
     # and the Low Priority meter before the pay-as-you-go one
     if spot is not None:
@@ -72,6 +82,9 @@ def _meters(size: str, region: str) -> list[dict]:
             if price is None:
                 continue
             rows.append(_item(size, region, product, name, "Consumption", price * factor * os_factor))
+            if name.endswith("Spot") and not os_suffix:  # a placeholder: $0, effective after the real price
+                rows.append({**_item(size, region, product, name, "Consumption", 0.0),
+                             "effectiveStartDate": "2026-01-01T00:00:00Z", "meterId": f"{size}-{region}-0".lower()})
             if not name.endswith(("Spot", "Priority")):
                 rows.append(_item(size, region, product, name, "DevTestConsumption", price * factor * .6))
         rows.append(_item(size, region, product, meter, "Reservation", linux * factor * os_factor * 5000,
@@ -106,6 +119,7 @@ class PricesServer:
         self.requests: list[str] = []
         self.violations: list[str] = []
         self._fail: list[int] = []
+        self._garble: list[str] = []
         self._lock = threading.Lock()
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}/api/retail/prices"
@@ -125,6 +139,19 @@ class PricesServer:
 
     def fail_next(self, status: int) -> None:
         self._fail.append(status)
+
+    def garble_next(self, kind: str) -> None:
+        """Break the next answer on the wire: "truncated", "status-line" or "not-json" (the module docstring)."""
+        assert kind in ("truncated", "status-line", "not-json", "not-items"), kind
+        self._garble.append(kind)
+
+    def garbled(self) -> str | None:
+        with self._lock:
+            return self._garble.pop(0) if self._garble else None
+
+    def drop_spot(self, size: str) -> None:
+        """The size has no Spot meter (as a size Azure does not sell as Spot in a region)."""
+        self.items = [i for i in self.items if not (i["armSkuName"] == size and "Spot" in i["meterName"])]
 
     def answer(self, raw_path: str) -> tuple[int, dict]:
         with self._lock:
@@ -174,7 +201,7 @@ def _matches(item: dict, wanted: list[tuple[str, str]]) -> bool:
     fields = {k.lower(): v for k, v in item.items()}
     fields["pricetype"] = item["type"]
     fields["productid"] = item["productId"]
-    return all(str(fields.get(name.lower(), "")).lower() == value.lower() for name, value in wanted)
+    return all(str(fields.get(name.lower(), "")) == value for name, value in wanted)  # case-sensitive
 
 
 def _priced(item: dict, currency: str, rate: float) -> dict:
@@ -189,11 +216,22 @@ def _handler(server: PricesServer):
         def do_GET(self) -> None:  # noqa: N802
             status, payload = server.answer(self.path)
             data = json.dumps(payload).encode()
+            garbled = server.garbled()
+            if garbled == "status-line":
+                self.wfile.write(b"garbage that is no status line\r\n\r\n")
+                self.close_connection = True
+                return
+            if garbled == "not-json":
+                data = b"<html>upstream timed out</html>"
+            if garbled == "not-items":
+                data = json.dumps({**payload, "Items": {"Count": 1}}).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json; charset=utf-8")
-            self.send_header("Content-Length", str(len(data)))
+            self.send_header("Content-Length", str(len(data) * (2 if garbled == "truncated" else 1)))
             self.end_headers()
-            self.wfile.write(data)
+            self.wfile.write(data[:len(data) // 2] if garbled == "truncated" else data)
+            if garbled == "truncated":
+                self.close_connection = True
 
         def log_message(self, *args) -> None:
             pass

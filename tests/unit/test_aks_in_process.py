@@ -4,6 +4,7 @@ engines. A golden file, the official schemas, and torchrun's own parser reading 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 from pathlib import Path
 
@@ -34,11 +35,16 @@ def render(job: JobSpec = JOB, engine: str = m.ENGINE_TORCHELASTIC) -> list[dict
     objects = m.render_k8s_job(job, CLUSTER, IMAGE, run_id="cifar-1a2b3c4d", gpus_per_node=2) \
         if engine == m.ENGINE_K8S_JOB else [m.render_elastic_job(job, CLUSTER, IMAGE, run_id="cifar-1a2b3c4d",
                                                                  gpus_per_node=2)]
-    return [*m.render_coordinator(job, CLUSTER, IMAGE), *objects] if job.in_process else objects
+    guards = [m.render_worker_policy(job, CLUSTER)]  # as backends.aks.jobs.AksJobs.render orders them
+    if job.in_process:
+        return [*guards, m.render_job_secret(job, CLUSTER), *m.render_coordinator(job, CLUSTER, IMAGE), *objects]
+    return [*guards, *objects]
 
 
 def _one(objects: list[dict], kind: str) -> dict:
-    (found,) = [o for o in objects if o["kind"] == kind]
+    """The one object of ``kind`` (a NetworkPolicy: the coordinator's; the workers' is _workers_policy's)."""
+    (found,) = [o for o in objects if o["kind"] == kind
+                and not (kind == "NetworkPolicy" and o["metadata"]["name"] == m.worker_policy_name(JOB.name))]
     return found
 
 
@@ -78,8 +84,9 @@ def test_the_elastic_job_validates_against_our_crd() -> None:
 
 def test_the_coordinator_comes_first_and_runs_the_runtime_module_with_the_jobs_min_nodes() -> None:
     objects = render()
-    assert [o["kind"] for o in objects] == ["Deployment", "Service", "NetworkPolicy", "ElasticJob"]
-    assert {o["metadata"]["name"] for o in objects[:3]} == {"cifar-coordinator"}
+    assert [o["kind"] for o in objects] == ["NetworkPolicy", "Secret", "Deployment", "Service", "NetworkPolicy",
+                                            "ElasticJob"], "the workers' guards, then the coordinator, then the job"
+    assert {o["metadata"]["name"] for o in objects[2:5]} == {"cifar-coordinator"}
     (container,) = _one(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
     assert container["image"] == IMAGE and container["command"] == ["python", "-m", launch.COORDINATOR_MODULE]
     assert container["args"] == launch.coordinator_args(bind=f"0.0.0.0:{launch.COORDINATOR_PORT}", min_nodes=2,
@@ -170,9 +177,10 @@ def test_the_operators_prepended_rendezvous_does_not_survive_standalone(monkeypa
 
 def test_a_restart_job_has_no_coordinator_and_says_its_mode() -> None:
     objects = render(JobSpec(**{**JOB.__dict__, "recovery": "restart"}))
-    assert [o["kind"] for o in objects] == ["ElasticJob"]
+    assert [o["kind"] for o in objects] == ["NetworkPolicy", "ElasticJob"], "the workers' policy, no Secret"
     env = {e["name"]: e.get("value") for e in _worker(objects)["env"]}
     assert env[launch.ENV_RECOVERY] == "restart" and launch.ENV_COORDINATOR not in env
+    assert launch.ENV_JOB_SECRET not in env, "no state server in the restart mode"
     assert m.RECOVERY_LABEL not in objects[-1]["metadata"]["labels"]
 
 
@@ -201,7 +209,8 @@ def test_the_plan_carries_the_coordinator_before_the_job() -> None:
                                                 name="trainer"),
                            gpu_pool={"name": "gpu"}, container_url=CLUSTER.checkpoint_url)
     objects = AksJobs.render(site, JOB, IMAGE, gpus_per_node=2, engine=m.ENGINE_K8S_JOB)
-    assert [o["kind"] for o in objects] == ["Deployment", "Service", "NetworkPolicy", "Service", "Job"]
+    assert [o["kind"] for o in objects] == ["NetworkPolicy", "Secret", "Deployment", "Service", "NetworkPolicy",
+                                            "Service", "Job"]
 
 
 def test_a_submit_that_fails_at_the_job_leaves_no_coordinator_behind() -> None:
@@ -218,9 +227,11 @@ def test_a_submit_that_fails_at_the_job_leaves_no_coordinator_behind() -> None:
     kube.fail("apply", "ElasticJob", error=KubeError("apply ElasticJob failed: HTTP 403 Forbidden", status=403))
     with pytest.raises(KubeError, match="403"):
         jobs.submit_job(AksJob(tuple(objects)))
-    assert [c[1] for c in kube.calls if c[0] == "apply"] == ["Deployment", "Service", "NetworkPolicy"]
-    assert [c[1] for c in kube.calls if c[0] == "delete"] == ["NetworkPolicy", "Service", "Deployment"]
-    assert [o for o in kube.objects if o[1] in ("Deployment", "Service", "NetworkPolicy")] == []
+    assert [c[1] for c in kube.calls if c[0] == "apply"] == ["NetworkPolicy", "Secret", "Deployment", "Service",
+                                                             "NetworkPolicy"]
+    assert [c[1] for c in kube.calls if c[0] == "delete"] == ["NetworkPolicy", "Service", "Deployment", "Secret",
+                                                              "NetworkPolicy"]
+    assert [o for o in kube.objects if o[1] in ("Deployment", "Service", "NetworkPolicy", "Secret")] == []
 
 
 def _selects(selector: dict, labels: dict) -> bool:
@@ -230,25 +241,42 @@ def _selects(selector: dict, labels: dict) -> bool:
     return all(labels.get(k) == v for k, v in (selector.get("matchLabels") or {}).items())
 
 
+@pytest.mark.parametrize("in_process", (True, False))
 @pytest.mark.parametrize("engine", ENGINES)
-def test_no_network_policy_stands_between_the_in_process_workers(engine) -> None:
-    """The in-process workers reach each other on ports no policy could list: each node's store (MASTER_PORT, on
-    the pod's IP), torchft's Manager server, gloo's pairs and the state server all listen on ports picked at start.
-    So no policy this extension ships or renders may select a worker pod (for ingress or egress), and the workers
-    may leave for the coordinator's port, which its own policy admits them to."""
+def test_a_policy_admits_only_the_jobs_own_workers_to_its_workers_on_every_port(engine, in_process) -> None:
+    """The workers reach each other on ports picked at start (each node's store, torchft's Manager server, gloo's
+    pairs, the state server): the job's policy selects its worker pods and admits the job's workers only, with a
+    rule that lists no ports (every port, NetworkPolicy's API reference); every other policy this extension ships
+    or renders leaves the worker pods alone; the coordinator's admits the workers on its port."""
     from importlib.resources import files
 
-    objects = render(engine=engine)
+    job = JOB if in_process else dataclasses.replace(JOB, recovery=launch.RECOVERY_RESTART)
+    objects = render(job, engine=engine)
     shipped = [d for path in files("azext_elastictrain").joinpath("manifests").iterdir()
                if path.name.endswith(".yaml") for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict)]
     policies = [o for o in [*objects, *shipped] if o.get("kind") == "NetworkPolicy"]
-    assert len(policies) == 2  # etcd's and the coordinator's: a new one must be looked at here
     worker_labels = _worker_template(objects)["metadata"]["labels"]
+    workers = next(p for p in policies if p["metadata"]["name"] == m.worker_policy_name(JOB.name))
+    assert _selects(workers["spec"]["podSelector"], worker_labels) and workers["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = workers["spec"]["ingress"]
+    assert "ports" not in rule and [list(f) for f in rule["from"]] == [["podSelector"]]
+    assert rule["from"][0]["podSelector"] == workers["spec"]["podSelector"]
+    other_job = {**worker_labels, m.JOB_LABEL: "another"}
+    assert not _selects(rule["from"][0]["podSelector"], other_job), "another job's workers are not admitted"
+    assert not _selects(rule["from"][0]["podSelector"], {"app.kubernetes.io/part-of": "elastictrain"})
     for policy in policies:
-        assert not _selects(policy["spec"]["podSelector"], worker_labels), policy["metadata"]["name"]
+        if policy is not workers:
+            assert not _selects(policy["spec"]["podSelector"], worker_labels), policy["metadata"]["name"]
+    assert len(policies) == (3 if in_process else 2)  # etcd's, the workers' (and the coordinator's)
+    if not in_process:
+        return
     coordinator = _one(objects, "NetworkPolicy")
     (rule,) = coordinator["spec"]["ingress"]
     assert _selects(rule["from"][0]["podSelector"], worker_labels)
     assert rule["ports"] == [{"protocol": "TCP", "port": launch.COORDINATOR_PORT}]
     env = {e["name"]: e for e in _worker(objects)["env"]}
     assert env[launch.ENV_COORDINATOR]["value"].endswith(f":{launch.COORDINATOR_PORT}")
+    secret = _one(objects, "Secret")
+    assert env[launch.ENV_JOB_SECRET]["valueFrom"] == {"secretKeyRef": {
+        "name": secret["metadata"]["name"], "key": launch.JOB_SECRET_KEY}}
+    assert secret["stringData"] == {launch.JOB_SECRET_KEY: m.SECRET_PLACEHOLDER}, "the plan never holds a secret"

@@ -184,3 +184,25 @@ def test_an_error_of_no_row_passes_unchanged() -> None:
     with pytest.raises(KeyError):
         with _errors.az_errors(Target("local", "x")):
             raise KeyError("a bug stays a bug")
+
+
+def test_the_checkpoint_commands_read_the_login_for_the_grant_hint_only_on_a_403() -> None:
+    """The role hint names the login's object id (a token read): built when blob answers 403, not for every
+    checkpoint command that succeeds."""
+    from types import SimpleNamespace
+
+    from azext_elastictrain._errors import _access_denied
+    from azext_elastictrain.core.blobstore import AccessDenied
+
+    class SignedIn(CountingArm):
+        def signed_in_principal(self):
+            self.asked.append("token")
+            return "11111111-2222-3333-4444-555555555555", "User"
+
+    arm = SignedIn()
+    location = AksBackend(arm, "rg", "trainer", kube_connect=lambda _: FakeKube()).checkpoint_location("cifar")
+    assert location.url.endswith("/cifar") and "token" not in arm.asked, "no token read before blob refuses"
+    error = _access_denied(SimpleNamespace(grant=location.grant), AccessDenied("HTTP 403 AuthorizationFailure"))
+    assert arm.asked.count("token") == 1
+    hint = " ".join(error.recommendations)
+    assert "11111111-2222-3333-4444-555555555555" in hint and "Storage Blob Data Contributor" in hint

@@ -103,7 +103,6 @@ def test_k8s_job_clusters_need_kubernetes_1_31_when_a_version_is_asked():
 
 @pytest.mark.parametrize("fields, message", [
     ({"admin_principal": "alice@contoso.com"}, "invalid --admin-principal"),
-    ({"admin_principal": "00000000-0000-0000-0000-000000000001", "local_accounts": True}, "pass one of them"),
 ])
 def test_access_options_are_checked(fields, message):
     from azext_elastictrain.core.spec import ClusterSpec, SpecError

@@ -10,10 +10,13 @@ from datetime import timedelta
 import pytest
 import torch
 
+from azext_elastictrain.core import launch
 from azext_elastictrain.runtime.data import ElasticSampler
 from azext_elastictrain.runtime.replica_data import ReplicaBatches, layout, skip_one
 from azext_elastictrain.runtime.replicas import (Quorum, ReplicaGroup, StepUndo, average_across_replicas, discard_step,
                                                  the_optimizer)
+
+SECRET = "the-job's-secret"
 
 SIZE, BATCH = 48, 12
 
@@ -252,8 +255,8 @@ def test_peer_transfer_round_trips_state_and_refuses_arbitrary_objects() -> None
     pytest.importorskip("torchft")
     from azext_elastictrain.runtime.peer_transfer import PeerTransport
 
-    sender, receiver = (PeerTransport("127.0.0.1", timeout=lambda: timedelta(seconds=5), bind="127.0.0.1")
-                        for _ in range(2))
+    sender, receiver = (PeerTransport("127.0.0.1", timeout=lambda: timedelta(seconds=5), secret=SECRET,
+                                      bind="127.0.0.1") for _ in range(2))
     try:
         state = {"user": {"flat": {"model.weight": torch.ones(2), "data.epoch": 1, "opt.param_groups": [{"lr": 0.1}]}},
                  "torchft": {"step": 7, "batches_committed": 7}}
@@ -273,14 +276,62 @@ def test_peer_transfer_round_trips_state_and_refuses_arbitrary_objects() -> None
         receiver.shutdown()
 
 
+def test_the_state_server_refuses_a_request_without_the_jobs_secret_and_listens_on_its_address_only() -> None:
+    """It serves the whole model: a process that reaches the port without the job's secret gets a 403 (a wrong
+    secret, none at all, another scheme), whatever step it asks for; it listens on the address given, not on all."""
+    pytest.importorskip("torchft")
+    import urllib.error
+    import urllib.request
+
+    from azext_elastictrain.runtime.peer_transfer import PATH, PeerTransport
+
+    sender = PeerTransport("127.0.0.1", timeout=lambda: timedelta(seconds=5), secret=SECRET, bind="127.0.0.1")
+    stranger = PeerTransport("127.0.0.1", timeout=lambda: timedelta(seconds=1), secret="not-the-job's",
+                             bind="127.0.0.1")
+    try:
+        sender.send_checkpoint([1], 4, {"x": torch.ones(2)}, timedelta(seconds=5))
+        assert sender.metadata().startswith("http://127.0.0.1:")
+        assert sender._server.server_address[0] == "127.0.0.1"  # pylint: disable=protected-access
+        url = f"{sender.metadata()}{PATH}4"
+        for headers in ({}, {"Authorization": "Bearer not-the-job's"}, {"Authorization": SECRET},
+                        {"Authorization": f"Basic {SECRET}"}):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5)
+            assert refused.value.code == 403, headers
+        with pytest.raises(urllib.error.HTTPError, match="403"):
+            stranger.recv_checkpoint(0, sender.metadata(), 4, timedelta(seconds=1))
+        with urllib.request.urlopen(urllib.request.Request(url, headers={"Authorization": f"Bearer {SECRET}"}),
+                                    timeout=5) as answer:
+            assert answer.status == 200
+    finally:
+        sender.shutdown()
+        stranger.shutdown()
+
+
+def test_the_jobs_secret_comes_from_the_environment_or_its_file_and_none_is_refused(tmp_path) -> None:
+    pytest.importorskip("torchft")
+    from azext_elastictrain.backends.local.agent import job_secret_file, write_job_secret
+    from azext_elastictrain.runtime.peer_transfer import JobSecretMissing, job_secret
+
+    assert job_secret({launch.ENV_JOB_SECRET: "s3"}) == "s3"
+    made = write_job_secret(tmp_path)
+    assert made == job_secret_file(tmp_path) and (made.stat().st_mode & 0o777) == 0o600
+    assert write_job_secret(tmp_path).read_text() == made.read_text(), "made once: later nodes share it"
+    assert job_secret({launch.ENV_JOB_SECRET_FILE: str(made)}) == made.read_text() and len(made.read_text()) >= 32
+    with pytest.raises(JobSecretMissing, match=launch.ENV_JOB_SECRET):
+        job_secret({})
+    with pytest.raises(JobSecretMissing, match="cannot be read"):
+        job_secret({launch.ENV_JOB_SECRET_FILE: str(tmp_path / "none")})
+
+
 def test_peer_transfer_waits_as_long_as_the_state_needs_not_torchfts_timeout() -> None:
     """torchft passes its Manager's timeout (the replica timeout: 2 s locally); a state that takes longer to
     serialise must still arrive, so the receiver keeps to the transport's own, sized to the state."""
     pytest.importorskip("torchft")
     from azext_elastictrain.runtime.peer_transfer import PeerTransport
 
-    sender, receiver = (PeerTransport("127.0.0.1", timeout=lambda: timedelta(seconds=10), bind="127.0.0.1")
-                        for _ in range(2))
+    sender, receiver = (PeerTransport("127.0.0.1", timeout=lambda: timedelta(seconds=10), secret=SECRET,
+                                      bind="127.0.0.1") for _ in range(2))
     try:
         late = threading.Timer(1.0, sender.send_checkpoint, ([1], 3, {"x": torch.ones(3)}, timedelta(seconds=5)))
         late.start()

@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from azext_elastictrain.clients.prices import CACHE_FILE, RetailPrices
+from azext_elastictrain.clients.prices import CACHE_FILE, FAILURE_SECONDS, RetailPrices
 from azext_elastictrain.core import prices
 from tests.support.prices_server import PricesServer
 
@@ -25,7 +25,8 @@ def front(monkeypatch):
 
 def test_spot_and_on_demand_are_the_linux_hourly_consumption_meters_across_pages(front, tmp_path):
     found = RetailPrices(tmp_path).price(T4, "eastus")
-    # not Windows (0.9468), not Low Priority (0.1052), not dev/test, not a reservation, not the older Spot price
+    # not Windows (0.9468), not Low Priority (0.1052), not dev/test, not a reservation, not the older Spot price,
+    # not the Cloud Services meter (0.9994), not the newer $0 placeholder Spot meter
     assert (found.spot, found.on_demand, found.currency, found.error) == (0.0789, 0.526, "USD", None)
     assert len(front.requests) > 1, "the answer spans pages: NextPageLink was followed"
     assert all("%24skip" in r or "$skip" in r for r in front.requests[1:])
@@ -44,7 +45,42 @@ def test_a_naive_filter_would_mix_windows_and_low_priority_meters(front):
     assert prices.hourly_prices(items, T4, "eastus", "USD").spot == 0.0789
 
 
+def test_cloud_services_and_zero_price_meters_are_not_the_vms_price(front):
+    """Both carry the VM's armSkuName and serviceName 'Virtual Machines' (mattrobinsonsre/terrapod#932): the $0
+    placeholder is the newest Spot meter, the Cloud Services one has no "Windows" in any name."""
+    items = [i for i in front.items if i["armSkuName"] == T4 and i["armRegionName"] == "eastus"]
+    assert {i["retailPrice"] for i in items if i["productName"].endswith("Cloud Services")} == {0.9994, 0.19988}
+    zero = [i for i in items if i["retailPrice"] == 0]
+    assert zero and max(i["effectiveStartDate"] for i in items) == zero[0]["effectiveStartDate"]
+    found = prices.hourly_prices(items, T4, "eastus", "USD")
+    assert (found.spot, found.on_demand) == (0.0789, 0.526)
+    (row,) = prices.spot_offers([__import__("azext_elastictrain.core.preflight", fromlist=["VmSize"]).VmSize(
+        T4, 4, 1, True)], {T4.lower(): found}, {}, None)
+    assert row["spotSavingPercent"] == 85.0, "not 100 % off a $0 meter"
+
+
+@pytest.mark.parametrize("typed", ["standard_nc4as_t4_v3", "STANDARD_NC4AS_T4_V3", "Standard_NC4as_T4_v3"])
+def test_the_size_is_asked_for_as_resource_skus_spells_it_whatever_the_case(front, tmp_path, typed):
+    """Filter values are case-sensitive (the API's page): the front compares exactly, as Azure may."""
+    found = RetailPrices(tmp_path).price(typed, "EastUS")
+    assert (found.size, found.spot, found.on_demand) == (T4, 0.0789, 0.526)
+    assert "Standard_NC4as_T4_v3" in __import__("urllib.parse").parse.unquote(front.requests[0])
+
+
+def test_every_resource_skus_name_round_trips_through_the_spelling():
+    from tests.support.arm_server.compute import region_skus
+
+    names = {sku["name"] for sku in region_skus("eastus")} | {
+        "Standard_ND96isr_MI300X_v5", "Standard_E4-2s_v3", "Standard_DS2_v2", "Standard_NV36ads_A10_v5",
+        "Standard_NG32ads_V620_v1", "Standard_D2_v2_Promo", "Basic_A0", "Standard_HB176-24rs_v4", "Standard_B2ats_v2"}
+    assert len(names) > 10
+    for name in names:
+        assert prices.arm_size_name(name.lower()) == name, name
+        assert prices.arm_size_name(name.upper()) == name, name
+
+
 def test_a_size_without_a_spot_meter_has_an_unknown_spot_price(front, tmp_path):
+    front.drop_spot(H200)
     found = RetailPrices(tmp_path).price(H200, "eastus")
     assert found.spot is None and found.on_demand == 110.24 and found.error is None
     assert found.as_dict()["spotPerHour"] == "unknown"
@@ -65,21 +101,30 @@ def test_the_currency_is_asked_for_and_a_made_up_one_is_refused_before_any_reque
     assert len(front.requests) == asked
 
 
-def test_an_error_status_leaves_the_price_unknown_and_uncached(front, tmp_path):
+def test_an_error_status_leaves_the_price_unknown_and_is_asked_again_after_a_short_while(front, tmp_path):
+    now = [1_000_000.0]
     front.fail_next(500)
-    found = RetailPrices(tmp_path).price(T4, "eastus")
+    found = RetailPrices(tmp_path, clock=lambda: now[0]).price(T4, "eastus")
     assert found.spot is None and found.error == "the Retail Prices API could not be read: HTTP 500"
-    assert not (tmp_path / CACHE_FILE).exists()
-    assert RetailPrices(tmp_path).price(T4, "eastus").spot == 0.0789, "the next command asks again"
+    asked = len(front.requests)
+    now[0] += 30
+    again = RetailPrices(tmp_path, clock=lambda: now[0]).price(T4, "eastus")
+    assert len(front.requests) == asked, "a command run again soon does not wait on the API again"
+    assert again.spot is None and again.error.startswith("the Retail Prices API could not be read: HTTP 500 (30 s ago")
+    now[0] += FAILURE_SECONDS
+    assert RetailPrices(tmp_path, clock=lambda: now[0]).price(T4, "eastus").spot == 0.0789, "then asked again"
+    assert len(front.requests) > asked
 
 
-def test_an_unreachable_api_is_unknown_within_the_timeout(monkeypatch, tmp_path):
-    with socket.socket() as closed:  # a port nothing listens on
-        closed.bind(("127.0.0.1", 0))
-        port = closed.getsockname()[1]
-    monkeypatch.setenv(prices.PRICES_URL_ENV, f"http://127.0.0.1:{port}/api/retail/prices")
+@pytest.mark.parametrize("kind, why", [("truncated", "the answer was cut short or garbled (IncompleteRead)"),
+                                       ("status-line", "the answer was cut short or garbled (BadStatusLine)"),
+                                       ("not-json", "the answer is not JSON"),
+                                       ("not-items", "the answer is not the documented {Items: [...]} object")])
+def test_an_answer_cut_short_or_garbled_on_the_wire_is_unknown_not_a_traceback(front, tmp_path, kind, why):
+    front.garble_next(kind)
     found = RetailPrices(tmp_path).price(T4, "eastus")
-    assert found.spot is None and found.on_demand is None and "could not be read" in found.error
+    assert (found.spot, found.on_demand) == (None, None)
+    assert found.error == f"the Retail Prices API could not be read: {why}"
 
 
 def test_prices_are_cached_per_size_and_region_for_a_day(front, tmp_path):

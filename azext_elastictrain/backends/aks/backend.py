@@ -250,7 +250,7 @@ class AksBackend:  # pylint: disable=too-many-public-methods  # the Backend prot
         return CheckpointLocation(self.jobs.checkpoint_url(job), None,
                                   f"Is the storage account of cluster {self.cluster!r} reachable from here? 'az "
                                   f"elastictrain cluster show -g {self.resource_group} -n {self.cluster}' shows it; "
-                                  "its network rules may admit only the cluster.", self.session.grant_command())
+                                  "its network rules may admit only the cluster.", self.session.grant_command)
 
 
 def _evict_prompt(plan: EvictionPlan, cluster: str | None) -> str:

@@ -261,8 +261,10 @@ class AksClusters:  # pylint: disable=too-many-instance-attributes  # one comman
         checked = preflight.run(self.arm, spec.gpu_vm_size, spec.max_count, spec.location, spec.resource_group,
                                 system_vm_size=spec.system_vm_size, encryption_at_host=spec.encryption_at_host)
         if checked and self._spot_market:
-            checked.spot_market = self._spot_market(checked.gpu_vm_size, checked.location)
+            size = checked.gpu.name if checked.gpu else checked.gpu_vm_size  # as Resource SKUs spells it
+            checked.spot_market = self._spot_market(size, checked.location)
             checked.warnings += preflight.spot_price_warnings(checked.spot_market, spec.spot_max_price)
+            checked.warnings += preflight.spot_band_warnings(checked.spot_market)
             self._progress(preflight.spot_market_line(checked.spot_market))
         for warning in checked.warnings if checked else []:
             self._progress(warning)

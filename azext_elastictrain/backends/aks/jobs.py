@@ -17,7 +17,14 @@ from azext_elastictrain.core import events as job_events
 from azext_elastictrain.core.constants import GPU_TAINT
 from azext_elastictrain.core.errors import JobNotFound
 from azext_elastictrain.core.ports import KubeClient
-from azext_elastictrain.core.manifests import ELASTICJOB_API_VERSION, SPOT_TAINT, WORKER_LABELS, coordinator_name
+from azext_elastictrain.core.manifests import (
+    ELASTICJOB_API_VERSION,
+    SPOT_TAINT,
+    WORKER_LABELS,
+    coordinator_name,
+    job_secret_name,
+    worker_policy_name,
+)
 from azext_elastictrain.core.spec import (
     ENGINE_K8S_JOB,
     ENGINE_TORCHELASTIC,
@@ -34,6 +41,8 @@ _NO_IDENTITY = "00000000-0000-0000-0000-000000000000"
 _WORKERS = ",".join(f"{key}={value}" for key, value in WORKER_LABELS.items())
 # What core.manifests.render_coordinator makes, all named coordinator_name(job).
 COORDINATOR_KINDS = (("apps/v1", "Deployment"), ("v1", "Service"), ("networking.k8s.io/v1", "NetworkPolicy"))
+# What guards a job's workers (core.manifests.render_worker_policy, render_job_secret), by name.
+GUARD_KINDS = (("networking.k8s.io/v1", "NetworkPolicy", worker_policy_name), ("v1", "Secret", job_secret_name))
 
 
 class GpuPoolMissing(SpecError):
@@ -70,7 +79,9 @@ class AksJobs:
             InClusterSpec,
             render_coordinator,
             render_elastic_job,
+            render_job_secret,
             render_k8s_job,
+            render_worker_policy,
         )
 
         check_script_in_image(job.script)
@@ -84,8 +95,12 @@ class AksJobs:
             objects = render_k8s_job(job, cluster, image, run_id=run_id, gpus_per_node=gpus_per_node)
         else:
             objects = [render_elastic_job(job, cluster, image, run_id=run_id, gpus_per_node=gpus_per_node)]
-        # In process, the coordinator first: the workers ask it for a quorum from their first step.
-        return [*render_coordinator(job, cluster, image), *objects] if job.in_process else objects
+        # The workers' NetworkPolicy first: no worker pod runs unguarded. In process, the state server's Secret
+        # and the coordinator next: the workers read the one and ask the other for a quorum from their first step.
+        guards = [render_worker_policy(job, cluster)]
+        if job.in_process:
+            return [*guards, render_job_secret(job, cluster), *render_coordinator(job, cluster, image), *objects]
+        return [*guards, *objects]
 
     def plan_job(self, job: JobSpec, image: str, *, gpus_per_node: int, engine: str | None = None) -> Plan[AksJob]:
         """What `job run` would send (the dry run): the job's objects, and where its checkpoints go. Sends
@@ -119,7 +134,7 @@ class AksJobs:
                             "(its checkpoints stay, so a new job of the same name resumes from them)")
         applied: list[dict[str, Any]] = []
         try:
-            for each in job.objects:
+            for each in map(_with_secret_made, job.objects):
                 kube.apply(each)
                 applied.append(each)
         except Exception:
@@ -220,11 +235,16 @@ class AksJobs:
         shown["coordinator"] = [{"apiVersion": v, "kind": k, "name": found["metadata"]["name"]}
                                 for v, k in COORDINATOR_KINDS
                                 if (found := kube.get(v, k, coordinator_name(name), site.spec.namespace))]
+        # the workers' NetworkPolicy and an in-process job's Secret, deleted last
+        shown["guards"] = [{"apiVersion": v, "kind": k, "name": found["metadata"]["name"]}
+                           for v, k, named in GUARD_KINDS
+                           if (found := kube.get(v, k, named(name), site.spec.namespace))]
         target = shown["object"]
         return Plan(shown, AksJobDeletion(
             target["apiVersion"], target["kind"], target["name"], target["namespace"],
             with_service=shown.get("engine") == ENGINE_K8S_JOB,
-            coordinator=tuple((c["apiVersion"], c["kind"], c["name"]) for c in shown["coordinator"])))
+            coordinator=tuple((c["apiVersion"], c["kind"], c["name"]) for c in shown["coordinator"]),
+            guards=tuple((g["apiVersion"], g["kind"], g["name"]) for g in shown["guards"])))
 
     def delete(self, job: AksJobDeletion) -> None:
         kube = self.session.kube()
@@ -233,9 +253,26 @@ class AksJobs:
             kube.delete("v1", "Service", job.name, job.namespace)
         for api_version, kind, name in job.coordinator:  # after the workers' job: they may ask it until they stop
             kube.delete(api_version, kind, name, job.namespace)
+        for api_version, kind, name in job.guards:
+            kube.delete(api_version, kind, name, job.namespace)
 
     # ------------------------------------------------------------------ storage
 
     def checkpoint_url(self, job: str) -> str:
         """The blob URL of ``job``'s prefix in the cluster's checkpoint container."""
         return self.session.site().job_url(job)
+
+
+def _with_secret_made(obj: dict[str, Any]) -> dict[str, Any]:
+    """``obj``, a Secret with its placeholder replaced by a value made now (what the plan showed had none)."""
+    import copy
+    import secrets
+
+    from azext_elastictrain.core.manifests import SECRET_PLACEHOLDER
+
+    if obj.get("kind") != "Secret" or SECRET_PLACEHOLDER not in (obj.get("stringData") or {}).values():
+        return obj
+    made = copy.deepcopy(obj)
+    made["stringData"] = {k: secrets.token_urlsafe(32) if v == SECRET_PLACEHOLDER else v
+                          for k, v in made["stringData"].items()}
+    return made

@@ -29,6 +29,7 @@ class AksJobDeletion:
     namespace: str
     with_service: bool
     coordinator: tuple[tuple[str, str, str], ...] = ()
+    guards: tuple[tuple[str, str, str], ...] = ()  # the workers' NetworkPolicy and Secret, deleted last
 
 
 @dataclass(frozen=True)

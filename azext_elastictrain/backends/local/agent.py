@@ -105,10 +105,37 @@ class AgentLaunch:  # pylint: disable=too-many-instance-attributes  # one field 
         })
         env.update(launch.recovery_env(self.recovery, coordinator=self.coordinator, replica_id=self.node,
                                        replica_host="127.0.0.1",  # as --local-addr: every node is on loopback
-                                       replica_timeout=launch.LOCAL_REPLICA_TIMEOUT_SECONDS))
+                                       replica_timeout=launch.LOCAL_REPLICA_TIMEOUT_SECONDS,
+                                       secret_file=str(job_secret_file(self.job_dir))))
         env.setdefault("OMP_NUM_THREADS", "1")
         env.update(self.extra_env)
         return env
+
+
+def job_secret_file(job_dir: Path) -> Path:
+    """Where a local in-process job's secret is (launch.ENV_JOB_SECRET_FILE): its state server asks for it."""
+    return job_dir / "state.secret"
+
+
+def write_job_secret(job_dir: Path) -> Path:
+    """Make the job's secret file once (mode 0600 from its creation: no moment another user could read it); a
+    second call keeps the first secret, so nodes started later share it."""
+    import secrets
+
+    path = job_secret_file(job_dir)
+    if path.exists():
+        return path
+    temporary = path.with_suffix(f".{os.getpid()}.tmp")
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as out:
+        out.write(secrets.token_urlsafe(32))
+    try:
+        os.link(temporary, path)  # atomic, and never replaces a secret another command made first
+    except FileExistsError:
+        pass
+    finally:
+        temporary.unlink()
+    return path
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from azext_elastictrain.backends.local.agent import (
     JOB_MARKER_ENV,
     AgentLaunch,
     CoordinatorLaunch,
+    write_job_secret,
 )
 from azext_elastictrain.backends.local.cluster import LocalClusters
 from azext_elastictrain.backends.local.state import (
@@ -176,6 +177,8 @@ class LocalJobs:
             recovery=spec.recovery, coordinator=coordinator,
             job_env=launch.job_env(spec, collective_timeout=launch.LOCAL_COLLECTIVE_TIMEOUT_SECONDS,
                                    replica_timeout=launch.LOCAL_REPLICA_TIMEOUT_SECONDS, coordinator=coordinator))
+        if spec.in_process:
+            write_job_secret(job_dir)  # made with the coordinator; a job recorded before it had none
         argv, env = agent.argv(), agent.env(os.environ)
         with open(log_path, "ab") as log:
             # pylint: disable-next=consider-using-with  # a detached agent: outlives this command
@@ -523,6 +526,7 @@ def start_coordinator(job_dir: Path, *, min_nodes: int, job: str,
     import psutil
 
     coordinator = CoordinatorLaunch(job_dir, min_nodes=min_nodes, heartbeat_timeout_ms=heartbeat_timeout_ms)
+    write_job_secret(job_dir)  # the nodes' state servers ask for it (runtime/peer_transfer.py)
     with open(coordinator.log, "ab") as log:
         # pylint: disable-next=consider-using-with  # a detached process: outlives this command
         proc = subprocess.Popen(coordinator.argv(), stdin=subprocess.DEVNULL, stdout=log,

@@ -89,12 +89,16 @@ class ComputeFront:  # pylint: disable=too-few-public-methods
         self.skus = {location: region_skus(location) for location in REGIONS}
         self.usages = {location: region_usages() for location in REGIONS}
         self.features = {"microsoft.compute/encryptionathost": "Registered"}
-        #: Resource Graph's Spot eviction-rate bands: region -> lower-case size -> band (the H200 has none)
+        #: Resource Graph's Spot eviction-rate bands: region -> lower-case size -> band (every Spot-capable size has
+        #: one, as on Azure; a test drops one to see "unknown")
         self.spot_eviction_rates = {location: {"standard_nc4as_t4_v3": "0-5", "standard_nc24ads_a100_v4": "5-10",
-                                               "standard_nc40ads_h100_v5": "10-15", "standard_nd96isr_h100_v5": "20+"}
+                                               "standard_nc40ads_h100_v5": "10-15", "standard_nd96isr_h100_v5": "20+",
+                                               "standard_nd96isr_h200_v5": "15-20"}
                                     for location in REGIONS}
         #: Resource Graph's latest Linux Spot prices in USD (the tests' own figures): region -> size -> price
-        self.spot_prices_usd = {location: {"standard_nc4as_t4_v3": 0.0771, "standard_nc24ads_a100_v4": 0.7213}
+        self.spot_prices_usd = {location: {"standard_nc4as_t4_v3": 0.0771, "standard_nc24ads_a100_v4": 0.7213,
+                                           "standard_nc40ads_h100_v5": 1.3702, "standard_nd96isr_h100_v5": 19.2031,
+                                           "standard_nd96isr_h200_v5": 21.9904}
                                 for location in REGIONS}
 
     def sku(self, location: str, name: str) -> dict:

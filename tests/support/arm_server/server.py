@@ -26,7 +26,7 @@ from tests.support.arm_server.identity import (
     AKS_RBAC_CLUSTER_ADMIN, BLOB_DATA_CONTRIBUTOR, IDENTITY_HEADER, IdentityFront, SUBSCRIPTIONS, TENANT, _claims,
     _kube_ca, _pem, make_certificate,
 )
-from tests.support.arm_server.resource_graph import ResourceGraphFront
+from tests.support.arm_server.resource_graph import STALL_HEADER, ResourceGraphFront
 from tests.support.arm_server.routes import (
     API_VERSIONS, LRO_POLLS, _PROVIDER, _TYPE, _arm_casing, _error, _kind, _same_value, _schema_problems, is_query,
 )
@@ -535,6 +535,9 @@ def _handler(server: ArmServer):
             except Exception as ex:  # noqa: BLE001  a bug in the test server: make it visible
                 server.violations.append(f"test server error on {self.command} {self.path}: {ex!r}")
                 status, extra, payload = 500, {}, _error("TestServerError", repr(ex))
+            stall = float(extra.pop(STALL_HEADER, 0) or 0)
+            if stall:  # a service that does not answer in time (held here: the server's lock is not held)
+                time.sleep(stall)
             text = isinstance(payload, bytes)  # a pod's log
             data = payload if text else b"" if payload is None else json.dumps(payload).encode()
             self.send_response(status)
