@@ -23,7 +23,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 
 
 class CrossReplicaAverage:
-    """DDP comm hook (``average``): the node's average (DDP's own), then the nodes' average in one collective (see the module).
+    """DDP comm hook (``average``): the node's average (DDP's own), then the nodes' in one collective (see above).
 
     ``allreduce(flat)`` averages ``flat`` in place over the step's participants (runtime/replicas.py: a node
     that is not participating sends zeros; a failure is recorded and the step discarded). ``order``: the
@@ -34,12 +34,14 @@ class CrossReplicaAverage:
         self.order = order
         self.allreduce = allreduce
         self.averaged = 0
+        # per bucket: DDP's average within the node, the future handed to DDP, its gradients and parameters
         self._pending: List[Tuple[Any, Any, List[torch.Tensor], List[Any]]] = []
 
     def reset(self) -> None:
         self.averaged = 0
 
-    def average(self, state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    def average(self, state: Any, bucket: dist.GradBucket  # pylint: disable=unused-argument  # DDP's signature
+                ) -> torch.futures.Future[torch.Tensor]:
         within = allreduce_hook(None, bucket)  # type: ignore[arg-type]  # None: the default group (the node)
         done: Any = torch.futures.Future()
         self._pending.append((within, done, bucket.gradients(), bucket.parameters()))

@@ -345,14 +345,15 @@ class StepUndo:
 
     An ``ElasticSampler``'s position moves only for a committed step (runtime/replica_data.py). Anything outside
     ``state`` is the script's: a discarded step does not take it back (a restart would not restore it either). The
-    cost: a copy of the buffers, of the other modules (an EMA: one model's parameters) and of the small items, each
-    step."""
+    cost: a copy of the buffers, of the other modules (an EMA: one model's parameters) and of the other tensors and
+    small items, each step, into copies kept from the step before (no allocation once the shapes are known)."""
 
     def __init__(self, state: dict[str, Any], optimizer: torch.optim.Optimizer) -> None:
         self.state = state
         self.optimizer = optimizer
         self._trained = {id(p) for group in optimizer.param_groups for p in group["params"]}
         self._kept: tuple[Any, dict[str, Any], list[dict[str, Any]]] | None = None
+        self._copies: dict[tuple[int, int], torch.Tensor] = {}  # (tensor's id, position) -> its copy, reused
 
     def keep(self) -> None:
         """At the step boundary, before the step's body runs."""
@@ -373,16 +374,16 @@ class StepUndo:
     def _snapshot(self, value: Any) -> Any:  # pylint: disable=too-many-return-statements  # one per kind
         from azext_elastictrain.runtime.data import ElasticSampler
 
-        if isinstance(value, torch.optim.Optimizer) or isinstance(value, ElasticSampler):
+        if isinstance(value, (torch.optim.Optimizer, ElasticSampler)):
             return None  # protected by discard_step / moved only when committed
         if isinstance(value, torch.nn.Module):
-            return [t.detach().clone() for t in self._changeable(value)]
+            return [self._copy(t, i) for i, t in enumerate(self._changeable(value))]
         if _bundles_optimizer(value):  # TrainingState(model, optimizer, scheduler): its parts
             return {"model": self._snapshot(value.model), "scheduler": self._snapshot(value.scheduler)}
         if isinstance(value, torch.Generator):
             return value.get_state()
         if isinstance(value, torch.Tensor):
-            return value.detach().clone()
+            return self._copy(value, 0)
         if isinstance(value, dict):
             return {key: self._snapshot(item) for key, item in value.items()}
         if isinstance(value, list) and not _plain(value):
@@ -393,6 +394,16 @@ class StepUndo:
             return copy.deepcopy(value.state_dict())  # schedulers, a disabled GradScaler, user objects
         return copy.deepcopy(value)  # plain values
 
+    def _copy(self, tensor: torch.Tensor, position: int) -> torch.Tensor:
+        """``tensor``'s value now, in the copy kept for it at the last boundary (the step it was kept for is over)."""
+        key = (id(tensor), position)
+        copy_ = self._copies.get(key)
+        if copy_ is None or copy_.shape != tensor.shape or copy_.dtype != tensor.dtype:
+            copy_ = self._copies[key] = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+        with torch.no_grad():
+            copy_.copy_(tensor.detach())
+        return copy_
+
     def _changeable(self, module: torch.nn.Module) -> list[torch.Tensor]:
         """What a discarded step may have changed in ``module``: its buffers if the optimizer trains it, else
         its parameters too (an EMA's are updated by the script)."""
@@ -400,7 +411,7 @@ class StepUndo:
             return list(module.buffers())
         return [*module.parameters(), *module.buffers()]
 
-    def _restore(self, live: Any, kept: Any) -> Any:
+    def _restore(self, live: Any, kept: Any) -> Any:  # pylint: disable=too-many-return-statements  # one per kind
         """``live`` as ``kept`` says; returns what its container must hold (a plain value is rebound there)."""
         from azext_elastictrain.runtime.data import ElasticSampler
 
