@@ -9,12 +9,22 @@
 # With no arguments (CI) the type checker runs first, once (mypy.ini: strict on core/, backends/, clients/; its
 # cache in build/ makes a re-run here take a second or two, a fresh clone's ~7 s). Exits with the first failure's
 # status; "no tests collected" (pytest's 5) is a failure too.
+#
+# Where the time went (with no arguments): build/test-durations/parallel.txt and serial.txt, every test's seconds
+# slowest first and each module's total (tests/conftest.py's --durations-file), and phases.txt, each phase's wall
+# seconds (setup, mypy, parallel, serial).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
 cd "$ROOT"
 
+DURATIONS="build/test-durations"
+phase_started=$SECONDS
+phases=()
+phase_done() { phases+=("$(printf '%6d s  %s' $((SECONDS - phase_started)) "$1")"); phase_started=$SECONDS; }
+
 bash scripts/setup.sh
+phase_done setup
 # shellcheck source=scripts/env.sh
 source scripts/env.sh
 
@@ -24,6 +34,8 @@ source scripts/env.sh
 pytest=("$ROOT/.venv/bin/python" -m pytest)
 if ((!$#)); then
     "$ROOT/.venv/bin/python" -m mypy || { echo "test: the type checker found the above (mypy.ini)" >&2; exit 1; }
+    phase_done mypy
+    rm -rf "$DURATIONS"
 fi
 set +e
 if (($#)); then
@@ -37,11 +49,15 @@ else
     # A fresh clone's CI run with 3 workers, worksteal: 536 s.
     workers=$(( $(nproc 2>/dev/null || echo 2) + 1 ))
     ((workers < 3)) && workers=3
-    "${pytest[@]}" -n "$workers" --dist worksteal -m "not torchrun"
+    "${pytest[@]}" -n "$workers" --dist worksteal -m "not torchrun" --durations-file "$DURATIONS/parallel.txt"
     rc=$?
-    "${pytest[@]}" -m torchrun
+    phase_done "parallel (-n $workers -m 'not torchrun')"
+    "${pytest[@]}" -m torchrun --durations=10 --durations-file "$DURATIONS/serial.txt"
     rc2=$?
+    phase_done "serial (-m torchrun)"
     ((rc == 0)) && rc=$rc2
+    mkdir -p "$DURATIONS"
+    printf '%s\n' "${phases[@]}" "$(printf '%6d s  total' "$SECONDS")" | tee "$DURATIONS/phases.txt"
 fi
 set -e
 

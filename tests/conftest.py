@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Iterator
@@ -37,7 +38,45 @@ _TORCHRUN_MODULES = frozenset({
 _LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--durations-file", metavar="PATH", default=None,
+                     help="write every test's seconds (setup + call + teardown), slowest first, and each module's "
+                          "total to PATH (scripts/test.sh: build/test-durations/)")
+
+
+class _DurationsFile:
+    """``--durations-file``: on the controller (with xdist, the workers' reports come to it), once at the end."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.seconds: dict[str, float] = {}
+        self.failed: set[str] = set()
+        self.started = time.monotonic()
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
+        if report.failed:
+            self.failed.add(report.nodeid)
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        wall = time.monotonic() - self.started
+        by_module: dict[str, float] = {}
+        for nodeid, seconds in self.seconds.items():
+            module = nodeid.split("::", 1)[0]
+            by_module[module] = by_module.get(module, 0.0) + seconds
+        lines = [f"# {len(self.seconds)} tests, {sum(self.seconds.values()):.1f} s of test time (setup + call + "
+                 f"teardown, summed over workers), {wall:.1f} s wall; slowest first",
+                 *(f"{s:8.2f}  {n}{'  FAILED' if n in self.failed else ''}"
+                   for n, s in sorted(self.seconds.items(), key=lambda kv: -kv[1])),
+                 "# by module", *(f"{s:8.2f}  {m}" for m, s in sorted(by_module.items(), key=lambda kv: -kv[1]))]
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    path = config.getoption("--durations-file")
+    if path and not hasattr(config, "workerinput"):  # an xdist worker sends its reports to the controller
+        config.pluginmanager.register(_DurationsFile(Path(path)), "elastictrain-durations-file")
     # Clients in the tests (azure-core, requests in az) honour proxy variables;
     # traffic to the local services must never go through a proxy.
     for var in ("no_proxy", "NO_PROXY"):
