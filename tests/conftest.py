@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Iterator
@@ -26,10 +27,11 @@ from tests.support import services as svc  # noqa: E402
 _FOLDER_MARKS = ("unit", "integration", "contract", "e2e")
 # Modules that train for real with several torchrun agents and assert how fast a job recovers (or depend on when
 # a re-form happens): marked ``torchrun``, so scripts/test.sh runs them alone after the rest (which runs in
-# parallel). Other multi-process tests (local jobs, memory rescue, resharding) assert no timing: they run in parallel.
+# parallel). Other multi-process tests (local jobs, memory rescue, resharding, the README's blocks through
+# evictions, evict simulate's errors and one eviction's record) assert no timing: they run in parallel, where their
+# jobs' waiting overlaps the other workers' computing.
 _TORCHRUN_MODULES = frozenset({
-    "e2e/test_battery.py", "e2e/test_demo.py", "e2e/test_local_chaos.py", "e2e/test_local_evict.py",
-    "e2e/test_readme.py",
+    "e2e/test_battery.py", "e2e/test_demo.py", "e2e/test_local_chaos.py",
     "integration/test_elastic_data.py", "integration/test_elastic_recovery.py",
 })
 # A module may also mark single tests ``torchrun`` (integration/test_inprocess_recovery.py: the cases whose
@@ -37,7 +39,45 @@ _TORCHRUN_MODULES = frozenset({
 _LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--durations-file", metavar="PATH", default=None,
+                     help="write every test's seconds (setup + call + teardown), slowest first, and each module's "
+                          "total to PATH (scripts/test.sh: build/test-durations/)")
+
+
+class _DurationsFile:
+    """``--durations-file``: on the controller (with xdist, the workers' reports come to it), once at the end."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.seconds: dict[str, float] = {}
+        self.failed: set[str] = set()
+        self.started = time.monotonic()
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
+        if report.failed:
+            self.failed.add(report.nodeid)
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        wall = time.monotonic() - self.started
+        by_module: dict[str, float] = {}
+        for nodeid, seconds in self.seconds.items():
+            module = nodeid.split("::", 1)[0]
+            by_module[module] = by_module.get(module, 0.0) + seconds
+        lines = [f"# {len(self.seconds)} tests, {sum(self.seconds.values()):.1f} s of test time (setup + call + "
+                 f"teardown, summed over workers), {wall:.1f} s wall; slowest first",
+                 *(f"{s:8.2f}  {n}{'  FAILED' if n in self.failed else ''}"
+                   for n, s in sorted(self.seconds.items(), key=lambda kv: -kv[1])),
+                 "# by module", *(f"{s:8.2f}  {m}" for m, s in sorted(by_module.items(), key=lambda kv: -kv[1]))]
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    path = config.getoption("--durations-file")
+    if path and not hasattr(config, "workerinput"):  # an xdist worker sends its reports to the controller
+        config.pluginmanager.register(_DurationsFile(Path(path)), "elastictrain-durations-file")
     # Clients in the tests (azure-core, requests in az) honour proxy variables;
     # traffic to the local services must never go through a proxy.
     for var in ("no_proxy", "NO_PROXY"):

@@ -8,7 +8,9 @@ of an uninterrupted run over the history that ended in the final model, the job 
 trained and is Succeeded after its last step, and each scale-up restored from memory (the newcomer from a peer).
 
 The loops the README showed before (tests/support/legacy_*.py) run the same way through one eviction and the
-scale-up after it, whose SIGTERM they used to take for the end of training.
+scale-up after it, whose SIGTERM they used to take for the end of training: both at once, as two jobs of one
+cluster (what each test checks is its own job's records; the jobs mostly wait, so together they take the time of
+one). The module's jobs share one local cluster; each has its own name, records (``--env``) and checkpoints.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import json
 import re
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -24,8 +27,6 @@ import torch
 from azext_elastictrain.backends.local.cluster import LocalClusters
 from azext_elastictrain.backends.local.jobs import LocalJobs
 from azext_elastictrain.core.spec import LOCAL_CLUSTER_DEFAULT
-from tests.support import services as svc
-from tests.support.processes import local_cluster
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
@@ -110,41 +111,49 @@ def _check_exactly_once(history: dict[int, list[dict]], total: int) -> None:
         assert ids == order[:len(ids)], f"epoch {epoch}: not each sample once in the uninterrupted order"
 
 
-def _run_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: Path, job: str, notices: list[bool],
-             script_args: str) -> dict:
-    """The script as a 2-node local job through one eviction per entry of ``notices`` (with a 30 s notice, or
-    none), capacity back 3 s after each; then trained to its end. What the test checks, gathered."""
-    out, slow = tmp_path / "records", tmp_path / "slow"
-    slow.touch()
-    # The job's processes inherit az's environment (backends/local/jobs.py).
-    monkeypatch.setenv("READMETEST_BLOCK", str(script))
-    monkeypatch.setenv("READMETEST_OUT", str(out))
-    monkeypatch.setenv("READMETEST_SLOW", str(slow))
-    # Slow enough for the evictions and scale-ups on a loaded 2-core machine (each az call takes seconds);
-    # the rest trains at full speed.
-    monkeypatch.setenv("READMETEST_STEP_DELAY", "1.0")
+def _train(az, out: Path, job: str, notices: list[bool]) -> dict:
+    """A started job through one eviction per entry of ``notices`` (with a 30 s notice, or none), capacity back
+    3 s after each; then trained to its end. What the test checks, gathered."""
     states: list[str] = []
-    try:
-        with local_cluster(tmp_path / "azure-config") as az:
-            try:
-                az("elastictrain", "job", "run", "--local", "--name", job, "--script", str(HARNESS),
-                   "--script-args", script_args, "--min-nodes", "1", "--max-nodes", "2",
-                   "--checkpoint-interval", "20", "--recovery", "restart", "-o", "none")
-                _wait_world(az, job, 2, states)
-                evictions = [_evict(az, job, notice=notice, states=states) for notice in notices]
-                during = _show(az, job)
-                slow.unlink()  # train the rest at full speed
-                done = az.json("elastictrain", "job", "wait", "--local", "--name", job, "--state", "Succeeded",
-                               "--timeout", "600", timeout=660)
-                shown = _show(az, job)
-                events = LocalJobs(LocalClusters(az.config_dir / "elastictrain" / "local")).job_events(
-                    LOCAL_CLUSTER_DEFAULT, job)
-            finally:
-                az("elastictrain", "job", "delete", "--local", "--name", job, "--yes", check=False, timeout=180)
-    except svc.ServiceNotFound as exc:
-        pytest.fail(str(exc), pytrace=False)
+    _wait_world(az, job, 2, states)
+    evictions = [_evict(az, job, notice=notice, states=states) for notice in notices]
+    during = _show(az, job)
+    (out / "slow").unlink()  # train the rest at full speed
+    done = az.json("elastictrain", "job", "wait", "--local", "--name", job, "--state", "Succeeded",
+                   "--timeout", "600", timeout=660)
+    shown = _show(az, job)
+    events = LocalJobs(LocalClusters(az.config_dir / "elastictrain" / "local")).job_events(LOCAL_CLUSTER_DEFAULT, job)
+    records = out / "records"
     return {"states": states, "evictions": evictions, "during": during, "done": done, "shown": shown,
-            "events": events, "history": _history(out), "argv": [json.loads(p.read_text()) for p in out.glob("argv-*")]}
+            "events": events, "history": _history(records),
+            "argv": [json.loads(p.read_text()) for p in records.glob("argv-*")]}
+
+
+def _run_jobs(az, tmp_path: Path, runs: list[tuple[Path, str, list[bool], str]]) -> list[dict]:
+    """Each (script, job, notices, script args) as a 2-node local job in the module's cluster (``local_az``,
+    tests/e2e/conftest.py), all at once, each through its evictions and then trained to its end (``_train``);
+    then deleted."""
+    started = []
+    try:
+        for script, job, _, script_args in runs:
+            out = tmp_path / job
+            out.mkdir()
+            (out / "slow").touch()
+            started.append(job)
+            # The job's own environment (--env: every node of it, replacements too): its block, its records,
+            # and while the file "slow" exists each step sleeps 1 s, slow enough for the evictions and scale-ups
+            # on a loaded 2-core machine (each az call takes seconds); the rest trains at full speed.
+            az("elastictrain", "job", "run", "--local", "--name", job, "--script", str(HARNESS),
+               "--script-args", script_args, "--min-nodes", "1", "--max-nodes", "2",
+               "--checkpoint-interval", "20", "--recovery", "restart",
+               "--env", f"READMETEST_BLOCK={script}", f"READMETEST_OUT={out / 'records'}",
+               f"READMETEST_SLOW={out / 'slow'}", "READMETEST_STEP_DELAY=1.0", "-o", "none")
+        with ThreadPoolExecutor(len(runs)) as pool:
+            futures = [pool.submit(_train, az, tmp_path / job, job, notices) for _, job, notices, _ in runs]
+            return [future.result() for future in futures]
+    finally:
+        for job in started:
+            az("elastictrain", "job", "delete", "--local", "--name", job, "--yes", check=False, timeout=180)
 
 
 def _check_succeeded_only_at_the_end(run: dict) -> int:
@@ -160,10 +169,10 @@ def _check_succeeded_only_at_the_end(run: dict) -> int:
 
 @pytest.mark.parametrize("number", range(len(BLOCKS)))
 def test_a_readme_block_trains_exactly_once_through_evictions_and_scale_ups_and_succeeds_at_its_end(
-        number, tmp_path, monkeypatch) -> None:
+        number, local_az, tmp_path) -> None:
     block = tmp_path / f"readme_block_{number}.py"
     block.write_text(BLOCKS[number])
-    run = _run_job(tmp_path, monkeypatch, block, f"readme{number}", [True, False], SCRIPT_ARGS_TEXT)
+    (run,) = _run_jobs(local_az, tmp_path, [(block, f"readme{number}", [True, False], SCRIPT_ARGS_TEXT)])
 
     notice, no_notice = run["evictions"]
     assert notice["evictions"][0]["acknowledged"] and not no_notice["evictions"][0]["acknowledged"]
@@ -177,17 +186,20 @@ def test_a_readme_block_trains_exactly_once_through_evictions_and_scale_ups_and_
                                  for u in ups), ups
 
 
-@pytest.mark.parametrize("script", ["legacy_loop.py", "legacy_steps_loop.py"])
-def test_the_old_readme_loops_are_right_through_a_scale_up(script, tmp_path, monkeypatch) -> None:
-    """tests/support/legacy_*.py: the loops the README showed before, as users copied them. At the scale-up
-    torchrun SIGTERMs every worker: the steps loop broke and its done() marked the job Succeeded while the
-    re-formed world trained on; the data loop's `break` left only the inner loop and the rest of the epoch
-    was never trained."""
-    run = _run_job(tmp_path, monkeypatch, REPO / "tests" / "support" / script, "legacy", [False], "")
-    total = _check_succeeded_only_at_the_end(run)
-    if script == "legacy_loop.py":
-        _check_exactly_once(run["history"], total)
-    else:
-        assert sorted(run["history"]) == list(range(1, total + 1))
-    ups = run["shown"]["scaleUpTimes"]
-    assert ups and all(u["restoreSource"] in ("memory", "peer") for u in ups), ups
+def test_the_old_readme_loops_are_right_through_a_scale_up(local_az, tmp_path) -> None:
+    """tests/support/legacy_*.py: the loops the README showed before, as users copied them, as two jobs at once.
+    At the scale-up torchrun SIGTERMs every worker: the steps loop broke and its done() marked the job Succeeded
+    while the re-formed world trained on; the data loop's `break` left only the inner loop and the rest of the
+    epoch was never trained."""
+    support = REPO / "tests" / "support"
+    data_loop, steps_loop = _run_jobs(local_az, tmp_path, [
+        (support / "legacy_loop.py", "legacy-data", [False], ""),
+        (support / "legacy_steps_loop.py", "legacy-steps", [False], "")])
+    for run in (data_loop, steps_loop):
+        total = _check_succeeded_only_at_the_end(run)
+        if run is data_loop:
+            _check_exactly_once(run["history"], total)
+        else:
+            assert sorted(run["history"]) == list(range(1, total + 1))
+        ups = run["shown"]["scaleUpTimes"]
+        assert ups and all(u["restoreSource"] in ("memory", "peer") for u in ups), ups
