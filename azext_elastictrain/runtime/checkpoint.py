@@ -484,7 +484,9 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
         try:
             while not (step >= total if total is not None else data is None or data.finished()):
                 quorum = replicas.begin_step(step)
-                self._record_quorum(members, quorum, replicas.served())
+                self._record_quorum(members, quorum, replicas.served() or replicas.healed)
+                if replicas.healed and data is not None:
+                    data.healed()
                 item = data.next(quorum) if data is not None else None
                 yield (quorum.step + 1, item) if data is not None else quorum.step + 1
                 if not replicas.end_step():
@@ -495,7 +497,7 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
                     continue
                 step = quorum.step + 1
                 if data is not None:
-                    data.trained(replicas.healed)
+                    data.trained()
                 if self._replica_step(step, state, replicas, samples):
                     raise TrainingStopped(step, "this node leaves the job (a notice or a SIGTERM)")
             if replicas.is_writer() or replicas.participants() == 0:

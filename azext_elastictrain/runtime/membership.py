@@ -5,9 +5,8 @@ mode's ``restored``). Every node follows the quorum's members step by step; the 
 change (one writer: every node sees the same quorum), with what the outage figure needs (core/goodput.py): the old
 world's last committed step and its time, the step the new world trains from, the steps discarded in between.
 
-A replica that takes the state from a peer is not yet a participant (it trains the step after), so a node that
-replaces another shows as two changes (one fewer, then one more), never as a quorum of the same size. Pure: no
-torch, no I/O; the caller emits what ``observe`` returns.
+A replica that takes the state from a peer loads it at the step boundary and trains that step as a participant.
+Pure: no torch, no I/O; the caller emits what ``observe`` returns.
 """
 from __future__ import annotations
 
@@ -30,7 +29,8 @@ class Membership:
     def observe(self, *, replicas: int, step: int, rank: int | None, last_step: int | None,
                 last_step_time: float | None, served: bool = False) -> dict[str, Any] | None:
         """This step's quorum: the ``quorum`` event's fields if its members changed and this node writes it (its
-        replica rank is 0), else None. ``served``: this node sent its state to a replica behind this step."""
+        replica rank is 0), else None. ``served``: this node sent its state to a replica behind this step, or
+        took one from a peer."""
         self.healed = self.healed or served or (rank is None and replicas > 0)
         if rank is None:  # taking the state from a peer: not yet a member of the world that trains, which it joins
             self.replicas = replicas

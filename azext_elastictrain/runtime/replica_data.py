@@ -15,8 +15,8 @@ from azext_elastictrain.runtime.replicas import Quorum
 
 
 def layout(quorum: Quorum, node_rank: int, node_size: int) -> tuple[int, int]:
-    """(ranks, rank) of this worker's slice for ``quorum``; a replica that takes the state from a peer this step
-    trains a slice whose gradients are discarded (rank 0's), so it needs no position of its own."""
+    """(ranks, rank) of this worker's slice for ``quorum`` (a replica not in it trains nothing it keeps: rank 0's
+    slice, its gradients zeroed in the collective)."""
     return quorum.participants * node_size, (quorum.rank or 0) * node_size + node_rank
 
 
@@ -48,14 +48,14 @@ class ReplicaBatches:
             self._iterator, self._layout = iter(self.loader), wanted
         return next(self._iterator)
 
-    def trained(self, healed: bool) -> None:
+    def healed(self) -> None:
+        """The peer's position at this step's start was loaded, before the step's batch is drawn: the loader's
+        iterator is stale, and the next batch is the peer's (the epoch moves on in ``next`` as on the peer)."""
+        self._iterator = None
+
+    def trained(self) -> None:
         """The step is committed: the position moves on by one global batch."""
-        if healed:
-            # The peer's position of before this step was loaded (and its iterator is stale): one batch on.
-            skip_one(self.sampler)
-            self._iterator = None
-        else:
-            self.sampler.advance()
+        self.sampler.advance()
 
     def discarded(self) -> None:
         """The step is discarded: its global batch is trained again at the next step (at that step's layout)."""
@@ -63,9 +63,3 @@ class ReplicaBatches:
             self.sampler.reshard(*self._layout)
         self._iterator = None
 
-
-def skip_one(sampler: ElasticSampler) -> None:
-    """Move the sampler's position on by one global batch (not drawn by this process: a peer trained it)."""
-    position = sampler.state_dict()
-    position["consumed"] = min(position["consumed"] + sampler.global_batch_size, sampler.samples_per_epoch)
-    sampler.load_state_dict(position)

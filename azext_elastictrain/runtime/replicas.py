@@ -14,10 +14,15 @@ How the user's script is adapted, public APIs only, nothing in the script change
   ``should_commit()``; a step that must be discarded leaves every gradient ``None``, and torch's optimizers skip
   parameters without one (the step is a no-op).
 - the state a newcomer needs (model, optimizer, sampler position, RNG: runtime/state.py's flat items) goes through
-  torchft's state callbacks and runtime/peer_transfer.py, loaded in the optimizer's pre-hook of the newcomer's
-  first step (torchft's asynchronous quorum): that body ran on the newcomer's own stale state, and its gradient
-  counts as zeros. (torchft's synchronous quorum loads it before the body, but then no replica can see with
-  public calls that another heals in the step, so the others' collective waits only the replica timeout.)
+  torchft's state callbacks and runtime/peer_transfer.py. It is loaded at the step boundary, before the step's
+  body (torchft's synchronous quorum), so every body the loop yields runs on the committed state of the step
+  before: the newcomer's first body trains the same step as its peers, from the same state, with the same
+  generators. The peers' state is taken at the same boundary (the quorum's ``send_checkpoint``). Then every
+  participant meets in a one-number collective that waits as long as a transfer may take (``_start_together``):
+  no replica can see with torchft's public calls that another heals in the step, and the step's own collective
+  waits only the replica timeout.
+- the job's first quorum makes the replicas one (torchft's ``init_sync``): at step 0 every replica but one takes
+  that one's state, so an unseeded model starts from one set of weights everywhere.
 - a discarded step takes back everything in ``state`` (``StepUndo``): what the body changed besides the
   optimizer's update, which ``discard_step`` prevents.
 """
@@ -108,9 +113,11 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
                                         bind=env.get(launch.ENV_REPLICA_HOST) or "0.0.0.0")
         self._served = 0
         self._pg = ProcessGroupGloo(timeout=self.timeout)
+        # Synchronous quorum: a replica behind loads the peer's state inside start_quorum, before its body (with
+        # torchft's asynchronous one it loads in should_commit, after a body run on its own stale state and batch).
         self.manager = Manager(
             pg=self._pg, load_state_dict=None, state_dict=None,
-            min_replica_size=1, use_async_quorum=True, init_sync=False,
+            min_replica_size=1, use_async_quorum=False, init_sync=True,
             timeout=max(self.timeout, CONTROL_TIMEOUT), quorum_timeout=QUORUM_TIMEOUT, connect_timeout=CONNECT_TIMEOUT,
             rank=self.node_rank, world_size=self.node_size, store_addr=store_addr, store_port=store_port,
             lighthouse_addr=env.get(launch.ENV_COORDINATOR), hostname=host,
@@ -155,17 +162,37 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         self.committed, self.healed = None, False
         if self._in_backward is not None:
             self._in_backward.reset()
+        self.undo.keep()  # before a healing load: a failed heal discards the step back to this state
         try:
-            self.manager.start_quorum()
-            rank = self.manager.participating_rank()  # waits for the quorum (and a newcomer's transfer)
+            self.manager.start_quorum()  # the quorum; a replica behind loads a peer's state here (self._load)
+            rank = self.manager.participating_rank()
             participants = self.manager.num_participants()
         except Exception as ex:  # pylint: disable=broad-exception-caught  # any failure: the restart path
             log.error("no quorum for the step after %d: %s; restarting this worker", last_step, ex)
             self.close()
             raise TrainingStopped(last_step, f"in-process recovery: no quorum ({ex})") from ex
         self.rank = rank
-        self.undo.keep()  # the state this step starts from (a healing load, later in the step, keeps again)
+        if self.healed:
+            self.undo.keep()  # the state this step starts from is the peer's
+        self._start_together()
         return Quorum(self.manager.current_step(), participants, rank)
+
+    def _start_together(self) -> None:
+        """Every participant holds the step's state before the step's collective counts time: a one-number
+        collective that waits as long as a transfer may take. A newcomer loads the state inside start_quorum and
+        comes here after it; the others cannot see it heal, so without this their step's collective, which waits
+        the replica timeout, gave up on it (a failure there discards the step)."""
+        manager = self.manager
+        if manager.errored():
+            return
+        options = dist.AllreduceOptions()
+        options.reduceOp = dist.ReduceOp.SUM
+        options.timeout = self.transfer_timeout()
+        try:
+            self._pg.allreduce([torch.zeros(1)], options).wait()
+        except Exception as ex:  # pylint: disable=broad-exception-caught  # the step's verdict carries it
+            log.warning("the step's start failed: %s; discarding the step", ex)
+            manager.report_error(ex)
 
     def end_step(self) -> bool:
         """After the step's body: whether it is committed (asks the quorum if the optimizer hook did not)."""
@@ -212,7 +239,7 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
             flat.zero_()
         options = dist.AllreduceOptions()
         options.reduceOp = dist.ReduceOp.SUM
-        options.timeout = self.step_timeout(self._pg.size(), participants)
+        options.timeout = self.timeout  # every participant holds the state already (_start_together)
         try:
             self._pg.allreduce([flat], options).wait()
         except Exception as ex:  # pylint: disable=broad-exception-caught  # the step's verdict carries it
@@ -220,11 +247,6 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
             manager.report_error(ex)
             return
         flat /= participants
-
-    def step_timeout(self, members: int, participants: int) -> timedelta:
-        """How long this step's collective waits: the replica timeout, or while a member of the quorum (one of
-        ``members``, ``participants`` of them at the job's step) takes the state from a peer, the transfer's."""
-        return self.transfer_timeout() if members > participants else self.timeout
 
     def transfer_timeout(self) -> timedelta:
         return transfer_timeout(self.state, self.timeout)
@@ -235,7 +257,7 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         return {"flat": flat, "rng": capture_rng()}
 
     def _load(self, payload: dict[str, Any]) -> None:
-        """A live peer's state into this replica's (in the optimizer's pre-hook: the gradients stay)."""
+        """A live peer's state into this replica's, at the step boundary (inside ``start_quorum``)."""
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         grads = [p.grad for p in params]
         for p in params:  # a fresh optimizer's state is initialised without gradients (runtime/state.py)

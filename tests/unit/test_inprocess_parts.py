@@ -12,7 +12,7 @@ import torch
 
 from azext_elastictrain.core import launch
 from azext_elastictrain.runtime.data import ElasticSampler
-from azext_elastictrain.runtime.replica_data import ReplicaBatches, layout, skip_one
+from azext_elastictrain.runtime.replica_data import ReplicaBatches, layout
 from azext_elastictrain.runtime.replicas import (Quorum, ReplicaGroup, StepUndo, average_across_replicas, discard_step,
                                                  the_optimizer)
 
@@ -42,7 +42,7 @@ def test_slice_follows_the_quorum_and_every_sample_is_trained_once() -> None:
         assert sorted(trained) == sorted(order[step * BATCH:(step + 1) * BATCH])
         for rank in range(4):
             if rank < size:
-                loaders[rank].trained(healed=False)
+                loaders[rank].trained()
             else:  # not in this quorum: its position comes from a peer when it is admitted
                 samplers[rank].load_state_dict(samplers[0].state_dict())
 
@@ -57,13 +57,28 @@ def test_a_discarded_step_trains_the_same_global_batch_again_at_the_new_layout()
     assert sampler.consumed == 0
 
 
-def test_a_healing_replica_moves_on_from_the_peers_position() -> None:
-    peer = ElasticSampler(Ids(), BATCH, num_replicas=1, rank=0, seed=0)
-    peer.consumed = 2 * BATCH
-    newcomer = ElasticSampler(Ids(), BATCH, num_replicas=1, rank=0, seed=0)
-    newcomer.load_state_dict(peer.state_dict())
-    skip_one(newcomer)
-    assert newcomer.consumed == 3 * BATCH
+@pytest.mark.parametrize("consumed", [2 * BATCH, SIZE], ids=["mid-epoch", "epoch-boundary"])
+def test_a_healing_replica_trains_the_peers_next_batch_with_it(consumed) -> None:
+    """The newcomer loads the peer's position at the step's start, before either draws the step's batch: both take
+    their slices of the same global batch, at an epoch's end too (there both move to the next epoch first; the
+    newcomer used to skip a batch per epoch after such a heal)."""
+    peer_sampler = ElasticSampler(Ids(), BATCH, num_replicas=1, rank=0, seed=0)
+    peer = ReplicaBatches(peer_sampler, peer_sampler, epochs=3, node_rank=0, node_size=1)
+    for _ in range(consumed // BATCH):
+        peer.next(Quorum(0, 1, 0))
+        peer.trained()
+    new_sampler = ElasticSampler(Ids(), BATCH, num_replicas=1, rank=0, seed=0)
+    newcomer = ReplicaBatches(new_sampler, new_sampler, epochs=3, node_rank=0, node_size=1)
+    newcomer.next(Quorum(0, 1, 0))  # a stale iterator of its own, from before the heal
+    new_sampler.load_state_dict(peer_sampler.state_dict())
+    newcomer.healed()
+    step = consumed // BATCH
+    both = peer.next(Quorum(step, 2, 0)) + newcomer.next(Quorum(step, 2, 1))
+    epoch, start = divmod(consumed, SIZE)
+    assert sorted(both) == sorted(peer_sampler.order(epoch)[start:start + BATCH])
+    peer.trained()
+    newcomer.trained()
+    assert peer_sampler.state_dict() == new_sampler.state_dict()
 
 
 def test_layout_counts_the_node_workers() -> None:
@@ -367,14 +382,6 @@ def test_a_healing_step_waits_for_the_transfer_sized_to_the_state() -> None:
     assert replicas.transfer_timeout(state, replica) == expected
     assert expected > replica + timedelta(seconds=2)  # ~2 s more per 100 MiB at the floor rate
 
-    class Group:  # the two figures step_timeout reads
-        timeout = replica
-
-        def transfer_timeout(self) -> timedelta:
-            return expected
-
-    assert replicas.ReplicaGroup.step_timeout(Group(), members=3, participants=2) == expected  # one heals
-    assert replicas.ReplicaGroup.step_timeout(Group(), members=2, participants=2) == replica
     # read from the live objects: torch's optimizer state dict would step a fresh optimizer to create its moments,
     # re-entering the step hook from torchft's quorum thread (a deadlock)
     fresh = torch.optim.AdamW(model.parameters())
