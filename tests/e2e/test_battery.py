@@ -3,8 +3,10 @@ the real az in the local default recovery mode, through an eviction with notice,
 each, compared with the same script as one uninterrupted 2-node run in the restart mode.
 
 A mode is the local default only while it passes this (core/launch.py DEFAULT_RECOVERY): the test runs whatever
-the default is (``BATTERY_RECOVERY=in-process`` runs it on another mode, to see where that one stands). Checked at every step the job kept (for each step, the records of the newest world that trained
-it: a step trained again after a re-form replaces the earlier try):
+the default is (``BATTERY_RECOVERY=in-process`` runs it on another mode, to see where that one stands), and the
+in-process mode's plain variant while that mode is not the default. Checked at every step the job kept (for each
+step, the records of the newest world that trained it: a step trained again after a re-form replaces the earlier
+try):
 
 - the global batch (this step's slices, joined in rank order), the learning rate the step used, the generator's
   state and the plain counter after it: equal to the uninterrupted run's;
