@@ -20,7 +20,6 @@ try):
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -32,6 +31,7 @@ import pytest
 from azext_elastictrain.core import launch
 from tests.support import services as svc
 from tests.support.processes import local_cluster
+from tests.support.slices import read_records
 
 pytestmark = pytest.mark.slow
 
@@ -40,15 +40,7 @@ STEPS = 4 * 17  # battery_train.py: 4 epochs of 16 full global batches and one o
 
 
 def _records(out: Path) -> list[dict]:
-    records = []
-    for path in out.glob("records-*.jsonl"):
-        lines = path.read_text().splitlines()
-        for number, line in enumerate(lines):
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                assert number == len(lines) - 1, f"{path.name}:{number + 1} is not JSON"  # a kill mid-write
-    return records
+    return read_records(out, "records-*.jsonl")
 
 
 def kept_steps(records: list[dict]) -> dict[int, list[dict]]:

@@ -10,8 +10,14 @@ import torch
 
 
 def read_slices(out: Path) -> list[dict]:
+    return read_records(out, "slices-*.jsonl")
+
+
+def read_records(out: Path, pattern: str) -> list[dict]:
+    """The JSON lines of the files ``pattern`` names in ``out`` (a process killed mid-write leaves a last line cut
+    short: skipped)."""
     records = []
-    for path in out.glob("slices-*.jsonl"):
+    for path in out.glob(pattern):
         lines = path.read_text().splitlines()
         for number, line in enumerate(lines):
             try:
