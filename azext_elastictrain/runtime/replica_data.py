@@ -62,4 +62,3 @@ class ReplicaBatches:
         if self._layout is not None:
             self.sampler.reshard(*self._layout)
         self._iterator = None
-

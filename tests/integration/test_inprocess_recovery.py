@@ -454,6 +454,7 @@ def test_peer_dies_mid_state_transfer_the_newcomer_heals_from_another(job, tmp_p
     assert live[0].final["final"] == live[1].final["final"]
 
 
+@pytest.mark.torchrun  # a 0.5 s replica timeout, and a 384 MiB state copied at every step boundary (StepUndo)
 def test_newcomer_whose_state_takes_longer_than_the_replica_timeout_is_admitted(job, tmp_path) -> None:
     """A 3-node job's newcomer with a 384 MiB state (more than a second to send here) and a 0.5 s replica timeout:
     the two others wait for the transfer in its first step, and it trains with them from the next. Before, their
