@@ -336,6 +336,11 @@ def test_notice_is_a_planned_departure_the_others_do_not_stop(job) -> None:
 def test_frozen_replica_is_dropped_and_the_others_go_on(job, azurite, container_url) -> None:
     replicas = [job.start(f"node-{i}", REPLICA_EPOCHS="8") for i in range(3)]
     wait_for(lambda: training_together(replicas), 120, f"{len(replicas)} replicas training together")
+    # a few steps of the world of 3 first: a node that started late heals into it a step before the freeze, and
+    # the world of 3 then has no step of its own reported for the outage to start from
+    together = max(r.last_step() for r in replicas)
+    wait_for(lambda: all(r.last_step() >= together + 3 and r.records[-1]["ranks"] == 3 for r in replicas), 120,
+             "the world of 3 three steps on")
     victim, survivors = replicas[-1], replicas[:-1]
     victim.proc.send_signal(signal.SIGSTOP)
     frozen_at = max(r.last_step() for r in survivors)
