@@ -262,7 +262,7 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         grads = [p.grad for p in params]
         for p in params:  # a fresh optimizer's state is initialised without gradients (runtime/state.py)
             p.grad = None
-        for sampler in samplers_in(self.state):  # mid-step: its drawn batch is dropped, the peer's position comes
+        for sampler in samplers_in(self.state):  # batches drawn ahead are dropped, the peer's position comes
             sampler.reshard(sampler.num_replicas, sampler.rank)
         self._in_hook = True
         try:
@@ -271,8 +271,7 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
             if missing:
                 raise RuntimeError(f"the peer's state lacks {sorted(missing)[:5]}: the replicas run other scripts")
             tree.apply({key: payload["flat"][key] for key in tree.flat})
-            restore_rng(payload["rng"])
-            self.undo.keep()  # a discarded healing step goes back to the peer's state, not to this replica's old one
+            restore_rng(payload["rng"])  # begin_step then keeps this state as the step's start (StepUndo)
         finally:
             self._in_hook = False
             for p, g in zip(params, grads):
