@@ -6,7 +6,7 @@ Pure and stdlib only: no knack, no azure.cli, no torch (the runtime may import i
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 if TYPE_CHECKING:
     from azext_elastictrain.core.spec import JobSpec
@@ -49,6 +49,19 @@ RECOVERY_MODES = (RECOVERY_RESTART, RECOVERY_IN_PROCESS)
 # generator and a counter in the state), compared with one uninterrupted run. restart passes it; in-process is
 # faster (docs/benchmarks.md) but does not yet (docs/runtime.md, "In-process recovery": what it gets wrong).
 DEFAULT_RECOVERY = {"local": RECOVERY_RESTART, "aks": RECOVERY_RESTART}
+# The job's nodes range, "MIN:MAX": the runtime refuses before training a data layout that some world the job may
+# run at cannot serve (runtime/data.py ``ElasticSampler.check_worlds``), instead of failing at the scale-up.
+ENV_NODES = "ELASTICTRAIN_NODES"
+
+
+def job_nodes(environ: Any) -> tuple[int, int] | None:
+    """(min, max) nodes of the job from ENV_NODES, or None where unset or unreadable (a script run by hand)."""
+    low, sep, high = (environ.get(ENV_NODES) or "").partition(":")
+    if not sep or not low.isdigit() or not high.isdigit() or not 1 <= int(low) <= int(high):
+        return None
+    return int(low), int(high)
+
+
 # In-process mode: the coordinator (torchft's Lighthouse) the node's workers ask for each step's quorum, as
 # http://HOST:PORT (torchft's own variable: its Manager reads it), and the node's replica group id (local: the
 # node's name; AKS: the pod's name). Each node is one replica group; its own workers are a torchrun --standalone
@@ -258,4 +271,5 @@ def job_env(job: JobSpec, *, collective_timeout: float, replica_timeout: float,
                           collective_timeout=collective_timeout),
             **recovery_env(job.recovery, coordinator=coordinator if job.in_process else None,
                            replica_timeout=replica_timeout),
+            ENV_NODES: f"{job.min_nodes}:{job.max_nodes}",
             **job.env_vars}

@@ -59,7 +59,7 @@ from azext_elastictrain.runtime import progress, rescue
 from azext_elastictrain.runtime.collectives import Collectives
 from azext_elastictrain.runtime.data import ElasticSampler
 from azext_elastictrain.runtime.errors import CheckpointError, FencedError
-from azext_elastictrain.runtime.loop import count, epoch_batches, samplers_in
+from azext_elastictrain.runtime.loop import count, data_in, epoch_batches, samplers_in
 from azext_elastictrain.runtime.memory import MemoryKeeper
 from azext_elastictrain.runtime.replicas import in_process as in_process_recovery
 from azext_elastictrain.runtime.reporting import Reporter
@@ -400,14 +400,18 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
         """
         if total < 0:
             raise ValueError(f"total must be at least 0, not {total}")
-        if self.in_process and any(True for _ in samplers_in(state)):
+        found = next(data_in(state), None) if self.in_process else None
+        if found is not None:
             # steps() hands out no batches: each node's own loader would draw its node's slice of the same global
-            # batch as every other node's, so the job would train each sample once per node. batches() slices
-            # each step's global batch by the step's quorum.
+            # batch as every other node's (an ElasticSampler), or its node's share of the data as if the node were
+            # the job (torchrun --standalone's world: a DistributedSampler), so the job would train each sample once
+            # per node. batches() slices each step's global batch by the step's quorum.
             raise ValueError(
-                "in-process recovery: a loop over an ElasticSampler takes its batches from "
-                "`for step, batch in ckpt.batches(state, loader, steps=N)`, which slices each global batch across "
-                "the nodes; with ckpt.steps() every node would train the same samples")
+                f"in-process recovery: the state holds a {type(found).__name__}, and with ckpt.steps() every node "
+                "would draw the same samples from it (each node is a world of its own in this mode); loop with "
+                "`for step, batch in ckpt.batches(state, loader, steps=N)` over a DataLoader whose batch_sampler "
+                "is an ElasticSampler, which slices each global batch across the nodes, or run with "
+                "--recovery restart")
         step = self.restore(state) or 0
         if self.in_process:
             return self._run_replicated(state, step, total=total, samples=samples)
@@ -437,6 +441,10 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
         if not any(found is sampler for found in samplers_in(state)):
             raise ValueError("the loader's ElasticSampler is not in the state: put it there (e.g. "
                              "state['data'] = sampler) so its position is checkpointed with the model")
+        nodes = launch.job_nodes(os.environ)
+        if nodes is not None:  # every world the job may run at, before training rather than at a scale-up
+            node_size = self.world_size if self.in_process else int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+            sampler.check_worlds(n * node_size for n in range(nodes[0], nodes[1] + 1))
         if steps is not None:  # the epochs the steps reach into; the loop ends at the step
             epochs = -(-steps // sampler.batches_per_epoch) if sampler.batches_per_epoch else 0
         assert epochs is not None

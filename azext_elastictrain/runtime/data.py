@@ -29,7 +29,7 @@ batches but never advanced (the tell-tale of a loop that forgot it; its checkpoi
 """
 from __future__ import annotations
 
-from typing import Iterator, Sized
+from typing import Iterable, Iterator, Sized
 
 import torch
 import torch.distributed as dist
@@ -61,26 +61,16 @@ class ElasticSampler(Sampler[list[int]], Stateful):  # pylint: disable=too-many-
             raise ValueError(f"rank {rank} is not in [0, {num_replicas}) (num_replicas {num_replicas})")
         if global_batch_size < 1:
             raise ValueError(f"global_batch_size must be at least 1, not {global_batch_size}")
-        if global_batch_size % num_replicas:
-            raise ValueError(
-                f"global batch size {global_batch_size} is not divisible by the world size {num_replicas}: "
-                "every rank takes an equal slice of each global batch; choose a global batch size that "
-                "every world size the job may run at divides (e.g. 12 or 24 for 1 to 4 ranks)"
-            )
         self.dataset_size = len(dataset)
-        tail = self.dataset_size % global_batch_size
-        if not drop_last and 0 < tail < num_replicas:
-            raise ValueError(
-                f"the final global batch of each epoch has {tail} samples ({self.dataset_size} % "
-                f"{global_batch_size}), fewer than the world size {num_replicas}: a rank would get none; "
-                "use drop_last=True, or a global batch size that leaves a larger or no remainder"
-            )
         self.global_batch_size = global_batch_size
+        self.drop_last = drop_last
+        problem = self.world_problem(num_replicas)
+        if problem:
+            raise ValueError(problem)
         self.num_replicas = num_replicas
         self.rank = rank
         self.shuffle = shuffle
         self.seed = seed
-        self.drop_last = drop_last
         self.epoch = 0
         self.consumed = 0  # samples of this epoch the whole job has trained
         self._pass = 0  # which __iter__ is current; an older one stops with an error
@@ -99,6 +89,29 @@ class ElasticSampler(Sampler[list[int]], Stateful):  # pylint: disable=too-many-
     @property
     def batches_per_epoch(self) -> int:
         return -(-self.samples_per_epoch // self.global_batch_size)
+
+    def world_problem(self, num_replicas: int) -> str | None:
+        """Why this sampler cannot serve a world of ``num_replicas`` ranks, or None: every rank takes an equal slice
+        of each global batch, and, with ``drop_last=False``, at least one sample of the epoch's final one."""
+        if self.global_batch_size % num_replicas:
+            return (f"global batch size {self.global_batch_size} is not divisible by the world size {num_replicas}: "
+                    "every rank takes an equal slice of each global batch; choose a global batch size that every "
+                    "world size the job may run at divides (e.g. 12 or 24 for 1 to 4 ranks)")
+        tail = self.dataset_size % self.global_batch_size
+        if not self.drop_last and 0 < tail < num_replicas:
+            return (f"the final global batch of each epoch has {tail} samples ({self.dataset_size} % "
+                    f"{self.global_batch_size}), fewer than the world size {num_replicas}: a rank would get none; "
+                    "use drop_last=True, or a global batch size that leaves a larger or no remainder")
+        return None
+
+    def check_worlds(self, worlds: Iterable[int]) -> None:
+        """Refuse, before training, a job that may run at a world size this sampler cannot serve (a ValueError
+        naming the first): the job's nodes range times each node's workers (``Checkpointer.batches()``), so a
+        scale-up mid-job cannot end in a rank without data or an uneven slice."""
+        for world in worlds:
+            problem = self.world_problem(world)
+            if problem:
+                raise ValueError(f"{problem} (the job may run at {world} ranks)")
 
     def order(self, epoch: int | None = None) -> list[int]:
         """The global sample order of ``epoch`` (default: the current one); independent of the world size."""
@@ -163,10 +176,9 @@ class ElasticSampler(Sampler[list[int]], Stateful):  # pylint: disable=too-many-
         self._check_running("reshard()")
         if num_replicas < 1 or not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} is not in [0, {num_replicas}) (num_replicas {num_replicas})")
-        if self.global_batch_size % num_replicas:
-            raise ValueError(
-                f"global batch size {self.global_batch_size} is not divisible by the world size {num_replicas} "
-                "the job now has: choose a global batch size that every world size the job may run at divides")
+        problem = self.world_problem(num_replicas)
+        if problem:
+            raise ValueError(problem)
         self.num_replicas, self.rank = num_replicas, rank
         self._pass += 1
         self._drawn = self._advanced = 0

@@ -23,11 +23,21 @@ def epoch_batches(loader: Iterable[Any], sampler: ElasticSampler, epochs: int) -
 
 def samplers_in(value: Any) -> Iterator[ElasticSampler]:
     """The ElasticSamplers of a state: its values, and those of nested dicts, lists and tuples."""
-    if isinstance(value, ElasticSampler):
+    for found in data_in(value):
+        if isinstance(found, ElasticSampler):
+            yield found
+
+
+def data_in(value: Any) -> Iterator[Any]:
+    """The samplers (any torch ``Sampler``) and DataLoaders of a state: its values, and those of nested dicts,
+    lists and tuples."""
+    from torch.utils.data import DataLoader, Sampler
+
+    if isinstance(value, (Sampler, DataLoader)):
         yield value
     elif isinstance(value, dict):
         for item in value.values():
-            yield from samplers_in(item)
+            yield from data_in(item)
     elif isinstance(value, (list, tuple)):
         for item in value:
-            yield from samplers_in(item)
+            yield from data_in(item)

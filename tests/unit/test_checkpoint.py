@@ -3,9 +3,11 @@ its per-step hook sequences them. No storage is touched here (no save is due, no
 from __future__ import annotations
 
 import pytest
+import torch
 
+from azext_elastictrain.core import launch
 from azext_elastictrain.core.blobstore import BlobStore
-from azext_elastictrain.runtime import Checkpointer
+from azext_elastictrain.runtime import Checkpointer, ElasticSampler
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
@@ -62,3 +64,58 @@ def test_a_hand_written_loop_is_refused_in_the_in_process_mode(ckpt: Checkpointe
     with pytest.raises(RuntimeError, match=r"ckpt\.batches\(state, loader, epochs=E\)"):
         ckpt.step(1, {})
     assert ckpt.last_step is None
+
+
+class _Rows(torch.utils.data.Dataset):
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+@pytest.mark.parametrize("make", [
+    lambda data: ElasticSampler(data, global_batch_size=4),
+    lambda data: torch.utils.data.DistributedSampler(data, num_replicas=1, rank=0),
+    lambda data: torch.utils.data.DataLoader(data, batch_size=4),
+], ids=["elastic-sampler", "distributed-sampler", "data-loader"])
+def test_steps_refuses_a_state_with_data_in_the_in_process_mode(ckpt: Checkpointer, make) -> None:
+    """Each node is a world of its own in this mode: a sampler or loader the loop does not slice by the step's
+    quorum would hand every node the same samples (each trained once per node). Refused before anything runs."""
+    ckpt.in_process = True
+    found = make(_Rows(16))
+    state = {"model": torch.nn.Linear(2, 2), "data": {"nested": [found]}}
+    with pytest.raises(ValueError, match=rf"holds a {type(found).__name__}.*ckpt\.batches\(state, loader, steps=N\)"):
+        ckpt.steps(state, total=3)
+    assert ckpt.last_step is None
+
+
+@pytest.mark.parametrize("nodes, workers, size, message", [
+    ("1:2", "2", 64 + 3, r"final global batch of each epoch has 3 samples .* \(the job may run at 4 ranks\)"),
+    ("2:3", "1", 64, r"global batch size 64 is not divisible by the world size 3: .*\(the job may run at 3 ranks\)"),
+], ids=["empty-last-slice", "uneven-slices"])
+def test_batches_refuses_a_sampler_some_world_of_the_job_cannot_serve(ckpt: Checkpointer, monkeypatch, nodes,
+                                                                      workers, size, message) -> None:
+    """Checked for every world the job's nodes range allows, before training: the sampler serves the job's first
+    world, and a scale-up would hand a rank an empty slice of the epoch's last batch, or an uneven one."""
+    monkeypatch.setenv(launch.ENV_NODES, nodes)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", workers)
+    data = _Rows(size)
+    sampler = ElasticSampler(data, global_batch_size=64)
+    loader = torch.utils.data.DataLoader(data, batch_sampler=sampler)
+    with pytest.raises(ValueError, match=message):
+        next(iter(ckpt.batches({"data": sampler}, loader, epochs=1)))
+    assert ckpt.last_step is None
+
+
+def test_the_job_nodes_range_reaches_the_runtime_and_a_bad_one_is_ignored() -> None:
+    from azext_elastictrain.core.spec import JobSpec
+
+    spec = JobSpec(name="job", script="train.py", min_nodes=2, max_nodes=5)
+    env = launch.job_env(spec, collective_timeout=1, replica_timeout=1)
+    assert launch.job_nodes(env) == (2, 5)
+    for bad in ("", "3", "a:b", "0:2", "4:2"):
+        assert launch.job_nodes({launch.ENV_NODES: bad}) is None

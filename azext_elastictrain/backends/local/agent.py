@@ -88,6 +88,7 @@ class AgentLaunch:  # pylint: disable=too-many-instance-attributes  # one field 
         env = {k: v for k, v in inherited.items() if not k.startswith(launch.ENV_PREFIX)}
         env.update(self.job_env or launch.runtime_env(keep=self.keep, checkpoint_interval=self.checkpoint_interval,
                                                       memory_tier=self.memory_tier))
+        env[launch.ENV_NODES] = f"{self.min_nodes}:{self.max_nodes}"  # job_env's too, for callers without a spec
         env.update({
             JOB_MARKER_ENV: str(self.job_dir),
             launch.ENV_CHECKPOINT_URL: self.checkpoint_url,
