@@ -1,6 +1,10 @@
 """In-process recovery with nodes of several workers (a GPU VM runs one per GPU): the README's script, unchanged,
 on 2 nodes of 2 workers each, launched as ``job run --local --recovery in-process --nproc-per-node 2`` launches
-them (tests/support/elastic.py: the product's AgentLaunch and coordinator), through a node killed and a newcomer.
+them (tests/support/elastic.py: the product's AgentLaunch and coordinator), through one worker killed (torchrun
+restarts its node's workers, which rejoin), a node killed and a newcomer. A restarted worker generation needs a
+fresh torchrun store (the launch's TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1): in torch's default the agent's store
+outlives the restart, and both torch's own init_process_group and torchft's manager address (a fixed key) find the
+dead generation's keys in it (seen: node-1's workers restarting in a loop, every init timing out).
 
 Each node is one replica group: its workers a ``torchrun --standalone`` world whose DDP averages within the node,
 the runtime's optimizer hook across the nodes. Checked from the workers' own records (tests/support/readme_harness.py
@@ -10,6 +14,8 @@ finished at its last step.
 """
 from __future__ import annotations
 
+import os
+import signal
 import time
 import uuid
 from pathlib import Path
@@ -28,7 +34,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(500), pytest.mark.filterwarn
 STEPS = 3 * 4096 // 64  # the README's loop: 3 epochs of 4096 samples, a global batch of 64
 
 
-def test_nodes_of_two_workers_train_each_sample_once_through_a_kill_and_a_newcomer(
+def test_nodes_of_two_workers_train_each_sample_once_through_a_worker_restart_a_kill_and_a_newcomer(
         azurite: svc.AzuriteService, container_url: str, tmp_path: Path, monkeypatch) -> None:
     pytest.importorskip("torchft", reason="in-process jobs run torchft (the train extra)")
     block, out, slow = tmp_path / "train.py", tmp_path / "records", tmp_path / "slow"
@@ -47,12 +53,24 @@ def test_nodes_of_two_workers_train_each_sample_once_through_a_kill_and_a_newcom
     def layouts(node: str) -> set[int]:
         return {r["ranks"] for r in read_slices(out) if r["node"] == node} if out.exists() else set()
 
+    def pids(node: str) -> set[int]:
+        return {r["pid"] for r in read_slices(out) if r["node"] == node}
+
     def tails() -> str:
         return "\n".join(f"--- {n.name}\n{n.log_tail(3000)}" for n in nodes)
 
     store = BlobStore.from_url(job.checkpoint_url, connection_string=azurite.connection_string)
     try:
-        wait_for(lambda: 4 in layouts(nodes[0].name), 240, "both nodes training, 4 ranks", on_timeout=tails)
+        wait_for(lambda: 4 in layouts(nodes[0].name) and 4 in layouts(nodes[1].name), 240,
+                 "both nodes training, 4 ranks", on_timeout=tails)
+        # One worker of node-1 dies: torchrun restarts the node's two workers, whose new managers must find each
+        # other (not the dead one's address), take the state from node-0 and train at 4 ranks again.
+        (victim,) = {r["pid"] for r in read_slices(out) if r["node"] == nodes[1].name and r["rank"] % 2 == 1}
+        first_pids = pids(nodes[1].name)
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: [r for r in read_slices(out) if r["node"] == nodes[1].name and r["ranks"] == 4
+                          and r["pid"] not in first_pids], 180, "node-1's restarted workers training at 4 ranks",
+                 on_timeout=tails)
         killed = time.time()  # node-0 may also have trained alone at the start: only records after the kill count
         nodes[1].kill()
         wait_for(lambda: [r for r in read_slices(out) if r["node"] == nodes[0].name and r["ranks"] == 2
