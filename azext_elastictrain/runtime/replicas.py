@@ -133,6 +133,13 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         self._hook = self.optimizer.register_step_pre_hook(self._before_optimizer_step)
         self._in_backward = self._average_in_backward(state)
         self.undo = StepUndo(state, self.optimizer)
+        from azext_elastictrain.runtime.replica_check import StepStart, check_every
+
+        self._step_start = StepStart(state, self.optimizer)  # buffers made one, replicas checked (replica_check.py)
+        self._check_every = check_every(env)
+        self._checked = (None, 0)  # the members and transfers sent at the last step: a change makes a check due
+        self._participants = 0  # the step's participants that train it (a diverged replica does not)
+        self.excluded = False  # this replica diverged from the others: it sits the step out and heals after it
         self.left = False
 
     def _average_in_backward(self, state: dict[str, Any]) -> Any:
@@ -171,28 +178,49 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
             log.error("no quorum for the step after %d: %s; restarting this worker", last_step, ex)
             self.close()
             raise TrainingStopped(last_step, f"in-process recovery: no quorum ({ex})") from ex
-        self.rank = rank
         if self.healed:
             self.undo.keep()  # the state this step starts from is the peer's
-        self._start_together()
-        return Quorum(self.manager.current_step(), participants, rank)
+        step = self.manager.current_step()
+        diverged = self._start_together(step, rank, participants)
+        self.excluded = rank in diverged
+        healthy = [r for r in range(participants) if r not in diverged]
+        self.rank = healthy.index(rank) if rank is not None and not self.excluded else None
+        self._participants = len(healthy)
+        return Quorum(step, self._participants, self.rank)
 
-    def _start_together(self) -> None:
-        """Every participant holds the step's state before the step's collective counts time: a one-number
-        collective that waits as long as a transfer may take. A newcomer loads the state inside start_quorum and
-        comes here after it; the others cannot see it heal, so without this their step's collective, which waits
-        the replica timeout, gave up on it (a failure there discards the step)."""
+    def _start_together(self, step: int, rank: int | None, participants: int) -> set[int]:
+        """Every participant holds the step's state before the step's collective counts time: a collective that
+        waits as long as a transfer may take. A newcomer loads the state inside start_quorum and comes here after
+        it; the others cannot see it heal, so without this their step's collective, which waits the replica
+        timeout, gave up on it (a failure there discards the step). It carries the first replica's buffers to the
+        others and, when a check is due, each replica's digest (runtime/replica_check.py): returns the ranks
+        whose replica differs from the others'."""
+        from azext_elastictrain.runtime.replica_check import winner
+
         manager = self.manager
         if manager.errored():
-            return
+            return set()
+        members = (participants, self._transport.sent)
+        due = self.healed or members != self._checked or (
+            self._check_every is not None and step % self._check_every == 0)
+        self._checked = members
+        flat = self._step_start.vector(rank, participants, due)
         options = dist.AllreduceOptions()
         options.reduceOp = dist.ReduceOp.SUM
         options.timeout = self.transfer_timeout()
         try:
-            self._pg.allreduce([torch.zeros(1)], options).wait()
+            self._pg.allreduce([flat], options).wait()
         except Exception as ex:  # pylint: disable=broad-exception-caught  # the step's verdict carries it
             log.warning("the step's start failed: %s; discarding the step", ex)
             manager.report_error(ex)
+            return set()
+        digests = self._step_start.apply(flat, participants)
+        _, diverged = winner(digests)
+        if diverged:
+            log.error("the replicas differ at step %d (digests by replica rank: %s): replica rank(s) %s sit the step "
+                      "out and take the others' state at the next one%s", step, digests, sorted(diverged),
+                      " (this one)" if rank in diverged else "")
+        return diverged
 
     def end_step(self) -> bool:
         """After the step's body: whether it is committed (asks the quorum if the optimizer hook did not)."""
@@ -201,6 +229,8 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         return self.committed
 
     def _should_commit(self) -> bool:
+        if self.excluded and not self.manager.errored():  # behind after this step: it heals at the next quorum
+            self.manager.report_error(RuntimeError("this replica differs from the others'"))
         try:
             return bool(self.manager.should_commit())
         except Exception as ex:  # pylint: disable=broad-exception-caught
@@ -234,8 +264,8 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         if manager.errored():  # an earlier failure this step (its quorum, a transfer): the step is discarded
             return
         manager.wait_quorum()
-        participants = manager.num_participants()
-        if not manager.is_participating():
+        participants = self._participants
+        if self.rank is None:  # healing, or diverged: its gradient does not count
             flat.zero_()
         options = dist.AllreduceOptions()
         options.reduceOp = dist.ReduceOp.SUM
@@ -246,7 +276,7 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
             log.warning("the step's collective failed: %s; discarding the step", ex)
             manager.report_error(ex)
             return
-        flat /= participants
+        flat /= max(participants, 1)
 
     def transfer_timeout(self) -> timedelta:
         return transfer_timeout(self.state, self.timeout)
@@ -286,7 +316,7 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
     # -- leaving -------------------------------------------------------------------------------
     def is_writer(self) -> bool:
         """This group writes the job's blob checkpoints: the lowest rank of the quorum."""
-        return self.manager.participating_rank() == 0
+        return self.rank == 0
 
     def participants(self) -> int:
         return self.manager.num_participants()

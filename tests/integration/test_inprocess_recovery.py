@@ -47,6 +47,7 @@ class Replica:
         self.name = name
         self.records: list[dict] = []
         self.final: dict | None = None
+        self.perturbed: int | None = None  # the step after which it changed a parameter (REPLICA_PERTURB_FILE)
         self.unmatched: list[dict] = []  # verdicts that follow no record of their step (the worker's bug)
         self._log = open(log_dir / f"{name}.log", "ab")  # pylint: disable=consider-using-with
         port = free_port()
@@ -66,6 +67,8 @@ class Replica:
                 continue
             if "final" in record:
                 self.final = record
+            elif "perturbed" in record:
+                self.perturbed = record["perturbed"]
             elif "verdict" in record:  # the step's commit, printed after its optimizer step
                 mine = self.records[-1] if self.records else {}
                 if mine.get("step") == record["verdict"]:
@@ -152,6 +155,7 @@ def job(azurite: svc.AzuriteService, container_url: str, tmp_path: Path):
 
         def __init__(self) -> None:
             self.coordinator = coordinator
+            self.log_dir = tmp_path
 
         def start(self, name: str, **extra: str) -> Replica:
             replica = Replica(name, {**env, **extra}, tmp_path)
@@ -289,6 +293,30 @@ def test_killed_replica_survivors_go_on_and_newcomer_heals(job, azurite, contain
     durable = durable_steps(azurite, container_url, job.prefix)
     assert durable[-1] == newcomer.final["step"], durable  # the writer group's final checkpoint
     assert all(step % 10 == 0 for step in durable[:-1]), durable  # one writer: the interval's steps, once each
+
+
+def test_a_replica_that_differs_from_the_others_is_named_and_takes_their_state(job, tmp_path) -> None:
+    """node-0 drifts after a committed step (as a node whose commit the others did not make). The check at the next
+    4th step's start names it; it sits that step out (the others train its slice) and at the next quorum it is one
+    step behind and takes a peer's state, in process. The job ends with the replicas one."""
+    every = {"REPLICA_EPOCHS": "3", "ELASTICTRAIN_REPLICA_CHECK_STEPS": "4"}
+    drift = tmp_path / "drift"
+    replicas = [job.start("node-0", REPLICA_PERTURB_FILE=str(drift), **every),
+                *(job.start(f"node-{i}", **every) for i in (1, 2))]
+    wait_for(lambda: training_together(replicas), 120, f"{len(replicas)} replicas training together")
+    drift.touch()
+    for r in replicas:
+        assert r.proc.wait(timeout=240) == 0, f"{r.name} failed: see its log"
+    assert_same_pids(replicas)
+    assert_exactly_once(replicas, replicas)
+    assert len({json.dumps(r.final["final"]) for r in replicas}) == 1, "the replicas ended with different models"
+    checked = replicas[0].perturbed + (-replicas[0].perturbed) % 4  # the committed steps at the check's start
+    logs = {r.name: (job.log_dir / f"{r.name}.log").read_text(encoding="utf-8") for r in replicas}
+    assert all(f"the replicas differ at step {checked}" in text for text in logs.values()), logs["node-1"][-3000:]
+    assert "(this one)" in logs["node-0"] and "(this one)" not in logs["node-1"] + logs["node-2"]
+    sat_out = [rec for rec in replicas[0].records if rec["step"] == checked + 1]
+    assert sat_out[0]["replica_rank"] is None and sat_out[-1].get("committed") is False, sat_out
+    assert {rec["ranks"] for rec in replicas[1].records if rec["step"] == checked + 1} == {2}  # its slice: theirs
 
 
 def test_two_replicas_lost_at_once(job) -> None:

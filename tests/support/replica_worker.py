@@ -48,6 +48,7 @@ def main() -> int:
     state = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "data": sampler}
     pause = float(os.environ.get("REPLICA_STEP_SECONDS", "0.05"))
     die_at = int(os.environ.get("REPLICA_DIE_AT_STEP", "0"))  # gone mid-step: its peers' collective fails
+    perturb = os.environ.get("REPLICA_PERTURB_FILE")  # once it exists: change a parameter after a committed step
     if os.environ.get("REPLICA_PAD_MB"):  # a large state, so that a transfer to a newcomer takes a while
         state["pad"] = torch.zeros(int(os.environ["REPLICA_PAD_MB"]) * 2**18)
     ckpt = Checkpointer.from_env()
@@ -67,6 +68,11 @@ def main() -> int:
         optimizer.step()
         scheduler.step()  # whatever the verdict, as scripts do
         committed = all(p.grad is not None for p in model.parameters())
+        if perturb is not None and committed and os.path.exists(perturb):  # this replica drifts from the others
+            with torch.no_grad():  # (as after a commit they did not make)
+                next(model.parameters()).add_(1e-3)
+            os.remove(perturb)
+            print(json.dumps({"perturbed": step}), flush=True)
         print(json.dumps({"verdict": step, "committed": committed}), flush=True)
     params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     print(json.dumps({"final": params.tolist(), "step": ckpt.last_step, "pid": os.getpid()}), flush=True)
