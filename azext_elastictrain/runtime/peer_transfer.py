@@ -1,15 +1,35 @@
-"""How a replica that is behind gets the live state from a peer: torchft's checkpoint transport, in a safe format.
+"""How a replica that is behind gets the live state from a peer: torchft's checkpoint transport, in a safe format,
+streamed tensor by tensor so that neither side ever holds the state twice.
 
 torchft's own transports unpickle what a peer sends (``HTTPTransport`` loads with ``weights_only=False``,
 ``PGTransport`` ``pickle.loads`` its metadata), so any process that can reach the port could run code in the
 receiver. This one sends what the runtime's state shapes are made of (runtime/state.py: tensors and JSON values,
-in dicts and lists) with ``torch.save`` and reads it back with ``torch.load(weights_only=True)``, torch's
-restricted unpickler that builds tensors and plain containers only.
+in dicts, lists and tuples) in a format of its own: a JSON header (the tree, with each tensor's dtype, shape and
+device in its place; dtypes from an allow-list) and then each tensor's raw bytes. Nothing is unpickled.
 
-The sender serialises the state when the quorum asks for it (``send_checkpoint``, at a step boundary before its
-next optimizer step), so the bytes served are that step's state even while it trains on; the receiver polls until
-the peer has it or the transfer's timeout passes. That timeout is the transport's own (runtime/replicas.py sizes it
-to the state): torchft passes its Manager's, which knows nothing of the state's size.
+**Memory.** The sender serves its live tensors (the step's state, as torchft hands it to ``send_checkpoint``)
+straight from their memory: no serialised copy (before, ``torch.save`` into a buffer held the state twice, and
+three times while the buffer was copied out). The receiver reads each tensor's bytes straight into the tensor of
+its own state at the same place (``Destination``), where dtype and shape match, so a heal allocates nothing for
+them; a tensor without one is allocated where it lands. A CUDA tensor goes through a pinned staging chunk of
+``CHUNK_BYTES`` on either side.
+
+**Device.** A received tensor lands on the device of the local tensor it replaces; one without a local
+counterpart lands where ``torch.load``'s ``map_location`` would put it: a CPU tensor (an RNG state, a step count)
+on CPU, an accelerator's tensor on the receiving process's device (``Destination.device``: the local parameters'
+device, else the current CUDA device), whatever device index the sender had it on.
+
+**Consistency.** The served tensors are the live ones: they must not change while a peer reads them. The sender
+offers them at the step boundary (torchft's quorum) and waits at the step's start for every participant, the
+newcomer included once it holds the state (runtime/replicas.py ``_start_together``); only then does its body
+change anything, and it withdraws the offer first (``disallow_checkpoint``). A transfer still running then (the
+start timed out) ends with a trailer that says so, and the receiver fails the heal. A heal that fails after it
+began writing into the receiver's tensors leaves them part one state, part the other: ``torn`` says so until a
+heal completes (runtime/replicas.py restarts the worker if the next quorum does not heal it).
+
+The sender serves the state when the quorum asks for it; the receiver polls until the peer has it or the
+transfer's timeout passes. That timeout is the transport's own (runtime/replicas.py sizes it to the state):
+torchft passes its Manager's, which knows nothing of the state's size.
 
 What it serves is the whole model and optimizer state, so the server listens on the node's own address only (the
 pod's IP on AKS, loopback locally) and answers 403 to a request without the job's secret (``Authorization: Bearer
@@ -19,26 +39,39 @@ pod's IP on AKS, loopback locally) and answers 403 to a request without the job'
 from __future__ import annotations
 
 import hmac
-import io
+import json
+import math
+import struct
 import threading
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass, field
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, BinaryIO, Callable, Mapping
 
 import torch
 from torchft.checkpointing import CheckpointTransport
 
 from azext_elastictrain.core import launch
+from azext_elastictrain.runtime.metadata_codec import DTYPES
 
 PATH = "/elastictrain/state/"
+MAGIC = b"elastictrain-peer-state/1\n"
+COMPLETE, TORN = b"COMPLETE", b"TORN\0\0\0\0"  # the trailer: whether the sender's state stayed as it was offered
+CHUNK_BYTES = 16 * 2**20  # a socket read or write, and the pinned staging buffer of a CUDA tensor
+MAX_HEADER_BYTES = 64 * 2**20
+JSON_SCALARS = (bool, int, float, str, type(None))
 
 
 class JobSecretMissing(RuntimeError):
     """The in-process mode's state server needs the job's secret, and the environment gives none."""
+
+
+class PeerStateError(ValueError):
+    """What a peer sent is not a state in this format, or is incomplete, or changed while it was sent."""
 
 
 def job_secret(env: Mapping[str, str]) -> str:
@@ -58,17 +91,290 @@ def job_secret(env: Mapping[str, str]) -> str:
     return value
 
 
-class PeerTransport(CheckpointTransport):
-    """Serves this replica's state for one step over HTTP; fetches a peer's."""
+def current_cuda_index() -> int | None:
+    """This thread's current CUDA device, or None without one."""
+    return torch.cuda.current_device() if torch.cuda.is_available() else None
 
-    def __init__(self, host: str, *, timeout: Callable[[], timedelta], secret: str, bind: str) -> None:
+
+def default_device() -> torch.device:
+    """Where an accelerator's tensor lands without a local counterpart or a device given: the current CUDA
+    device, else CPU."""
+    index = current_cuda_index()
+    return torch.device("cpu") if index is None else torch.device("cuda", index)
+
+
+@dataclass
+class Destination:
+    """Where a received state lands: ``tree`` is the receiver's own state in the shape the sender sends (its
+    tensors are received into where dtype and shape match), ``device`` the receiving process's device."""
+
+    tree: Any = None
+    device: torch.device = field(default_factory=default_device)
+
+
+def landing_device(sent: str, local: torch.Tensor | None, device: torch.device) -> torch.device:
+    """Where a tensor sent from device ``sent`` lands: on its local counterpart's device; else a CPU tensor on CPU
+    and an accelerator's on ``device`` (``torch.load``'s ``map_location`` onto the receiving process's device)."""
+    if local is not None:
+        return local.device
+    if torch.device(sent).type == "cpu":
+        return torch.device("cpu")
+    return device
+
+
+# --------------------------------------------------------------------------- the sender's side
+
+
+@dataclass(frozen=True)
+class Offer:
+    """One step's state as offered: the header (encoded at the offer) and the live tensors, in their order."""
+
+    step: int
+    header: bytes
+    tensors: list[torch.Tensor]
+    generation: int
+
+    @property
+    def length(self) -> int:
+        data = sum(t.numel() * t.element_size() for t in self.tensors)
+        return len(MAGIC) + 8 + len(self.header) + data + len(COMPLETE)
+
+
+def _plain_tensor(value: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """The tensor whose bytes go on the wire (a DTensor's local shard, a Parameter's data), and whether it is a
+    shard."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(value, DTensor):
+        return value.to_local().detach(), True
+    return value.detach(), False
+
+
+def encode(tree: Any) -> tuple[bytes, list[torch.Tensor]]:
+    """``tree``'s header (JSON) and its tensors in wire order; a value that is no tensor, JSON scalar, dict with
+    string keys, list or tuple: TypeError (nothing is pickled)."""
+    tensors: list[torch.Tensor] = []
+    metas: list[dict[str, Any]] = []
+
+    def node(value: Any) -> dict[str, Any]:
+        if isinstance(value, torch.Tensor):
+            tensor, sharded = _plain_tensor(value)
+            dtype = str(tensor.dtype).removeprefix("torch.")
+            if dtype not in DTYPES or tensor.device.type == "meta":
+                raise TypeError(f"a {tensor.dtype} tensor on {tensor.device} cannot be sent to a peer")
+            metas.append({"dtype": dtype, "shape": list(tensor.shape), "device": str(tensor.device),
+                          "sharded": sharded})
+            tensors.append(tensor)
+            return {"t": len(tensors) - 1}
+        if isinstance(value, dict):
+            if not all(isinstance(k, str) for k in value):
+                raise TypeError(f"a state sent to a peer has string keys only, not {list(value)[:3]!r}")
+            return {"d": {k: node(v) for k, v in value.items()}}
+        if isinstance(value, tuple):
+            return {"u": [node(v) for v in value]}
+        if isinstance(value, list):
+            return {"l": [node(v) for v in value]}
+        if isinstance(value, JSON_SCALARS):
+            return {"v": value}
+        raise TypeError(f"a {type(value).__name__} cannot be sent to a peer (tensors and JSON values only)")
+
+    skeleton = node(tree)
+    header = json.dumps({"tree": skeleton, "tensors": metas}, separators=(",", ":")).encode()
+    return header, tensors
+
+
+def _staging(tensors: list[torch.Tensor]) -> torch.Tensor | None:
+    """A pinned chunk for the device<->host copies, if any tensor is on an accelerator."""
+    if all(t.device.type == "cpu" for t in tensors):
+        return None
+    return torch.empty(CHUNK_BYTES, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+
+
+def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``'s memory as a flat uint8 tensor (a view: writing it writes the tensor)."""
+    return tensor.reshape(-1).view(torch.uint8)
+
+
+def write_tensor(out: BinaryIO, tensor: torch.Tensor, staging: torch.Tensor | None) -> None:
+    """``tensor``'s bytes to ``out``: from its own memory (a CPU tensor, ``staging`` None), or through
+    ``staging`` one chunk at a time (a device's: a copy of one chunk at a time, never of the tensor)."""
+    flat = _bytes_of(tensor.resolve_conj().resolve_neg().contiguous())
+    if staging is None:  # on CPU
+        view = memoryview(flat.numpy())
+        for start in range(0, len(view), CHUNK_BYTES):
+            out.write(view[start:start + CHUNK_BYTES])
+        return
+    for start in range(0, flat.numel(), staging.numel()):
+        part = staging[:min(staging.numel(), flat.numel() - start)]
+        part.copy_(flat[start:start + part.numel()])  # synchronous: the chunk is on the host before it is sent
+        out.write(memoryview(part.numpy()))
+
+
+def write_offer(out: BinaryIO, offer: Offer, intact: Callable[[], bool]) -> None:
+    """The whole stream of ``offer``; the trailer says whether ``intact()`` still holds once every byte is out."""
+    out.write(MAGIC)
+    out.write(struct.pack("<Q", len(offer.header)))
+    out.write(offer.header)
+    staging = _staging(offer.tensors)
+    for tensor in offer.tensors:
+        write_tensor(out, tensor, None if tensor.device.type == "cpu" else staging)
+    out.write(COMPLETE if intact() else TORN)
+
+
+# --------------------------------------------------------------------------- the receiver's side
+
+
+class _Reader:  # pylint: disable=too-few-public-methods  # exact reads against a deadline
+    def __init__(self, stream: BinaryIO, deadline: float) -> None:
+        self.stream = stream
+        self.deadline = deadline
+
+    def into(self, view: memoryview) -> None:
+        """Fill ``view`` from the stream; a stream that ends first or a deadline passed: an error."""
+        done = 0
+        while done < len(view):
+            if time.monotonic() > self.deadline:
+                raise TimeoutError("the peer's state did not arrive within the transfer's timeout")
+            got = self.stream.readinto(view[done:done + CHUNK_BYTES])  # type: ignore[attr-defined]
+            if not got:
+                raise PeerStateError("the peer's state ended early (the peer gone?)")
+            done += got
+
+    def exactly(self, size: int) -> bytes:
+        buffer = bytearray(size)
+        self.into(memoryview(buffer))
+        return bytes(buffer)
+
+
+def read_tensor(reader: _Reader, target: torch.Tensor, staging: torch.Tensor | None) -> None:
+    """The next tensor's bytes into ``target`` (contiguous): straight into its memory (a CPU tensor, ``staging``
+    None), or through ``staging`` one chunk at a time (a device's)."""
+    flat = _bytes_of(target)
+    if staging is None:  # on CPU
+        reader.into(memoryview(flat.numpy()))
+        return
+    for start in range(0, flat.numel(), staging.numel()):
+        part = staging[:min(staging.numel(), flat.numel() - start)]
+        reader.into(memoryview(part.numpy()))
+        flat[start:start + part.numel()].copy_(part)  # synchronous: the chunk is reused for the next read
+
+
+def _shape(meta: dict[str, Any]) -> tuple[torch.dtype, torch.Size, int]:
+    dtype = DTYPES.get(meta.get("dtype"))  # type: ignore[arg-type]
+    shape = meta.get("shape")
+    if dtype is None or not isinstance(shape, list) or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
+        raise PeerStateError(f"a tensor the peer sent is not one this receiver takes: {meta!r:.120}")
+    size = torch.Size(shape)
+    return dtype, size, math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+
+
+def _local_tensor(local: Any) -> torch.Tensor | None:
+    """The tensor of the receiver's own state to receive into, if ``local`` is one (a DTensor: its shard)."""
+    if not isinstance(local, torch.Tensor):
+        return None
+    return _plain_tensor(local)[0]
+
+
+class Decoder:  # pylint: disable=too-few-public-methods  # a header's tree and where each tensor goes
+    """The tree of a header, its tensors received into the destination's where they fit (``read``)."""
+
+    def __init__(self, header: dict[str, Any], destination: Destination) -> None:
+        self.metas = header.get("tensors")
+        if not isinstance(self.metas, list):
+            raise PeerStateError("the peer's header lists no tensors")
+        self.destination = destination
+        self.slots: list[tuple[torch.Tensor, bool] | None] = [None] * len(self.metas)  # (where to, into local)
+        self.tree = self._build(header.get("tree"), destination.tree)
+        if any(slot is None for slot in self.slots):
+            raise PeerStateError("the peer's header lists a tensor its tree does not hold")
+
+    def data_bytes(self) -> int:
+        return sum(_shape(meta)[2] for meta in self.metas)
+
+    def _build(self, node: Any, local: Any) -> Any:  # pylint: disable=too-many-return-statements  # one per kind
+        if not isinstance(node, dict) or len(node) != 1:
+            raise PeerStateError(f"malformed state header near {node!r:.80}")
+        kind, value = next(iter(node.items()))
+        if kind == "v" and isinstance(value, JSON_SCALARS):
+            return value
+        if kind == "d" and isinstance(value, dict):
+            return {k: self._build(v, local.get(k) if isinstance(local, dict) else None) for k, v in value.items()}
+        if kind in ("l", "u") and isinstance(value, list):
+            around = local if isinstance(local, (list, tuple)) else ()
+            items = [self._build(v, around[i] if i < len(around) else None) for i, v in enumerate(value)]
+            return items if kind == "l" else tuple(items)
+        if kind == "t" and isinstance(value, int) and 0 <= value < len(self.metas) and self.slots[value] is None:
+            return self._slot(value, local)
+        raise PeerStateError(f"malformed state header near {node!r:.80}")
+
+    def _slot(self, index: int, local: Any) -> torch.Tensor:
+        meta = self.metas[index]
+        dtype, shape, _ = _shape(meta)
+        mine = _local_tensor(local)
+        if mine is not None and mine.dtype == dtype and mine.shape == shape and mine.is_contiguous():
+            self.slots[index] = (mine, True)
+            return local  # the receiver's own tensor (a DTensor whole): loading it back is a no-op
+        if meta.get("sharded"):
+            raise PeerStateError(f"the peer sent a shard of {shape} {dtype} that this replica holds no "
+                                 "matching shard for (another sharding?)")
+        device = landing_device(str(meta.get("device", "cpu")), mine, self.destination.device)
+        tensor = torch.empty(shape, dtype=dtype, device=device)
+        self.slots[index] = (tensor, False)
+        return tensor
+
+
+def read_state(stream: BinaryIO, length: int | None, destination: Destination, deadline: float,
+               on_write: Callable[[], None] = lambda: None) -> Any:
+    """A state from ``stream`` (``write_offer``'s format), its tensors received into ``destination``'s.
+    ``on_write`` is called before the first byte goes into one of the destination's own tensors."""
+    reader = _Reader(stream, deadline)
+    if reader.exactly(len(MAGIC)) != MAGIC:
+        raise PeerStateError("the peer's answer is not a state in elastictrain's format")
+    (size,) = struct.unpack("<Q", reader.exactly(8))
+    if size > MAX_HEADER_BYTES or (length is not None and size > length):
+        raise PeerStateError(f"the peer's state header claims {size} bytes")
+    try:
+        header = json.loads(reader.exactly(size))
+    except ValueError as ex:
+        raise PeerStateError(f"the peer's state header is no JSON: {ex}") from ex
+    if not isinstance(header, dict):
+        raise PeerStateError("the peer's state header is no JSON object")
+    decoder = Decoder(header, destination)
+    if length is not None and length != len(MAGIC) + 8 + size + decoder.data_bytes() + len(COMPLETE):
+        raise PeerStateError("the peer's answer is not as long as its header says")
+    targets = [slot for slot in decoder.slots if slot is not None]
+    staging = _staging([t for t, _ in targets])
+    written = False
+    for target, into_local in targets:
+        if into_local and not written:
+            on_write()
+            written = True
+        read_tensor(reader, target, None if target.device.type == "cpu" else staging)
+    trailer = reader.exactly(len(COMPLETE))
+    if trailer != COMPLETE:
+        raise PeerStateError("the peer's state changed while it was sent (its step went on without this replica)")
+    return decoder.tree
+
+
+# --------------------------------------------------------------------------- the transport
+
+
+class PeerTransport(CheckpointTransport):  # pylint: disable=too-many-instance-attributes
+    """Serves this replica's state for one step over HTTP; fetches a peer's into this replica's tensors."""
+
+    def __init__(self, host: str, *, timeout: Callable[[], timedelta], secret: str, bind: str,
+                 destination: Callable[[], Destination] = Destination) -> None:
         if not secret:
             raise JobSecretMissing("the state server needs the job's secret")
         self._host = host
         self._timeout = timeout
+        self._destination = destination
         self._authorization = f"Bearer {secret}".encode()
-        self._payload: tuple[int, bytes] | None = None
+        self._offer: Offer | None = None
+        self._generation = 0
         self.sent = 0  # states offered to a replica behind (send_checkpoint calls): what the quorum event reports
+        self.torn = False  # a heal failed after writing into this replica's tensors, and none completed since
         self._lock = threading.Lock()
         transport = self
 
@@ -77,15 +383,15 @@ class PeerTransport(CheckpointTransport):
                 if not transport.admits(self.headers.get("Authorization", "")):
                     self.send_error(403, "the job's secret is required")
                     return
-                payload = transport.served(self.path)
-                if payload is None:
+                offer = transport.served(self.path)
+                if offer is None:
                     self.send_error(503, "no state for this step yet")
                     return
                 self.send_response(200)
                 self.send_header("Content-Type", "application/octet-stream")
-                self.send_header("Content-Length", str(len(payload)))
+                self.send_header("Content-Length", str(offer.length))
                 self.end_headers()
-                self.wfile.write(payload)
+                write_offer(self.wfile, offer, lambda: transport.still_offered(offer))
 
             def log_message(self, *args: Any) -> None:  # one line per request on stderr is noise here
                 pass
@@ -98,26 +404,33 @@ class PeerTransport(CheckpointTransport):
         """Whether a request's Authorization header carries the job's secret (constant-time comparison)."""
         return hmac.compare_digest(authorization.encode(), self._authorization)
 
-    def served(self, path: str) -> bytes | None:
-        """The bytes of the state asked for by ``path`` (its step), if this replica offers that step now."""
+    def served(self, path: str) -> Offer | None:
+        """The state asked for by ``path`` (its step), if this replica offers that step now."""
         with self._lock:
-            if self._payload is None or path != f"{PATH}{self._payload[0]}":
+            if self._offer is None or path != f"{PATH}{self._offer.step}":
                 return None
-            return self._payload[1]
+            return self._offer
+
+    def still_offered(self, offer: Offer) -> bool:
+        """Whether ``offer``'s tensors have not been withdrawn (nothing changed them) since it was made."""
+        with self._lock:
+            return self._generation == offer.generation
 
     def metadata(self) -> str:
         return f"http://{self._host}:{self._server.server_address[1]}"
 
     def send_checkpoint(self, dst_ranks: list[int], step: int, state_dict: Any, timeout: timedelta) -> None:
-        buffer = io.BytesIO()
-        torch.save(state_dict, buffer)
+        header, tensors = encode(state_dict)  # the plain values now; the tensors as they are when served
         with self._lock:
-            self._payload = (step, buffer.getvalue())
+            self._generation += 1
+            self._offer = Offer(step, header, tensors, self._generation)
             self.sent += 1
 
     def disallow_checkpoint(self) -> None:
+        """The offered tensors may change from now on: not served any more, a transfer still running ends torn."""
         with self._lock:
-            self._payload = None
+            self._generation += 1
+            self._offer = None
 
     def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> Any:
         deadline = time.monotonic() + self._timeout().total_seconds()  # not torchft's timeout: see the docstring
@@ -126,12 +439,28 @@ class PeerTransport(CheckpointTransport):
             try:
                 request = urllib.request.Request(url, headers={"Authorization": self._authorization.decode()})
                 with urllib.request.urlopen(request, timeout=max(0.1, deadline - time.monotonic())) as response:
-                    data = response.read()
-                return torch.load(io.BytesIO(data), weights_only=True)
+                    length = response.headers.get("Content-Length")
+                    return self._receive(response, None if length is None else int(length), deadline)
             except urllib.error.HTTPError as ex:
                 if ex.code != 503 or time.monotonic() >= deadline:
                     raise
             time.sleep(0.02)
+
+    def _receive(self, response: BinaryIO, length: int | None, deadline: float) -> Any:
+        writing = False
+
+        def on_write() -> None:
+            nonlocal writing
+            writing = True
+
+        try:
+            tree = read_state(response, length, self._destination(), deadline, on_write)
+        except BaseException:
+            if writing:
+                self.torn = True
+            raise
+        self.torn = False
+        return tree
 
     def shutdown(self, wait: bool = True) -> None:
         self._server.shutdown()

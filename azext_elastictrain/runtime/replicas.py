@@ -33,9 +33,10 @@ import logging
 import os
 import socket
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -110,7 +111,8 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         self.timeout = replica_timeout(env)
         # The state server on the node's own address only (the pod's IP, loopback locally), guarded by the secret.
         self._transport = PeerTransport(host, timeout=self.transfer_timeout, secret=job_secret(env),
-                                        bind=env.get(launch.ENV_REPLICA_HOST) or "0.0.0.0")
+                                        bind=env.get(launch.ENV_REPLICA_HOST) or "0.0.0.0",
+                                        destination=self._destination)
         self._served = 0
         self._pg = ProcessGroupGloo(timeout=self.timeout)
         # Synchronous quorum: a replica behind loads the peer's state inside start_quorum, before its body (with
@@ -170,6 +172,7 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         if self._in_backward is not None:
             self._in_backward.reset()
         self.undo.keep()  # before a healing load: a failed heal discards the step back to this state
+        torn = self._transport.torn  # a heal that failed midway last step: this one must heal, or no state is left
         try:
             self.manager.start_quorum()  # the quorum; a replica behind loads a peer's state here (self._load)
             rank = self.manager.participating_rank()
@@ -178,10 +181,15 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
             log.error("no quorum for the step after %d: %s; restarting this worker", last_step, ex)
             self.close()
             raise TrainingStopped(last_step, f"in-process recovery: no quorum ({ex})") from ex
+        if torn and self._transport.torn:
+            self.close()
+            raise TrainingStopped(last_step, "in-process recovery: a heal failed midway through this replica's "
+                                             "tensors and no peer healed it since; restarting from its checkpoints")
         if self.healed:
             self.undo.keep()  # the state this step starts from is the peer's
         step = self.manager.current_step()
         diverged = self._start_together(step, rank, participants)
+        self._transport.disallow_checkpoint()  # the body changes the tensors served from here on (peer_transfer.py)
         self.excluded = rank in diverged
         healthy = [r for r in range(participants) if r not in diverged]
         self.rank = healthy.index(rank) if rank is not None and not self.excluded else None
@@ -286,6 +294,29 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         flat = entries.tree(self.state).flat
         return {"flat": flat, "rng": capture_rng()}
 
+    def _destination(self) -> Any:
+        """Where a peer's state lands (peer_transfer.py; on torchft's quorum thread while the training thread
+        waits in start_quorum): into this replica's own tensors, in the shape torchft sends (its "user" states),
+        on the parameters' device."""
+        from azext_elastictrain.runtime.peer_transfer import Destination
+
+        with self._without_grads():
+            flat = entries.tree(self.state).flat  # a fresh optimizer's moments are made here, to receive into
+        return Destination({"user": {STATE_KEY: {"flat": flat}}}, device=parameters_device(self.optimizer))
+
+    @contextmanager
+    def _without_grads(self) -> Iterator[None]:
+        """A fresh optimizer's state is initialised only without gradients (torch's distributed state-dict API)."""
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        grads = [p.grad for p in params]
+        for p in params:
+            p.grad = None
+        try:
+            yield
+        finally:
+            for p, g in zip(params, grads):
+                p.grad = g
+
     def _load(self, payload: dict[str, Any]) -> None:
         """A live peer's state into this replica's, at the step boundary (inside ``start_quorum``)."""
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
@@ -331,6 +362,17 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
             self.manager.shutdown(wait=False)
         except Exception as ex:  # pylint: disable=broad-exception-caught  # leaving must not fail the exit
             log.warning("leaving the quorum: %s", ex)
+
+
+def parameters_device(optimizer: torch.optim.Optimizer) -> torch.device:
+    """The device of the parameters an optimizer trains (where a peer's state lands): its first parameter's, else
+    the current CUDA device, else CPU."""
+    from azext_elastictrain.runtime.peer_transfer import default_device
+
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            return p.device
+    return default_device()
 
 
 def transfer_timeout(state: dict[str, Any], replica: timedelta) -> timedelta:
