@@ -83,3 +83,43 @@ def the_ddp(state_modules: List[torch.nn.Module], optimizer: torch.optim.Optimiz
             if trained <= {id(p) for p in module.parameters()}:
                 return module
     return None
+
+
+# -- the backend of the cross-node collective, chosen from the parameters' device -------------------------------
+# CUDA parameters: NCCL through torchft's ProcessGroupNCCL, which aborts the communicator when a peer is silent
+# past the timeout (ncclCommAbort, NCCL >= 2.25: what its own check asks for); with an older NCCL, torchft's
+# ProcessGroupBabyNCCL (NCCL in a child process, killed on a timeout: a hung NCCL call cannot hold the worker);
+# a torch without NCCL: gloo, which takes CUDA tensors (copied through the host). CPU parameters: gloo. Any other
+# device has no backend here.
+NCCL_ABORT_VERSION = (2, 25)
+BACKENDS = {"nccl": "ProcessGroupNCCL", "baby-nccl": "ProcessGroupBabyNCCL", "gloo": "ProcessGroupGloo"}
+
+
+def replica_backend(device: torch.device, nccl: Optional[Tuple[int, ...]]) -> str:
+    """The cross-node backend (a key of ``BACKENDS``) for parameters on ``device``; ``nccl``: the NCCL version
+    this torch has (None without NCCL or CUDA). A device no backend serves: ValueError, saying what to do."""
+    if device.type == "cpu":
+        return "gloo"
+    if device.type == "cuda":
+        if nccl is None:
+            return "gloo"
+        return "nccl" if tuple(nccl) >= NCCL_ABORT_VERSION else "baby-nccl"
+    raise ValueError(
+        f"in-process recovery averages the gradients across the nodes with NCCL (CUDA parameters) or gloo (CPU "
+        f"parameters), and this model's parameters are on {device}: move the model to cuda or cpu before "
+        f"training, or run the job with --recovery restart")
+
+
+def nccl_version() -> Optional[Tuple[int, ...]]:
+    """This process's NCCL version, or None where torch has no NCCL or no CUDA device is visible."""
+    if not (torch.cuda.is_available() and dist.is_nccl_available()):
+        return None
+    return tuple(torch.cuda.nccl.version())
+
+
+def replica_process_group(device: torch.device, timeout: Any) -> Any:
+    """torchft's reconfigurable process group for the cross-node average of tensors on ``device``."""
+    import torchft
+
+    backend = replica_backend(device, nccl_version() if device.type == "cuda" else None)
+    return getattr(torchft, BACKENDS[backend])(timeout=timeout)

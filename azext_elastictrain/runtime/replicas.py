@@ -86,9 +86,10 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
     """This node's membership in the job, step by step; see the module's docstring."""
 
     def __init__(self, state: dict[str, Any], *, step: int, environ: Any = None) -> None:
-        from torchft import Manager, ProcessGroupGloo
+        from torchft import Manager
 
         from azext_elastictrain.runtime.peer_transfer import PeerTransport, job_secret
+        from azext_elastictrain.runtime.replica_grads import replica_backend, replica_process_group
 
         env = os.environ if environ is None else environ
         self.state = state
@@ -109,12 +110,14 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
             self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
             store_addr, store_port = "127.0.0.1", self._store.port
         self.timeout = replica_timeout(env)
+        self.device = parameters_device(self.optimizer)  # where the gradients are, so where their average runs
+        replica_backend(self.device, None)  # a device no backend serves is refused before anything starts
         # The state server on the node's own address only (the pod's IP, loopback locally), guarded by the secret.
         self._transport = PeerTransport(host, timeout=self.transfer_timeout, secret=job_secret(env),
                                         bind=env.get(launch.ENV_REPLICA_HOST) or "0.0.0.0",
                                         destination=self._destination)
         self._served = 0
-        self._pg = ProcessGroupGloo(timeout=self.timeout)
+        self._pg = replica_process_group(self.device, self.timeout)
         # Synchronous quorum: a replica behind loads the peer's state inside start_quorum, before its body (with
         # torchft's asynchronous one it loads in should_commit, after a body run on its own stale state and batch).
         self.manager = Manager(
@@ -217,7 +220,9 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         options.reduceOp = dist.ReduceOp.SUM
         options.timeout = self.transfer_timeout()
         try:
-            self._pg.allreduce([flat], options).wait()
+            on_device = flat.to(self.device)
+            self._pg.allreduce([on_device], options).wait()
+            flat = on_device.cpu()  # the host waits here (a GPU collective's wait() orders the stream only)
         except Exception as ex:  # pylint: disable=broad-exception-caught  # the step's verdict carries it
             log.warning("the step's start failed: %s; discarding the step", ex)
             manager.report_error(ex)
