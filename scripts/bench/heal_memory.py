@@ -6,7 +6,8 @@
 
 Two processes on loopback, each with the same model and AdamW (moments made by one step: a newcomer restores
 from memory or blob before it heals; ``--fresh``: the receiver's optimizer without moments, which a heal makes,
-with torch's state-dict API's temporary zero gradients). The sender offers its state as torchft does (``send_checkpoint``
+with torch's state-dict API's temporary zero gradients).
+The sender offers its state as torchft does (``send_checkpoint``
 with ``{"user": {key: state}, "torchft": ...}``) and serves it; the receiver fetches it (``recv_checkpoint``)
 and loads it as runtime/replicas.py does (the state tree's ``apply``), into the receiver's own tensors where
 the transport takes a ``Destination``. Each side reports its resident set's peak over the heal, less its
@@ -31,14 +32,14 @@ KEY = "elastictrain"
 
 
 def rss_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
+    for line in Path("/proc/self/status").read_text(encoding="ascii").splitlines():
         if line.startswith(field + ":"):
             return int(line.split()[1])
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 def reset_peak() -> int:
-    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+    Path("/proc/self/clear_refs").write_text("5", encoding="ascii")  # VmHWM := VmRSS
     return rss_kib("VmRSS")
 
 
@@ -99,9 +100,9 @@ def receiver(mib: int, url: str, fresh: bool) -> dict[str, Any]:
     received = time.monotonic() - start
     entries.tree(state).apply(payload["user"][KEY]["flat"])  # what ReplicaGroup._load does
     del payload
-    return {"state_mib": round(state_mib, 1), "receiver_optimizer": "fresh" if fresh else "restored", "receiver_peak_mib": round((rss_kib("VmHWM") - base) / 1024, 1),
-            "receive_s": round(received, 3), "streams_into_local": "destination" in inspect.signature(
-                type(client)).parameters}
+    return {"state_mib": round(state_mib, 1), "receiver_optimizer": "fresh" if fresh else "restored",
+            "receiver_peak_mib": round((rss_kib("VmHWM") - base) / 1024, 1), "receive_s": round(received, 3),
+            "streams_into_local": "destination" in inspect.signature(type(client)).parameters}
 
 
 def main() -> None:
@@ -115,8 +116,9 @@ def main() -> None:
     if args.serve:
         sender(args.mib)
         return
-    proc = subprocess.Popen([sys.executable, __file__, "--serve", "--mib", str(args.mib)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(  # pylint: disable=consider-using-with  # killed in the finally below
+        [sys.executable, __file__, "--serve", "--mib", str(args.mib)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         url = json.loads(proc.stdout.readline())["url"]
         result = receiver(args.mib, url, args.fresh)

@@ -1,0 +1,225 @@
+#!/usr/bin/env python3
+"""Device script (not a test): the runtime's paths for a large CUDA state, in one go, JSON out (issue 33).
+
+    .venv/bin/python scripts/bench/gpu.py --json out/gpu.json            # one GPU, a GPT-2-XL-sized state (~19 GB)
+    .venv/bin/python scripts/bench/gpu.py --device cpu --tiny  # what tests/integration/test_gpu_bench.py runs
+
+The state: 1.56 billion fp32 parameters (GPT-2 XL's count, as square bias-free linear layers) and AdamW's two
+moments after one step: 18.7 GB, on ``--device``. ``--tiny``: a few MB. Phases, each timed on its own and
+each failing alone (its error in the JSON):
+
+* ``snapshot``: the memory tier (runtime/rescue.py ``MemoryTier``) keeps the state in node memory: the capture
+  on the training thread (device-to-host copies queued into pinned buffers: the blocking time), then the commit
+  (the copies landed, checksummed, committed: the time to a committed copy), and GB/s over both. The first
+  capture allocates its pinned buffers; the next ones reuse them (``steady`` is their median).
+* ``heal``: a fresh process, from its start to its first optimizer step, with the state from this process's
+  memory through the peer transfer (runtime/peer_transfer.py, as torchft's quorum drives it): per phase (imports,
+  model and optimizer built on the device, the state received into them, loaded, the first step).
+* ``dcp`` and ``readme_sigkill`` (a DCP save to Azurite and its restore onto the device; the README's script on
+  one device through a SIGKILL of its worker): not in this script yet; the JSON says so.
+
+A watchdog ends the script with code 124 after ``--timeout`` seconds (default 330), writing what it has.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable
+
+GPT2_XL_PARAMS = 1_557_611_200
+SECRET = "gpu-bench"
+KEY = "elastictrain"
+NOT_YET = "not in this script yet"
+
+
+def build(device: str, tiny: bool, seed: int = 0, trained: bool = True) -> dict[str, Any]:
+    """Model and AdamW on ``device``; with ``trained``, one step taken (the moments exist)."""
+    import torch
+
+    torch.manual_seed(seed)
+    width, layers = (128, 4) if tiny else (4096, round(GPT2_XL_PARAMS / 4096**2))
+    model = torch.nn.Sequential(*(torch.nn.Linear(width, width, bias=False, device=device) for _ in range(layers)))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    if trained:
+        step(model, optimizer, device, width)
+    return {"model": model, "optimizer": optimizer}
+
+
+def step(model: Any, optimizer: Any, device: str, width: int) -> None:
+    import torch
+
+    model(torch.randn(8, width, device=device)).square().mean().backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def state_bytes(state: dict[str, Any]) -> int:
+    from azext_elastictrain.runtime.replicas import state_bytes as of
+
+    return of(state)
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    start = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - start, out
+
+
+def snapshot(state: dict[str, Any], memory_dir: str, repeats: int) -> dict[str, Any]:  # pylint: disable=too-many-locals
+    import torch
+
+    from azext_elastictrain.runtime import entries, rescue
+
+    flat = {k: v for k, v in entries.tree(state).flat.items() if isinstance(v, torch.Tensor)}
+    size = sum(t.numel() * t.element_size() for t in flat.values())
+    with tempfile.TemporaryDirectory(dir=memory_dir) as directory:
+        tier = rescue.MemoryTier("gpu-bench", "run", directory)
+        runs = []
+        for i in range(repeats):
+            blocking, capture = timed(lambda: tier.capture(i + 1, 1, flat))  # pylint: disable=cell-var-from-loop
+            committed, _ = timed(lambda: tier.commit(capture))  # pylint: disable=cell-var-from-loop
+            runs.append({"blocking_s": round(blocking, 4), "to_committed_s": round(blocking + committed, 4),
+                         "gb_per_s": round(size / 1e9 / (blocking + committed), 2)})
+        copy = tier.read()
+        assert copy is not None and copy.step == repeats, "the last step is not the committed copy"
+        tier.discard()
+    steady = runs[1:] or runs
+    return {"bytes": size, "first": runs[0], "runs": runs,
+            "steady": {k: statistics.median(r[k] for r in steady) for k in runs[0]}}
+
+
+def heal(state: dict[str, Any], device: str, tiny: bool, deadline: float) -> dict[str, Any]:
+    """Serve ``state`` as a peer does; a fresh process takes it and trains its first step."""
+    from azext_elastictrain.runtime import entries
+    from azext_elastictrain.runtime.peer_transfer import PeerTransport
+    from azext_elastictrain.runtime.state import capture_rng
+
+    server = PeerTransport("127.0.0.1", timeout=lambda: timedelta(seconds=300), secret=SECRET, bind="127.0.0.1")
+    try:
+        server.send_checkpoint([1], 1, {"user": {KEY: {"flat": entries.tree(state).flat, "rng": capture_rng()}},
+                                        "torchft": {"step": 1, "batches_committed": 1}}, timedelta(seconds=300))
+        started = time.time()
+        argv = [sys.executable, __file__, "--newcomer", server.metadata(), "--device", device, "--started",
+                repr(started)] + (["--tiny"] if tiny else [])
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=max(5.0, deadline - time.monotonic()),
+                              check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"the newcomer failed ({done.returncode}): {done.stderr[-2000:]}")
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        digest = float(sum(p.double().sum().item() for p in state["model"].parameters()))
+        result["same_as_peer"] = abs(result.pop("digest") - digest) <= 1e-9 * max(1.0, abs(digest))
+    finally:
+        server.shutdown()
+    return result
+
+
+def newcomer(url: str, device: str, tiny: bool, started: float) -> None:  # pylint: disable=too-many-locals
+    """The fresh process: its phases, from its start (the parent's clock, same machine) to its first step."""
+    phases: dict[str, float] = {}
+    mark = started
+
+    def phase(name: str) -> None:
+        nonlocal mark
+        now = time.time()
+        phases[name] = round(now - mark, 4)
+        mark = now
+
+    import torch
+
+    from azext_elastictrain.runtime import entries
+    from azext_elastictrain.runtime.peer_transfer import Destination, PeerTransport
+    from azext_elastictrain.runtime.replicas import parameters_device
+    phase("start_and_imports")
+    state = build(device, tiny, seed=1, trained=False)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    phase("build")
+    client = PeerTransport("127.0.0.1", timeout=lambda: timedelta(seconds=300), secret=SECRET, bind="127.0.0.1",
+                           destination=lambda: Destination({"user": {KEY: {"flat": entries.tree(state).flat}}},
+                                                           parameters_device(state["optimizer"])))
+    payload = client.recv_checkpoint(0, url, 1, timedelta(seconds=300))
+    phase("receive")
+    entries.tree(state).apply(payload["user"][KEY]["flat"])
+    phase("load")
+    digest = float(sum(p.double().sum().item() for p in state["model"].parameters()))
+    width = state["model"][0].in_features
+    step(state["model"], state["optimizer"], device, width)
+    phase("first_step")
+    client.shutdown()
+    on = {str(t.device) for t in state["model"].parameters()}
+    print(json.dumps({"phases_s": phases, "to_first_step_s": round(time.time() - started, 4),
+                      "parameters_on": sorted(on), "digest": digest}))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda", help="cuda (default) or cpu")
+    parser.add_argument("--tiny", action="store_true", help="a few MB of state (the suite's CPU run)")
+    parser.add_argument("--json", type=Path, help="also write the result here")
+    parser.add_argument("--timeout", type=float, default=330.0, help="seconds before the watchdog ends it (124)")
+    parser.add_argument("--memory-dir", default="/dev/shm" if Path("/dev/shm").is_dir() else tempfile.gettempdir())
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--newcomer", help=argparse.SUPPRESS)
+    parser.add_argument("--started", type=float, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.newcomer:
+        newcomer(args.newcomer, args.device, args.tiny, args.started)
+        return 0
+    deadline = time.monotonic() + args.timeout
+    result: dict[str, Any] = {"device": args.device, "tiny": args.tiny, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+                              "command": " ".join(sys.argv), "phases": {}}
+
+    def emit() -> None:
+        text = json.dumps(result, indent=None)
+        print(text, flush=True)
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(result, indent=2))
+
+    def watchdog() -> None:
+        result["timed_out_after_s"] = args.timeout
+        emit()
+        os._exit(124)  # pylint: disable=protected-access  # the documented way to end a process from a thread
+
+    timer = threading.Timer(args.timeout, watchdog)
+    timer.daemon = True
+    timer.start()
+    import torch
+
+    if args.device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            result["error"] = "no CUDA device"
+            emit()
+            return 2
+        result["card"] = torch.cuda.get_device_name()
+    seconds, state = timed(lambda: build(args.device, args.tiny))
+    result["state"] = {"bytes": state_bytes(state), "build_s": round(seconds, 2)}
+    phases: dict[str, Callable[[], Any]] = {
+        "snapshot": lambda: snapshot(state, args.memory_dir, args.repeats),
+        "heal": lambda: heal(state, args.device, args.tiny, deadline),
+    }
+    for name, run in phases.items():
+        try:
+            result["phases"][name] = run()
+        except Exception as ex:  # pylint: disable=broad-exception-caught  # each phase fails alone, in the JSON
+            result["phases"][name] = {"error": f"{type(ex).__name__}: {ex}", "trace": traceback.format_exc()[-2000:]}
+    result["phases"]["dcp"] = result["phases"]["readme_sigkill"] = NOT_YET
+    timer.cancel()
+    emit()
+    return 1 if any(isinstance(p, dict) and "error" in p for p in result["phases"].values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""scripts/bench/gpu.py, the device script of issue 33, run on CPU with its tiny state: so that it cannot rot
+between the runs on a GPU. Its figures are not checked here (no timed tests); what it did is."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_device_script_runs_every_phase_on_cpu_with_a_tiny_state(tmp_path) -> None:
+    pytest.importorskip("torchft")
+    out = tmp_path / "gpu.json"
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "bench" / "gpu.py"), "--device", "cpu", "--tiny",
+                           "--timeout", "90", "--memory-dir", str(tmp_path), "--json", str(out)],
+                          capture_output=True, text=True, timeout=120, cwd=REPO, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == result, "the JSON on stdout is the file's"
+    assert result["device"] == "cpu" and result["state"]["bytes"] > 0
+    snap = result["phases"]["snapshot"]
+    assert snap["bytes"] > 0 and len(snap["runs"]) == 3
+    assert all(r["to_committed_s"] >= r["blocking_s"] > 0 and r["gb_per_s"] > 0 for r in snap["runs"])
+    heal = result["phases"]["heal"]
+    assert list(heal["phases_s"]) == ["start_and_imports", "build", "receive", "load", "first_step"]
+    assert heal["parameters_on"] == ["cpu"] and heal["to_first_step_s"] >= sum(heal["phases_s"].values()) * 0.99
+    assert heal["same_as_peer"] is True, "the newcomer's first step started from the peer's weights"
+
+
+def test_the_device_script_ends_itself_at_its_timeout_with_what_it_has(tmp_path) -> None:
+    pytest.importorskip("torchft")
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "bench" / "gpu.py"), "--device", "cpu", "--tiny",
+                           "--timeout", "0.5", "--memory-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60, cwd=REPO, check=False)
+    assert done.returncode == 124, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["timed_out_after_s"] == 0.5
