@@ -59,6 +59,16 @@ class TensorSavePlanner(DefaultSavePlanner):
         return object
 
 
+def placeholder(saved: Any, live: Any) -> torch.Tensor | None:
+    """What DCP loads a free item into: a tensor of the checkpoint's size and dtype on the live tensor's device
+    (a CUDA tensor whose size changed comes back on its GPU, not on CPU), on CPU where the live value is no tensor;
+    None for a bytes item (refused when read)."""
+    if not isinstance(saved, TensorStorageMetadata):
+        return None
+    device = live.device if isinstance(live, torch.Tensor) else torch.device("cpu")
+    return torch.empty(saved.size, dtype=saved.properties.dtype, device=device)
+
+
 class CheckingLoadPlanner(DefaultLoadPlanner):
     """Loads a flat dict and refuses a checkpoint that does not fit it.
 
@@ -98,9 +108,7 @@ class CheckingLoadPlanner(DefaultLoadPlanner):
         if problems:
             raise StateMismatch("; ".join(problems))
         for fqn in self.free:
-            md = saved[fqn]
-            state_dict[fqn] = (torch.empty(md.size, dtype=md.properties.dtype)
-                               if isinstance(md, TensorStorageMetadata) else None)
+            state_dict[fqn] = placeholder(saved[fqn], state_dict[fqn])
         super().set_up_planner(state_dict, metadata, is_coordinator)
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:

@@ -105,6 +105,42 @@ class Capture:
     event: Any = None  # the CUDA event after the device-to-host copies
 
 
+class PinnedCopies:
+    """The device-to-host half of a capture: each device tensor copied into a pinned buffer kept for its key
+    (reused while its shape and dtype hold: no page faults of a fresh allocation each step), queued on the current
+    stream without waiting; ``recorded()`` marks where the copies end, which the commit waits for. The one place
+    the tier touches CUDA, so the rest of the capture and commit runs the same with a fake of it on CPU."""
+
+    def __init__(self) -> None:
+        self._pinned: dict[str, torch.Tensor] = {}
+
+    def wanted(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` goes through a pinned buffer (a device's) rather than straight into the slot."""
+        return tensor.is_cuda
+
+    def queue(self, key: str, source: torch.Tensor) -> torch.Tensor:
+        """``source`` queued for copying into ``key``'s pinned buffer, which is returned (not yet written)."""
+        pinned = self._pinned.get(key)
+        if pinned is None or pinned.shape != source.shape or pinned.dtype != source.dtype:
+            pinned = self._pinned[key] = self.allocate(source)
+        self.copy(pinned, source)
+        return pinned
+
+    def allocate(self, source: torch.Tensor) -> torch.Tensor:
+        """A host buffer for ``source``: page-locked, so the copy from the device runs without waiting."""
+        return torch.empty(source.shape, dtype=source.dtype, pin_memory=True)
+
+    def copy(self, pinned: torch.Tensor, source: torch.Tensor) -> None:
+        """The copy queued on the current stream, ahead of whatever the next step queues there."""
+        pinned.copy_(source, non_blocking=True)
+
+    def recorded(self) -> Any:
+        """An event after every copy queued so far (``synchronize()``: they have landed)."""
+        event = torch.cuda.Event()
+        event.record()
+        return event
+
+
 def _checksum(data: memoryview) -> int:
     return xxhash.xxh3_64_intdigest(data)
 
@@ -145,7 +181,7 @@ class MemoryTier:
         digest = hashlib.sha256(f"{job_prefix}\n{node}".encode()).hexdigest()[:24]
         self.paths = [self.directory / f"{digest}.{slot}.state" for slot in range(SLOTS)]
         self._maps: dict[int, mmap.mmap] = {}
-        self._pinned: dict[str, torch.Tensor] = {}
+        self.copies = PinnedCopies()  # a device's tensors on their way to the slot
 
     @classmethod
     def from_env(cls, job_prefix: str, environ: Any = None) -> "MemoryTier | None":
@@ -186,18 +222,12 @@ class MemoryTier:
                 continue
             source = tensor.detach()
             target = torch.frombuffer(mapped, dtype=torch.uint8, count=entry["nbytes"], offset=entry["offset"])
-            if source.is_cuda:
-                pinned = self._pinned.get(entry["key"])
-                if pinned is None or pinned.shape != source.shape or pinned.dtype != source.dtype:
-                    pinned = torch.empty(source.shape, dtype=source.dtype, pin_memory=True)
-                    self._pinned[entry["key"]] = pinned
-                pinned.copy_(source, non_blocking=True)
-                capture.pending.append((target, pinned))
+            if self.copies.wanted(source):
+                capture.pending.append((target, self.copies.queue(entry["key"], source)))
             else:
                 target.view(source.dtype).view(source.shape).copy_(source)
         if capture.pending:
-            capture.event = torch.cuda.Event()
-            capture.event.record()
+            capture.event = self.copies.recorded()
         return capture
 
     def commit(self, capture: Capture) -> int:

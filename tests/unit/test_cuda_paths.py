@@ -1,0 +1,130 @@
+"""The runtime's CUDA-aware paths, run on CPU where their logic needs no device: the memory tier's
+device-to-host copies through a fake of the copy stream (``rescue.PinnedCopies``, our own seam), and a free
+tensor restored onto its own device (DCP's placeholders). The peer transfer's device mapping is in
+test_peer_transfer.py, the cross-node backend's choice in test_replica_backend.py."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkStorageMetadata, TensorProperties,
+                                                   TensorStorageMetadata)
+
+from azext_elastictrain.runtime import rescue
+from azext_elastictrain.runtime.planners import CheckingLoadPlanner, placeholder
+
+
+class FakeStream:
+    """A device stream: work queued runs only when an event after it is waited for."""
+
+    def __init__(self) -> None:
+        self.queued: list[Callable[[], Any]] = []
+        self.ran = 0
+
+    def enqueue(self, work: Callable[[], Any]) -> None:
+        self.queued.append(work)
+
+    def run_until(self, position: int) -> None:
+        while self.ran < position:
+            self.queued[self.ran]()
+            self.ran += 1
+
+
+class FakeEvent:  # pylint: disable=too-few-public-methods  # torch.cuda.Event's one call the tier makes
+    def __init__(self, stream: FakeStream) -> None:
+        self.stream, self.position, self.waited = stream, len(stream.queued), False
+
+    def synchronize(self) -> None:
+        self.waited = True
+        self.stream.run_until(self.position)
+
+
+class StreamCopies(rescue.PinnedCopies):
+    """Every tensor treated as a device's; copies queued on a FakeStream; plain host buffers, counted."""
+
+    def __init__(self, stream: FakeStream) -> None:
+        super().__init__()
+        self.stream = stream
+        self.allocated = 0
+        self.events: list[FakeEvent] = []
+
+    def wanted(self, tensor: torch.Tensor) -> bool:
+        return True
+
+    def allocate(self, source: torch.Tensor) -> torch.Tensor:
+        self.allocated += 1
+        return torch.full(source.shape, -1, dtype=source.dtype)  # what a copy that has not landed leaves
+
+    def copy(self, pinned: torch.Tensor, source: torch.Tensor) -> None:
+        self.stream.enqueue(lambda: pinned.copy_(source))
+
+    def recorded(self) -> FakeEvent:
+        self.events.append(FakeEvent(self.stream))
+        return self.events[-1]
+
+
+def make_tier(tmp_path) -> tuple[rescue.MemoryTier, FakeStream, StreamCopies]:
+    tier = rescue.MemoryTier("job", "run", tmp_path, node="n0")
+    stream = FakeStream()
+    tier.copies = copies = StreamCopies(stream)
+    return tier, stream, copies
+
+
+def test_a_device_capture_queues_its_copies_and_the_commit_waits_for_them_not_for_the_next_step(tmp_path) -> None:
+    tier, stream, copies = make_tier(tmp_path)
+    live = {"w": torch.arange(8, dtype=torch.float32), "b": torch.ones(3, dtype=torch.bfloat16)}
+    capture = tier.capture(1, 1, live)
+    assert stream.ran == 0 and len(stream.queued) == 2, "the training thread does not wait for the copies"
+    stream.enqueue(lambda: live["w"].add_(100))  # the next step's in-place update, queued after the copies
+    tier.commit(capture)
+    assert copies.events[0].waited and stream.ran == 2, "the commit waited for the copies, and only for them"
+    copy = tier.read()
+    assert copy is not None and copy.step == 1
+    assert torch.equal(copy.tensors["w"], torch.arange(8, dtype=torch.float32)), "the step's values, not the next's"
+    assert torch.equal(copy.tensors["b"], torch.ones(3, dtype=torch.bfloat16))
+
+
+def test_the_pinned_buffers_are_kept_from_one_capture_to_the_next_until_a_shape_changes(tmp_path) -> None:
+    tier, stream, copies = make_tier(tmp_path)
+    live = {"w": torch.zeros(4), "b": torch.zeros(2)}
+    for step in (1, 2):
+        live["w"].fill_(step)
+        tier.commit(tier.capture(step, 1, live))
+    assert copies.allocated == 2, "one buffer per tensor, reused by the second capture"
+    live["w"] = torch.full((6,), 3.0)
+    tier.commit(tier.capture(3, 1, live))
+    assert copies.allocated == 3 and stream.ran == len(stream.queued)
+    copy = tier.read()
+    assert copy is not None and copy.step == 3 and torch.equal(copy.tensors["w"], torch.full((6,), 3.0))
+
+
+def test_a_commit_without_device_tensors_waits_for_nothing(tmp_path) -> None:
+    tier = rescue.MemoryTier("job", "run", tmp_path, node="n0")
+    capture = tier.capture(1, 1, {"w": torch.ones(2)})
+    assert capture.event is None and not capture.pending
+    tier.commit(capture)
+    copy = tier.read()
+    assert copy is not None and torch.equal(copy.tensors["w"], torch.ones(2))
+
+
+def test_a_free_tensor_is_restored_onto_its_own_device_not_onto_cpu() -> None:
+    """DCP loads the state's free tensors (their size comes from the checkpoint) into placeholders the planner
+    makes: on the live tensor's device, so a CUDA tensor whose size changed comes back on its GPU (here: meta, a
+    device that is not CPU), and on CPU where the live value was no tensor."""
+    saved = TensorStorageMetadata(TensorProperties(dtype=torch.bfloat16), torch.Size([3]),
+                                  [ChunkStorageMetadata(torch.Size([0]), torch.Size([3]))])
+    made = placeholder(saved, torch.empty(2, device="meta"))
+    assert made is not None and made.device == torch.device("meta") and made.shape == (3,)
+    assert made.dtype == torch.bfloat16
+    on_cpu = placeholder(saved, 7)
+    assert on_cpu is not None and on_cpu.device == torch.device("cpu")
+    assert placeholder(BytesStorageMetadata(), torch.zeros(1)) is None
+
+
+def test_a_free_tensor_still_restores_through_dcp(tmp_path) -> None:
+    dcp.save({"ema": torch.ones(3)}, storage_writer=FileSystemWriter(tmp_path), no_dist=True)
+    planner = CheckingLoadPlanner(free={"ema"})
+    dcp.load({"ema": torch.zeros(2)}, storage_reader=FileSystemReader(tmp_path), planner=planner, no_dist=True)
+    assert torch.equal(planner.state_dict["ema"], torch.ones(3))
