@@ -15,8 +15,12 @@ each failing alone (its error in the JSON):
 * ``heal``: a fresh process, from its start to its first optimizer step, with the state from this process's
   memory through the peer transfer (runtime/peer_transfer.py, as torchft's quorum drives it): per phase (imports,
   model and optimizer built on the device, the state received into them, loaded, the first step).
-* ``dcp`` and ``readme_sigkill`` (a DCP save to Azurite and its restore onto the device; the README's script on
-  one device through a SIGKILL of its worker): not in this script yet; the JSON says so.
+* ``dcp``: a blob checkpoint of the state (the Checkpointer: DCP into a local Azurite, the suite's
+  tests/support/services.py) and its restore into a fresh state on the device: the training thread's stall, the
+  save to committed, the restore, GB/s, and where the restored tensors are. Needs Azurite (``bash
+  scripts/setup.sh``); without it the phase fails alone.
+* ``readme_sigkill`` (the README's script on one device through a SIGKILL of its worker, restored from memory):
+  not in this script yet; the JSON says so.
 
 A watchdog ends the script with code 124 after ``--timeout`` seconds (default 330), writing what it has.
 """
@@ -100,6 +104,49 @@ def snapshot(state: dict[str, Any], memory_dir: str, repeats: int) -> dict[str, 
             "steady": {k: statistics.median(r[k] for r in steady) for k in runs[0]}}
 
 
+def digest(state: dict[str, Any]) -> float:
+    """A sum over the model's weights: equal states, equal digests (float64 on the host)."""
+    return float(sum(p.double().sum().item() for p in state["model"].parameters()))
+
+
+def dcp(state: dict[str, Any], device: str, tiny: bool) -> dict[str, Any]:  # pylint: disable=too-many-locals
+    """A blob checkpoint (the Checkpointer: DCP into a local Azurite) of ``state``, restored into a fresh state on
+    the device: the training thread's stall, the save to committed, the restore; where the restored tensors are."""
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.support: the suite's Azurite
+    from azure.storage.blob import ContainerClient
+
+    from azext_elastictrain.core.blobstore import BlobStore
+    from azext_elastictrain.runtime.checkpoint import Checkpointer
+    from tests.support.services import start_azurite  # pylint: disable=import-error  # the checkout's, on sys.path
+
+    size = state_bytes(state)
+    with tempfile.TemporaryDirectory(prefix="gpu-bench-") as tmp, start_azurite(tmp) as azurite:
+        with ContainerClient.from_connection_string(azurite.connection_string, "gpu-bench") as container:
+            container.create_container()
+        store = BlobStore.from_url(f"{azurite.blob_endpoint}/gpu-bench", connection_string=azurite.connection_string)
+        try:
+            ckpt = Checkpointer(store, "gpu", keep=1, verify=True, watcher=None, events=False)
+            stall, _ = timed(lambda: ckpt.save(1, state))
+            waited, _ = timed(ckpt.wait)
+            ckpt.close()
+            fresh = build(device, tiny, seed=2, trained=False)
+            reader = Checkpointer(store, "gpu", keep=1, verify=True, watcher=None, events=False)
+            restore_s, step_ = timed(lambda: reader.restore(fresh))
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            reader.close()
+        finally:
+            store.close()
+    moments = [t for s in fresh["optimizer"].state.values() for t in s.values() if t.dim() > 0]
+    return {"bytes": size, "save_stall_s": round(stall, 4), "save_to_committed_s": round(stall + waited, 4),
+            "save_gb_per_s": round(size / 1e9 / (stall + waited), 2), "restore_s": round(restore_s, 4),
+            "restore_gb_per_s": round(size / 1e9 / restore_s, 2), "restored_step": step_,
+            "restored_on": sorted({str(t.device) for t in [*fresh["model"].parameters(), *moments]}),
+            "same_as_saved": abs(digest(fresh) - digest(state)) <= 1e-9 * max(1.0, abs(digest(state)))}
+
+
 def heal(state: dict[str, Any], device: str, tiny: bool, deadline: float) -> dict[str, Any]:
     """Serve ``state`` as a peer does; a fresh process takes it and trains its first step."""
     from azext_elastictrain.runtime import entries
@@ -118,8 +165,8 @@ def heal(state: dict[str, Any], device: str, tiny: bool, deadline: float) -> dic
         if done.returncode != 0:
             raise RuntimeError(f"the newcomer failed ({done.returncode}): {done.stderr[-2000:]}")
         result = json.loads(done.stdout.strip().splitlines()[-1])
-        digest = float(sum(p.double().sum().item() for p in state["model"].parameters()))
-        result["same_as_peer"] = abs(result.pop("digest") - digest) <= 1e-9 * max(1.0, abs(digest))
+        mine = digest(state)
+        result["same_as_peer"] = abs(result.pop("digest") - mine) <= 1e-9 * max(1.0, abs(mine))
     finally:
         server.shutdown()
     return result
@@ -153,14 +200,14 @@ def newcomer(url: str, device: str, tiny: bool, started: float) -> None:  # pyli
     phase("receive")
     entries.tree(state).apply(payload["user"][KEY]["flat"])
     phase("load")
-    digest = float(sum(p.double().sum().item() for p in state["model"].parameters()))
+    weights = digest(state)
     width = state["model"][0].in_features
     step(state["model"], state["optimizer"], device, width)
     phase("first_step")
     client.shutdown()
     on = {str(t.device) for t in state["model"].parameters()}
     print(json.dumps({"phases_s": phases, "to_first_step_s": round(time.time() - started, 4),
-                      "parameters_on": sorted(on), "digest": digest}))
+                      "parameters_on": sorted(on), "digest": weights}))
 
 
 def main() -> int:
@@ -209,13 +256,14 @@ def main() -> int:
     phases: dict[str, Callable[[], Any]] = {
         "snapshot": lambda: snapshot(state, args.memory_dir, args.repeats),
         "heal": lambda: heal(state, args.device, args.tiny, deadline),
+        "dcp": lambda: dcp(state, args.device, args.tiny),
     }
     for name, run in phases.items():
         try:
             result["phases"][name] = run()
         except Exception as ex:  # pylint: disable=broad-exception-caught  # each phase fails alone, in the JSON
             result["phases"][name] = {"error": f"{type(ex).__name__}: {ex}", "trace": traceback.format_exc()[-2000:]}
-    result["phases"]["dcp"] = result["phases"]["readme_sigkill"] = NOT_YET
+    result["phases"]["readme_sigkill"] = NOT_YET
     timer.cancel()
     emit()
     return 1 if any(isinstance(p, dict) and "error" in p for p in result["phases"].values()) else 0

@@ -29,6 +29,10 @@ def test_the_device_script_runs_every_phase_on_cpu_with_a_tiny_state(tmp_path) -
     assert list(heal["phases_s"]) == ["start_and_imports", "build", "receive", "load", "first_step"]
     assert heal["parameters_on"] == ["cpu"] and heal["to_first_step_s"] >= sum(heal["phases_s"].values()) * 0.99
     assert heal["same_as_peer"] is True, "the newcomer's first step started from the peer's weights"
+    saved = result["phases"]["dcp"]
+    assert saved["restored_step"] == 1 and saved["restored_on"] == ["cpu"] and saved["same_as_saved"] is True
+    assert saved["save_to_committed_s"] >= saved["save_stall_s"] > 0 and saved["restore_s"] > 0
+    assert result["phases"]["readme_sigkill"] == "not in this script yet"
 
 
 def test_the_device_script_ends_itself_at_its_timeout_with_what_it_has(tmp_path) -> None:
