@@ -19,8 +19,11 @@ each failing alone (its error in the JSON):
   tests/support/services.py) and its restore into a fresh state on the device: the training thread's stall, the
   save to committed, the restore, GB/s, and where the restored tensors are. Needs Azurite (``bash
   scripts/setup.sh``); without it the phase fails alone.
-* ``readme_sigkill`` (the README's script on one device through a SIGKILL of its worker, restored from memory):
-  not in this script yet; the JSON says so.
+* ``readme_sigkill``: the README's script (scripts/bench/readme_loop.py, the two lines for a GPU with
+  ``--device cuda``) as a one-node local job (torchrun agent, etcd, Azurite); its worker SIGKILLed once it
+  trains, restarted by torchrun, resumed from the node's memory: what ``evict simulate --wait`` reports (outage,
+  restore and recovery seconds from the kill, steps lost) and where it restored from (memory, peer, blob). Needs etcd
+  and Azurite (``bash scripts/setup.sh``).
 
 A watchdog ends the script with code 124 after ``--timeout`` seconds (default 330), writing what it has.
 """
@@ -43,7 +46,6 @@ from typing import Any, Callable
 GPT2_XL_PARAMS = 1_557_611_200
 SECRET = "gpu-bench"
 KEY = "elastictrain"
-NOT_YET = "not in this script yet"
 
 
 def build(device: str, tiny: bool, seed: int = 0, trained: bool = True) -> dict[str, Any]:
@@ -145,6 +147,58 @@ def dcp(state: dict[str, Any], device: str, tiny: bool) -> dict[str, Any]:  # py
             "restore_gb_per_s": round(size / 1e9 / restore_s, 2), "restored_step": step_,
             "restored_on": sorted({str(t.device) for t in [*fresh["model"].parameters(), *moments]}),
             "same_as_saved": abs(digest(fresh) - digest(state)) <= 1e-9 * max(1.0, abs(digest(state)))}
+
+
+def readme_sigkill(device: str, memory_dir: str, deadline: float) -> dict[str, Any]:  # pylint: disable=too-many-locals
+    """The README's script (scripts/bench/readme_loop.py, ``--device``) as a one-node local job (torchrun agent,
+    etcd, Azurite, as ``job run --local`` starts a node); its worker SIGKILLed once it trains: torchrun starts
+    it again and it resumes from the node's memory. The figures of ``evict simulate --wait``."""
+    import psutil
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from azure.storage.blob import ContainerClient
+
+    from azext_elastictrain.core import launch
+    from azext_elastictrain.core.blobstore import BlobStore
+    from azext_elastictrain.core.recovery import follow_recovery
+    # pylint: disable-next=import-error  # the checkout's tests.support, on sys.path
+    from tests.support.elastic import JobConfig, Node, events_of, read_events, wait_for
+    from tests.support.services import start_azurite, start_etcd  # pylint: disable=import-error
+
+    script = Path(__file__).resolve().parent / "readme_loop.py"
+    with tempfile.TemporaryDirectory(prefix="gpu-readme-") as tmp, start_azurite(tmp) as blob, \
+            start_etcd(tmp) as etcd, tempfile.TemporaryDirectory(dir=memory_dir) as memory:
+        with ContainerClient.from_connection_string(blob.connection_string, "bench") as container:
+            container.create_container()
+        job = JobConfig(name="gpu-readme", checkpoint_url=f"{blob.blob_endpoint}/bench/gpu-readme",
+                        connection_string=blob.connection_string, etcd_endpoint=etcd.endpoint, min_nodes=1,
+                        max_nodes=1, warm_start=False, progress_seconds=0.2, script=script,
+                        script_args=["--device", device, "--step-delay", "0.02"],
+                        extra_env={launch.ENV_MEMORY_DIR: memory})
+        store = BlobStore.from_url(job.checkpoint_url, connection_string=blob.connection_string)
+        node = Node(job, "node-a", Path(tmp) / "logs")
+        try:
+            def events() -> list[dict[str, Any]]:
+                return read_events(store, store.prefix)
+
+            wait_for(lambda: [e for e in events_of(events(), "progress") if e["step"] >= 20],
+                     max(5.0, deadline - time.monotonic() - 30), "the README's script training")
+            workers = [p for p in node.tree() if p.pid != node.proc.pid
+                       and any(part.endswith("readme_loop.py") for part in p.cmdline())
+                       and not any(c.pid != p.pid for c in p.children())]
+            if len(workers) != 1:
+                raise RuntimeError(f"expected one worker, found {[w.cmdline() for w in workers]}")
+            killed = time.time()
+            workers[0].kill()
+            psutil.wait_procs(workers, timeout=10)
+            found = follow_recovery(lambda _job: events(), job.name, {"node": "node-a", "evictedAt": killed},
+                                    timeout=max(5.0, deadline - time.monotonic() - 10))
+            after = [e for e in events_of(events(), "restored") if e["time"] > killed]
+            found["restored_from"] = after[0].get("source") if after else None  # memory, peer or blob
+            return found
+        finally:
+            node.stop()
+            store.close()
 
 
 def heal(state: dict[str, Any], device: str, tiny: bool, deadline: float) -> dict[str, Any]:
@@ -257,13 +311,13 @@ def main() -> int:
         "snapshot": lambda: snapshot(state, args.memory_dir, args.repeats),
         "heal": lambda: heal(state, args.device, args.tiny, deadline),
         "dcp": lambda: dcp(state, args.device, args.tiny),
+        "readme_sigkill": lambda: readme_sigkill(args.device, args.memory_dir, deadline),
     }
     for name, run in phases.items():
         try:
             result["phases"][name] = run()
         except Exception as ex:  # pylint: disable=broad-exception-caught  # each phase fails alone, in the JSON
             result["phases"][name] = {"error": f"{type(ex).__name__}: {ex}", "trace": traceback.format_exc()[-2000:]}
-    result["phases"]["readme_sigkill"] = NOT_YET
     timer.cancel()
     emit()
     return 1 if any(isinstance(p, dict) and "error" in p for p in result["phases"].values()) else 0

@@ -16,6 +16,7 @@ processes (the README's has 2): on a 2-core machine running up to 8 nodes they w
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import torch
@@ -33,20 +34,26 @@ def main() -> None:
     parser.add_argument("--global-batch", type=int, default=64)
     parser.add_argument("--epochs", type=int, default=100000)
     parser.add_argument("--step-delay", type=float, default=0.05)
+    parser.add_argument("--device", default="cpu", help="cuda: the README's two lines for a GPU (nccl, the model "
+                        "and batches on the worker's GPU; docs/runtime.md)")
     args = parser.parse_args()
 
-    dist.init_process_group("gloo", timeout=collective_timeout())
+    cuda = args.device == "cuda"
+    if cuda:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=collective_timeout())
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(args.samples, 32), torch.randint(0, 10, (args.samples,)))
     sampler = ElasticSampler(data, global_batch_size=args.global_batch, seed=0)
-    loader = DataLoader(data, batch_sampler=sampler)
+    loader = DataLoader(data, batch_sampler=sampler, pin_memory=cuda)
     model = nn.parallel.DistributedDataParallel(
-        nn.Sequential(nn.Linear(32, args.width), nn.ReLU(), nn.Linear(args.width, 10)))
+        nn.Sequential(nn.Linear(32, args.width), nn.ReLU(), nn.Linear(args.width, 10)).to(args.device))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     state = {"model": model, "optimizer": optimizer, "data": sampler}
 
     ckpt = Checkpointer.from_env()
     for _step, (x, y) in ckpt.batches(state, loader, epochs=args.epochs):
+        x, y = x.to(args.device, non_blocking=True), y.to(args.device, non_blocking=True)
         loss = nn.functional.cross_entropy(model(x), y)
         optimizer.zero_grad()
         loss.backward()
