@@ -342,7 +342,7 @@ def capture_rng() -> dict[str, Any]:
 
 
 def restore_rng(state: dict[str, Any]) -> None:
-    """Set the generators from ``capture_rng``'s items (flat: "python", "cuda.0", ...)."""
+    """Set the generators from ``capture_rng``'s items (its dict, or flat: "python", "cuda.0", ...)."""
     version, gauss = state["python_extra"]
     random.setstate((int(version), tuple(int(v) for v in state["python"].tolist()), gauss))
     torch.set_rng_state(state["torch"])
@@ -352,10 +352,18 @@ def restore_rng(state: dict[str, Any]) -> None:
         kind, pos, has_gauss, cached = state["numpy_extra"]
         keys = state["numpy"].numpy().astype("uint32")
         numpy.random.set_state((str(kind), keys, int(pos), int(has_gauss), float(cached)))
-    cuda = [state[k] for k in sorted((k for k in state if k.startswith("cuda" + SEP)),
-                                     key=lambda k: int(k.split(SEP)[1]))]
+    cuda = cuda_rng_states(state)
     if cuda and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(cuda)
+
+
+def cuda_rng_states(state: dict[str, Any]) -> list[torch.Tensor]:
+    """The CUDA generators' states, one per device, from ``capture_rng``'s own dict (a list under "cuda": what
+    the in-process mode's heal and discarded step restore) or a checkpoint's flat items ("cuda.0", "cuda.1")."""
+    if isinstance(state.get("cuda"), (list, tuple)):
+        return list(state["cuda"])
+    return [state[k] for k in sorted((k for k in state if k.startswith("cuda" + SEP)),
+                                     key=lambda k: int(k.split(SEP)[1]))]
 
 
 # --------------------------------------------------------------------------- the CPU snapshot

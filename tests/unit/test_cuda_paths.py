@@ -4,8 +4,11 @@ tensor restored onto its own device (DCP's placeholders). The peer transfer's de
 test_peer_transfer.py, the cross-node backend's choice in test_replica_backend.py."""
 from __future__ import annotations
 
+import io
+import time
 from typing import Any, Callable
 
+import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
@@ -14,6 +17,7 @@ from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkSt
 
 from azext_elastictrain.runtime import rescue
 from azext_elastictrain.runtime.planners import CheckingLoadPlanner, placeholder
+from azext_elastictrain.runtime.state import cuda_rng_states
 
 
 class FakeStream:
@@ -128,3 +132,28 @@ def test_a_free_tensor_still_restores_through_dcp(tmp_path) -> None:
     planner = CheckingLoadPlanner(free={"ema"})
     dcp.load({"ema": torch.zeros(2)}, storage_reader=FileSystemReader(tmp_path), planner=planner, no_dist=True)
     assert torch.equal(planner.state_dict["ema"], torch.ones(3))
+
+
+def test_the_cuda_generators_come_back_from_capture_rngs_own_dict_not_only_from_a_checkpoints_flat_items() -> None:
+    """A heal and a discarded step restore ``capture_rng()``'s dict, whose CUDA states are a list under "cuda";
+    only the checkpoint's flat "cuda.N" items were read, so on a GPU the newcomer's CUDA generator (dropout) was
+    not its peer's and a discarded step's was not taken back."""
+    a, b, c = (torch.full((4,), i, dtype=torch.uint8) for i in range(3))
+    assert cuda_rng_states({"torch": a, "cuda": [a, b]}) == [a, b]
+    assert cuda_rng_states({"cuda.10": c, "cuda.2": b, "cuda.0": a}) == [a, b, c], "by device index, not by name"
+    assert not cuda_rng_states({"torch": a})
+    pytest.importorskip("torchft")
+    from azext_elastictrain.runtime.peer_transfer import Destination, encode, read_state
+
+    header, tensors = encode({"rng": {"cuda": [a, b]}})  # what the peer transfer carries
+    got = read_state(io.BytesIO(stream(header, tensors)), None, Destination(None, torch.device("cpu")),
+                     time.monotonic() + 5)
+    assert [t.tolist() for t in cuda_rng_states(got["rng"])] == [a.tolist(), b.tolist()]
+
+
+def stream(header: bytes, tensors: list) -> bytes:
+    from azext_elastictrain.runtime.peer_transfer import Offer, write_offer
+
+    out = io.BytesIO()
+    write_offer(out, Offer(1, header, tensors, 0), lambda: True)
+    return out.getvalue()
