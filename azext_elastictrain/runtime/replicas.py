@@ -37,6 +37,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable, Iterator
+from urllib.parse import urlsplit
 
 import torch
 import torch.distributed as dist
@@ -65,6 +66,10 @@ CONNECT_TIMEOUT = timedelta(seconds=10)
 # A quorum request that fails (the coordinator restarting) is tried again this many times before the worker takes
 # the restart path; torchft's TORCHFT_QUORUM_RETRIES overrides it.
 QUORUM_RETRIES = 30
+# Before each step's quorum request, the coordinator's port is tried this long: a coordinator that does not answer
+# (restarting) lets the last quorum train on (ReplicaGroup._coast). A refused port answers at once.
+COORDINATOR_PROBE_TIMEOUT = 0.2
+ENV_COAST = "ELASTICTRAIN_COORDINATOR_COAST"  # "off": wait for the coordinator at every step, as torchft does
 STATE_KEY = "elastictrain"  # the state's name among torchft's state callbacks
 
 
@@ -145,6 +150,9 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         self._checked = (None, 0)  # the members and transfers sent at the last step: a change makes a check due
         self._participants = 0  # the step's participants that train it (a diverged replica does not)
         self.excluded = False  # this replica diverged from the others: it sits the step out and heals after it
+        # the coordinator this node trains on without while it does not answer (ENV_COAST "off": it waits for it)
+        self._coordinator = env.get(launch.ENV_COORDINATOR) if env.get(ENV_COAST) != "off" else None
+        self._coasting = 0  # steps trained with the last quorum while the coordinator did not answer
         self.left = False
 
     def _average_in_backward(self, state: dict[str, Any]) -> Any:
@@ -176,14 +184,20 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
             self._in_backward.reset()
         self.undo.keep()  # before a healing load: a failed heal discards the step back to this state
         torn = self._transport.torn  # a heal that failed midway last step: this one must heal, or no state is left
-        try:
-            self.manager.start_quorum()  # the quorum; a replica behind loads a peer's state here (self._load)
-            rank = self.manager.participating_rank()
-            participants = self.manager.num_participants()
-        except Exception as ex:  # pylint: disable=broad-exception-caught  # any failure: the restart path
-            log.error("no quorum for the step after %d: %s; restarting this worker", last_step, ex)
-            self.close()
-            raise TrainingStopped(last_step, f"in-process recovery: no quorum ({ex})") from ex
+        if self._coast(torn):  # the coordinator is down and nothing failed: the last quorum trains on
+            rank, participants = self.manager.participating_rank(), self.manager.num_participants()
+        else:
+            try:
+                self.manager.start_quorum()  # the quorum; a replica behind loads a peer's state here (self._load)
+                rank = self.manager.participating_rank()
+                participants = self.manager.num_participants()
+            except Exception as ex:  # pylint: disable=broad-exception-caught  # any failure: the restart path
+                log.error("no quorum for the step after %d: %s; restarting this worker", last_step, ex)
+                self.close()
+                raise TrainingStopped(last_step, f"in-process recovery: no quorum ({ex})") from ex
+            if self._coasting:
+                log.warning("the coordinator answers again: %d steps trained without it", self._coasting)
+                self._coasting = 0
         if torn and self._transport.torn:
             self.close()
             raise TrainingStopped(last_step, "in-process recovery: a heal failed midway through this replica's "
@@ -198,6 +212,23 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         self.rank = healthy.index(rank) if rank is not None and not self.excluded else None
         self._participants = len(healthy)
         return Quorum(step, self._participants, self.rank)
+
+    def _coast(self, torn: bool) -> bool:
+        """Whether this step trains with the last quorum, without asking the coordinator: it does not answer (its
+        port refuses or is silent for COORDINATOR_PROBE_TIMEOUT), and nothing failed since the last quorum (no
+        error, no torn heal, this replica in the quorum). The step-start collective then finds out whether every
+        member of that quorum is still there: if one is gone it fails, the step is discarded, and the next step
+        asks the coordinator (waiting for it up to the quorum timeout, as before). So while no node leaves or
+        joins, a coordinator that restarts (a Deployment's pod, the local supervisor) costs no training."""
+        if self._coordinator is None or self.rank is None or torn or self.manager.errored():
+            return False
+        if coordinator_answers(self._coordinator, COORDINATOR_PROBE_TIMEOUT):
+            return False
+        if not self._coasting:
+            log.warning("the coordinator does not answer (%s): training on with the last quorum (%d nodes) while "
+                        "no node leaves or joins", self._coordinator, self._participants)
+        self._coasting += 1
+        return True
 
     def _start_together(self, step: int, rank: int | None, participants: int) -> set[int]:
         """Every participant holds the step's state before the step's collective counts time: a collective that
@@ -378,6 +409,16 @@ def parameters_device(optimizer: torch.optim.Optimizer) -> torch.device:
         for p in group["params"]:
             return p.device
     return default_device()
+
+
+def coordinator_answers(url: str, timeout: float) -> bool:
+    """Whether the coordinator at ``url`` (http://HOST:PORT) accepts a connection within ``timeout`` seconds."""
+    parsed = urlsplit(url if "//" in url else f"http://{url}")
+    try:
+        with socket.create_connection((parsed.hostname or "127.0.0.1", parsed.port or 80), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 def transfer_timeout(state: dict[str, Any], replica: timedelta) -> timedelta:

@@ -1,0 +1,172 @@
+"""Training lost per coordinator loss in the in-process mode: the nodes training on with their last quorum while
+the coordinator is gone (the default) against waiting for it at every step (``ELASTICTRAIN_COORDINATOR_COAST=off``,
+torchft's own behaviour), side by side in one run.
+
+    .venv/bin/python scripts/bench/coordinator_loss.py [--nodes 2] [--kills 5] [--down 3] [--modes coast,wait]
+
+Each mode runs a job of ``--nodes`` replicas of the tests' loop (tests/support/replica_worker.py, ``--step-seconds``
+of compute a step, 0.5 s by default, a coordinator of its own as runtime/coordinator.py with a local job's settings, Azurite for blob). Once every
+node trains, the coordinator is killed ``--kills`` times, each time down ``--down`` seconds, then started again on
+the same address, 10 s apart. Per kill, from the nodes' own records: the training lost, i.e. the window from the
+kill to 10 s after the restart minus the committed steps in it at the undisturbed step time (the median interval of
+the 5 s before the kill), and the steps discarded in it. Medians per mode, JSON on stdout.
+
+A kill that lands while the nodes' quorum request is in flight cannot be trained through: torchft's manager
+retries that request until the coordinator answers (a failed request leaves it unusable), so such a kill costs
+the down time. The request's share of a step is what the nodes' skew at the step boundary makes it: large for a
+0.05 s step (most kills land in it), small for a step of a second.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from azext_elastictrain.core import launch  # noqa: E402
+from tests.support.services import free_port, start_azurite  # noqa: E402
+
+SETTLE = 10.0  # seconds after the restart that count in a kill's window
+
+
+class Node:
+    """A replica process and its committed steps' times, read from its JSON lines as they come."""
+
+    def __init__(self, name: str, env: dict[str, str], logs: Path) -> None:
+        self.committed: list[tuple[int, float]] = []  # (step, time of its record)
+        self.discarded = 0
+        self._last: dict = {}
+        self._log = open(logs / f"{name}.log", "ab")  # pylint: disable=consider-using-with
+        self.proc = subprocess.Popen(  # pylint: disable=consider-using-with
+            [sys.executable, "-m", "tests.support.replica_worker"], cwd=REPO, stdout=subprocess.PIPE,
+            stderr=self._log, env={**env, "ELASTICTRAIN_REPLICA_ID": name, "MASTER_ADDR": "127.0.0.1",
+                                   "MASTER_PORT": str(free_port()), "RANK": "0", "LOCAL_RANK": "0",
+                                   "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"})
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if "verdict" in record:
+                if record["committed"] and self._last.get("step") == record["verdict"]:
+                    self.committed.append((self._last["step"], self._last["time"]))
+                elif not record["committed"]:
+                    self.discarded += 1
+            elif "step" in record:
+                self._last = record
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+        self._log.close()
+
+
+class Coordinator:
+    def __init__(self, logs: Path) -> None:
+        self.port, self.logs, self.proc = free_port(), logs, None
+        self.address = f"http://127.0.0.1:{self.port}"
+        self.start()
+
+    def start(self) -> None:
+        with open(self.logs / "coordinator.log", "ab") as log:
+            self.proc = subprocess.Popen(  # pylint: disable=consider-using-with
+                [sys.executable, "-m", launch.COORDINATOR_MODULE,
+                 *launch.coordinator_args(bind=f"127.0.0.1:{self.port}", min_nodes=1,
+                                          heartbeat_timeout_ms=launch.LOCAL_COORDINATOR_HEARTBEAT_TIMEOUT_MS)],
+                cwd=REPO, stdout=log, stderr=log)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            time.sleep(0.05)
+        raise RuntimeError("the coordinator did not listen")
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+
+
+def run(mode: str, args: argparse.Namespace, azurite, container: str, logs: Path) -> dict:
+    logs.mkdir(parents=True)
+    coordinator = Coordinator(logs)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("ELASTICTRAIN_")},
+           "ELASTICTRAIN_RECOVERY": "in-process", "TORCHFT_LIGHTHOUSE": coordinator.address,
+           "ELASTICTRAIN_REPLICA_HOST": "127.0.0.1", "ELASTICTRAIN_SCHEDULED_EVENTS_URL": "off",
+           launch.ENV_JOB_SECRET: uuid.uuid4().hex, "ELASTICTRAIN_MEMORY_RESCUE": "off",
+           "ELASTICTRAIN_WARM_START": "off", launch.ENV_REPLICA_TIMEOUT: f"{launch.LOCAL_REPLICA_TIMEOUT_SECONDS:g}",
+           "ELASTICTRAIN_CHECKPOINT_URL": f"{azurite.blob_endpoint}/{container}/{mode}-{uuid.uuid4().hex[:6]}",
+           "AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(REPO), "REPLICA_EPOCHS": "1000", "REPLICA_SAMPLES": "240",
+           "ELASTICTRAIN_CHECKPOINT_INTERVAL_STEPS": "100000",
+           "ELASTICTRAIN_COORDINATOR_COAST": "on" if mode == "coast" else "off",
+           "REPLICA_STEP_SECONDS": f"{args.step_seconds:g}"}
+    nodes = [Node(f"node-{i}", env, logs) for i in range(args.nodes)]
+    kills = []
+    try:
+        deadline = time.monotonic() + 180
+        while min(len(n.committed) for n in nodes) < 20:  # every node trains (and some warm-up)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{mode}: the nodes never trained together; see {logs}")
+            time.sleep(0.2)
+        for _ in range(args.kills):
+            time.sleep(5)
+            node = nodes[0]
+            before = [t for _, t in node.committed if t > time.time() - 5]
+            interval = statistics.median(b - a for a, b in zip(before, before[1:]))
+            discarded = node.discarded
+            killed = time.time()
+            coordinator.kill()
+            time.sleep(args.down)
+            coordinator.start()
+            time.sleep(SETTLE)
+            window = time.time() - killed
+            steps = sum(1 for _, t in node.committed if killed <= t)
+            kills.append({"lost_s": round(window - steps * interval, 3), "step_s": round(interval, 4),
+                          "discarded": node.discarded - discarded})
+    finally:
+        for node in nodes:
+            node.stop()
+        coordinator.kill()
+    return {"mode": mode, "kills": kills, "median_lost_s": statistics.median(k["lost_s"] for k in kills),
+            "median_discarded": statistics.median(k["discarded"] for k in kills)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser.add_argument("--nodes", type=int, default=2)
+    parser.add_argument("--kills", type=int, default=5)
+    parser.add_argument("--down", type=float, default=3.0, help="seconds the coordinator stays down each time")
+    parser.add_argument("--step-seconds", type=float, default=0.5,
+                        help="each step's compute (the quorum request's share of a step shrinks as it grows)")
+    parser.add_argument("--modes", default="coast,wait")
+    parser.add_argument("--logs", type=Path, help="keep the nodes' and coordinator's logs here (default: dropped)")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="coordinator-loss-") as tmp:
+        if args.logs is not None:
+            tmp = str(args.logs)
+        with start_azurite(Path(tmp) / "azurite") as azurite:
+            container = "bench"
+            azurite.blob_service_client().create_container(container)
+            results = [run(mode, args, azurite, container, Path(tmp) / mode) for mode in args.modes.split(",")]
+    print(json.dumps({"date": time.strftime("%Y-%m-%d"), "nodes": args.nodes, "down_s": args.down,
+                      "results": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
