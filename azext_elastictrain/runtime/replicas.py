@@ -153,6 +153,8 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         # the coordinator this node trains on without while it does not answer (ENV_COAST "off": it waits for it)
         self._coordinator = env.get(launch.ENV_COORDINATOR) if env.get(ENV_COAST) != "off" else None
         self._coasting = 0  # steps trained with the last quorum while the coordinator did not answer
+        self._reached = False  # while coasting: this step's probe reached the coordinator
+        self._any_reached = False  # ... and the last step-start collective's: some node's probe reached it
         self.left = False
 
     def _average_in_backward(self, state: dict[str, Any]) -> Any:
@@ -197,7 +199,7 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
                 raise TrainingStopped(last_step, f"in-process recovery: no quorum ({ex})") from ex
             if self._coasting:
                 log.warning("the coordinator answers again: %d steps trained without it", self._coasting)
-                self._coasting = 0
+                self._coasting, self._reached, self._any_reached = 0, False, False
         if torn and self._transport.torn:
             self.close()
             raise TrainingStopped(last_step, "in-process recovery: a heal failed midway through this replica's "
@@ -216,18 +218,27 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
     def _coast(self, torn: bool) -> bool:
         """Whether this step trains with the last quorum, without asking the coordinator: it does not answer (its
         port refuses or is silent for COORDINATOR_PROBE_TIMEOUT), and nothing failed since the last quorum (no
-        error, no torn heal, this replica in the quorum). The step-start collective then finds out whether every
-        member of that quorum is still there: if one is gone it fails, the step is discarded, and the next step
-        asks the coordinator (waiting for it up to the quorum timeout, as before). So while no node leaves or
-        joins, a coordinator that restarts (a Deployment's pod, the local supervisor) costs no training."""
+        error, no torn heal, this replica in the quorum). The step-start collective still finds out whether every
+        member of that quorum is there: if one is gone it fails, the step is discarded, and the next step asks the
+        coordinator (waiting for it up to the quorum timeout, as before). So while no node leaves or joins, a
+        coordinator that restarts (a Deployment's pod, the local supervisor) costs no training.
+
+        The nodes end coasting together: each coasting step's probe goes into the step-start collective, and the
+        step after one in which some node reached the coordinator, every node asks it for a quorum (one asking a
+        step before the others got a quorum alone, and the others a failed step and a heal)."""
         if self._coordinator is None or self.rank is None or torn or self.manager.errored():
             return False
+        if self._coasting:
+            if self._any_reached:
+                return False
+            self._reached = coordinator_answers(self._coordinator, COORDINATOR_PROBE_TIMEOUT)
+            self._coasting += 1
+            return True
         if coordinator_answers(self._coordinator, COORDINATOR_PROBE_TIMEOUT):
             return False
-        if not self._coasting:
-            log.warning("the coordinator does not answer (%s): training on with the last quorum (%d nodes) while "
-                        "no node leaves or joins", self._coordinator, self._participants)
-        self._coasting += 1
+        log.warning("the coordinator does not answer (%s): training on with the last quorum (%d nodes) while no "
+                    "node leaves or joins", self._coordinator, self._participants)
+        self._reached, self._any_reached, self._coasting = False, False, 1
         return True
 
     def _start_together(self, step: int, rank: int | None, participants: int) -> set[int]:
@@ -246,7 +257,8 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         due = self.healed or members != self._checked or (
             self._check_every is not None and step % self._check_every == 0)
         self._checked = members
-        flat = self._step_start.vector(rank, participants, due)
+        flat = torch.cat([self._step_start.vector(rank, participants, due),  # and whether a coasting node
+                          torch.tensor([1.0 if self._coasting and self._reached else 0.0], dtype=torch.float64)])
         options = dist.AllreduceOptions()
         options.reduceOp = dist.ReduceOp.SUM
         options.timeout = self.transfer_timeout()
@@ -258,7 +270,8 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
             log.warning("the step's start failed: %s; discarding the step", ex)
             manager.report_error(ex)
             return set()
-        digests = self._step_start.apply(flat, participants)
+        self._any_reached = bool(flat[-1].item() > 0)  # reached the coordinator this step (_coast)
+        digests = self._step_start.apply(flat[:-1], participants)
         _, diverged = winner(digests)
         if diverged:
             log.error("the replicas differ at step %d (digests by replica rank: %s): replica rank(s) %s sit the step "
