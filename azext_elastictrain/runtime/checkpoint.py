@@ -51,7 +51,7 @@ import socket
 import time
 import warnings
 from itertools import islice
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Mapping
 
 from azext_elastictrain.core import catalog, launch
 from azext_elastictrain.core.blobstore import BlobStore
@@ -82,12 +82,12 @@ log = logging.getLogger(__name__)
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
 
-def _env_int(environ: Any, name: str, default: int | None) -> int | None:
+def _env_int(environ: Mapping[str, str], name: str, default: int | None) -> int | None:
     value = environ.get(name)
     return int(value) if value not in (None, "") else default
 
 
-def _env_float(environ: Any, name: str, default: float | None) -> float | None:
+def _env_float(environ: Mapping[str, str], name: str, default: float | None) -> float | None:
     value = environ.get(name)
     return float(value) if value not in (None, "") else default
 
@@ -156,7 +156,8 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.node = os.environ.get(launch.ENV_NODE_NAME) or os.environ.get(launch.ENV_VM_NAME) or socket.gethostname()
         # The step a stop (step() returned True) happened at; the metrics report()ed for the step being trained.
-        self.stopped_at, self._metrics = None, {}  # int | None, dict[str, float]
+        self.stopped_at: int | None = None
+        self._metrics: dict[str, float] = {}
         self._newest_blob: int | None = None  # the newest durable checkpoint in blob, as restore found it
         self._replicas: Any = None  # the node's replica group, while the in-process loop runs
 
@@ -221,7 +222,7 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
 
     # -- construction from the job's environment -------------------------------
     @classmethod
-    def from_env(cls, environ: Any = None, **overrides: Any) -> "Checkpointer":
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Checkpointer":
         """Everything from the environment the job sets (docs/runtime.md); keyword overrides win.
 
         ``ELASTICTRAIN_CHECKPOINT_URL``: blob URL of the job's prefix;

@@ -36,7 +36,7 @@ import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 from urllib.parse import urlsplit
 
 import torch
@@ -73,7 +73,7 @@ ENV_COAST = "ELASTICTRAIN_COORDINATOR_COAST"  # "off": wait for the coordinator 
 STATE_KEY = "elastictrain"  # the state's name among torchft's state callbacks
 
 
-def in_process(environ: Any = None) -> bool:
+def in_process(environ: Mapping[str, str] | None = None) -> bool:
     """Whether this job runs in the in-process recovery mode (launch.ENV_RECOVERY)."""
     return (os.environ if environ is None else environ).get(launch.ENV_RECOVERY) == launch.RECOVERY_IN_PROCESS
 
@@ -90,7 +90,7 @@ class Quorum:
 class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manager's handles and the step's verdict
     """This node's membership in the job, step by step; see the module's docstring."""
 
-    def __init__(self, state: dict[str, Any], *, step: int, environ: Any = None) -> None:
+    def __init__(self, state: dict[str, Any], *, step: int, environ: Mapping[str, str] | None = None) -> None:
         from torchft import Manager
 
         from azext_elastictrain.runtime.peer_transfer import PeerTransport, job_secret

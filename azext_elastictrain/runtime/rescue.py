@@ -55,7 +55,7 @@ import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 import xxhash
@@ -163,7 +163,7 @@ def is_replicated(flat: dict[str, Any]) -> bool:
                for v in flat.values() if isinstance(v, torch.Tensor))
 
 
-def enabled(environ: Any = None) -> bool:
+def enabled(environ: Mapping[str, str] | None = None) -> bool:
     """The memory tier is on unless ``ELASTICTRAIN_MEMORY_RESCUE`` says off."""
     env = os.environ if environ is None else environ
     return env.get(launch.ENV_MEMORY_RESCUE, "on").strip().lower() not in ("off", "0", "false", "no")
@@ -184,7 +184,7 @@ class MemoryTier:
         self.copies = PinnedCopies()  # a device's tensors on their way to the slot
 
     @classmethod
-    def from_env(cls, job_prefix: str, environ: Any = None) -> "MemoryTier | None":
+    def from_env(cls, job_prefix: str, environ: Mapping[str, str] | None = None) -> "MemoryTier | None":
         """The node's tier, or None if ``ELASTICTRAIN_MEMORY_RESCUE`` is off (it is on by default)."""
         env = os.environ if environ is None else environ
         if not enabled(env):
