@@ -51,7 +51,7 @@ import socket
 import time
 import warnings
 from itertools import islice
-from typing import Any, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
 
 from azext_elastictrain.core import catalog, launch
 from azext_elastictrain.core.blobstore import BlobStore
@@ -68,6 +68,9 @@ from azext_elastictrain.runtime.saving import BlobSaver
 from azext_elastictrain.runtime.stepping import Notices, StepPolicy
 from azext_elastictrain.runtime.stopping import PEER_GONE_EXIT_CODE, TrainingStopped
 from azext_elastictrain.runtime.timeouts import peer_timeout
+
+if TYPE_CHECKING:
+    from azext_elastictrain.runtime.replicas import ReplicaGroup
 
 #: In-process mode: how long a node that does not write the final checkpoint waits for the writing node's commit
 #: before it ends (an upload of a large state to blob takes minutes), and how often it looks.
@@ -159,7 +162,7 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
         self.stopped_at: int | None = None
         self._metrics: dict[str, float] = {}
         self._newest_blob: int | None = None  # the newest durable checkpoint in blob, as restore found it
-        self._replicas: Any = None  # the node's replica group, while the in-process loop runs
+        self._replicas: ReplicaGroup | None = None  # the node's replica group, while the in-process loop runs
 
         event_log = progress.EventLog(store, self.job_prefix, rank=self.rank, node=self.node) if events else None
         self._reporter = Reporter(event_log, rank=self.rank, world_size=self.world_size,
