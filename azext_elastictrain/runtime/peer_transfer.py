@@ -69,13 +69,15 @@ JSON_SCALARS = (bool, int, float, str, type(None))
 class Writable(Protocol):  # pylint: disable=too-few-public-methods  # a type: what the sender writes to
     """Where a state is written (the HTTP handler's ``wfile``, a file, ``io.BytesIO``)."""
 
-    def write(self, data: bytes | memoryview, /) -> object: ...
+    def write(self, data: bytes | memoryview, /) -> object:
+        """``data`` onto the stream."""
 
 
 class Readable(Protocol):  # pylint: disable=too-few-public-methods  # a type: what the receiver reads from
     """Where a state is read from (an HTTP response, a file, ``io.BytesIO``): exact reads into a buffer."""
 
-    def readinto(self, buffer: memoryview, /) -> int | None: ...
+    def readinto(self, buffer: memoryview, /) -> int | None:
+        """Read up to ``len(buffer)`` bytes into it; how many (0 or None: none)."""
 
 
 class JobSecretMissing(RuntimeError):

@@ -74,7 +74,7 @@ class Restorer:  # pylint: disable=too-few-public-methods  # one job: restore
         for raw in candidates:
             manifest = layout.Manifest.from_bytes(raw)
             try:
-                outcome, problem = self._load(manifest, tree), ""  # type: ignore[arg-type]
+                outcome, problem = self._load(manifest, cast(StateTree, tree)), ""  # a candidate: a tree
             except StateMismatch as ex:
                 outcome, problem = MISMATCH, str(ex)
             outcome = self.ranks.all_reduce_max([outcome])[0]
@@ -195,7 +195,7 @@ class Restorer:  # pylint: disable=too-few-public-methods  # one job: restore
         raw = self.ranks.broadcast_bytes(own.raw if own is not None else None, holder)
         if own is not None and raw is own.raw:
             return own  # this node holds the same bytes (its checksum was the one agreed on)
-        return self.memory.parse(raw)  # type: ignore[union-attr]
+        return cast(MemoryKeeper, self.memory).parse(raw)  # _from_memory shares only with a memory tier
 
     def _load_memory(self, copy: rescue.MemoryCopy, tree: StateTree, wanted: tuple[int, int]) -> int:
         if not rescue.is_replicated(tree.flat):

@@ -75,7 +75,7 @@ ROUND_VARIABLES = (
 )
 # Every signal torchrun (or a user) may send a worker; SIGKILL cannot be forwarded (the worker notices).
 FORWARDED_SIGNALS: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
-                                       signal.SIGUSR2)
+                                      signal.SIGUSR2)
 SERVER_START_TIMEOUT = 180.0  # importing torch on a busy node
 REQUEST_TIMEOUT = 30.0
 AGENT_POLL_SECONDS = 0.5
