@@ -51,7 +51,7 @@ import socket
 import time
 import warnings
 from itertools import islice
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Generic, Iterable, Iterator, Mapping, TypeVar, cast, overload
 
 from azext_elastictrain.core import catalog, launch
 from azext_elastictrain.core.blobstore import BlobStore
@@ -95,7 +95,10 @@ def _env_float(environ: Mapping[str, str], name: str, default: float | None) -> 
     return float(value) if value not in (None, "") else default
 
 
-class _Setting:
+S = TypeVar("S")
+
+
+class _Setting(Generic[S]):
     """A constructor setting that lives on the collaborator that uses it, read and set through the facade."""
 
     def __init__(self, owner: str):
@@ -105,25 +108,33 @@ class _Setting:
     def __set_name__(self, cls: type, name: str) -> None:
         self.name = name
 
-    def __get__(self, obj: Any, cls: type | None = None) -> Any:
-        return self if obj is None else getattr(getattr(obj, self.owner), self.name)
+    @overload
+    def __get__(self, obj: None, cls: type | None = None) -> _Setting[S]:
+        """On the class: the descriptor."""
 
-    def __set__(self, obj: Any, value: Any) -> None:
+    @overload
+    def __get__(self, obj: object, cls: type | None = None) -> S:
+        """On a Checkpointer: the collaborator's value."""
+
+    def __get__(self, obj: object | None, cls: type | None = None) -> _Setting[S] | S:
+        return self if obj is None else cast(S, getattr(getattr(obj, self.owner), self.name))
+
+    def __set__(self, obj: object, value: S) -> None:
         setattr(getattr(obj, self.owner), self.name, value)
 
 
 class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facade: settings and collaborators
     """Restore, checkpoint at each step as the job needs, finish: see the module's docstring and docs/runtime.md."""
 
-    keep = _Setting("_saver")
-    thread_count = _Setting("_saver")
-    grace_seconds = _Setting("_saver")
-    verify = _Setting("_restorer")
-    interval_steps = _Setting("_policy")
-    interval_seconds = _Setting("_policy")
-    hold_seconds = _Setting("_policy")
-    sigterm_wait_seconds = _Setting("_policy")
-    progress_seconds = _Setting("_reporter")
+    keep: _Setting[int] = _Setting("_saver")
+    thread_count: _Setting[int] = _Setting("_saver")
+    grace_seconds: _Setting[float] = _Setting("_saver")
+    verify: _Setting[bool] = _Setting("_restorer")
+    interval_steps: _Setting[int | None] = _Setting("_policy")
+    interval_seconds: _Setting[float | None] = _Setting("_policy")
+    hold_seconds: _Setting[float] = _Setting("_policy")
+    sigterm_wait_seconds: _Setting[float] = _Setting("_policy")
+    progress_seconds: _Setting[float] = _Setting("_reporter")
 
     def __init__(  # pylint: disable=too-many-locals  # every setting a script may pass
         self,
