@@ -25,7 +25,7 @@ import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 from urllib.parse import urlparse
 
 from azext_elastictrain.core.launch import ENV_CHECKPOINT_URL
@@ -259,7 +259,7 @@ class BlobStore:
         return cls(client, location.prefix, concurrency)
 
     @classmethod
-    def from_env(cls, url: str | None = None, environ: dict[str, Any] | None = None) -> "BlobStore":
+    def from_env(cls, url: str | None = None, environ: Mapping[str, str] | None = None) -> "BlobStore":
         env = os.environ if environ is None else environ
         url = url or env.get(ENV_CHECKPOINT_URL)
         if not url:

@@ -51,7 +51,7 @@ import socket
 import time
 import warnings
 from itertools import islice
-from typing import Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Generic, Iterable, Iterator, Mapping, TypeVar, cast, overload
 
 from azext_elastictrain.core import catalog, launch
 from azext_elastictrain.core.blobstore import BlobStore
@@ -69,6 +69,9 @@ from azext_elastictrain.runtime.stepping import Notices, StepPolicy
 from azext_elastictrain.runtime.stopping import PEER_GONE_EXIT_CODE, TrainingStopped
 from azext_elastictrain.runtime.timeouts import peer_timeout
 
+if TYPE_CHECKING:
+    from azext_elastictrain.runtime.replicas import ReplicaGroup
+
 #: In-process mode: how long a node that does not write the final checkpoint waits for the writing node's commit
 #: before it ends (an upload of a large state to blob takes minutes), and how often it looks.
 FINAL_COMMIT_TIMEOUT_SECONDS = 1800.0
@@ -82,17 +85,20 @@ log = logging.getLogger(__name__)
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
 
-def _env_int(environ: Any, name: str, default: int | None) -> int | None:
+def _env_int(environ: Mapping[str, str], name: str, default: int | None) -> int | None:
     value = environ.get(name)
     return int(value) if value not in (None, "") else default
 
 
-def _env_float(environ: Any, name: str, default: float | None) -> float | None:
+def _env_float(environ: Mapping[str, str], name: str, default: float | None) -> float | None:
     value = environ.get(name)
     return float(value) if value not in (None, "") else default
 
 
-class _Setting:
+S = TypeVar("S")
+
+
+class _Setting(Generic[S]):
     """A constructor setting that lives on the collaborator that uses it, read and set through the facade."""
 
     def __init__(self, owner: str):
@@ -102,25 +108,33 @@ class _Setting:
     def __set_name__(self, cls: type, name: str) -> None:
         self.name = name
 
-    def __get__(self, obj: Any, cls: type | None = None) -> Any:
-        return self if obj is None else getattr(getattr(obj, self.owner), self.name)
+    @overload
+    def __get__(self, obj: None, cls: type | None = None) -> _Setting[S]:
+        """On the class: the descriptor."""
 
-    def __set__(self, obj: Any, value: Any) -> None:
+    @overload
+    def __get__(self, obj: object, cls: type | None = None) -> S:
+        """On a Checkpointer: the collaborator's value."""
+
+    def __get__(self, obj: object | None, cls: type | None = None) -> _Setting[S] | S:
+        return self if obj is None else cast(S, getattr(getattr(obj, self.owner), self.name))
+
+    def __set__(self, obj: object, value: S) -> None:
         setattr(getattr(obj, self.owner), self.name, value)
 
 
 class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facade: settings and collaborators
     """Restore, checkpoint at each step as the job needs, finish: see the module's docstring and docs/runtime.md."""
 
-    keep = _Setting("_saver")
-    thread_count = _Setting("_saver")
-    grace_seconds = _Setting("_saver")
-    verify = _Setting("_restorer")
-    interval_steps = _Setting("_policy")
-    interval_seconds = _Setting("_policy")
-    hold_seconds = _Setting("_policy")
-    sigterm_wait_seconds = _Setting("_policy")
-    progress_seconds = _Setting("_reporter")
+    keep: _Setting[int] = _Setting("_saver")
+    thread_count: _Setting[int] = _Setting("_saver")
+    grace_seconds: _Setting[float] = _Setting("_saver")
+    verify: _Setting[bool] = _Setting("_restorer")
+    interval_steps: _Setting[int | None] = _Setting("_policy")
+    interval_seconds: _Setting[float | None] = _Setting("_policy")
+    hold_seconds: _Setting[float] = _Setting("_policy")
+    sigterm_wait_seconds: _Setting[float] = _Setting("_policy")
+    progress_seconds: _Setting[float] = _Setting("_reporter")
 
     def __init__(  # pylint: disable=too-many-locals  # every setting a script may pass
         self,
@@ -156,9 +170,10 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.node = os.environ.get(launch.ENV_NODE_NAME) or os.environ.get(launch.ENV_VM_NAME) or socket.gethostname()
         # The step a stop (step() returned True) happened at; the metrics report()ed for the step being trained.
-        self.stopped_at, self._metrics = None, {}  # int | None, dict[str, float]
+        self.stopped_at: int | None = None
+        self._metrics: dict[str, float] = {}
         self._newest_blob: int | None = None  # the newest durable checkpoint in blob, as restore found it
-        self._replicas: Any = None  # the node's replica group, while the in-process loop runs
+        self._replicas: ReplicaGroup | None = None  # the node's replica group, while the in-process loop runs
 
         event_log = progress.EventLog(store, self.job_prefix, rank=self.rank, node=self.node) if events else None
         self._reporter = Reporter(event_log, rank=self.rank, world_size=self.world_size,
@@ -221,7 +236,7 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
 
     # -- construction from the job's environment -------------------------------
     @classmethod
-    def from_env(cls, environ: Any = None, **overrides: Any) -> "Checkpointer":
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Checkpointer":
         """Everything from the environment the job sets (docs/runtime.md); keyword overrides win.
 
         ``ELASTICTRAIN_CHECKPOINT_URL``: blob URL of the job's prefix;

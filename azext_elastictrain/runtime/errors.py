@@ -5,6 +5,10 @@ their errors; these helpers find ours in it and say per rank what went wrong.
 """
 from __future__ import annotations
 
+from typing import TypeVar
+
+E = TypeVar("E", bound=BaseException)
+
 
 class CheckpointError(RuntimeError):
     """A checkpoint could not be saved or committed."""
@@ -14,7 +18,7 @@ class FencedError(CheckpointError):
     """Another training already committed this step of the same job."""
 
 
-def cause(ex: BaseException, kind: type[BaseException]) -> "BaseException | None":
+def cause(ex: BaseException, kind: type[E]) -> "E | None":
     """The error of ``kind`` behind a DCP failure (DCP wraps every rank's error), if that is what it was."""
     if isinstance(ex, kind):
         return ex
@@ -36,4 +40,4 @@ def failure_text(ex: BaseException) -> str:
 
 def fenced(ex: BaseException) -> "FencedError | None":
     """The FencedError behind a DCP failure, if that is what it was (on any rank)."""
-    return cause(ex, FencedError)  # type: ignore[return-value]
+    return cause(ex, FencedError)

@@ -26,7 +26,7 @@ class MemoryKeeper:
     def __init__(self, tier: rescue.MemoryTier, *, writer: bool):
         self.tier = tier
         self._keeper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="elastictrain-memory") if writer else None
-        self._keeping: Future | None = None
+        self._keeping: Future[None] | None = None
         self.memory_step: int | None = None  # the newest step this process committed to memory
 
     @property

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Mapping
+from typing import Any, Callable, Mapping, Protocol, cast
 
 import torch
 from torchft.checkpointing import CheckpointTransport
@@ -64,6 +64,20 @@ COMPLETE, TORN = b"COMPLETE", b"TORN\0\0\0\0"  # the trailer: whether the sender
 CHUNK_BYTES = 16 * 2**20  # a socket read or write, and the pinned staging buffer of a CUDA tensor
 MAX_HEADER_BYTES = 64 * 2**20
 JSON_SCALARS = (bool, int, float, str, type(None))
+
+
+class Writable(Protocol):  # pylint: disable=too-few-public-methods  # a type: what the sender writes to
+    """Where a state is written (the HTTP handler's ``wfile``, a file, ``io.BytesIO``)."""
+
+    def write(self, data: bytes | memoryview, /) -> object:
+        """``data`` onto the stream."""
+
+
+class Readable(Protocol):  # pylint: disable=too-few-public-methods  # a type: what the receiver reads from
+    """Where a state is read from (an HTTP response, a file, ``io.BytesIO``): exact reads into a buffer."""
+
+    def readinto(self, buffer: memoryview, /) -> int | None:
+        """Read up to ``len(buffer)`` bytes into it; how many (0 or None: none)."""
 
 
 class JobSecretMissing(RuntimeError):
@@ -190,27 +204,32 @@ def _staging(tensors: list[torch.Tensor]) -> torch.Tensor | None:
     return torch.empty(CHUNK_BYTES, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
 
 
+def _memory(tensor: torch.Tensor) -> memoryview:
+    """A CPU tensor's memory as a memoryview (through numpy: no copy)."""
+    return memoryview(tensor.numpy())  # type: ignore[arg-type]  # numpy declares __buffer__ for Python >= 3.12 only
+
+
 def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor``'s memory as a flat uint8 tensor (a view: writing it writes the tensor)."""
     return tensor.reshape(-1).view(torch.uint8)
 
 
-def write_tensor(out: BinaryIO, tensor: torch.Tensor, staging: torch.Tensor | None) -> None:
+def write_tensor(out: Writable, tensor: torch.Tensor, staging: torch.Tensor | None) -> None:
     """``tensor``'s bytes to ``out``: from its own memory (a CPU tensor, ``staging`` None), or through
     ``staging`` one chunk at a time (a device's: a copy of one chunk at a time, never of the tensor)."""
     flat = _bytes_of(tensor.resolve_conj().resolve_neg().contiguous())
     if staging is None:  # on CPU
-        view = memoryview(flat.numpy())
+        view = _memory(flat)
         for start in range(0, len(view), CHUNK_BYTES):
             out.write(view[start:start + CHUNK_BYTES])
         return
     for start in range(0, flat.numel(), staging.numel()):
         part = staging[:min(staging.numel(), flat.numel() - start)]
         part.copy_(flat[start:start + part.numel()])  # synchronous: the chunk is on the host before it is sent
-        out.write(memoryview(part.numpy()))
+        out.write(_memory(part))
 
 
-def write_offer(out: BinaryIO, offer: Offer, intact: Callable[[], bool]) -> None:
+def write_offer(out: Writable, offer: Offer, intact: Callable[[], bool]) -> None:
     """The whole stream of ``offer``; the trailer says whether ``intact()`` still holds once every byte is out."""
     out.write(MAGIC)
     out.write(struct.pack("<Q", len(offer.header)))
@@ -225,7 +244,7 @@ def write_offer(out: BinaryIO, offer: Offer, intact: Callable[[], bool]) -> None
 
 
 class _Reader:  # pylint: disable=too-few-public-methods  # exact reads against a deadline
-    def __init__(self, stream: BinaryIO, deadline: float) -> None:
+    def __init__(self, stream: Readable, deadline: float) -> None:
         self.stream = stream
         self.deadline = deadline
 
@@ -235,7 +254,7 @@ class _Reader:  # pylint: disable=too-few-public-methods  # exact reads against 
         while done < len(view):
             if time.monotonic() > self.deadline:
                 raise TimeoutError("the peer's state did not arrive within the transfer's timeout")
-            got = self.stream.readinto(view[done:done + CHUNK_BYTES])  # type: ignore[attr-defined]
+            got = self.stream.readinto(view[done:done + CHUNK_BYTES])
             if not got:
                 raise PeerStateError("the peer's state ended early (the peer gone?)")
             done += got
@@ -251,16 +270,16 @@ def read_tensor(reader: _Reader, target: torch.Tensor, staging: torch.Tensor | N
     None), or through ``staging`` one chunk at a time (a device's)."""
     flat = _bytes_of(target)
     if staging is None:  # on CPU
-        reader.into(memoryview(flat.numpy()))
+        reader.into(_memory(flat))
         return
     for start in range(0, flat.numel(), staging.numel()):
         part = staging[:min(staging.numel(), flat.numel() - start)]
-        reader.into(memoryview(part.numpy()))
+        reader.into(_memory(part))
         flat[start:start + part.numel()].copy_(part)  # synchronous: the chunk is reused for the next read
 
 
 def _shape(meta: dict[str, Any]) -> tuple[torch.dtype, torch.Size, int]:
-    dtype = DTYPES.get(meta.get("dtype"))  # type: ignore[arg-type]
+    dtype = DTYPES.get(meta.get("dtype", ""))
     shape = meta.get("shape")
     if dtype is None or not isinstance(shape, list) or not all(
             isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
@@ -280,9 +299,10 @@ class Decoder:  # pylint: disable=too-few-public-methods  # a header's tree and 
     """The tree of a header, its tensors received into the destination's where they fit (``read``)."""
 
     def __init__(self, header: dict[str, Any], destination: Destination) -> None:
-        self.metas = header.get("tensors")
-        if not isinstance(self.metas, list):
+        metas = header.get("tensors")
+        if not isinstance(metas, list):
             raise PeerStateError("the peer's header lists no tensors")
+        self.metas: list[Any] = metas  # each a dict (the peer's JSON: _shape reads it)
         self.destination = destination
         self.slots: list[tuple[torch.Tensor, bool] | None] = [None] * len(self.metas)  # (where to, into local)
         self.tree = self._build(header.get("tree"), destination.tree)
@@ -314,7 +334,7 @@ class Decoder:  # pylint: disable=too-few-public-methods  # a header's tree and 
         mine = _local_tensor(local)
         if mine is not None and mine.dtype == dtype and mine.shape == shape and mine.is_contiguous():
             self.slots[index] = (mine, True)
-            return local  # the receiver's own tensor (a DTensor whole): loading it back is a no-op
+            return cast(torch.Tensor, local)  # the receiver's own tensor (a DTensor whole): loading it back is a no-op
         if meta.get("sharded"):
             raise PeerStateError(f"the peer sent a shard of {shape} {dtype} that this replica holds no "
                                  "matching shard for (another sharding?)")
@@ -324,7 +344,7 @@ class Decoder:  # pylint: disable=too-few-public-methods  # a header's tree and 
         return tensor
 
 
-def read_state(stream: BinaryIO, length: int | None, destination: Destination, deadline: float,
+def read_state(stream: Readable, length: int | None, destination: Destination, deadline: float,
                on_write: Callable[[], None] = lambda: None) -> Any:
     """A state from ``stream`` (``write_offer``'s format), its tensors received into ``destination``'s.
     ``on_write`` is called before the first byte goes into one of the destination's own tensors."""
@@ -360,7 +380,8 @@ def read_state(stream: BinaryIO, length: int | None, destination: Destination, d
 # --------------------------------------------------------------------------- the transport
 
 
-class PeerTransport(CheckpointTransport):  # pylint: disable=too-many-instance-attributes
+# torchft ships no types (no py.typed): its CheckpointTransport reads as Any
+class PeerTransport(CheckpointTransport):  # type: ignore[misc]  # pylint: disable=too-many-instance-attributes
     """Serves this replica's state for one step over HTTP; fetches a peer's into this replica's tensors."""
 
     def __init__(self, host: str, *, timeout: Callable[[], timedelta], secret: str, bind: str,
@@ -446,7 +467,7 @@ class PeerTransport(CheckpointTransport):  # pylint: disable=too-many-instance-a
                     raise
             time.sleep(0.02)
 
-    def _receive(self, response: BinaryIO, length: int | None, deadline: float) -> Any:
+    def _receive(self, response: Readable, length: int | None, deadline: float) -> Any:
         writing = False
 
         def on_write() -> None:

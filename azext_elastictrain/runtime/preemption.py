@@ -105,7 +105,8 @@ def _imds_request(opener: urllib.request.OpenerDirector, url: str, timeout: floa
     request = urllib.request.Request(url, data=data, headers=headers,
                                      method="GET" if data is None else "POST")
     with opener.open(request, timeout=timeout) as response:
-        return response.read()
+        payload: bytes = response.read()  # urllib types the response as Any
+        return payload
 
 
 def _concerns(event: dict[str, Any], vm_name: str | None) -> bool:

@@ -50,7 +50,7 @@ class EventLog:
         self._name = layout.events_name(job_prefix)
         self._rank = rank
         self._node = node or socket.gethostname()
-        self._queue: queue.Queue = queue.Queue()
+        self._queue: queue.Queue[dict[str, Any] | object] = queue.Queue()  # the records, then _STOP
         self._thread = threading.Thread(target=self._drain, name="elastictrain-events", daemon=True)
         self._thread.start()
 

@@ -21,7 +21,7 @@ Pure but for torch: no process group here (the caller runs the collective).
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import torch
 
@@ -37,7 +37,7 @@ _PARTS = 3
 _INTEGER_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-def check_every(environ: Any) -> int | None:
+def check_every(environ: Mapping[str, str]) -> int | None:
     """Steps between two periodic checks, from ENV_CHECK_STEPS (None: "off"); the default otherwise."""
     text = (environ.get(ENV_CHECK_STEPS) or "").strip().lower()
     if text == "off":

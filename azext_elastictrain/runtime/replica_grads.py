@@ -15,6 +15,7 @@ hands each bucket its part back. DDP waits for every bucket's future at the end 
 No ``from __future__ import annotations`` here: DDP checks the hook's annotations as objects
 (``bucket: dist.GradBucket``, ``-> torch.futures.Future[torch.Tensor]``).
 """
+from datetime import timedelta
 from typing import Any, Callable, List, Optional, Tuple
 
 import torch
@@ -35,7 +36,8 @@ class CrossReplicaAverage:
         self.allreduce = allreduce
         self.averaged = 0
         # per bucket: DDP's average within the node, the future handed to DDP, its gradients and parameters
-        self._pending: List[Tuple[Any, Any, List[torch.Tensor], List[Any]]] = []
+        self._pending: List[Tuple[torch.futures.Future[torch.Tensor], torch.futures.Future[torch.Tensor],
+                                  List[torch.Tensor], List[torch.Tensor]]] = []
 
     def reset(self) -> None:
         self.averaged = 0
@@ -43,7 +45,7 @@ class CrossReplicaAverage:
     def average(self, state: Any, bucket: dist.GradBucket  # pylint: disable=unused-argument  # DDP's signature
                 ) -> torch.futures.Future[torch.Tensor]:
         within = allreduce_hook(None, bucket)  # type: ignore[arg-type]  # None: the default group (the node)
-        done: Any = torch.futures.Future()
+        done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
         self._pending.append((within, done, bucket.gradients(), bucket.parameters()))
         if bucket.is_last():
             self._across_nodes()
@@ -68,7 +70,7 @@ class CrossReplicaAverage:
             self.averaged += 1
         except Exception as ex:  # pylint: disable=broad-exception-caught  # every bucket's future carries it
             for _within, done, _g, _p in pending:
-                done.set_exception(ex)
+                done.set_exception(ex)  # type: ignore[arg-type]  # torch annotates its argument as T, not an exception
             return
         for (_within, done, _g, _p), buffer in zip(pending, buffers):
             done.set_result(buffer)
@@ -114,10 +116,10 @@ def nccl_version() -> Optional[Tuple[int, ...]]:
     """This process's NCCL version, or None where torch has no NCCL or no CUDA device is visible."""
     if not (torch.cuda.is_available() and dist.is_nccl_available()):
         return None
-    return tuple(torch.cuda.nccl.version())
+    return tuple(torch.cuda.nccl.version())  # type: ignore[no-untyped-call]  # torch leaves it unannotated
 
 
-def replica_process_group(device: torch.device, timeout: Any) -> Any:
+def replica_process_group(device: torch.device, timeout: timedelta) -> Any:
     """torchft's reconfigurable process group for the cross-node average of tensors on ``device``."""
     import torchft
 

@@ -36,7 +36,7 @@ import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 from urllib.parse import urlsplit
 
 import torch
@@ -48,6 +48,9 @@ from azext_elastictrain.runtime.loop import samplers_in
 from azext_elastictrain.runtime.state import capture_rng, modules_in, restore_rng
 from azext_elastictrain.runtime.stopping import TrainingStopped
 from azext_elastictrain.runtime.timeouts import replica_timeout
+
+if TYPE_CHECKING:
+    from azext_elastictrain.runtime.torchft_types import ReplicaManager
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +76,7 @@ ENV_COAST = "ELASTICTRAIN_COORDINATOR_COAST"  # "off": wait for the coordinator 
 STATE_KEY = "elastictrain"  # the state's name among torchft's state callbacks
 
 
-def in_process(environ: Any = None) -> bool:
+def in_process(environ: Mapping[str, str] | None = None) -> bool:
     """Whether this job runs in the in-process recovery mode (launch.ENV_RECOVERY)."""
     return (os.environ if environ is None else environ).get(launch.ENV_RECOVERY) == launch.RECOVERY_IN_PROCESS
 
@@ -90,7 +93,7 @@ class Quorum:
 class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manager's handles and the step's verdict
     """This node's membership in the job, step by step; see the module's docstring."""
 
-    def __init__(self, state: dict[str, Any], *, step: int, environ: Any = None) -> None:
+    def __init__(self, state: dict[str, Any], *, step: int, environ: Mapping[str, str] | None = None) -> None:
         from torchft import Manager
 
         from azext_elastictrain.runtime.peer_transfer import PeerTransport, job_secret
@@ -125,7 +128,7 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         self._pg = replica_process_group(self.device, self.timeout)
         # Synchronous quorum: a replica behind loads the peer's state inside start_quorum, before its body (with
         # torchft's asynchronous one it loads in should_commit, after a body run on its own stale state and batch).
-        self.manager = Manager(
+        self.manager: ReplicaManager = Manager(
             pg=self._pg, load_state_dict=None, state_dict=None,
             min_replica_size=1, use_async_quorum=False, init_sync=True,
             timeout=max(self.timeout, CONTROL_TIMEOUT), quorum_timeout=QUORUM_TIMEOUT, connect_timeout=CONNECT_TIMEOUT,
@@ -147,7 +150,8 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
 
         self._step_start = StepStart(state, self.optimizer)  # buffers made one, replicas checked (replica_check.py)
         self._check_every = check_every(env)
-        self._checked = (None, 0)  # the members and transfers sent at the last step: a change makes a check due
+        # the members and transfers sent at the last step: a change makes a check due
+        self._checked: tuple[int | None, int] = (None, 0)
         self._participants = 0  # the step's participants that train it (a diverged replica does not)
         self.excluded = False  # this replica diverged from the others: it sits the step out and heals after it
         # the coordinator this node trains on without while it does not answer (ENV_COAST "off": it waits for it)
@@ -260,7 +264,7 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         flat = torch.cat([self._step_start.vector(rank, participants, due),  # and whether a coasting node
                           torch.tensor([1.0 if self._coasting and self._reached else 0.0], dtype=torch.float64)])
         options = dist.AllreduceOptions()
-        options.reduceOp = dist.ReduceOp.SUM
+        options.reduceOp = dist.ReduceOp.SUM  # type: ignore[assignment]  # torch's stub: the option takes the RedOpType
         options.timeout = self.transfer_timeout()
         try:
             on_device = flat.to(self.device)
@@ -325,7 +329,7 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         if self.rank is None:  # healing, or diverged: its gradient does not count
             flat.zero_()
         options = dist.AllreduceOptions()
-        options.reduceOp = dist.ReduceOp.SUM
+        options.reduceOp = dist.ReduceOp.SUM  # type: ignore[assignment]  # torch's stub: the option takes the RedOpType
         options.timeout = self.timeout  # every participant holds the state already (_start_together)
         try:
             self._pg.allreduce([flat], options).wait()
@@ -419,7 +423,8 @@ def parameters_device(optimizer: torch.optim.Optimizer) -> torch.device:
     from azext_elastictrain.runtime.peer_transfer import default_device
 
     for group in optimizer.param_groups:
-        for p in group["params"]:
+        params: list[torch.Tensor] = group["params"]
+        for p in params:
             return p.device
     return default_device()
 
@@ -630,7 +635,7 @@ def scalers_in(value: Any) -> list[torch.amp.GradScaler]:
 
 def the_optimizer(state: dict[str, Any]) -> torch.optim.Optimizer:
     """The state's one optimizer, with its model a DDP: what the in-process mode adapts (see the docstring)."""
-    found: list[Any] = []
+    found: list[torch.optim.Optimizer] = []
 
     def walk(value: Any) -> None:
         if isinstance(value, torch.optim.Optimizer):

@@ -7,7 +7,7 @@ honestly where the job got to (``interrupted``), and rate-limits ``progress`` ev
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from azext_elastictrain.runtime import progress
 
@@ -61,7 +61,7 @@ class Reporter:  # pylint: disable=too-many-instance-attributes  # the step coun
         self._samples += samples or 0
         now = self._clock()
         first = self._last_report is None
-        if not first and now - self._last_report < self.progress_seconds:
+        if self._last_report is not None and now - self._last_report < self.progress_seconds:
             return
         elapsed = now - self._since
         # no rate from the first step: its time since start includes the restore
@@ -85,7 +85,8 @@ class Reporter:  # pylint: disable=too-many-instance-attributes  # the step coun
         if self.finished or self.interruption_recorded or self.events is None or self.last_step is None:
             return
         self.interruption_recorded = True
-        step, step_time = self.last_step, self.last_step_time
+        # completed() sets both at once: a last step has its time
+        step, step_time = self.last_step, cast(float, self.last_step_time)
         if self.reached_step is not None and self.reached_step[0] > step:
             # its optimizer step ran on gradients every rank reduced (its node's memory copy holds it, and a
             # survivor resumes from it): the step the world reached, though a peer died before agreeing on it

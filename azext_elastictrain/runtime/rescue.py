@@ -55,13 +55,17 @@ import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Mapping, TypedDict
 
 import torch
 import xxhash
 from torch.distributed.checkpoint import StorageReader
 
 from azext_elastictrain.core import launch
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.metadata import Metadata
+    from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +106,17 @@ class Capture:
     header: bytes
     end: int  # where the data ends (the header goes there)
     pending: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # (slot view, pinned buffer)
-    event: Any = None  # the CUDA event after the device-to-host copies
+    event: torch.cuda.Event | None = None  # the CUDA event after the device-to-host copies
+
+
+class Entry(TypedDict):
+    """One tensor in a copy's header: its key, dtype name (``float32``), shape and bytes at ``offset``."""
+
+    key: str
+    dtype: str
+    shape: list[int]
+    offset: int
+    nbytes: int
 
 
 class PinnedCopies:
@@ -134,9 +148,9 @@ class PinnedCopies:
         """The copy queued on the current stream, ahead of whatever the next step queues there."""
         pinned.copy_(source, non_blocking=True)
 
-    def recorded(self) -> Any:
+    def recorded(self) -> torch.cuda.Event:
         """An event after every copy queued so far (``synchronize()``: they have landed)."""
-        event = torch.cuda.Event()
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch leaves Event.__init__ unannotated
         event.record()
         return event
 
@@ -152,6 +166,11 @@ def _dtype(name: str) -> torch.dtype:
     return dtype
 
 
+def _step_or(step: int | None, default: int) -> int:
+    """A slot's step, or ``default`` where it holds none."""
+    return default if step is None else step
+
+
 def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
@@ -163,7 +182,7 @@ def is_replicated(flat: dict[str, Any]) -> bool:
                for v in flat.values() if isinstance(v, torch.Tensor))
 
 
-def enabled(environ: Any = None) -> bool:
+def enabled(environ: Mapping[str, str] | None = None) -> bool:
     """The memory tier is on unless ``ELASTICTRAIN_MEMORY_RESCUE`` says off."""
     env = os.environ if environ is None else environ
     return env.get(launch.ENV_MEMORY_RESCUE, "on").strip().lower() not in ("off", "0", "false", "no")
@@ -184,7 +203,7 @@ class MemoryTier:
         self.copies = PinnedCopies()  # a device's tensors on their way to the slot
 
     @classmethod
-    def from_env(cls, job_prefix: str, environ: Any = None) -> "MemoryTier | None":
+    def from_env(cls, job_prefix: str, environ: Mapping[str, str] | None = None) -> "MemoryTier | None":
         """The node's tier, or None if ``ELASTICTRAIN_MEMORY_RESCUE`` is off (it is on by default)."""
         env = os.environ if environ is None else environ
         if not enabled(env):
@@ -203,7 +222,8 @@ class MemoryTier:
         After this returns the live tensors may change (CUDA: the copies are queued on the current
         stream, ahead of anything the next step queues). Call ``commit`` before the next ``capture``.
         """
-        entries, offset = [], DATA_START
+        entries: list[Entry] = []
+        offset = DATA_START
         for key, tensor in tensors.items():
             nbytes = _nbytes(tensor)
             entries.append({"key": key, "dtype": str(tensor.dtype).removeprefix("torch."),
@@ -252,7 +272,7 @@ class MemoryTier:
         """The slot to write: not the one holding the newest committed copy. A slot at ``step`` or past it
         (a history a restore abandoned) is cleared: it must never win over the copy being written."""
         found = {slot: self._peek(slot) for slot in range(SLOTS)}
-        newest = max(found, key=lambda s: -1 if found[s] is None else found[s])  # type: ignore[arg-type,return-value]
+        newest = max(found, key=lambda s: _step_or(found[s], -1))
         target = (newest + 1) % SLOTS if found[newest] is not None else 0
         for slot, held in found.items():
             if slot != target and held is not None and held >= step:
@@ -310,7 +330,7 @@ class MemoryTier:
         (and why, logged)."""
         # Newest commit word first: the older slot is checked (a checksum over the whole state) only if it fails.
         peeked = {slot: self._peek(slot) for slot in range(SLOTS)}
-        for slot in sorted((s for s in peeked if peeked[s] is not None), key=lambda s: -peeked[s]):
+        for slot in sorted((s for s in peeked if peeked[s] is not None), key=lambda s: -_step_or(peeked[s], -1)):
             copy = self._read_slot(self.paths[slot])
             if copy is not None:
                 return copy
@@ -389,10 +409,10 @@ class MemoryStateReader(StorageReader):
     def __init__(self, tensors: dict[str, torch.Tensor]):
         self.tensors = tensors
 
-    def reset(self, checkpoint_id: Any = None) -> None:
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         pass
 
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         from torch.distributed.checkpoint.metadata import (
             ChunkStorageMetadata, Metadata, TensorProperties, TensorStorageMetadata,
         )
@@ -404,16 +424,16 @@ class MemoryStateReader(StorageReader):
             ) for key, t in self.tensors.items()
         })
 
-    def set_up_storage_reader(self, metadata: Any, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         pass
 
-    def prepare_local_plan(self, plan: Any) -> Any:
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
         return plan
 
-    def prepare_global_plan(self, plans: list[Any]) -> list[Any]:
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
         return plans
 
-    def read_data(self, plan: Any, planner: Any) -> Any:
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> torch.futures.Future[None]:
         from torch.futures import Future
 
         for item in plan.items:
@@ -423,10 +443,10 @@ class MemoryStateReader(StorageReader):
             target = planner.resolve_tensor(item).detach()
             target.copy_(source)
             planner.commit_tensor(item, target)
-        done: Future = Future()
+        done: Future[None] = Future()
         done.set_result(None)
         return done
 
     @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
         return True

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -74,7 +74,7 @@ class Restorer:  # pylint: disable=too-few-public-methods  # one job: restore
         for raw in candidates:
             manifest = layout.Manifest.from_bytes(raw)
             try:
-                outcome, problem = self._load(manifest, tree), ""  # type: ignore[arg-type]
+                outcome, problem = self._load(manifest, cast(StateTree, tree)), ""  # a candidate: a tree
             except StateMismatch as ex:
                 outcome, problem = MISMATCH, str(ex)
             outcome = self.ranks.all_reduce_max([outcome])[0]
@@ -162,7 +162,7 @@ class Restorer:  # pylint: disable=too-few-public-methods  # one job: restore
         tree = entries.tree(state) if copy is not None else None
         if tree is not None and not rescue.is_replicated(tree.flat):
             copy = None  # sharded: one node's copy is not the whole state
-        offers = self.ranks.all_gather((copy.step, copy.checksum) if copy else (-1, 0))
+        offers: list[tuple[int, int]] = self.ranks.all_gather((copy.step, copy.checksum) if copy else (-1, 0))
         best = max(step for step, _ in offers)
         if best < 0 or (newest_blob is not None and best < newest_blob):
             return None  # nothing in memory, or only older than blob's newest
@@ -180,6 +180,7 @@ class Restorer:  # pylint: disable=too-few-public-methods  # one job: restore
         if self.ranks.all_reduce_max([outcome])[0] != LOADED:
             log.warning("the in-memory state of step %d is not usable on every rank; restoring from blob", best)
             return None
+        shared = cast(rescue.MemoryCopy, shared)  # every rank loaded it: this one's share did not fail
         seconds = time.monotonic() - started
         if self.ranks.rank == 0:
             log.info("restored step %d from memory (holder rank %d) in %.2fs", best, holder, seconds)
@@ -194,7 +195,7 @@ class Restorer:  # pylint: disable=too-few-public-methods  # one job: restore
         raw = self.ranks.broadcast_bytes(own.raw if own is not None else None, holder)
         if own is not None and raw is own.raw:
             return own  # this node holds the same bytes (its checksum was the one agreed on)
-        return self.memory.parse(raw)  # type: ignore[union-attr]
+        return cast(MemoryKeeper, self.memory).parse(raw)  # _from_memory shares only with a memory tier
 
     def _load_memory(self, copy: rescue.MemoryCopy, tree: StateTree, wanted: tuple[int, int]) -> int:
         if not rescue.is_replicated(tree.flat):

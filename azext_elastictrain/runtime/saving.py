@@ -47,7 +47,7 @@ class BlobSaver:  # pylint: disable=too-many-instance-attributes  # the settings
         self._clock = clock
         self._snapshotter = Snapshotter()
         self._uploader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="elastictrain-save")
-        self.pending: Future | None = None
+        self.pending: Future[None] | None = None
         self._error: BaseException | None = None
         self.last_saved_step: int | None = None
         self.last_save_time = clock()

@@ -24,7 +24,7 @@ import copy
 import json
 import random
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.distributed.checkpoint.stateful import Stateful
@@ -331,12 +331,14 @@ def capture_rng() -> dict[str, Any]:
     try:
         import numpy
 
-        kind, keys, pos, has_gauss, cached = numpy.random.get_state()
+        # the legacy tuple: the global RandomState is always an MT19937 (a dict only for other bit generators)
+        kind, keys, pos, has_gauss, cached = cast("tuple[str, numpy.ndarray[Any, Any], int, int, float]",
+                                                  numpy.random.get_state())
         state["numpy"] = torch.from_numpy(keys.astype("int64"))
         state["numpy_extra"] = [kind, int(pos), int(has_gauss), float(cached)]
     except ImportError:  # pragma: no cover - numpy ships with the train extra
         pass
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]  # torch: untyped
         state["cuda"] = list(torch.cuda.get_rng_state_all())
     return state
 
@@ -379,7 +381,7 @@ class Snapshotter:  # pylint: disable=too-few-public-methods  # one operation wi
         copied = {key: self._copy(key, value) for key, value in flat.items()}
         for stale in set(self._buffers) - set(flat):
             del self._buffers[stale]
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
+        if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]  # torch: untyped
             torch.cuda.synchronize()  # the non-blocking device->host copies must land
         return copied
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from azext_elastictrain.core import launch
 from azext_elastictrain.runtime import progress
@@ -30,10 +30,10 @@ log = logging.getLogger(__name__)
 SIGTERM = "sigterm"  # a notice's source when the process got SIGTERM (runtime/preemption.py)
 
 
-def node_leaving(environ: Any = None) -> bool:
+def node_leaving(environ: Mapping[str, str] | None = None) -> bool:
     """True once this node itself is going (its pod deleted, a local node stopped): launch.ENV_NODE_LEAVING_FILE."""
     path = (os.environ if environ is None else environ).get(launch.ENV_NODE_LEAVING_FILE)
-    return bool(path) and os.path.exists(path)
+    return bool(path and os.path.exists(path))
 
 
 class Notices:
@@ -106,7 +106,9 @@ class StepPolicy:  # pylint: disable=too-many-instance-attributes  # the setting
         """An interval save is due at ``step`` (every ``interval_steps``, or ``interval_seconds`` since the last)."""
         if self.interval_steps and step % self.interval_steps == 0:
             return True
-        return bool(self.interval_seconds) and self._clock() - self._last_save_time() >= self.interval_seconds
+        if not self.interval_seconds:
+            return False
+        return self._clock() - self._last_save_time() >= self.interval_seconds
 
     def at_step(self, step: int, state: dict[str, Any], *, samples: float | None,
                 metrics: dict[str, float] | None) -> bool:

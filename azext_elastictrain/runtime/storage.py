@@ -92,7 +92,7 @@ class BlobFileSystem(FileSystemBase):
         if "w" in mode:
             writer = self.store.open_writer(name)
             try:
-                yield writer  # type: ignore[misc]
+                yield writer  # type: ignore[misc]  # file-like (write, close), not an io.IOBase: all DCP uses
             except BaseException:
                 writer.abort()
                 raise
@@ -101,7 +101,7 @@ class BlobFileSystem(FileSystemBase):
             entry = (self.expected or {}).get(name)
             if entry is None:
                 raise NotFound(f"{name} is not part of the checkpoint's manifest")
-            yield MemoryReader(self.store.download(name, entry.size, entry.sha256 or None))  # type: ignore[misc]
+            yield MemoryReader(self.store.download(name, entry.size, entry.sha256 or None))
 
     def concat_path(self, path: Any, suffix: str) -> str:
         return layout.join(str(path), suffix)
@@ -134,6 +134,10 @@ class BlobCheckpointWriter(FileSystemWriter):  # pylint: disable=too-many-ancest
     every blob is written with ``If-None-Match: *``. ``commit`` is called on the
     coordinator after ``.metadata`` is written, with the attempt's files.
     """
+
+    # torch types its writer's fs as its own FileSystem, though DCP calls only FileSystemBase's hooks on it
+    fs: BlobFileSystem  # type: ignore[assignment]
+    path: str  # a blob name prefix
 
     def __init__(
         self,
@@ -178,6 +182,10 @@ class BlobCheckpointReader(FileSystemReader):
     Sizes are always checked; checksums too when ``verify`` (the default: the
     bytes are in hand anyway and hashing overlaps the download).
     """
+
+    # torch types its reader's fs as its own FileSystem, though DCP calls only FileSystemBase's hooks on it
+    fs: BlobFileSystem  # type: ignore[assignment]
+    path: str  # a blob name prefix
 
     def __init__(self, store: BlobStore, job_prefix: str, manifest: layout.Manifest, verify: bool = True):
         super().__init__(path=layout.writer_prefix(job_prefix, manifest.step, manifest.writer))

@@ -51,7 +51,8 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from types import FrameType
+from typing import Any, NoReturn, cast
 
 from azext_elastictrain.core.launch import (
     ENV_WARM_DIR, ENV_WARM_IMPORTS, ENV_WARM_START, SCRIPT_SEPARATOR, TORCHRUN_MODULE, WARM_START_MODULE)
@@ -73,7 +74,8 @@ ROUND_VARIABLES = (
     "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCHELASTIC_SIGNALS_TO_HANDLE",
 )
 # Every signal torchrun (or a user) may send a worker; SIGKILL cannot be forwarded (the worker notices).
-FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+FORWARDED_SIGNALS: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+                                      signal.SIGUSR2)
 SERVER_START_TIMEOUT = 180.0  # importing torch on a busy node
 REQUEST_TIMEOUT = 30.0
 AGENT_POLL_SECONDS = 0.5
@@ -267,23 +269,25 @@ def _try_connect(path: Path) -> socket.socket | None:
 
 
 def _peer_uid(conn: socket.socket) -> int:
-    _pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    _pid, uid, _gid = cast("tuple[int, int, int]",
+                           struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)))
     return uid
 
 
-def _read_line(conn: socket.socket) -> dict | None:
+def _read_line(conn: socket.socket) -> dict[str, Any] | None:
     data = b""
     while not data.endswith(b"\n"):
         chunk = conn.recv(4096)
         if not chunk:
             return None
         data += chunk
-    return json.loads(data)
+    line: dict[str, Any] = json.loads(data)  # one JSON object a line: this module writes both ends
+    return line
 
 
 def _follow(conn: socket.socket, pid: int) -> NoReturn:
     """Be the worker for torchrun: pass on its signals, end as the worker ended."""
-    def forward(signum, _frame):
+    def forward(signum: int, _frame: FrameType | None) -> None:
         try:
             os.kill(pid, signum)
         except ProcessLookupError:
@@ -316,7 +320,7 @@ class WorkerOrder:
 
     conn: socket.socket
     argv: list[str]
-    env: dict
+    env: dict[str, str]
     cwd: str
     fds: list[int]
 
@@ -405,7 +409,7 @@ class _Server:
         self.workers[pid] = conn
         return None
 
-    def _become_worker(self, conn: socket.socket, request: dict, fds: list[int]) -> WorkerOrder:
+    def _become_worker(self, conn: socket.socket, request: dict[str, Any], fds: list[int]) -> WorkerOrder:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         for sock in (self.listener, self.wake_r, self.wake_w, *self.workers.values()):
@@ -513,10 +517,12 @@ def run_worker(order: WorkerOrder) -> NoReturn:
     os.environ.clear()
     os.environ.update(order.env)
     # `python -u`: unbuffered standard streams, now on the launcher's descriptors.
-    sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
-    sys.stdout = sys.__stdout__ = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
-    sys.stderr = sys.__stderr__ = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True,
-                                                   errors="backslashreplace")
+    # (typeshed declares sys.__stdin__ and the others Final; a forked worker must replace them all the same)
+    sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))  # type: ignore[misc]
+    sys.stdout = sys.__stdout__ = io.TextIOWrapper(  # type: ignore[misc]
+        io.FileIO(1, "w", closefd=False), write_through=True)
+    sys.stderr = sys.__stderr__ = io.TextIOWrapper(  # type: ignore[misc]
+        io.FileIO(2, "w", closefd=False), write_through=True, errors="backslashreplace")
     script = order.argv[0]
     sys.argv = list(order.argv)
     sys.path[0] = str(Path(script).resolve().parent)
