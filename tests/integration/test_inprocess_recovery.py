@@ -468,7 +468,9 @@ def test_peer_dies_mid_state_transfer_the_newcomer_heals_from_another(job, tmp_p
 
     The kill follows the newcomer's log line naming its source, and may land after a fast transfer: then the
     scenario is tried again with the two live replicas and another newcomer (each try kills the serving peer)."""
-    big = {"REPLICA_EPOCHS": "40", "REPLICA_PAD_MB": "256"}
+    # 400 steps: a try's newcomer starts in about 50 of them here and the survivors wait out its kill, so three
+    # tries fit twice over (every step copies the state: 40 epochs spent a minute more after the heal)
+    big = {"REPLICA_EPOCHS": "20", "REPLICA_PAD_MB": "256"}
     everyone = [job.start(f"node-{i}", **big) for i in range(2)]
     live = list(everyone)
     wait_for(lambda: all(r.records and r.records[-1]["ranks"] == 2 for r in live), 120, "2 replicas")
@@ -509,7 +511,9 @@ def test_newcomer_whose_state_takes_longer_than_the_replica_timeout_is_admitted(
     the two others wait for the transfer in its first step, and it trains with them from the next. Before, their
     collective gave up after the replica timeout, they trained on without it and it was behind again: never
     admitted, each try a discarded step for everyone."""
-    big = {"REPLICA_EPOCHS": "30", "REPLICA_PAD_MB": "384", launch.ENV_REPLICA_TIMEOUT: "0.5"}
+    # 160 steps: the newcomer is admitted at about step 30 here (every step copies the state: 30 epochs spent a
+    # minute more after the admission)
+    big = {"REPLICA_EPOCHS": "8", "REPLICA_PAD_MB": "384", launch.ENV_REPLICA_TIMEOUT: "0.5"}
     survivors = [job.start(f"node-{i}", **big) for i in range(2)]
     wait_for(lambda: training_together(survivors), 120, "2 replicas training together")
     newcomer = job.start("node-new", **big)
