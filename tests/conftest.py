@@ -28,11 +28,10 @@ _FOLDER_MARKS = ("unit", "integration", "contract", "e2e")
 # Modules that train for real with several torchrun agents and assert how fast a job recovers (or depend on when
 # a re-form happens): marked ``torchrun``, so scripts/test.sh runs them alone after the rest (which runs in
 # parallel). Other multi-process tests (local jobs, memory rescue, resharding, the README's blocks through
-# evictions, evict simulate's errors and one eviction's record) assert no timing: they run in parallel, where their
-# jobs' waiting overlaps the other workers' computing.
+# evictions, evict simulate's errors and one eviction's record, exactly-once data through a loss without notice)
+# assert no timing: they run in parallel, where their jobs' waiting overlaps the other workers' computing.
 _TORCHRUN_MODULES = frozenset({
-    "e2e/test_battery.py", "e2e/test_demo.py", "e2e/test_local_chaos.py",
-    "integration/test_elastic_data.py", "integration/test_elastic_recovery.py",
+    "e2e/test_battery.py", "e2e/test_demo.py", "e2e/test_local_chaos.py", "integration/test_elastic_recovery.py",
 })
 # A module may also mark single tests ``torchrun`` (integration/test_inprocess_recovery.py: the cases whose
 # timing three parallel workers on two cores would skew; its others run in parallel).
