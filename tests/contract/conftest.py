@@ -16,6 +16,7 @@ import pytest
 
 from tests.support import services as svc
 from tests.support.arm_server import ArmServer
+from tests.support.arm_server.routes import LRO_POLLS
 
 CLOUD = "ElasticTrainTest"
 
@@ -68,6 +69,7 @@ def arm(arm_server: ArmServer) -> Iterator[ArmServer]:
     arm_server.expect.clear()
     arm_server.expect.update(saved)
     arm_server._faults.clear()
+    arm_server.lro_polls = LRO_POLLS
     arm_server.principal_unknown.clear()
     arm_server.taken_storage_names.clear()
     arm_server.reset_regions()

@@ -45,8 +45,12 @@ def _create(az, group, name="spot1", *args, check=True, timeout=300):
 
 def test_create_runs_the_plan_in_order_and_a_rerun_changes_nothing(az, arm, group):
     arm.expect.update(max_count=4, spot_max_price=0.35, eviction_policy="Deallocate")
+    arm.lro_polls = 1  # each long-running operation InProgress at its first poll, as a slower Azure answers
+    started = set(arm.operations)
     result = _create(az, group, "spot1", "--max-count", "4", "--max-price", "0.35", "--eviction-policy",
                      "Deallocate", "--labels", "team=vision", "-o", "json")
+    polls = [op["polls"] for name, op in arm.operations.items() if name not in started]
+    assert polls and all(n == 2 for n in polls), f"each operation polled past its InProgress answer: {polls}"
     assert _writes(arm) == PLAN
     assert "[5/11] AKS cluster: creating" in result.stderr  # progress on the long steps
     in_group = f"/resourcegroups/{group}/providers"  # the session's server also holds other tests' clusters

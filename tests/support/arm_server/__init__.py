@@ -5,7 +5,8 @@ The real ``az`` (and the SDK clients inside it) talk to it exactly as to Azure:
 * **ARM**: stateful per resource id; answers like the official x-ms-examples (reference/azure-rest-api-specs):
   status codes, bodies with read-only fields (ids, provisioningState, principalId, issuer URL, ...);
   long-running operations poll through ``Azure-AsyncOperation`` (AKS PUTs) or ``Location`` (storage create,
-  AKS delete) with ``Retry-After: 1``, InProgress once, then Succeeded.
+  AKS delete) with ``Retry-After: 1``, Succeeded at the first poll (``lro_polls``: InProgress that many times
+  first).
 * **Checks** every request: method, path, the SDK's api-version for its provider, and body fields and values
   (Spot settings, taints, autoscale bounds, storage security settings, role and scope). A violation is
   recorded in ``violations`` (and answered 400 so the client fails loudly); tests assert there is none.

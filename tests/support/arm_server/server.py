@@ -42,6 +42,7 @@ class ArmServer(IdentityFront, StorageFront, AuthorizationFront, AksFront, Compu
         self.key = self._key  # for other local services behind the same trusted certificate (Azurite)
         self.resources: dict[str, dict] = {}  # lower-case id -> resource (wire format)
         self.operations: dict[str, dict] = {}
+        self.lro_polls = LRO_POLLS  # InProgress answers before an operation's Succeeded (routes.py)
         self.requests: list[tuple[str, str]] = []  # (method, path?query)
         self.violations: list[str] = []
         self.timeline: list[tuple[float, str, str]] = []
@@ -282,7 +283,7 @@ class ArmServer(IdentityFront, StorageFront, AuthorizationFront, AksFront, Compu
             return 404, {}, _error("NotFound", "no such operation")
         record["polls"] += 1
         resource = self.resources.get(record["id"])
-        done = record["polls"] > LRO_POLLS
+        done = record["polls"] > self.lro_polls
         record["done"] = done
         if done and record["kind"] == "put" and resource is not None:
             resource["properties"]["provisioningState"] = "Succeeded"
