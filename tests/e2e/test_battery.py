@@ -25,12 +25,11 @@ import os
 import time
 from collections import defaultdict
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from azext_elastictrain.core import launch
-from tests.support import services as svc
-from tests.support.processes import local_cluster
 from tests.support.slices import read_records
 
 pytestmark = pytest.mark.slow
@@ -76,23 +75,27 @@ def compare_with_uninterrupted(run: dict[int, list[dict]], reference: dict[int, 
     assert any(len(run[s]) == 1 for s in run), "no step was trained at world size 1: the evictions did not shrink it"
 
 
-def _run(az, name: str, variant: str, out: Path, *, recovery: str, evict: bool, slow: Path) -> dict:
+def _start(az, name: str, variant: str, out: Path, *, recovery: str, evict: bool, slow: Path | None = None) -> None:
+    env = [f"BATTERY_OUT={out}", *([f"BATTERY_SLOW={slow}", "BATTERY_STEP_DELAY=0.5"] if slow else [])]
     az("elastictrain", "job", "run", "--local", "--name", name, "--script", str(SCRIPT),
        "--script-args", f"--variant {variant}", "--min-nodes", "1" if evict else "2", "--max-nodes", "2",
-       "--checkpoint-interval", "10", "--recovery", recovery, "--env", f"BATTERY_OUT={out}", "-o", "none",
+       "--checkpoint-interval", "10", "--recovery", recovery, "--env", *env, "-o", "none",
        timeout=180)
-    try:
-        if evict:
-            _wait_world(az, name, 2)
-            for notice in ("30", "0"):
-                az.json("elastictrain", "evict", "simulate", "--local", "--job", name, "--notice-seconds", notice,
-                        "--replace-after", "3", "--wait", "--yes", timeout=300)
-                _wait_world(az, name, 2)
-            slow.unlink()  # the rest at full speed
-        return az.json("elastictrain", "job", "wait", "--local", "--name", name, "--state", "Succeeded",
-                       "--timeout", "420", timeout=480)
-    finally:
-        az("elastictrain", "job", "delete", "--local", "--name", name, "--yes", check=False, timeout=180)
+
+
+def _evict_twice(az, name: str, slow: Path) -> None:
+    """An eviction with notice, one without, each followed by the capacity back; then the rest at full speed."""
+    _wait_world(az, name, 2)
+    for notice in ("30", "0"):
+        az.json("elastictrain", "evict", "simulate", "--local", "--job", name, "--notice-seconds", notice,
+                "--replace-after", "3", "--wait", "--yes", timeout=300)
+        _wait_world(az, name, 2)
+    slow.unlink()
+
+
+def _wait_succeeded(az, name: str) -> dict:
+    return az.json("elastictrain", "job", "wait", "--local", "--name", name, "--state", "Succeeded",
+                   "--timeout", "420", timeout=480)
 
 
 def _wait_world(az, name: str, size: int, timeout: float = 240) -> None:
@@ -106,26 +109,43 @@ def _wait_world(az, name: str, size: int, timeout: float = 240) -> None:
     raise AssertionError(f"{name} never trained at world size {size}")
 
 
+@pytest.fixture(scope="module")
+def references(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+    """``done``: variant -> the records of its uninterrupted run, once it passed; the plain variant's serves both of
+    its tests (the reference is the restart mode's, whatever mode a test evicts in)."""
+    return SimpleNamespace(folder=tmp_path_factory.mktemp("references"), done={})
+
+
 @pytest.mark.parametrize("variant,mode", [
     ("plain", None), ("bn", None),  # the local default mode (or BATTERY_RECOVERY's)
     ("plain", launch.RECOVERY_IN_PROCESS),  # the faster mode, kept passing while it is not the default
 ])
-def test_the_default_mode_trains_what_one_uninterrupted_run_trains(variant, mode, tmp_path, monkeypatch) -> None:
+def test_the_default_mode_trains_what_one_uninterrupted_run_trains(variant, mode, local_az, references,
+                                                                   tmp_path) -> None:
+    """The module's tests share one local cluster (e2e/conftest.py's ``local_az``: jobs do not disturb each other),
+    and a variant's uninterrupted run trains beside its first evicted job (the battery asserts no timing)."""
+    az = local_az
     mode = mode or os.environ.get("BATTERY_RECOVERY") or launch.DEFAULT_RECOVERY["local"]
     slow = tmp_path / "slow"
-    monkeypatch.setenv("BATTERY_SLOW", str(slow))  # the jobs' processes inherit az's environment
-    monkeypatch.setenv("BATTERY_STEP_DELAY", "0.5")
+    slow.touch()  # the evicted job's steps are slow until its evictions are done (battery_train.py)
+    reference = references.done.get(variant)
+    uninterrupted = None if reference else f"uninterrupted-{variant}"
+    evicted = f"evicted-{variant}-{mode}"
     try:
-        with local_cluster(tmp_path / "azure-config") as az:
-            done = _run(az, "uninterrupted", variant, tmp_path / "uninterrupted", recovery=launch.RECOVERY_RESTART,
-                        evict=False, slow=slow)
+        _start(az, evicted, variant, tmp_path / "evicted", recovery=mode, evict=True, slow=slow)
+        if uninterrupted:  # while the evicted job starts and trains its first, slow steps
+            reference = references.folder / variant
+            _start(az, uninterrupted, variant, reference, recovery=launch.RECOVERY_RESTART, evict=False)
+        _evict_twice(az, evicted, slow)
+        done = _wait_succeeded(az, evicted)
+        assert done["state"] == "Succeeded" and done["step"] == STEPS, done
+        if uninterrupted:
+            done = _wait_succeeded(az, uninterrupted)
             assert done["state"] == "Succeeded" and done["step"] == STEPS, done
-            slow.touch()
-            done = _run(az, "evicted", variant, tmp_path / "evicted", recovery=mode, evict=True, slow=slow)
-            assert done["state"] == "Succeeded" and done["step"] == STEPS, done
-    except svc.ServiceNotFound as exc:
-        pytest.fail(str(exc), pytrace=False)
-    reference = kept_steps(_records(tmp_path / "uninterrupted"))
-    assert all(len(reference[s]) == 2 for s in reference), "the uninterrupted run was not 2 nodes throughout"
-    compare_with_uninterrupted(kept_steps(_records(tmp_path / "evicted")), reference,
-                               same_weights=variant != "bn")
+            references.done[variant] = reference
+    finally:
+        for name in filter(None, (evicted, uninterrupted)):
+            az("elastictrain", "job", "delete", "--local", "--name", name, "--yes", check=False, timeout=180)
+    kept = kept_steps(_records(reference))
+    assert all(len(kept[s]) == 2 for s in kept), "the uninterrupted run was not 2 nodes throughout"
+    compare_with_uninterrupted(kept_steps(_records(tmp_path / "evicted")), kept, same_weights=variant != "bn")
