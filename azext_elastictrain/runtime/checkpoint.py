@@ -422,8 +422,8 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
             # the job (torchrun --standalone's world: a DistributedSampler), so the job would train each sample once
             # per node. batches() slices each step's global batch by the step's quorum.
             raise ValueError(
-                f"in-process recovery: the state holds a {type(found).__name__}, and with ckpt.steps() every node "
-                "would draw the same samples from it (each node is a world of its own in this mode); loop with "
+                f"in-process recovery: the state holds data ({type(found).__name__}), and with ckpt.steps() every "
+                "node would draw the same samples from it (each node is a world of its own in this mode); loop with "
                 "`for step, batch in ckpt.batches(state, loader, steps=N)` over a DataLoader whose batch_sampler "
                 "is an ElasticSampler, which slices each global batch across the nodes, or run with "
                 "--recovery restart")

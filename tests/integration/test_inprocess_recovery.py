@@ -395,19 +395,35 @@ def test_frozen_replica_is_dropped_and_the_others_go_on(job, azurite, container_
 
 
 @pytest.mark.torchrun  # the replicas must still train when it is back
+def _coasted(job, replicas: list[Replica]) -> list[int]:
+    """How many times each replica began training on without the coordinator (its log's warnings)."""
+    return [(job.log_dir / f"{r.name}.log").read_text(encoding="utf-8").count("the coordinator does not answer")
+            for r in replicas]
+
+
 def test_coordinator_restart_costs_no_training_while_no_node_leaves_or_joins(job) -> None:
     """The coordinator is killed and comes back on the same address 5 s later: the replicas train on with their
     last quorum while it is gone (no node left or joined: the step-start collective finds every member), then ask
     the new one; every committed step trained exactly once, the same model on both. (The new coordinator counts
     quorums from the start again, so the first re-form may wait out the replica timeout on the old quorum's store
-    keys: that step is discarded.)"""
-    replicas = [job.start(f"node-{i}", REPLICA_EPOCHS="8") for i in range(2)]
+    keys: that step is discarded.) A kill that lands while the nodes' quorum request is in flight cannot be trained
+    through (torchft's manager retries that request until the coordinator answers): then the kill is tried again."""
+    slow = {"REPLICA_EPOCHS": "3", "REPLICA_STEP_SECONDS": "0.3"}  # a step's quorum request: a small share of it
+    replicas = [job.start(f"node-{i}", **slow) for i in range(2)]
     wait_for(lambda: all(r.records and r.records[-1]["ranks"] == 2 for r in replicas), 120, "2 replicas")
-    job.coordinator.kill()
-    gone = time.time()
-    time.sleep(5)
-    back = time.time()
-    job.coordinator.start()
+    for _ in range(4):
+        before = _coasted(job, replicas)
+        started = max(r.last_step() for r in replicas)  # kill just after a step's quorum, in its compute: a kill
+        wait_for(lambda: all(r.last_step() > started for r in replicas), 30, "the next step")  # mid-request
+        job.coordinator.kill()  # lets the nodes' retries reach the new coordinator apart: a quorum each, alone
+        gone = time.time()
+        time.sleep(5)
+        back = time.time()
+        job.coordinator.start()
+        if all(now > then for now, then in zip(_coasted(job, replicas), before)):
+            break
+        resumed = max(r.last_step() for r in replicas)  # the request was in flight: try again once they train
+        wait_for(lambda: all(r.last_step() > resumed + 3 for r in replicas), 120, "training after the restart")
     codes = [r.proc.wait(timeout=240) for r in replicas]
     assert codes == [0, 0], codes
     assert_same_pids(replicas)
@@ -416,29 +432,27 @@ def test_coordinator_restart_costs_no_training_while_no_node_leaves_or_joins(job
     for r in replicas:  # steps committed while the coordinator was gone, at both nodes' layout
         during = [rec for rec in r.records if gone < rec["time"] < back and rec.get("committed")]
         assert len(during) >= 3 and {rec["ranks"] for rec in during} == {2}, (r.name, during)
-        text = (job.log_dir / f"{r.name}.log").read_text(encoding="utf-8")
-        assert "the coordinator does not answer" in text and "the coordinator answers again" in text
+        assert "the coordinator answers again" in (job.log_dir / f"{r.name}.log").read_text(encoding="utf-8")
 
 
 def test_a_node_lost_with_the_coordinator_gone_stops_with_the_retryable_code(job) -> None:
-    """The coordinator gone, then a node: the survivor's step-start collective finds its peer missing, and no new
-    quorum can be had past the quorum timeout and its retries (torchft's TORCHFT_QUORUM_TIMEOUT_SEC, _RETRIES): it
-    does not train on alone from a state it cannot agree; it stops with TrainingStopped's code, which torchrun
-    restarts."""
+    """The coordinator gone, then a node: the survivor's step-start collective finds its peer missing (or its
+    quorum request was in flight at the kill), and no new quorum can be had past the quorum timeout and its retries
+    (torchft's TORCHFT_QUORUM_TIMEOUT_SEC, _RETRIES): it does not train on alone from a state it cannot agree; it
+    stops with TrainingStopped's code, which torchrun restarts."""
     bounded = {"TORCHFT_QUORUM_TIMEOUT_SEC": "3", "TORCHFT_QUORUM_RETRIES": "1"}
     replicas = [job.start(f"node-{i}", REPLICA_EPOCHS="12", **bounded) for i in range(2)]
     wait_for(lambda: all(r.records and r.records[-1]["ranks"] == 2 for r in replicas), 120, "2 replicas")
     job.coordinator.kill()
     gone = time.time()
     survivor, victim = replicas
-    coasting = survivor.last_step()
-    wait_for(lambda: survivor.last_step() >= coasting + 3, 60, "the replicas training on without the coordinator")
+    time.sleep(1)  # coasting, or waiting on a request that was in flight
     victim.proc.send_signal(signal.SIGKILL)
     stopped = survivor.last_step()
     assert survivor.proc.wait(timeout=120) == 143
     assert_same_pids([survivor])
     assert survivor.last_step() <= stopped + 1, "trained on without a quorum"
-    assert {rec["ranks"] for rec in survivor.records if rec["time"] > gone and rec.get("committed")} == {2}, \
+    assert {rec["ranks"] for rec in survivor.records if rec["time"] > gone and rec.get("committed")} <= {2}, \
         "committed a step alone"
 
 
