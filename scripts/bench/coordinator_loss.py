@@ -5,11 +5,12 @@ torchft's own behaviour), side by side in one run.
     .venv/bin/python scripts/bench/coordinator_loss.py [--nodes 2] [--kills 5] [--down 3] [--modes coast,wait]
 
 Each mode runs a job of ``--nodes`` replicas of the tests' loop (tests/support/replica_worker.py, ``--step-seconds``
-of compute a step, 0.5 s by default, a coordinator of its own as runtime/coordinator.py with a local job's settings, Azurite for blob). Once every
-node trains, the coordinator is killed ``--kills`` times, each time down ``--down`` seconds, then started again on
-the same address, 10 s apart. Per kill, from the nodes' own records: the training lost, i.e. the window from the
-kill to 10 s after the restart minus the committed steps in it at the undisturbed step time (the median interval of
-the 5 s before the kill), and the steps discarded in it. Medians per mode, JSON on stdout.
+of compute a step, 0.5 s by default, a coordinator of its own as runtime/coordinator.py with a local job's
+settings, Azurite for blob). Once every node trains, the coordinator is killed ``--kills`` times, each time down
+``--down`` seconds, then started again on the same address, 10 s apart. Per kill, from the nodes' own records:
+the training lost, i.e. the window from the kill to 10 s after the restart minus the committed steps in it at the
+undisturbed step time (the median interval of the 5 s before the kill), and the steps discarded in it. Medians
+per mode, JSON on stdout.
 
 A kill that lands while the nodes' quorum request is in flight cannot be trained through: torchft's manager
 retries that request until the coordinator answers (a failed request leaves it unusable), so such a kill costs
@@ -21,9 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -35,7 +34,9 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from azext_elastictrain.core import launch  # noqa: E402
-from tests.support.services import free_port, start_azurite  # noqa: E402
+from tests.support import replica_worker  # noqa: E402
+from tests.support.restartable_coordinator import RestartableCoordinator  # noqa: E402
+from tests.support.services import start_azurite  # noqa: E402
 
 SETTLE = 10.0  # seconds after the restart that count in a kill's window
 
@@ -48,19 +49,11 @@ class Node:
         self.discarded = 0
         self._last: dict = {}
         self._log = open(logs / f"{name}.log", "ab")  # pylint: disable=consider-using-with
-        self.proc = subprocess.Popen(  # pylint: disable=consider-using-with
-            [sys.executable, "-m", "tests.support.replica_worker"], cwd=REPO, stdout=subprocess.PIPE,
-            stderr=self._log, env={**env, "ELASTICTRAIN_REPLICA_ID": name, "MASTER_ADDR": "127.0.0.1",
-                                   "MASTER_PORT": str(free_port()), "RANK": "0", "LOCAL_RANK": "0",
-                                   "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"})
+        self.proc = replica_worker.start(name, env, self._log)
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
-        for line in self.proc.stdout:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
+        for record in replica_worker.records(self.proc.stdout):
             if "verdict" in record:
                 if record["committed"] and self._last.get("step") == record["verdict"]:
                     self.committed.append((self._last["step"], self._last["time"]))
@@ -75,35 +68,9 @@ class Node:
         self._log.close()
 
 
-class Coordinator:
-    def __init__(self, logs: Path) -> None:
-        self.port, self.logs, self.proc = free_port(), logs, None
-        self.address = f"http://127.0.0.1:{self.port}"
-        self.start()
-
-    def start(self) -> None:
-        with open(self.logs / "coordinator.log", "ab") as log:
-            self.proc = subprocess.Popen(  # pylint: disable=consider-using-with
-                [sys.executable, "-m", launch.COORDINATOR_MODULE,
-                 *launch.coordinator_args(bind=f"127.0.0.1:{self.port}", min_nodes=1,
-                                          heartbeat_timeout_ms=launch.LOCAL_COORDINATOR_HEARTBEAT_TIMEOUT_MS)],
-                cwd=REPO, stdout=log, stderr=log)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return
-            time.sleep(0.05)
-        raise RuntimeError("the coordinator did not listen")
-
-    def kill(self) -> None:
-        self.proc.kill()
-        self.proc.wait(timeout=30)
-
-
 def run(mode: str, args: argparse.Namespace, azurite, container: str, logs: Path) -> dict:
     logs.mkdir(parents=True)
-    coordinator = Coordinator(logs)
+    coordinator = RestartableCoordinator(logs)
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("ELASTICTRAIN_")},
            "ELASTICTRAIN_RECOVERY": "in-process", "TORCHFT_LIGHTHOUSE": coordinator.address,
            "ELASTICTRAIN_REPLICA_HOST": "127.0.0.1", "ELASTICTRAIN_SCHEDULED_EVENTS_URL": "off",

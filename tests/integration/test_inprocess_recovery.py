@@ -12,8 +12,6 @@ import math
 import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -25,6 +23,7 @@ import torch
 from azext_elastictrain.core import launch
 from tests.support import replica_worker
 from tests.support import services as svc
+from tests.support.restartable_coordinator import RestartableCoordinator as Coordinator
 
 # Cases whose timing three parallel workers on two cores would skew are marked torchrun: scripts/test.sh runs them
 # alone, after the rest (both the mid-transfer kill and a newcomer's admission once failed in the parallel phase).
@@ -50,21 +49,12 @@ class Replica:
         self.perturbed: int | None = None  # the step after which it changed a parameter (REPLICA_PERTURB_FILE)
         self.unmatched: list[dict] = []  # verdicts that follow no record of their step (the worker's bug)
         self._log = open(log_dir / f"{name}.log", "ab")  # pylint: disable=consider-using-with
-        port = free_port()
-        self.proc = subprocess.Popen(  # pylint: disable=consider-using-with
-            [sys.executable, "-m", "tests.support.replica_worker"], cwd=REPO, stdout=subprocess.PIPE,
-            stderr=self._log,
-            env={**env, "ELASTICTRAIN_REPLICA_ID": name, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                 "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"})
+        self.proc = replica_worker.start(name, env, self._log)
         self.pid = self.proc.pid
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
-        for line in self.proc.stdout:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
+        for record in replica_worker.records(self.proc.stdout):
             if "final" in record:
                 self.final = record
             elif "perturbed" in record:
@@ -104,34 +94,6 @@ def wait_for(predicate, timeout: float, what: str):
             return found
         time.sleep(0.05)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-
-
-class Coordinator:
-    """The job's coordinator as its own process (runtime/coordinator.py, a local job's settings on a port of its
-    own), so a test can kill and restart it on the same address."""
-
-    def __init__(self, log_dir: Path):
-        self.port, self.log_dir, self.proc = free_port(), log_dir, None
-        self.address = f"http://127.0.0.1:{self.port}"
-        self.start()
-
-    def start(self) -> None:
-        with open(self.log_dir / "coordinator.log", "ab") as log:
-            self.proc = subprocess.Popen(  # pylint: disable=consider-using-with
-                [sys.executable, "-m", launch.COORDINATOR_MODULE,
-                 *launch.coordinator_args(bind=f"127.0.0.1:{self.port}", min_nodes=1,
-                                          heartbeat_timeout_ms=launch.LOCAL_COORDINATOR_HEARTBEAT_TIMEOUT_MS)],
-                cwd=REPO, stdout=log, stderr=log)
-        wait_for(lambda: self._listening(), 30, "the coordinator's port")
-
-    def _listening(self) -> bool:
-        with socket.socket() as s:
-            return s.connect_ex(("127.0.0.1", self.port)) == 0
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=30)
 
 
 @pytest.fixture

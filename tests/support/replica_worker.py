@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
+from pathlib import Path
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -34,6 +37,27 @@ class Ids(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         generator = torch.Generator().manual_seed(index)
         return torch.randn(8, generator=generator), index
+
+
+def start(name: str, env: dict[str, str], stderr: Any, repo: Path = Path(__file__).resolve().parents[2]
+          ) -> subprocess.Popen:
+    """This module as node ``name`` of an in-process job: a one-worker world of its own on a free port, its JSON
+    lines on the returned process's stdout. ``env``: the job's environment (coordinator, checkpoint URL, ...)."""
+    from tests.support.services import free_port
+
+    return subprocess.Popen(  # pylint: disable=consider-using-with  # the caller stops it
+        [sys.executable, "-m", "tests.support.replica_worker"], cwd=repo, stdout=subprocess.PIPE, stderr=stderr,
+        env={**env, "ELASTICTRAIN_REPLICA_ID": name, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+             "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"})
+
+
+def records(stream: Any) -> Iterator[dict]:
+    """The JSON lines a node of this module prints (its stdout), parsed, as they come; other lines are skipped."""
+    for line in stream:
+        try:
+            yield json.loads(line)
+        except ValueError:
+            continue
 
 
 def main() -> int:
