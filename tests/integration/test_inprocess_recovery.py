@@ -363,30 +363,38 @@ def _coasted(job, replicas: list[Replica]) -> list[int]:
             for r in replicas]
 
 
-def test_coordinator_restart_costs_no_training_while_no_node_leaves_or_joins(job) -> None:
+def test_coordinator_restart_costs_no_training_while_no_node_leaves_or_joins(job, tmp_path) -> None:
     """The coordinator is killed and comes back on the same address 5 s later: the replicas train on with their
     last quorum while it is gone (no node left or joined: the step-start collective finds every member), then ask
     the new one; every committed step trained exactly once, the same model on both. (The new coordinator counts
     quorums from the start again, so the first re-form may wait out the replica timeout on the old quorum's store
     keys: that step is discarded.) A kill that lands while the nodes' quorum request is in flight cannot be trained
-    through (torchft's manager retries that request until the coordinator answers): then the kill is tried again."""
-    slow = {"REPLICA_EPOCHS": "3", "REPLICA_STEP_SECONDS": "0.3"}  # a step's quorum request: a small share of it
+    through (torchft's manager retries that request until the coordinator answers): then the kill is tried again.
+    The job's --min-nodes is 2: with 1, a new coordinator that hears one node's request more than its join timeout
+    before the other's forms a quorum of each (seen under load), and the replica check heals one a step later."""
+    (tmp_path / "min-2").mkdir()
+    coordinator = Coordinator(tmp_path / "min-2", min_nodes=2)
+    slow = {"REPLICA_EPOCHS": "3", "REPLICA_STEP_SECONDS": "0.3",  # a step's quorum request: a small share of it
+            "TORCHFT_LIGHTHOUSE": coordinator.address}
     replicas = [job.start(f"node-{i}", **slow) for i in range(2)]
-    wait_for(lambda: all(r.records and r.records[-1]["ranks"] == 2 for r in replicas), 120, "2 replicas")
-    for _ in range(4):
-        before = _coasted(job, replicas)
-        started = max(r.last_step() for r in replicas)  # kill just after a step's quorum, in its compute: a kill
-        wait_for(lambda: all(r.last_step() > started for r in replicas), 30, "the next step")  # mid-request
-        job.coordinator.kill()  # lets the nodes' retries reach the new coordinator apart: a quorum each, alone
-        gone = time.time()
-        time.sleep(5)
-        back = time.time()
-        job.coordinator.start()
-        if all(now > then for now, then in zip(_coasted(job, replicas), before)):
-            break
-        resumed = max(r.last_step() for r in replicas)  # the request was in flight: try again once they train
-        wait_for(lambda: all(r.last_step() > resumed + 3 for r in replicas), 120, "training after the restart")
-    codes = [r.proc.wait(timeout=240) for r in replicas]
+    try:
+        wait_for(lambda: all(r.records and r.records[-1]["ranks"] == 2 for r in replicas), 120, "2 replicas")
+        for _ in range(4):
+            before = _coasted(job, replicas)
+            started = max(r.last_step() for r in replicas)  # kill just after a step's quorum, in its compute: a
+            wait_for(lambda: all(r.last_step() > started for r in replicas), 30, "the next step")  # kill mid-request
+            coordinator.kill()  # lets the nodes' retries reach the new coordinator apart
+            gone = time.time()
+            time.sleep(5)
+            back = time.time()
+            coordinator.start()
+            if all(now > then for now, then in zip(_coasted(job, replicas), before)):
+                break
+            resumed = max(r.last_step() for r in replicas)  # the request was in flight: again once they train
+            wait_for(lambda: all(r.last_step() > resumed + 3 for r in replicas), 120, "training after the restart")
+        codes = [r.proc.wait(timeout=240) for r in replicas]
+    finally:
+        coordinator.kill()
     assert codes == [0, 0], codes
     assert_same_pids(replicas)
     assert_exactly_once(replicas, replicas)

@@ -17,17 +17,17 @@ REPO = Path(__file__).resolve().parents[2]
 class RestartableCoordinator:
     """``start()`` (also on creation) and ``kill()``, any number of times; ``address`` stays the same."""
 
-    def __init__(self, log_dir: Path, start_timeout: float = 30.0):
+    def __init__(self, log_dir: Path, start_timeout: float = 30.0, min_nodes: int = 1):
         self.port, self.log_dir, self.proc = free_port(), log_dir, None
         self.address = f"http://127.0.0.1:{self.port}"
-        self.start_timeout = start_timeout
+        self.start_timeout, self.min_nodes = start_timeout, min_nodes
         self.start()
 
     def start(self) -> None:
         with open(self.log_dir / "coordinator.log", "ab") as log:
             self.proc = subprocess.Popen(  # pylint: disable=consider-using-with
                 [sys.executable, "-m", launch.COORDINATOR_MODULE,
-                 *launch.coordinator_args(bind=f"127.0.0.1:{self.port}", min_nodes=1,
+                 *launch.coordinator_args(bind=f"127.0.0.1:{self.port}", min_nodes=self.min_nodes,
                                           heartbeat_timeout_ms=launch.LOCAL_COORDINATOR_HEARTBEAT_TIMEOUT_MS)],
                 cwd=REPO, stdout=log, stderr=log)
         deadline = time.monotonic() + self.start_timeout
