@@ -22,7 +22,7 @@ from tests.support.processes import gone, local_cluster, ours
 JOB = "inproc"
 
 SCRIPT = textwrap.dedent('''
-    import json, os, signal, sys, time
+    import json, os, signal, sys, threading, time
     from datetime import timedelta
 
     from torchft.coordination import LighthouseClient
@@ -30,6 +30,12 @@ SCRIPT = textwrap.dedent('''
     env = {k: os.environ.get(k) for k in ("ELASTICTRAIN_RECOVERY", "TORCHFT_LIGHTHOUSE", "ELASTICTRAIN_REPLICA_ID",
                                            "WORLD_SIZE", "ELASTICTRAIN_CHECKPOINT_URL")}
     client = LighthouseClient(env["TORCHFT_LIGHTHOUSE"], connect_timeout=timedelta(seconds=30))
+    def beat():  # while it waits for the quorum too, as torchft's manager does: a node unheard for the coordinator's
+        beater = LighthouseClient(env["TORCHFT_LIGHTHOUSE"], connect_timeout=timedelta(seconds=30))
+        while True:  # heartbeat timeout (local: 500 ms) is not counted in the quorum
+            beater.heartbeat(env["ELASTICTRAIN_REPLICA_ID"])
+            time.sleep(0.1)
+    threading.Thread(target=beat, daemon=True).start()
     quorum = client.quorum(replica_id=env["ELASTICTRAIN_REPLICA_ID"], timeout=timedelta(seconds=120),
                            address="unused", store_address="unused", step=0, world_size=1)
     print("QUORUM " + json.dumps({"env": env, "participants": sorted(m.replica_id for m in quorum.participants)}),
