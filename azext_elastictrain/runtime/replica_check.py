@@ -7,8 +7,9 @@ carries two things besides the meeting:
   replica to every other, as DDP broadcasts its rank 0's buffers at each forward: every node starts the step
   from the same statistics, so the job's buffers are what one DDP run over every rank keeps (rank 0's), whoever
   writes the checkpoint, and a newcomer's are not its own lineage;
-- **a digest of each replica** (its trained parameters, the optimizer's state and every other module, such as an
-  EMA: the state every replica must hold bit for bit), when a check is due: every ``every`` steps, at a change of
+- **a digest of each replica** (its trained parameters, the optimizer's state and every other module's
+  parameters and counts, such as an EMA's: the state every replica must hold bit for bit; not the statistics
+  each rank gathers from its own batches, which DDP leaves apart too), when a check is due: every ``every`` steps, at a change of
   the quorum's members and after a transfer. A replica whose digest differs from the one most replicas hold (a
   tie: the lowest rank's) is a loud error, and it takes no part in the step (its slice goes to the others, its
   gradient is zeros, it discards the step), so at the next quorum it is one step behind and torchft's quorum has
@@ -94,11 +95,15 @@ class StepStart:
 
     def replica_tensors(self) -> list[torch.Tensor]:
         """What every replica holds bit for bit: the trained parameters, the optimizer's state (read from the live
-        object: its state_dict would step a stateless optimizer), every other module's parameters and buffers."""
+        object: its state_dict would step a stateless optimizer), every other module's parameters and its buffers
+        of counts (an EMA's ``n_averaged``). Not floating-point buffers: they are statistics of each rank's own
+        batches, in DDP as here (an ``AveragedModel`` copies the model's BatchNorm statistics after the node's
+        own forward); the trained modules' are made one at each step's start, above."""
         params, others = self._replica
         state = [t for p in params for _, t in sorted(self._optimizer.state.get(p, {}).items())
                  if isinstance(t, torch.Tensor)]
-        return _unique([*params, *state, *(t for m in others for t in (*m.parameters(), *m.buffers()))])
+        counts = (b for m in others for b in m.buffers() if not (b.is_floating_point() or b.is_complex()))
+        return _unique([*params, *state, *(p for m in others for p in m.parameters()), *counts])
 
     def vector(self, rank: int | None, participants: int, due: bool) -> torch.Tensor:
         """This replica's part: the buffers if it is the quorum's first, its digest in its slot if a check is due
