@@ -234,6 +234,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--configs", default=",".join(DEFAULT_CONFIGS), help="which of " + ", ".join(CONFIGS))
     parser.add_argument("--json", help="write every sample here")
+    parser.add_argument("--logs", help="keep every node's and coordinator's logs here (default: removed at the end)")
     args = parser.parse_args()
     configs = [c for c in args.configs.split(",") if c]
     spec = ScheduleSpec(rate=args.rate, duration=args.duration, notice_share=args.notice_share,
@@ -245,6 +246,7 @@ def main() -> int:
     samples: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="elastictrain-goodput-") as tmp:
         work = Path(tmp)
+        logs = Path(args.logs) if args.logs else work / "logs"
         with start_azurite(work / "azurite") as blob, start_etcd(work / "etcd") as etcd, \
                 ScheduledEventsServer() as imds:
             blob.blob_service_client().create_container("bench")
@@ -252,7 +254,7 @@ def main() -> int:
                 order = configs[rep % len(configs):] + configs[:rep % len(configs)]  # rotate: spread drift
                 for config in order:
                     started = time.time()
-                    sample = run_config(config, spec, blob, etcd, imds, work / "logs")
+                    sample = run_config(config, spec, blob, etcd, imds, logs)
                     sample["rep"] = rep + 1
                     samples.append(sample)
                     print(f"  rep {rep + 1} {config:10s} goodput {sample['goodput']}  running "
