@@ -9,7 +9,8 @@ from azext_elastictrain.core.constants import (
     TRAINING_NAMESPACE,
     TRAINING_SERVICE_ACCOUNT,
 )
-from azext_elastictrain.core.launch import ENV_PREFIX, RECOVERY_IN_PROCESS, RECOVERY_MODES, RECOVERY_RESTART
+from azext_elastictrain.core.launch import (
+    ENV_PREFIX, ENV_SCRIPT_SETTINGS, RECOVERY_IN_PROCESS, RECOVERY_MODES, RECOVERY_RESTART)
 
 LOCAL_CLUSTER_DEFAULT = "local"
 # The in-memory rescue tier keeps two copies of each node's state (runtime/rescue.py): the default leaves room
@@ -139,16 +140,18 @@ def check_script_in_image(script: str) -> None:
 
 
 def _check_env(env: tuple[str, ...]) -> None:
-    """--env: KEY=VALUE items with names a shell and Kubernetes take, each once, none of the job's own."""
+    """--env: KEY=VALUE items with names a shell and Kubernetes take, each once, none of the job's own (the
+    runtime's settings without an option may be given: launch.ENV_SCRIPT_SETTINGS)."""
     seen: set[str] = set()
     for item in env:
         key, sep, _ = item.partition("=")
         if not sep or not _ENV_NAME.fullmatch(key):
             raise SpecError(f"--env {item!r} is not KEY=VALUE with a name of letters, digits and '_' (not starting "
                             "with a digit): e.g. --env NCCL_DEBUG=INFO")
-        if key.startswith(ENV_PREFIX):
+        if key.startswith(ENV_PREFIX) and key not in ENV_SCRIPT_SETTINGS:
             raise SpecError(f"--env {key}: names starting with {ENV_PREFIX} are the job's own settings, set "
-                            "from its options (e.g. --checkpoint-interval, --keep): use those")
+                            "from its options (e.g. --checkpoint-interval, --keep): use those (--env may give "
+                            f"only {' and '.join(ENV_SCRIPT_SETTINGS)}, which no option sets)")
         if key in seen:
             raise SpecError(f"--env {key} is given twice: give each variable once")
         seen.add(key)

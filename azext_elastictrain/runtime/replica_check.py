@@ -26,12 +26,13 @@ from typing import Any, Iterable, Mapping
 
 import torch
 
+from azext_elastictrain.core import launch
 from azext_elastictrain.runtime.state import modules_in
 
 # Steps between two checks of the replicas (besides the changes of members): the cost is one pass over the
 # parameters and the optimizer's state (memory-bound: ~10 ms for a 19 GB state on a GPU).
 CHECK_EVERY_STEPS = 100
-ENV_CHECK_STEPS = "ELASTICTRAIN_REPLICA_CHECK_STEPS"  # a number of steps, or "off": only at changes of members
+ENV_CHECK_STEPS = launch.ENV_REPLICA_CHECK_STEPS  # a number of steps, or "off": only at changes of members
 _MASK = (1 << 63) - 1
 _PART_BITS = 21
 _PARTS = 3

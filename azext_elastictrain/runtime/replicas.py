@@ -72,7 +72,7 @@ QUORUM_RETRIES = 30
 # Before each step's quorum request, the coordinator's port is tried this long: a coordinator that does not answer
 # (restarting) lets the last quorum train on (ReplicaGroup._coast). A refused port answers at once.
 COORDINATOR_PROBE_TIMEOUT = 0.2
-ENV_COAST = "ELASTICTRAIN_COORDINATOR_COAST"  # "off": wait for the coordinator at every step, as torchft does
+ENV_COAST = launch.ENV_COORDINATOR_COAST  # "off": wait for the coordinator at every step, as torchft does
 STATE_KEY = "elastictrain"  # the state's name among torchft's state callbacks
 
 
