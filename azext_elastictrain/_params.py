@@ -196,8 +196,8 @@ def load_arguments(self, _):  # pylint: disable=too-many-statements  # one state
                    help="Environment variables of the training script, as KEY=VALUE (space-separated; repeatable): "
                         "on every node, the same on AKS and locally, e.g. --env NCCL_DEBUG=INFO WANDB_MODE=offline. "
                         "Not for secrets: the values are kept in the job's record and its Kubernetes object. Names "
-                        "starting with ELASTICTRAIN_ are the job's own settings and are refused, but for the in-process "
-                        "mode's ELASTICTRAIN_REPLICA_CHECK_STEPS and ELASTICTRAIN_COORDINATOR_COAST "
+                        "starting with ELASTICTRAIN_ are the job's own settings and are refused, but for the "
+                        "in-process mode's ELASTICTRAIN_REPLICA_CHECK_STEPS and ELASTICTRAIN_COORDINATOR_COAST "
                         "(docs/runtime.md).")
         c.argument("recovery", arg_type=get_enum_type(RECOVERY_MODES), options_list=["--recovery"],
                    help="How the job survives a node lost or added. restart (default): torchrun restarts every "

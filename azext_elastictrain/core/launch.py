@@ -6,6 +6,7 @@ Pure and stdlib only: no knack, no azure.cli, no torch (the runtime may import i
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable
 
 if TYPE_CHECKING:
@@ -174,6 +175,27 @@ LOCAL_RDZV_CONF = "last_call_timeout=2,keep_alive_interval=1,keep_alive_max_atte
 AKS_RDZV_CONF = "last_call_timeout=3,keep_alive_interval=2,keep_alive_max_attempt=3,join_timeout=300"
 
 
+@dataclass(frozen=True)
+class LaunchProfile:
+    """What a backend's launch differs in, each figure chosen once above (the comments say why): a backend holds
+    its profile (``LOCAL``, ``AKS``), and every site that launches a node, a pod or a coordinator, or picks a job's
+    mode, asks it. Only the figures above name a backend; nothing else picks one of a pair by hand."""
+
+    backend: str
+    default_recovery: str  # a job's mode without --recovery (DEFAULT_RECOVERY)
+    rdzv_conf: str  # torchrun's --rdzv-conf (restart mode)
+    collective_timeout_seconds: float  # ENV_COLLECTIVE_TIMEOUT
+    replica_timeout_seconds: float  # ENV_REPLICA_TIMEOUT (in-process mode)
+    coordinator_heartbeat_timeout_ms: int  # the coordinator's --heartbeat-timeout-ms (in-process mode)
+
+
+LOCAL = LaunchProfile("local", DEFAULT_RECOVERY["local"], LOCAL_RDZV_CONF, LOCAL_COLLECTIVE_TIMEOUT_SECONDS,
+                      LOCAL_REPLICA_TIMEOUT_SECONDS, LOCAL_COORDINATOR_HEARTBEAT_TIMEOUT_MS)
+AKS = LaunchProfile("aks", DEFAULT_RECOVERY["aks"], AKS_RDZV_CONF, AKS_COLLECTIVE_TIMEOUT_SECONDS,
+                    AKS_REPLICA_TIMEOUT_SECONDS, AKS_COORDINATOR_HEARTBEAT_TIMEOUT_MS)
+PROFILES = {profile.backend: profile for profile in (LOCAL, AKS)}
+
+
 # torchrun runs this module as each worker (``-m``); it starts the script warm (runtime/warm.py).
 WARM_START_MODULE = "azext_elastictrain.runtime.warm"
 
@@ -236,9 +258,9 @@ def coordinator_args(*, bind: str, min_nodes: int, heartbeat_timeout_ms: int) ->
 def recovery_env(recovery: str, *, coordinator: str | None = None, replica_id: str | None = None,
                  replica_host: str | None = None, replica_timeout: float | None = None,
                  secret_file: str | None = None) -> dict[str, str]:
-    """The recovery mode's environment of a node; in-process: where its coordinator is, the node's replica id and
-    the address its peers reach it at (AKS gives the last two from the downward API instead: None here), how
-    long its cross-node collective waits for a peer (the backend's: LOCAL_/AKS_REPLICA_TIMEOUT_SECONDS), and the
+    """The recovery mode's environment; in-process: where the job's coordinator is and how long its cross-node
+    collective waits for a peer (the profile's replica timeout: job_env gives both), or a node's own part: its
+    replica id and the address its peers reach it at (AKS gives those two from the downward API instead), and the
     file holding the job's secret (local jobs; AKS gives the secret from the job's Secret instead)."""
     env = {ENV_RECOVERY: recovery}
     if recovery == RECOVERY_IN_PROCESS:
@@ -256,10 +278,10 @@ MEMORY_TIER_MOUNT = "/var/run/elastictrain/memory"
 NODE_LEAVING_FILE = MEMORY_TIER_MOUNT + "/node-leaving"  # in the pod's emptyDir: a new pod starts without it
 
 
-def runtime_env(*, keep: int, checkpoint_interval: int | None, memory_tier: bool = True,
-                collective_timeout: float = LOCAL_COLLECTIVE_TIMEOUT_SECONDS) -> dict[str, str]:
-    """The job-wide runtime settings every node gets (each backend adds where the checkpoints are, and AKS its
-    own collective timeout)."""
+def runtime_env(*, keep: int, checkpoint_interval: int | None, memory_tier: bool,
+                collective_timeout: float) -> dict[str, str]:
+    """The job-wide runtime settings every node gets (job_env's part; each backend adds where the checkpoints
+    are)."""
     env = {ENV_KEEP: str(keep), ENV_COLLECTIVE_TIMEOUT: f"{collective_timeout:g}",
            **TCP_STORE_WORKAROUND, "PYTHONUNBUFFERED": "1"}
     if not memory_tier:
@@ -269,14 +291,13 @@ def runtime_env(*, keep: int, checkpoint_interval: int | None, memory_tier: bool
     return env
 
 
-def job_env(job: JobSpec, *, collective_timeout: float, replica_timeout: float,
-            coordinator: str | None = None) -> dict[str, str]:
+def job_env(job: JobSpec, profile: LaunchProfile, *, coordinator: str | None = None) -> dict[str, str]:
     """The environment a job's options give every node, the same on both backends (a local node's agent and an
-    AKS worker pod; each says its collective timeout, its replica timeout and, in process, where the job's
-    coordinator is). An option that reaches the training processes is added here."""
+    AKS worker pod), with the backend's timeouts and, in process, where the job's coordinator is: the one place
+    that writes a job-wide setting. An option that reaches the training processes is added here."""
     return {**runtime_env(keep=job.keep, checkpoint_interval=job.checkpoint_interval, memory_tier=job.memory_tier_on,
-                          collective_timeout=collective_timeout),
+                          collective_timeout=profile.collective_timeout_seconds),
             **recovery_env(job.recovery, coordinator=coordinator if job.in_process else None,
-                           replica_timeout=replica_timeout),
+                           replica_timeout=profile.replica_timeout_seconds),
             ENV_NODES: f"{job.min_nodes}:{job.max_nodes}",
             **job.env_vars}

@@ -269,7 +269,7 @@ def render_coordinator(job: JobSpec, cluster: InClusterSpec, image: str) -> list
         "name": COORDINATOR_CONTAINER, "image": image,
         "command": ["python", "-m", launch.COORDINATOR_MODULE],
         "args": launch.coordinator_args(bind=f"0.0.0.0:{launch.COORDINATOR_PORT}", min_nodes=job.min_nodes,
-                                        heartbeat_timeout_ms=launch.AKS_COORDINATOR_HEARTBEAT_TIMEOUT_MS),
+                                        heartbeat_timeout_ms=launch.AKS.coordinator_heartbeat_timeout_ms),
         "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}, {"name": "OMP_NUM_THREADS", "value": "1"},
                 {"name": "HOME", "value": "/tmp"}],  # the root filesystem is read-only: anything cached goes there
         "ports": [{"name": COORDINATOR_PORT_NAME, "containerPort": launch.COORDINATOR_PORT, "protocol": "TCP"}],
@@ -496,7 +496,7 @@ def _coordinator_names(job: JobSpec) -> list[str]:
 
 
 def _torchrun_options(job: JobSpec, run_id: str | None) -> list[str]:
-    return launch.torchrun_options(rdzv_conf=launch.AKS_RDZV_CONF, nproc_per_node=job.nproc_per_node,
+    return launch.torchrun_options(rdzv_conf=launch.AKS.rdzv_conf, nproc_per_node=job.nproc_per_node,
                                    rdzv_id=run_id)
 
 
@@ -585,7 +585,5 @@ def _worker_env(job: JobSpec, namespace: str) -> list[dict[str, Any]]:
         env.append({"name": launch.ENV_REPLICA_HOST, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
         env.append({"name": launch.ENV_JOB_SECRET, "valueFrom": {"secretKeyRef": {
             "name": job_secret_name(job.name), "key": launch.JOB_SECRET_KEY}}})
-    shared = launch.job_env(job, collective_timeout=launch.AKS_COLLECTIVE_TIMEOUT_SECONDS,
-                            replica_timeout=launch.AKS_REPLICA_TIMEOUT_SECONDS,
-                            coordinator=coordinator_url(job.name, namespace))
+    shared = launch.job_env(job, launch.AKS, coordinator=coordinator_url(job.name, namespace))
     return env + [{"name": name, "value": value} for name, value in shared.items()]

@@ -92,7 +92,7 @@ def _job_spec(target, *, script_args: str | None, gpus_per_node: int | None, npr
         nproc_per_node = (gpus_per_node or 1) if target.kind == "aks" else 1
     return JobSpec(**fields, nproc_per_node=nproc_per_node, script_args=args,
                    memory_tier=memory_tier or DEFAULT_MEMORY_TIER,
-                   recovery=recovery or launch.DEFAULT_RECOVERY.get(target.kind, launch.RECOVERY_RESTART))
+                   recovery=recovery or launch.PROFILES[target.kind].default_recovery)
 
 
 def list_jobs(cmd, local: bool = False, cluster: str | None = None,

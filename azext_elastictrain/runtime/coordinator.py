@@ -34,9 +34,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="the fewest nodes a quorum takes (the job's --min-nodes)")
     parser.add_argument("--join-timeout-ms", type=_at_least_one, default=launch.COORDINATOR_JOIN_TIMEOUT_MS)
     parser.add_argument("--quorum-tick-ms", type=_at_least_one, default=launch.COORDINATOR_QUORUM_TICK_MS)
-    parser.add_argument("--heartbeat-timeout-ms", type=_at_least_one,
-                        default=launch.AKS_COORDINATOR_HEARTBEAT_TIMEOUT_MS,
-                        help="drop a node unheard of this long (default: %(default)s, AKS's)")
+    parser.add_argument("--heartbeat-timeout-ms", type=_at_least_one, required=True,
+                        help="drop a node unheard of this long (the backend's: core/launch.py LaunchProfile)")
     parser.add_argument("--address-file", type=Path, help="write the address here once listening")
     return parser.parse_args(argv)
 

@@ -7,13 +7,13 @@ carries two things besides the meeting:
   replica to every other, as DDP broadcasts its rank 0's buffers at each forward: every node starts the step
   from the same statistics, so the job's buffers are what one DDP run over every rank keeps (rank 0's), whoever
   writes the checkpoint, and a newcomer's are not its own lineage;
-- **a digest of each replica** (its trained parameters, the optimizer's state and every other module's
-  parameters and counts, such as an EMA's: the state every replica must hold bit for bit; not the statistics
-  each rank gathers from its own batches, which DDP leaves apart too), when a check is due: every ``every`` steps, at a change of
-  the quorum's members and after a transfer. A replica whose digest differs from the one most replicas hold (a
-  tie: the lowest rank's) is a loud error, and it takes no part in the step (its slice goes to the others, its
-  gradient is zeros, it discards the step), so at the next quorum it is one step behind and torchft's quorum has
-  it take the state of a replica that committed: the same path as a node whose commit failed where the others'
+- **a digest of each replica** (its trained parameters, the optimizer's state and every other module's parameters
+  and counts, such as an EMA's: the state every replica must hold bit for bit; not the statistics each rank
+  gathers from its own batches, which DDP leaves apart too), when a check is due: every ``every`` steps, at a
+  change of the quorum's members and after a transfer. A replica whose digest differs from the one most replicas
+  hold (a tie: the lowest rank's) is a loud error, and it takes no part in the step (its slice goes to the others,
+  its gradient is zeros, it discards the step), so at the next quorum it is one step behind and torchft's quorum
+  has it take the state of a replica that committed: the same path as a node whose commit failed where the others'
   succeeded.
 
 A digest is the sum of each tensor's bits read as integers, mixed in the tensors' order: any bit that differs

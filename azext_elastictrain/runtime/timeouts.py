@@ -49,7 +49,7 @@ def replica_timeout(environ: Mapping[str, Any] | None = None) -> timedelta:
     env = os.environ if environ is None else environ
     for name in ("TORCHFT_TIMEOUT_SEC", launch.ENV_REPLICA_TIMEOUT):
         found = _seconds(env, name, "the seconds the cross-node collective may wait for a peer",
-                         f"default {launch.LOCAL_REPLICA_TIMEOUT_SECONDS:g} locally")
+                         f"default {launch.LOCAL.replica_timeout_seconds:g} locally")
         if found is not None:
             return found
     return collective_timeout(env)

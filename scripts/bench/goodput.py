@@ -165,7 +165,7 @@ def bench_job(name: str, cfg: dict, blob, etcd, imds: ScheduledEventsServer, scr
 
 
 def start_coordinator(cfg: dict, logs: Path, name: str,
-                      heartbeat_timeout_ms: int = launch.LOCAL_COORDINATOR_HEARTBEAT_TIMEOUT_MS) -> Coordinator | None:
+                      heartbeat_timeout_ms: int = launch.LOCAL.coordinator_heartbeat_timeout_ms) -> Coordinator | None:
     """An in-process config's coordinator, as ``job run --local`` starts one (min nodes 1, the job's; another
     heartbeat timeout than the product's only where a benchmark compares them)."""
     if cfg.get("recovery") != launch.RECOVERY_IN_PROCESS:

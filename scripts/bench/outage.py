@@ -72,7 +72,7 @@ def run_job(mode: str, nodes: int, blob, etcd, imds: ScheduledEventsServer, logs
     cfg = MODES[base]
     name = f"out-{base}-{nodes}-{uuid.uuid4().hex[:6]}"
     coordinator = start_coordinator(cfg, logs / name, name,
-                                    int(heartbeat_ms or launch.LOCAL_COORDINATOR_HEARTBEAT_TIMEOUT_MS))
+                                    int(heartbeat_ms or launch.LOCAL.coordinator_heartbeat_timeout_ms))
     job = bench_job(name, cfg, blob, etcd, imds, SCRIPT_ARGS, coordinator, max_nodes=nodes)
     store = BlobStore.from_url(job.checkpoint_url, connection_string=blob.connection_string)
     evictor = BenchEvictor(job, imds, lambda: read_events(store, store.prefix), logs / name, full_size=nodes)

@@ -128,7 +128,7 @@ def main() -> int:
                           flush=True)
                 for peer in [] if args.in_process_heartbeat_ms else args.peer_timeout or []:
                     r = soak(TUNED_RDZV_CONF, args.seconds, blob, etcd, work / "logs",
-                             launch.AKS_COLLECTIVE_TIMEOUT_SECONDS, args.checkpoint_every, peer_timeout=peer)
+                             launch.AKS.collective_timeout_seconds, args.checkpoint_every, peer_timeout=peer)
                     print(f"{r['reforms']} needless re-form(s) in {r['seconds']:.0f}s ({r['steps']} steps, "
                           f"{args.hogs} CPU hogs, a checkpoint every {args.checkpoint_every} steps): peer "
                           f"timeout {peer:g}s", flush=True)

@@ -34,7 +34,7 @@ def test_the_demo_survives_two_evictions_and_finishes_every_step(tmp_path):
         # without notice the survivor resumes from its own memory: at most the step in flight is lost
         assert not sudden["notice"] and 0 <= sudden["stepsLost"] <= 1, sudden
         # the node vanished (no peer told): the survivor noticed by its collective timeout, then re-formed
-        assert 0 < sudden["outageSeconds"] <= launch.LOCAL_COLLECTIVE_TIMEOUT_SECONDS + 10, sudden
+        assert 0 < sudden["outageSeconds"] <= launch.LOCAL.collective_timeout_seconds + 10, sudden
         # the outage with notice runs from the survivors' last step, before the node went: no shorter than
         # the seconds from the kill to the first step after it
         assert notice["outageSeconds"] >= notice["recoverySeconds"] > 0, notice

@@ -106,7 +106,7 @@ def job(azurite: svc.AzuriteService, container_url: str, tmp_path: Path):
            "ELASTICTRAIN_REPLICA_HOST": "127.0.0.1", "ELASTICTRAIN_SCHEDULED_EVENTS_URL": "off",
            launch.ENV_JOB_SECRET: uuid.uuid4().hex,  # the state server's guard, as job run gives it
            "ELASTICTRAIN_MEMORY_RESCUE": "off", "ELASTICTRAIN_WARM_START": "off",
-           launch.ENV_REPLICA_TIMEOUT: f"{launch.LOCAL_REPLICA_TIMEOUT_SECONDS:g}",  # what a local job's nodes get
+           launch.ENV_REPLICA_TIMEOUT: f"{launch.LOCAL.replica_timeout_seconds:g}",  # what a local job's nodes get
            "ELASTICTRAIN_CHECKPOINT_URL": f"{container_url}/job-{uuid.uuid4().hex[:6]}",
            "AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(REPO)}

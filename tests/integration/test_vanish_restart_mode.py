@@ -58,8 +58,8 @@ def test_a_vanished_node_costs_the_peer_timeout_and_a_re_form_whatever_the_scrip
     name = f"vanish-{uuid.uuid4().hex[:8]}"
     config = JobConfig(
         name=name, checkpoint_url=f"{container_url}/{name}", connection_string=azurite.connection_string,
-        etcd_endpoint=etcd.endpoint, script=HARNESS, rdzv_conf=launch.AKS_RDZV_CONF,
-        extra_env={launch.ENV_COLLECTIVE_TIMEOUT: f"{launch.AKS_COLLECTIVE_TIMEOUT_SECONDS:g}",
+        etcd_endpoint=etcd.endpoint, script=HARNESS, rdzv_conf=launch.AKS.rdzv_conf,
+        extra_env={launch.ENV_COLLECTIVE_TIMEOUT: f"{launch.AKS.collective_timeout_seconds:g}",
                    launch.ENV_MEMORY_DIR: str(tmp_path / "shm"), "READMETEST_BLOCK": str(path),
                    "READMETEST_OUT": str(out), "READMETEST_SLOW": str(slow), "READMETEST_STEP_DELAY": delay})
     store = BlobStore.from_url(config.checkpoint_url, connection_string=azurite.connection_string)
@@ -79,7 +79,7 @@ def test_a_vanished_node_costs_the_peer_timeout_and_a_re_form_whatever_the_scrip
         print(f"{script}: outage {outage['outageSeconds']} s, survivor trained again "
               f"{outage['firstStepAt'] - frozen_at:.2f} s after the freeze")  # the figure, with -s
         assert outage["fromWorldSize"] == 2 and outage["toWorldSize"] == 1, outage
-        assert outage["outageSeconds"] < launch.AKS_COLLECTIVE_TIMEOUT_SECONDS, (outage, logs())
+        assert outage["outageSeconds"] < launch.AKS.collective_timeout_seconds, (outage, logs())
         assert outage["stepsLost"] == 0 and outage["restoreSource"] == "memory", outage
         history = _history(out)
         _check_exactly_once(history, max(history))

@@ -13,7 +13,7 @@ import os
 import signal
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -25,7 +25,9 @@ from azext_elastictrain.backends.local.evict import kill_processes, vanish_proce
 from azext_elastictrain.backends.local.jobs import start_coordinator
 from azext_elastictrain.backends.local.state import node_processes
 from azext_elastictrain.core import launch
-from azext_elastictrain.core.launch import LOCAL_RDZV_CONF as TUNED_RDZV_CONF
+from azext_elastictrain.core.spec import DEFAULT_MEMORY_TIER, MEMORY_TIER_OFF, JobSpec
+
+TUNED_RDZV_CONF = launch.LOCAL.rdzv_conf
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TRAIN_SCRIPT = REPO_ROOT / "scripts" / "train_cifar10.py"
@@ -63,14 +65,16 @@ class Node:
         (log_dir / "nodes").mkdir(parents=True, exist_ok=True)
         if job.recovery == launch.RECOVERY_IN_PROCESS:
             write_job_secret(log_dir)  # the job's nodes share it, as a local job's do
+        spec = JobSpec(name=job.name, script=str(job.script), min_nodes=job.min_nodes, max_nodes=job.max_nodes,
+                       nproc_per_node=job.nproc_per_node, script_args=tuple(job.script_args),
+                       memory_tier=DEFAULT_MEMORY_TIER if job.memory_tier else MEMORY_TIER_OFF,
+                       warm_start=job.warm_start, recovery=job.recovery)
         agent = AgentLaunch(
-            node=name, script=str(job.script), script_args=tuple(job.script_args),
+            node=name, spec=spec, script=str(job.script),
             checkpoint_url=job.checkpoint_url, connection_string=job.connection_string,
             etcd_endpoint=job.etcd_endpoint, rdzv_id=job.name, job_dir=log_dir,
-            scheduled_events_url=job.scheduled_events_url, min_nodes=job.min_nodes, max_nodes=job.max_nodes,
-            nproc_per_node=job.nproc_per_node, warm_start=job.warm_start, rdzv_conf=job.rdzv_conf,
-            memory_tier=job.memory_tier, progress_seconds=job.progress_seconds, recovery=job.recovery,
-            coordinator=job.coordinator,
+            scheduled_events_url=job.scheduled_events_url, profile=replace(launch.LOCAL, rdzv_conf=job.rdzv_conf),
+            progress_seconds=job.progress_seconds, coordinator=job.coordinator,
             # the session's memory-tier folder (tests/conftest.py), which the product's launch does not pass on
             extra_env={**{k: os.environ[k] for k in (launch.ENV_MEMORY_DIR,) if k in os.environ},
                        **job.extra_env})
@@ -131,7 +135,7 @@ class Coordinator:
     (backends/local/jobs.py's start_coordinator: runtime/coordinator.py, the product's settings)."""
 
     def __init__(self, job_dir: Path, min_nodes: int, job: str,
-                 heartbeat_timeout_ms: int = launch.LOCAL_COORDINATOR_HEARTBEAT_TIMEOUT_MS):
+                 heartbeat_timeout_ms: int = launch.LOCAL.coordinator_heartbeat_timeout_ms):
         job_dir.mkdir(parents=True, exist_ok=True)
         self.record = start_coordinator(job_dir, min_nodes=min_nodes, job=job,
                                         heartbeat_timeout_ms=heartbeat_timeout_ms)

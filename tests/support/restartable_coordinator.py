@@ -28,7 +28,7 @@ class RestartableCoordinator:
             self.proc = subprocess.Popen(  # pylint: disable=consider-using-with
                 [sys.executable, "-m", launch.COORDINATOR_MODULE,
                  *launch.coordinator_args(bind=f"127.0.0.1:{self.port}", min_nodes=self.min_nodes,
-                                          heartbeat_timeout_ms=launch.LOCAL_COORDINATOR_HEARTBEAT_TIMEOUT_MS)],
+                                          heartbeat_timeout_ms=launch.LOCAL.coordinator_heartbeat_timeout_ms)],
                 cwd=REPO, stdout=log, stderr=log)
         deadline = time.monotonic() + self.start_timeout
         while not self._listening():

@@ -116,7 +116,7 @@ def test_the_job_nodes_range_reaches_the_runtime_and_a_bad_one_is_ignored() -> N
     from azext_elastictrain.core.spec import JobSpec
 
     spec = JobSpec(name="job", script="train.py", min_nodes=2, max_nodes=5)
-    env = launch.job_env(spec, collective_timeout=1, replica_timeout=1)
+    env = launch.job_env(spec, launch.LOCAL)
     assert launch.job_nodes(env) == (2, 5)
     for bad in ("", "3", "a:b", "0:2", "4:2"):
         assert launch.job_nodes({launch.ENV_NODES: bad}) is None

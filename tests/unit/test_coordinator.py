@@ -25,12 +25,13 @@ def test_nodes_are_given_the_address_bound_not_the_machines_name():
     assert reachable_address("[::]:29510", "http://vm:29510/") == "http://vm:29510/"
 
 
-def test_its_defaults_are_the_launch_settings():
-    args = parse_args([])
+def test_its_defaults_are_the_launch_settings_and_the_heartbeat_timeout_is_the_backends():
+    args = parse_args(["--heartbeat-timeout-ms", "700"])
     assert args.bind == f"0.0.0.0:{launch.COORDINATOR_PORT}" and args.min_replicas == 1
     assert (args.join_timeout_ms, args.quorum_tick_ms, args.heartbeat_timeout_ms) == (
-        launch.COORDINATOR_JOIN_TIMEOUT_MS, launch.COORDINATOR_QUORUM_TICK_MS,
-        launch.AKS_COORDINATOR_HEARTBEAT_TIMEOUT_MS)
+        launch.COORDINATOR_JOIN_TIMEOUT_MS, launch.COORDINATOR_QUORUM_TICK_MS, 700)
+    with pytest.raises(SystemExit):  # no default of its own: the backend's profile says it (core/launch.py)
+        parse_args([])
     given = parse_args(launch.coordinator_args(bind="127.0.0.1:0", min_nodes=3, heartbeat_timeout_ms=500))
     assert (given.bind, given.min_replicas, given.heartbeat_timeout_ms) == ("127.0.0.1:0", 3, 500)
 
@@ -41,8 +42,8 @@ def test_a_local_coordinator_drops_a_silent_node_sooner_than_an_aks_one():
     from azext_elastictrain.backends.local.agent import CoordinatorLaunch
 
     local = parse_args(CoordinatorLaunch(REPO).argv()[3:-1])
-    assert local.heartbeat_timeout_ms == launch.LOCAL_COORDINATOR_HEARTBEAT_TIMEOUT_MS == 500
-    assert launch.AKS_COORDINATOR_HEARTBEAT_TIMEOUT_MS == 1000
+    assert local.heartbeat_timeout_ms == launch.LOCAL.coordinator_heartbeat_timeout_ms == 500
+    assert launch.AKS.coordinator_heartbeat_timeout_ms == 1000
     compared = parse_args(CoordinatorLaunch(REPO, heartbeat_timeout_ms=700).argv()[3:-1])  # what the benches vary
     assert compared.heartbeat_timeout_ms == 700
 
@@ -60,7 +61,7 @@ def coordinator(tmp_path):
     proc = subprocess.Popen(  # pylint: disable=consider-using-with
         [sys.executable, "-m", launch.COORDINATOR_MODULE,
          *launch.coordinator_args(bind="127.0.0.1:0", min_nodes=1,
-                                  heartbeat_timeout_ms=launch.LOCAL_COORDINATOR_HEARTBEAT_TIMEOUT_MS),
+                                  heartbeat_timeout_ms=launch.LOCAL.coordinator_heartbeat_timeout_ms),
          f"--address-file={address_file}"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)})

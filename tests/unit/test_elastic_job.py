@@ -53,7 +53,7 @@ def test_our_torchrun_options_come_after_the_operators_so_they_win(job) -> None:
     # torchrun behind the warm start's --agent, which execs it with every argument (the operator's first)
     assert container["command"] == ["python", "-m", launch.WARM_START_MODULE, "--agent"]
     args = container["args"]
-    assert args[:3] == ["--rdzv-backend=etcd-v2", f"--rdzv-conf={launch.AKS_RDZV_CONF}", "--rdzv-id=cifar-1a2b3c4d"]
+    assert args[:3] == ["--rdzv-backend=etcd-v2", f"--rdzv-conf={launch.AKS.rdzv_conf}", "--rdzv-id=cifar-1a2b3c4d"]
     # The script and its own arguments last, started warm (runtime/warm.py: torchrun's -m runs the launcher).
     # "--" ends torchrun's options: the script's arguments cannot be taken for torchrun's (core/launch.py).
     assert args[-6:] == ["-m", launch.WARM_START_MODULE, "--", "scripts/train_cifar10.py", "--steps", "1000"]

@@ -395,13 +395,13 @@ def test_a_healing_step_waits_for_the_transfer_sized_to_the_state() -> None:
 def test_each_backend_sets_its_replica_timeout_for_in_process_jobs_only() -> None:
     from azext_elastictrain.core import launch
 
-    local = launch.recovery_env(launch.RECOVERY_IN_PROCESS, replica_timeout=launch.LOCAL_REPLICA_TIMEOUT_SECONDS)
+    local = launch.recovery_env(launch.RECOVERY_IN_PROCESS, replica_timeout=launch.LOCAL.replica_timeout_seconds)
     assert local[launch.ENV_REPLICA_TIMEOUT] == "2"
-    restart = launch.recovery_env(launch.RECOVERY_RESTART, replica_timeout=launch.LOCAL_REPLICA_TIMEOUT_SECONDS)
+    restart = launch.recovery_env(launch.RECOVERY_RESTART, replica_timeout=launch.LOCAL.replica_timeout_seconds)
     assert launch.ENV_REPLICA_TIMEOUT not in restart
     # shorter than the restart mode's collective timeout: a false timeout costs a discarded step, not a re-form
-    assert launch.LOCAL_REPLICA_TIMEOUT_SECONDS < launch.LOCAL_COLLECTIVE_TIMEOUT_SECONDS
-    assert launch.AKS_REPLICA_TIMEOUT_SECONDS < launch.AKS_COLLECTIVE_TIMEOUT_SECONDS
+    assert launch.LOCAL.replica_timeout_seconds < launch.LOCAL.collective_timeout_seconds
+    assert launch.AKS.replica_timeout_seconds < launch.AKS.collective_timeout_seconds
 
 
 def test_the_replica_timeout_is_torchfts_variable_then_the_backends_then_the_collective_timeout() -> None:

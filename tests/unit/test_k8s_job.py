@@ -108,7 +108,7 @@ def test_the_job_succeeds_once_any_node_finished_training(objects) -> None:
 def test_torchrun_joins_the_etcd_v2_rendezvous_with_the_aks_settings(objects) -> None:
     args = _container(objects)["args"]
     assert _container(objects)["command"] == ["python", "-m", launch.WARM_START_MODULE, "--agent"]
-    assert args[:5] == launch.torchrun_options(rdzv_conf=launch.AKS_RDZV_CONF, nproc_per_node=1,
+    assert args[:5] == launch.torchrun_options(rdzv_conf=launch.AKS.rdzv_conf, nproc_per_node=1,
                                                rdzv_id="cifar-1a2b3c4d")
     assert "--rdzv-endpoint=elastictrain-etcd.elastictrain.svc.cluster.local:2379" in args
     assert "--nnodes=1:4" in args

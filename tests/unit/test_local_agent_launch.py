@@ -56,7 +56,7 @@ def _bench_launch(monkeypatch, tmp_path: Path, **settings) -> _Started:
 def test_a_benchmark_node_runs_the_command_line_job_run_local_runs(monkeypatch, tmp_path):
     product, bench = _product_launch(monkeypatch, tmp_path), _bench_launch(monkeypatch, tmp_path)
     assert bench.argv == product.argv
-    assert f"--rdzv-conf={launch.LOCAL_RDZV_CONF}" in product.argv and "--max-restarts=100" in product.argv
+    assert f"--rdzv-conf={launch.LOCAL.rdzv_conf}" in product.argv and "--max-restarts=100" in product.argv
     # the same runtime settings, but for where its files go and the test's own progress interval
     differ = {launch.ENV_PREEMPTION_STATE, launch.ENV_NODE_LEAVING_FILE, launch.ENV_PROGRESS_SECONDS,
               local_agent.JOB_MARKER_ENV, launch.ENV_CHECKPOINT_URL, launch.ENV_MEMORY_DIR}
@@ -166,11 +166,14 @@ def test_the_tests_azurite_runs_the_command_line_of_the_local_clusters(monkeypat
     assert "--disableTelemetry" in product
 
 
-def _in_process_launch(tmp_path: Path, **changes) -> local_agent.AgentLaunch:
-    fields = dict(node="job-node-1", script=str(elastic.TRAIN_SCRIPT), checkpoint_url="http://127.0.0.1:1/x/job",
-                  connection_string="UseDevelopment", etcd_endpoint="127.0.0.1:2379", rdzv_id="job-1234",
-                  job_dir=tmp_path, min_nodes=1, max_nodes=3, nproc_per_node=2, script_args=("--steps", "10"),
-                  recovery=launch.RECOVERY_IN_PROCESS, coordinator="http://127.0.0.1:40001")
+def _in_process_launch(tmp_path: Path, recovery: str = launch.RECOVERY_IN_PROCESS,
+                       **changes) -> local_agent.AgentLaunch:
+    spec = JobSpec(name="job", script=str(elastic.TRAIN_SCRIPT), min_nodes=1, max_nodes=3, nproc_per_node=2,
+                   script_args=("--steps", "10"), recovery=recovery)
+    fields = dict(node="job-node-1", spec=spec, script=str(elastic.TRAIN_SCRIPT),
+                  checkpoint_url="http://127.0.0.1:1/x/job", connection_string="UseDevelopment",
+                  etcd_endpoint="127.0.0.1:2379", rdzv_id="job-1234", job_dir=tmp_path,
+                  coordinator="http://127.0.0.1:40001")
     fields.update(changes)
     return local_agent.AgentLaunch(**fields)
 
@@ -191,7 +194,7 @@ def test_an_in_process_node_is_a_standalone_torchrun_world_that_knows_its_coordi
     assert set(restart) - {launch.ENV_RECOVERY} <= set(env)
     assert restart[launch.ENV_RECOVERY] == "restart" and launch.ENV_COORDINATOR not in restart
     # the cross-node timeout of the in-process mode only: a restart job's collectives keep the collective timeout
-    assert env[launch.ENV_REPLICA_TIMEOUT] == f"{launch.LOCAL_REPLICA_TIMEOUT_SECONDS:g}"
+    assert env[launch.ENV_REPLICA_TIMEOUT] == f"{launch.LOCAL.replica_timeout_seconds:g}"
     assert launch.ENV_REPLICA_TIMEOUT not in restart
 
 
@@ -200,8 +203,6 @@ def test_an_in_process_node_without_a_coordinator_is_refused(tmp_path):
 
     with pytest.raises(ValueError, match="coordinator"):
         _in_process_launch(tmp_path, coordinator=None)
-    with pytest.raises(ValueError, match="unknown recovery mode"):
-        _in_process_launch(tmp_path, recovery="bogus")
 
 
 def test_a_node_that_joins_later_is_launched_as_the_jobs_record_says(monkeypatch, tmp_path):

@@ -83,8 +83,11 @@ def test_the_launch_sets_the_collective_timeout_the_runtime_reads():
 
     from azext_elastictrain.runtime import collective_timeout
 
-    env = launch.runtime_env(keep=3, checkpoint_interval=None)
-    assert collective_timeout(env) == timedelta(seconds=launch.DEFAULT_COLLECTIVE_TIMEOUT_SECONDS)
+    from azext_elastictrain.core.spec import JobSpec
+
+    for profile in (launch.LOCAL, launch.AKS):
+        env = launch.job_env(JobSpec(name="job", script="train.py"), profile)
+        assert collective_timeout(env) == timedelta(seconds=profile.collective_timeout_seconds)
     assert collective_timeout({}) == timedelta(seconds=launch.DEFAULT_COLLECTIVE_TIMEOUT_SECONDS)
     assert collective_timeout({launch.ENV_COLLECTIVE_TIMEOUT: "7.5"}) == timedelta(seconds=7.5)
     for bad in ("0", "-3", "ten", "nan", "inf"):

@@ -10,10 +10,13 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping
 
 from azext_elastictrain.backends.local.state import REPO_ROOT
 from azext_elastictrain.core import launch
+
+if TYPE_CHECKING:
+    from azext_elastictrain.core.spec import JobSpec
 
 # How often rank 0 reports progress on a local job (the event log's throughput and step).
 PROGRESS_SECONDS = 2
@@ -27,37 +30,26 @@ COORDINATOR_MARKER_ENV = "ELASTICTRAIN_LOCAL_COORDINATOR"
 
 @dataclass(frozen=True)
 class AgentLaunch:  # pylint: disable=too-many-instance-attributes  # one field per launch setting
-    """What one node of a local job runs: ``argv()`` and ``env(inherited)``."""
+    """What one node of a local job runs: ``argv()`` and ``env(inherited)``, from the job's spec and the local
+    backend's launch profile (core/launch.py): the spec's options reach the node through ``launch.job_env``
+    alone, as they reach an AKS pod; the fields here are the node's own."""
 
     node: str
-    script: str
+    spec: JobSpec
+    script: str  # the spec's script, as this machine finds it
     checkpoint_url: str
     connection_string: str
     etcd_endpoint: str
     rdzv_id: str
     job_dir: Path  # the node's state files (acknowledged events, the leaving marker) go in its nodes/ folder
-    script_args: Sequence[str] = ()
     scheduled_events_url: str = "off"
-    min_nodes: int = 1
-    max_nodes: int = 2
-    nproc_per_node: int = 1
-    keep: int = 3
-    checkpoint_interval: int | None = None
-    memory_tier: bool = True
-    warm_start: bool = True
-    rdzv_conf: str = launch.LOCAL_RDZV_CONF
-    progress_seconds: float = PROGRESS_SECONDS
-    # A job's own environment (launch.job_env of its spec: what its options set, as an AKS pod gets it); it
-    # replaces what keep, checkpoint_interval and memory_tier set, for callers without a spec.
-    job_env: Mapping[str, str] = field(default_factory=dict)
-    recovery: str = launch.RECOVERY_RESTART
+    profile: launch.LaunchProfile = launch.LOCAL  # a benchmark may compare another rendezvous setting
     coordinator: str | None = None  # in-process: the job's coordinator, http://127.0.0.1:PORT
+    progress_seconds: float = PROGRESS_SECONDS
     extra_env: Mapping[str, str] = field(default_factory=dict)  # last: a benchmark's own settings
 
     def __post_init__(self) -> None:
-        if self.recovery not in launch.RECOVERY_MODES:
-            raise ValueError(f"unknown recovery mode {self.recovery!r}")
-        if self.recovery == launch.RECOVERY_IN_PROCESS and not self.coordinator:
+        if self.spec.in_process and not self.coordinator:
             raise ValueError("a node of an in-process job needs its coordinator's address")
 
     @property
@@ -67,28 +59,27 @@ class AgentLaunch:  # pylint: disable=too-many-instance-attributes  # one field 
         return self.job_dir / "nodes" / f"{self.node}.leaving"
 
     def argv(self) -> list[str]:
-        if self.recovery == launch.RECOVERY_IN_PROCESS:  # the node is a world of its own; no etcd
-            world = launch.standalone_torchrun_options(nproc_per_node=self.nproc_per_node)
+        spec = self.spec
+        if spec.in_process:  # the node is a world of its own; no etcd
+            world = launch.standalone_torchrun_options(nproc_per_node=spec.nproc_per_node)
         else:
-            world = [*launch.torchrun_options(rdzv_conf=self.rdzv_conf, nproc_per_node=self.nproc_per_node,
+            world = [*launch.torchrun_options(rdzv_conf=self.profile.rdzv_conf, nproc_per_node=spec.nproc_per_node,
                                               rdzv_id=self.rdzv_id),
-                     f"--nnodes={self.min_nodes}:{self.max_nodes}", f"--rdzv-endpoint={self.etcd_endpoint}"]
+                     f"--nnodes={spec.min_nodes}:{spec.max_nodes}", f"--rdzv-endpoint={self.etcd_endpoint}"]
         return [
-            sys.executable, *launch.agent_module(warm=self.warm_start),
+            sys.executable, *launch.agent_module(warm=spec.warm_start),
             *world,
             "--local-addr=127.0.0.1",
             "--monitor-interval=0.5",
-            *launch.worker_entry(self.script, self.script_args, warm=self.warm_start),
+            *launch.worker_entry(self.script, spec.script_args, warm=spec.warm_start),
         ]
 
     def env(self, inherited: Mapping[str, str]) -> dict[str, str]:
         """The node's environment: ``inherited`` (the caller's) without its ELASTICTRAIN_* settings, then the
-        job's (``job_env``, else its runtime settings), then the node's own, then ``extra_env``."""
+        job's (``launch.job_env``), then the node's own, then ``extra_env``."""
         nodes_dir = self.job_dir / "nodes"
         env = {k: v for k, v in inherited.items() if not k.startswith(launch.ENV_PREFIX)}
-        env.update(self.job_env or launch.runtime_env(keep=self.keep, checkpoint_interval=self.checkpoint_interval,
-                                                      memory_tier=self.memory_tier))
-        env[launch.ENV_NODES] = f"{self.min_nodes}:{self.max_nodes}"  # job_env's too, for callers without a spec
+        env.update(launch.job_env(self.spec, self.profile, coordinator=self.coordinator))
         env.update({
             JOB_MARKER_ENV: str(self.job_dir),
             launch.ENV_CHECKPOINT_URL: self.checkpoint_url,
@@ -104,9 +95,8 @@ class AgentLaunch:  # pylint: disable=too-many-instance-attributes  # one field 
             # The runtime (azext_elastictrain.runtime) importable from a script anywhere.
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), inherited.get("PYTHONPATH")])),
         })
-        env.update(launch.recovery_env(self.recovery, coordinator=self.coordinator, replica_id=self.node,
+        env.update(launch.recovery_env(self.spec.recovery, replica_id=self.node,
                                        replica_host="127.0.0.1",  # as --local-addr: every node is on loopback
-                                       replica_timeout=launch.LOCAL_REPLICA_TIMEOUT_SECONDS,
                                        secret_file=str(job_secret_file(self.job_dir))))
         env.setdefault("OMP_NUM_THREADS", "1")
         env.update(self.extra_env)
@@ -146,7 +136,7 @@ class CoordinatorLaunch:
 
     job_dir: Path
     min_nodes: int = 1
-    heartbeat_timeout_ms: int = launch.LOCAL_COORDINATOR_HEARTBEAT_TIMEOUT_MS  # the benchmarks compare others
+    heartbeat_timeout_ms: int = launch.LOCAL.coordinator_heartbeat_timeout_ms  # the benchmarks compare others
 
     @property
     def address_file(self) -> Path:

@@ -169,14 +169,10 @@ class LocalJobs:
         recorded = read_state(job_dir / "job.json", f"job {spec.name!r}") or {}
         coordinator = (recorded.get("coordinator") or {}).get("address") if spec.in_process else None
         agent = AgentLaunch(
-            node=node, script=script, script_args=tuple(spec.script_args),
+            node=node, spec=spec, script=script,
             checkpoint_url=f"{conn['blob_endpoint']}/{CHECKPOINT_CONTAINER}/{spec.name}",
             connection_string=conn["connection_string"], etcd_endpoint=conn["etcd"], rdzv_id=rdzv_id,
-            job_dir=job_dir, scheduled_events_url=conn["scheduled_events"], min_nodes=spec.min_nodes,
-            max_nodes=spec.max_nodes, nproc_per_node=spec.nproc_per_node, warm_start=spec.warm_start,
-            recovery=spec.recovery, coordinator=coordinator,
-            job_env=launch.job_env(spec, collective_timeout=launch.LOCAL_COLLECTIVE_TIMEOUT_SECONDS,
-                                   replica_timeout=launch.LOCAL_REPLICA_TIMEOUT_SECONDS, coordinator=coordinator))
+            job_dir=job_dir, scheduled_events_url=conn["scheduled_events"], coordinator=coordinator)
         if spec.in_process:
             write_job_secret(job_dir)  # made with the coordinator; a job recorded before it had none
         argv, env = agent.argv(), agent.env(os.environ)
@@ -519,7 +515,7 @@ class LocalJobs:
 
 
 def start_coordinator(job_dir: Path, *, min_nodes: int, job: str,
-                      heartbeat_timeout_ms: int = launch.LOCAL_COORDINATOR_HEARTBEAT_TIMEOUT_MS) -> dict[str, Any]:
+                      heartbeat_timeout_ms: int = launch.LOCAL.coordinator_heartbeat_timeout_ms) -> dict[str, Any]:
     """The coordinator of an in-process job (runtime/coordinator.py) on a free loopback port, detached, as
     ``job run --local`` starts it (the benchmarks start theirs here too); returns its record once it listens
     (name, pid, start time, address, log). Raises ClusterError with its log's end if it does not start."""
