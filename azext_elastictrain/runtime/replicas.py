@@ -381,6 +381,7 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         self._in_hook = True
         try:
             tree = entries.tree(self.state)
+            tree.forget(tree.absent_groups(payload["flat"]))  # the peer's optimizer has no state for these
             missing = set(tree.flat) - set(payload["flat"])
             if missing:
                 raise RuntimeError(f"the peer's state lacks {sorted(missing)[:5]}: the replicas run other scripts")

@@ -108,11 +108,12 @@ class Restorer:  # pylint: disable=too-few-public-methods  # one job: restore
                 "is pickled, and restore never unpickles what it reads from storage; resume this job with the "
                 "version that wrote it, or start it under a new prefix"
             )
-        flat = dict(tree.flat)  # DCP copies this; the planner holds the copy it loads
         mine = entries.rng_prefix(self.ranks.rank)
-        planner = CheckingLoadPlanner(tree.free, adopt=(mine, entries.STEP_KEY), ignore=(entries.RNG_PREFIX,))
         reader = BlobCheckpointReader(self.store, self.job_prefix, manifest, verify=self.verify)
         try:
+            forget_absent_optimizer_states(tree, reader)
+            flat = dict(tree.flat)  # DCP copies this; the planner holds the copy it loads
+            planner = CheckingLoadPlanner(tree.free, adopt=(mine, entries.STEP_KEY), ignore=(entries.RNG_PREFIX,))
             dcp.load(flat, storage_reader=reader, planner=planner, process_group=self.ranks.control,
                      no_dist=not self.ranks.distributed)
         except (Exception, CheckpointException) as ex:  # pylint: disable=broad-exception-caught
@@ -203,9 +204,17 @@ class Restorer:  # pylint: disable=too-few-public-methods  # one job: restore
         if (copy.step, copy.checksum) != wanted:
             log.warning("the in-memory state received is not the one agreed on")
             return UNREADABLE
+        reader = rescue.MemoryStateReader(copy.tensors)
+        forget_absent_optimizer_states(tree, reader)
         flat = dict(tree.flat)
         mine = entries.rng_prefix(self.ranks.rank)
         planner = CheckingLoadPlanner(tree.free, adopt=(mine, entries.STEP_KEY), ignore=(entries.RNG_PREFIX,))
-        dcp.load(flat, storage_reader=rescue.MemoryStateReader(copy.tensors), planner=planner, no_dist=True)
+        dcp.load(flat, storage_reader=reader, planner=planner, no_dist=True)
         self._apply(copy.step, tree, planner, mine)
         return LOADED
+
+
+def forget_absent_optimizer_states(tree: StateTree, reader: Any) -> None:
+    """Parameters the source's optimizer has no state for (it never had a gradient: an unused head) get none here
+    either, though torch gave the fresh optimizer a state for every parameter to load into (StateTree)."""
+    tree.forget(tree.absent_groups(reader.read_metadata().state_dict_metadata))

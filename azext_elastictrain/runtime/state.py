@@ -24,7 +24,7 @@ import copy
 import json
 import random
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Iterable, cast
 
 import torch
 from torch.distributed.checkpoint.stateful import Stateful
@@ -35,6 +35,15 @@ JSON_SCALARS = (bool, int, float, str, type(None))
 
 class StateError(ValueError):
     """A state dict value that cannot be checkpointed, or a state that does not fit a checkpoint."""
+
+
+def _lenient() -> Any:
+    """torch's options for loading an optimizer's state: not strict. A parameter that never had a gradient has no
+    state in what a trained optimizer saved, and torch refuses that when strict; every other key is checked before
+    any load (StateTree, the load planner, a peer's keys)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(strict=False)
 
 
 class TrainingState(Stateful):
@@ -68,6 +77,7 @@ class TrainingState(Stateful):
             set_state_dict(
                 self.model, self.optimizer,
                 model_state_dict=state_dict["model"], optim_state_dict=state_dict["optim"],
+                options=_lenient(),
             )
         if self.scheduler is not None:
             self.scheduler.load_state_dict(state_dict["scheduler"])
@@ -162,7 +172,7 @@ class _OptimizerState:
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
-        set_optimizer_state_dict(self.module, self.optimizer, state_dict)
+        set_optimizer_state_dict(self.module, self.optimizer, state_dict, options=_lenient())
 
 
 # --------------------------------------------------------------------------- the flat tree
@@ -182,12 +192,20 @@ def _describe(path: str) -> str:
     return "state" + "".join(f"[{p!r}]" for p in path.split(SEP))
 
 
-class StateTree:
+class StateTree:  # pylint: disable=too-many-instance-attributes  # the flat view and how to rebuild from it
     """One state dict seen as flat items: ``flat`` maps each key to a tensor or a JSON value.
 
     ``free`` names the items whose type and size come from the checkpoint at a
     restore (plain tensors and JSON values: a list that grew is still restored
     whole); module and optimizer tensors are loaded in place and must fit.
+
+    An optimizer's state of one parameter is a group of items that a source (a
+    checkpoint, a memory copy, a peer) may lack as a whole: torch's state-dict API
+    gives a fresh optimizer a state for every parameter (the template to load
+    into), and a trained one has none for a parameter that never had a gradient
+    (an unused head, an expert no batch reached). ``absent_groups`` names those a
+    source lacks and ``forget`` drops them, so after the load that parameter has
+    no state, as in the run that saved it.
     """
 
     def __init__(self, state: dict[str, Any], reserved: str | None = None):
@@ -200,6 +218,8 @@ class StateTree:
         self._origin: dict[str, str] = {}
         self._inner: dict[str, Any] = {}  # path -> what an object's state_dict() gave at flattening
         self.paths: dict[str, tuple[str | int, ...]] = {}  # flat key -> its nesting, for offline DCP tools
+        # an optimizer's state of one parameter: the prefix of its keys -> (the "state" dict it is in, its name)
+        self._optimizer_groups: dict[str, tuple[dict[str, Any], str]] = {}
         for key, value in state.items():
             if not isinstance(key, str) or not key:
                 raise StateError(f"state dict keys must be non-empty strings, got {key!r}")
@@ -249,6 +269,7 @@ class StateTree:
             except Exception as ex:  # noqa: BLE001 - name the key, whatever the object raised
                 raise StateError(f"{_describe(path)}: its state_dict() failed: {ex}") from ex
             self._inner[path] = inner
+            self._note_optimizer_groups(value, inner, path)
             in_place = isinstance(value, (torch.nn.Module, torch.optim.Optimizer, TrainingState))
             self._flatten(inner, path, path, in_place, parts)
         else:
@@ -257,6 +278,45 @@ class StateTree:
                 "optimizers, schedulers, torch.Generators, tensors, numbers, strings, dicts/lists of these "
                 "and objects with state_dict()/load_state_dict()"
             )
+
+    def _note_optimizer_groups(self, value: Any, inner: Any, path: str) -> None:
+        optimizer_sd, prefix = None, path
+        if isinstance(value, torch.optim.Optimizer):
+            optimizer_sd = inner
+        elif isinstance(value, TrainingState) and isinstance(inner, dict):
+            optimizer_sd, prefix = inner.get("optim"), f"{path}{SEP}optim"
+        states = optimizer_sd.get("state") if isinstance(optimizer_sd, dict) else None
+        if isinstance(states, dict):
+            for name in states:
+                self._optimizer_groups[f"{prefix}{SEP}state{SEP}{name}{SEP}"] = (states, name)
+
+    @property
+    def optimizer_groups(self) -> set[str]:
+        """The key prefixes of every optimizer's state of one parameter (see the class)."""
+        return set(self._optimizer_groups)
+
+    def absent_groups(self, available: Iterable[str]) -> set[str]:
+        """The optimizer state groups (key prefixes) of which ``available`` holds no key at all."""
+        present = set(available)
+        return {group for group in self._optimizer_groups
+                if not any(key.startswith(group) for key in present)}
+
+    def group_keys(self, groups: Iterable[str]) -> set[str]:
+        """The flat keys of these optimizer state groups."""
+        prefixes = tuple(groups)
+        return {key for key in self.flat if prefixes and key.startswith(prefixes)}
+
+    def forget(self, groups: Iterable[str]) -> None:
+        """Drop these optimizer state groups: their parameters have no state after the load (see the class)."""
+        groups = set(groups)
+        for key in self.group_keys(groups):
+            del self.flat[key]
+            self.free.discard(key)
+            self.paths.pop(key, None)
+            self._origin.pop(key, None)
+        for group in groups:
+            states, name = self._optimizer_groups.pop(group)
+            states.pop(name, None)
 
     @property
     def json_keys(self) -> set[str]:

@@ -204,6 +204,43 @@ def test_a_fresh_adamw_gets_every_moment_back_from_the_raw_dict(checkpointer) ->
     assert_identical(observe(saved), observe(fresh))
 
 
+class WithUnusedHead(Net):
+    """A head no forward uses (find_unused_parameters in DDP; an expert no batch reached): AdamW never makes a
+    state for it, while torch's state-dict API gives a fresh AdamW a state for every parameter."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unused = nn.Linear(8, 3)
+
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["dict", "TrainingState"])
+def test_a_parameter_that_never_had_a_gradient_restores_without_an_optimizer_state(checkpointer, wrapped) -> None:
+    """Before: "the state has keys the checkpoint lacks: optimizer.state.unused.bias.exp_avg, ..." at every
+    restart of such a job (restart mode), and every heal from a peer (in-process)."""
+    def made(seed: int, train: bool) -> dict:
+        torch.manual_seed(seed)
+        model = WithUnusedHead()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
+        if train:
+            trained(model, optimizer)
+        return {"train": TrainingState(model, optimizer)} if wrapped else {"model": model, "optimizer": optimizer}
+
+    def parts(state: dict) -> tuple[nn.Module, torch.optim.Optimizer]:
+        return (state["train"].model, state["train"].optimizer) if wrapped else (state["model"], state["optimizer"])
+
+    saved = made(0, True)
+    model, optimizer = parts(saved)
+    assert model.unused.weight not in optimizer.state and moment_entries(optimizer) == 18  # 6 of 8 have a state
+    checkpointer().save(1, saved, blocking=True)
+    fresh = made(1, False)
+    assert checkpointer().restore(fresh) == 1
+    fresh_model, fresh_optimizer = parts(fresh)
+    assert fresh_model.unused.weight not in fresh_optimizer.state and moment_entries(fresh_optimizer) == 18
+    trained(model, optimizer, steps=2)
+    trained(fresh_model, fresh_optimizer, steps=2)
+    assert_identical(observe(saved), observe(fresh))  # the unused head too: AdamW decayed it in neither
+
+
 @pytest.mark.parametrize("bad, where", [
     (lambda tmp: {"log": open(tmp / "f.txt", "w")}, "state['log']"),  # noqa: SIM115 - closed below
     (lambda tmp: {"meta": {"fn": lambda: 1}}, "state['meta']['fn']"),
