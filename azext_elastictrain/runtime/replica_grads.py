@@ -12,6 +12,14 @@ bucket is averaged within the node as DDP does (``allreduce_hook``), and the las
 collective of every gradient in the optimizer's parameter order, the same on every node by construction, then
 hands each bucket its part back. DDP waits for every bucket's future at the end of ``backward()``.
 
+A model whose forward leaves some parameters out (DDP's ``find_unused_parameters``: an unused head, a mixture of
+experts' routing) needs one thing more. DDP writes a gradient to every parameter used on any of its ranks and
+leaves the others' alone (``None``: the optimizer skips them), but its ranks here are the node's workers only: an
+expert that this node's batch did not route to, and another node's did, would get no gradient here and the
+average there, and the replicas would part. So the collective also carries, per parameter, whether any worker of
+the node used it (a parameter hook marks it, and a MAX within the node agrees it), and a parameter unused here but
+used on another node gets the average here too; one used nowhere keeps no gradient anywhere, as in one DDP run.
+
 No ``from __future__ import annotations`` here: DDP checks the hook's annotations as objects
 (``bucket: dist.GradBucket``, ``-> torch.futures.Future[torch.Tensor]``).
 """
@@ -31,16 +39,28 @@ class CrossReplicaAverage:
     parameters in the optimizer's order. ``averaged`` counts the backward passes averaged since ``reset()``.
     """
 
-    def __init__(self, order: List[torch.nn.Parameter], allreduce: Callable[[torch.Tensor], None]) -> None:
+    def __init__(self, order: List[torch.nn.Parameter], allreduce: Callable[[torch.Tensor], None], *,
+                 track_use: bool = False) -> None:
         self.order = order
         self.allreduce = allreduce
         self.averaged = 0
+        # ids of the parameters a backward since the last average reached (track_use: a DDP that finds unused ones)
+        self._used: set[int] = set()
+        self._track_use = track_use
+        self._hooks = [p.register_hook(self._marker(id(p)))  # type: ignore[no-untyped-call]  # unannotated
+                       for p in order] if track_use else []
         # per bucket: DDP's average within the node, the future handed to DDP, its gradients and parameters
         self._pending: List[Tuple[torch.futures.Future[torch.Tensor], torch.futures.Future[torch.Tensor],
                                   List[torch.Tensor], List[torch.Tensor]]] = []
 
     def reset(self) -> None:
         self.averaged = 0
+        self._used.clear()
+
+    def _marker(self, key: int) -> Callable[[torch.Tensor], None]:
+        def mark(_grad: torch.Tensor) -> None:
+            self._used.add(key)
+        return mark
 
     def average(self, state: Any, bucket: dist.GradBucket  # pylint: disable=unused-argument  # DDP's signature
                 ) -> torch.futures.Future[torch.Tensor]:
@@ -59,14 +79,19 @@ class CrossReplicaAverage:
             for within, _done, gradients, parameters in pending:
                 buffers.append(within.wait())
                 views.update({id(p): g for p, g in zip(parameters, gradients)})
-            ordered = [views[id(p)] for p in self.order if id(p) in views]
+            params = [p for p in self.order if id(p) in views]
+            ordered = [views[id(p)] for p in params]
             if ordered:
-                flat = torch.cat([g.reshape(-1) for g in ordered])
+                used = self._used_on_node(params, ordered[0]) if self._track_use else None
+                flat = torch.cat([g.reshape(-1) for g in ordered] + ([used] if used is not None else []))
                 self.allreduce(flat)
                 offset = 0
                 for g in ordered:
                     g.copy_(flat[offset:offset + g.numel()].view_as(g))
                     offset += g.numel()
+                if used is not None:
+                    self._give_elsewhere_used(params, ordered, used, flat[offset:])
+            self._used.clear()
             self.averaged += 1
         except Exception as ex:  # pylint: disable=broad-exception-caught  # every bucket's future carries it
             for _within, done, _g, _p in pending:
@@ -74,6 +99,27 @@ class CrossReplicaAverage:
             return
         for (_within, done, _g, _p), buffer in zip(pending, buffers):
             done.set_result(buffer)
+
+    def _used_on_node(self, params: List[torch.nn.Parameter], like: torch.Tensor) -> torch.Tensor:
+        """1 for each parameter some worker of this node used since the last average, else 0 (DDP's rule within
+        the node: its workers agree through a MAX in the node's group)."""
+        used = torch.tensor([1.0 if id(p) in self._used else 0.0 for p in params], dtype=like.dtype,
+                            device=like.device)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(used, op=dist.ReduceOp.MAX)
+        return used
+
+    @staticmethod
+    def _give_elsewhere_used(params: List[torch.nn.Parameter], averaged: List[torch.Tensor], here: torch.Tensor,
+                             anywhere: torch.Tensor) -> None:
+        """A parameter no worker of this node used, and some node did: DDP leaves its gradient alone here, so it
+        takes the average now (one used nowhere keeps none, as in one DDP run)."""
+        for p, g, used_here, used_anywhere in zip(params, averaged, here.tolist(), anywhere.tolist()):
+            if not used_here and used_anywhere > 0:
+                if p.grad is None:
+                    p.grad = g.detach().clone()
+                else:
+                    p.grad.copy_(g)
 
 
 def the_ddp(state_modules: List[torch.nn.Module], optimizer: torch.optim.Optimizer

@@ -169,7 +169,8 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         if ddp is None:
             return None
         order = [p for group in self.optimizer.param_groups for p in group["params"] if p.requires_grad]
-        hook = CrossReplicaAverage(order, self._allreduce)
+        hook = CrossReplicaAverage(order, self._allreduce,
+                                   track_use=bool(getattr(ddp, "find_unused_parameters", False)))
         try:
             ddp.register_comm_hook(state=None, hook=hook.average)
         except RuntimeError as ex:  # a hook of the script's own: one per DDP
@@ -467,19 +468,28 @@ def state_bytes(value: Any) -> int:
 def average_across_replicas(params: list[torch.Tensor], allreduce: Callable[[torch.Tensor], None]) -> None:
     """Every parameter's gradient averaged across the replicas in one collective, in the optimizer's order.
 
-    A parameter without a gradient counts as zeros, so every replica sends the same layout; after it every
-    parameter has the averaged gradient. ``allreduce`` averages its tensor in place, over the participants
-    (``ReplicaGroup._allreduce``: a healing replica sends zeros; an error is recorded and fails the commit).
+    A parameter without a gradient counts as zeros, so every replica sends the same layout, and the collective
+    also carries whether each replica had a gradient: after it a parameter that had one on any replica has the
+    average, and one that had none anywhere keeps none (the optimizer skips it, as after one DDP run's backward:
+    AdamW would otherwise decay an unused head on zeros). ``allreduce`` averages its tensor in place, over the
+    participants (``ReplicaGroup._allreduce``: a healing replica sends zeros; an error is recorded and fails the
+    commit).
     """
     if not params:
         return
-    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+    grads = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
+    had = torch.tensor([0.0 if p.grad is None else 1.0 for p in params], dtype=grads[0].dtype,
+                       device=grads[0].device)
+    flat = torch.cat([*grads, had])
     allreduce(flat)
     offset = 0
     for p in params:
         size = p.numel()
         p.grad = flat[offset:offset + size].view_as(p).clone()
         offset += size
+    for p, anywhere in zip(params, flat[offset:].tolist()):
+        if anywhere <= 0:
+            p.grad = None
 
 
 def discard_step(optimizer: torch.optim.Optimizer) -> None:

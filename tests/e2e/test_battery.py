@@ -10,7 +10,9 @@ try):
 
 - the global batch (this step's slices, joined in rank order), the learning rate the step used, the generator's
   state and the plain counter after it: equal to the uninterrupted run's;
-- the replicas are one: every rank's digest of parameters, optimizer state and EMA is the same after the step;
+- the replicas are one: every rank's digest of parameters, optimizer state and EMA is the same after the step
+  (in the bn variant with an expert that each rank's slice uses or not: its average must reach every rank);
+- a parameter no forward uses never moves (bn variant: DDP leaves it without a gradient, so AdamW skips it);
 - the gradient norm the script saw (``clip_grad_norm_``: the average over every rank, as DDP gives it) equals the
   uninterrupted run's within float error, at every world size: the global batch is fixed and its final partial
   batch splits evenly at 1 and 2 ranks, so the maths is one DDP run's. Not in the bn variant: its model is
@@ -77,6 +79,8 @@ def compare_with_uninterrupted(run: dict[int, list[dict]], reference: dict[int, 
             assert all(math.isclose(r["norm"], want[0]["norm"], rel_tol=1e-4, abs_tol=1e-6) for r in got), (
                 where, "gradient norm", [r["norm"] for r in got], want[0]["norm"])
     assert any(len(run[s]) == 1 for s in run), "no step was trained at world size 1: the evictions did not shrink it"
+    unused = {r["unused"] for step in run.values() for r in step if "unused" in r}
+    assert len(unused) <= 1, f"a parameter no forward uses moved (AdamW stepped it on a zero gradient): {unused}"
 
 
 def _start(az, name: str, variant: str, out: Path, *, recovery: str, evict: bool, slow: Path | None = None) -> None:

@@ -5,14 +5,17 @@ what real scripts keep in ``state`` and do in a step, each pattern a place where
                       clip_grad_norm_, an LR schedule, an EMA (AveragedModel), a torch.Generator drawn once per
                       step (an augmentation strength) and a plain counter in the state, drop_last=False with a
                       final partial batch
-    --variant bn      the same with an unseeded model (DDP makes the ranks one), BatchNorm and AdamW
+    --variant bn      the same with an unseeded model (DDP makes the ranks one), BatchNorm, AdamW, a head the
+                      forward never uses and an "expert" layer that a rank's batch uses or not (a mixture of
+                      experts' routing): DDP with find_unused_parameters, where a parameter used on any rank
+                      gets the average on every rank and one used on none keeps no gradient (AdamW leaves it be)
 
 Its own log is what the battery compares with one uninterrupted run: one JSON line per loop body, per rank, in
 ``$BATTERY_OUT/records-<node>-<pid>.jsonl``: the step, the world size and rank of the step's data-parallel layout (the sampler's: in the
 in-process mode each node is a torchrun world of its own), the sample ids of this rank's batch,
 the learning rate the step used, the generator's state and the counter after the body, the gradient norm
-``clip_grad_norm_`` saw (the total norm before clipping), and a digest of the replica (parameters, optimizer
-state, EMA). While the file ``$BATTERY_SLOW`` exists each step also sleeps ``$BATTERY_STEP_DELAY`` seconds (in
+``clip_grad_norm_`` saw (the total norm before clipping), a digest of the replica (parameters, optimizer
+state, EMA), and in the bn variant a digest of the head no batch uses (it must never move). While the file ``$BATTERY_SLOW`` exists each step also sleeps ``$BATTERY_STEP_DELAY`` seconds (in
 the step's compute, before backward), so the test can evict nodes before the job ends.
 """
 from __future__ import annotations
@@ -43,6 +46,24 @@ def digest(*tensors: torch.Tensor) -> str:
     return h.hexdigest()[:16]
 
 
+class Routed(nn.Module):
+    """The bn variant's model: BatchNorm, an expert some batches use (the rank's own slice decides) and a head no
+    batch uses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trunk = nn.Sequential(nn.Linear(16, 32), nn.BatchNorm1d(32), nn.ReLU())
+        self.expert = nn.Linear(32, 32)
+        self.head = nn.Linear(32, 4)
+        self.unused = nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.trunk(x)
+        if x[:, 0].mean() > 0:  # this slice's routing: the expert's gradient comes from some ranks only
+            hidden = hidden + self.expert(hidden)
+        return self.head(hidden)
+
+
 def replica_digest(net: nn.Module, optimizer: torch.optim.Optimizer, ema: AveragedModel) -> dict[str, str]:
     """What a replica keeps, by part: equal parts on every rank make the replicas one. Not the BatchNorm buffers
     (the model's, and the EMA's copy of them): in DDP each rank updates them from its own slice in the forward and
@@ -67,8 +88,8 @@ def main() -> None:
     loader = DataLoader(data, batch_sampler=sampler)
     if not bn:
         torch.manual_seed(0)  # the bn variant leaves its model unseeded: each process draws other weights
-    net = nn.Sequential(nn.Linear(16, 32), *([nn.BatchNorm1d(32)] if bn else []), nn.ReLU(), nn.Linear(32, 4))
-    model = nn.parallel.DistributedDataParallel(net)
+    net = Routed() if bn else nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    model = nn.parallel.DistributedDataParallel(net, find_unused_parameters=bn)
     ema = AveragedModel(net, multi_avg_fn=get_ema_multi_avg_fn(0.9))
     optimizer = (torch.optim.AdamW(model.parameters(), lr=1e-2) if bn
                  else torch.optim.SGD(model.parameters(), lr=0.1))
@@ -101,7 +122,8 @@ def main() -> None:
         log.write(json.dumps({
             "step": step, "world": world, "rank": rank, "node": node,
             "ids": ids.tolist(), "lr": lr, "strength": digest(strength.get_state()), "counter": state["counter"],
-            "norm": float(norm), "replica": replica_digest(net, optimizer, ema), "time": time.time()}) + "\n")
+            "norm": float(norm), "replica": replica_digest(net, optimizer, ema), "time": time.time(),
+            **({"unused": digest(*net.unused.parameters())} if bn else {})}) + "\n")
         ckpt.report(loss=loss.item())
 
 

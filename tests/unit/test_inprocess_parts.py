@@ -262,6 +262,28 @@ def test_gradients_are_averaged_across_replicas_in_the_optimizer_order() -> None
     assert torch.equal(params[2].grad, torch.tensor([0.5]))
 
 
+def test_a_parameter_without_a_gradient_on_every_replica_keeps_none_and_one_used_elsewhere_gets_the_average() -> None:
+    """As after one DDP run's backward: AdamW skips a parameter without a gradient (an unused head), and decays
+    one with a zero gradient, so a zero where no replica had a gradient would move it on every step."""
+    def replica(expert_used: bool) -> list[torch.nn.Parameter]:
+        params = [torch.nn.Parameter(torch.ones(2)) for _ in range(3)]  # trunk, expert, unused head
+        params[0].grad = torch.full((2,), 4.0)
+        if expert_used:
+            params[1].grad = torch.full((2,), 2.0)
+        return params
+
+    sent: list[torch.Tensor] = []
+    average_across_replicas(replica(expert_used=True), lambda flat: sent.append(flat.clone()))
+    ours = replica(expert_used=False)
+    average_across_replicas(ours, lambda flat: flat.add_(sent[0]).div_(2))  # the two replicas' average
+    assert torch.equal(ours[0].grad, torch.full((2,), 4.0))
+    assert torch.equal(ours[1].grad, torch.full((2,), 1.0))  # used on the other replica: (2 + 0) / 2, as DDP
+    assert ours[2].grad is None  # used nowhere: no gradient, so the optimizer leaves it be
+    adamw = torch.optim.AdamW(ours, lr=0.1, weight_decay=0.1)
+    adamw.step()
+    assert torch.equal(ours[2].detach(), torch.ones(2))
+
+
 class Evil:
     def __reduce__(self):
         return (print, ("code ran in the receiver",))
