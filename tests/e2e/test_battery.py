@@ -84,7 +84,9 @@ def compare_with_uninterrupted(run: dict[int, list[dict]], reference: dict[int, 
 
 
 def _start(az, name: str, variant: str, out: Path, *, recovery: str, evict: bool, slow: Path | None = None) -> None:
-    env = [f"BATTERY_OUT={out}", *([f"BATTERY_SLOW={slow}", "BATTERY_STEP_DELAY=0.5"] if slow else []),
+    # slow steps until the evictions are done: 68 of them must outlast two evictions and their scale-ups (at 0.5 s
+    # an in-process job, which trains on at world size 1, once ran out of steps before the second scale-up)
+    env = [f"BATTERY_OUT={out}", *([f"BATTERY_SLOW={slow}", "BATTERY_STEP_DELAY=1.0"] if slow else []),
            f"{REPLICA_CHECK_STEPS}=2"]
     az("elastictrain", "job", "run", "--local", "--name", name, "--script", str(SCRIPT),
        "--script-args", f"--variant {variant}", "--min-nodes", "1" if evict else "2", "--max-nodes", "2",

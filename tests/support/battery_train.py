@@ -2,9 +2,10 @@
 what real scripts keep in ``state`` and do in a step, each pattern a place where a recovery mode can go wrong.
 
     --variant plain   a seeded model, plain SGD (torch's default: momentum 0, no optimizer state),
-                      clip_grad_norm_, an LR schedule, an EMA (AveragedModel), a torch.Generator drawn once per
-                      step (an augmentation strength) and a plain counter in the state, drop_last=False with a
-                      final partial batch
+                      gradient accumulation over two micro-batches (DDP's no_sync on the first), clip_grad_norm_,
+                      an LR schedule, an EMA (AveragedModel), a torch.Generator drawn once per step (an
+                      augmentation strength) and a plain counter in the state, drop_last=False with a final
+                      partial batch
     --variant bn      the same with an unseeded model (DDP makes the ranks one), BatchNorm, AdamW, a head the
                       forward never uses and an "expert" layer that a rank's batch uses or not (a mixture of
                       experts' routing): DDP with find_unused_parameters, where a parameter used on any rank
@@ -21,6 +22,7 @@ the step's compute, before backward), so the test can evict nodes before the job
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -108,11 +110,18 @@ def main() -> None:
     for step, (x, y, ids) in ckpt.batches(state, loader, epochs=EPOCHS):
         world, rank = sampler.num_replicas, sampler.rank  # the step's data-parallel layout, in either mode
         scale = 1 + 0.1 * torch.rand((), generator=strength)  # one draw a step, whatever the world size
-        loss = nn.functional.cross_entropy(model(x * scale), y)
         if slow and os.path.exists(slow):
             time.sleep(delay)
         optimizer.zero_grad()
-        loss.backward()
+        # plain: the slice in two micro-batches, gradients accumulated locally over the first (DDP's no_sync) and
+        # averaged with the second's; bn: one backward (BatchNorm's statistics would change with the split)
+        parts = list(zip(x.chunk(1 if bn else 2), y.chunk(1 if bn else 2)))
+        loss = torch.zeros(())
+        for i, (xs, ys) in enumerate(parts):
+            with model.no_sync() if i < len(parts) - 1 else contextlib.nullcontext():
+                part = nn.functional.cross_entropy(model(xs * scale), ys) * (len(xs) / len(x))
+                part.backward()
+            loss += part.detach()
         norm = nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         lr = optimizer.param_groups[0]["lr"]
         optimizer.step()
