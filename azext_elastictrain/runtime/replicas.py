@@ -661,20 +661,24 @@ def the_optimizer(state: dict[str, Any]) -> torch.optim.Optimizer:
             found.append(value.optimizer)
 
     walk(state)
-    if any(scaler.is_enabled() for scaler in scalers_in(state)):  # a disabled one just steps the optimizer
-        # GradScaler.step() checks this node's unscaled gradients for inf/NaN and skips optimizer.step() on its
-        # own, before the hook where the nodes average: one node skipping while the others wait for it in the
-        # collective (a replica timeout and a discarded step each time; a fresh scaler overflows on its first
-        # steps by design). Within a node DDP has averaged first, so the node's workers agree; across nodes not.
-        raise ValueError(
-            "in-process recovery does not take a torch.amp.GradScaler: it skips a step on this node's gradients "
-            "alone, before the nodes average theirs, so the nodes disagree on which steps to take. Train in "
-            "bfloat16 autocast (no scaler needed), or run the job with --recovery restart")
     found = list({id(o): o for o in found}.values())  # a scheduler in the state names its optimizer again
     if len(found) != 1:
         raise ValueError(
             f"in-process recovery needs exactly one optimizer in the state, found {len(found)}: its step is where "
             "the replicas average gradients and commit; put the optimizer in the state, or use --recovery restart")
+    if any(scaler.is_enabled() for scaler in scalers_in(state)):  # a disabled one just steps the optimizer
+        from azext_elastictrain.runtime.replica_grads import the_ddp
+
+        # GradScaler.step() checks the gradients for inf/NaN and skips optimizer.step() on its own. With a DDP the
+        # nodes' average is in backward(), so every node checks the same gradients and skips the same steps, as
+        # the ranks of one DDP run do; without one the nodes average in the optimizer's step, after each scaler
+        # decided on its own node's gradients (one node skipping while the others wait for it).
+        if the_ddp(modules_in(state), found[0]) is None:
+            raise ValueError(
+                "in-process recovery takes a torch.amp.GradScaler only with a DistributedDataParallel model: the "
+                "scaler skips a step on the gradients it sees, and only a DDP's are averaged across the nodes "
+                "before it looks. Wrap the model (torch.nn.parallel.DistributedDataParallel), train in bfloat16 "
+                "autocast (no scaler needed), or run the job with --recovery restart")
     modules = [m for m in modules_in(state) if any(p.requires_grad for p in m.parameters())]
     plain = [m for m in modules if not isinstance(m, torch.nn.parallel.DistributedDataParallel)]
     if plain and dist.is_initialized() and dist.get_world_size() > 1:

@@ -2,22 +2,24 @@
 what real scripts keep in ``state`` and do in a step, each pattern a place where a recovery mode can go wrong.
 
     --variant plain   a seeded model, plain SGD (torch's default: momentum 0, no optimizer state),
-                      gradient accumulation over two micro-batches (DDP's no_sync on the first), clip_grad_norm_,
-                      an LR schedule, an EMA (AveragedModel), a torch.Generator drawn once per step (an
-                      augmentation strength) and a plain counter in the state, drop_last=False with a final
-                      partial batch
+                      gradient accumulation over two micro-batches (DDP's no_sync on the first), an AMP gradient
+                      scaler (GradScaler: unscale_, clip, step, update; rank 0's gradients overflow at a few
+                      steps, so every rank must skip those), clip_grad_norm_, an LR schedule, an EMA
+                      (AveragedModel), a torch.Generator drawn once per step (an augmentation strength) and a
+                      plain counter in the state, drop_last=False with a final partial batch
     --variant bn      the same with an unseeded model (DDP makes the ranks one), BatchNorm, AdamW, a head the
                       forward never uses and an "expert" layer that a rank's batch uses or not (a mixture of
                       experts' routing): DDP with find_unused_parameters, where a parameter used on any rank
                       gets the average on every rank and one used on none keeps no gradient (AdamW leaves it be)
 
 Its own log is what the battery compares with one uninterrupted run: one JSON line per loop body, per rank, in
-``$BATTERY_OUT/records-<node>-<pid>.jsonl``: the step, the world size and rank of the step's data-parallel layout (the sampler's: in the
-in-process mode each node is a torchrun world of its own), the sample ids of this rank's batch,
-the learning rate the step used, the generator's state and the counter after the body, the gradient norm
-``clip_grad_norm_`` saw (the total norm before clipping), a digest of the replica (parameters, optimizer
-state, EMA), and in the bn variant a digest of the head no batch uses (it must never move). While the file ``$BATTERY_SLOW`` exists each step also sleeps ``$BATTERY_STEP_DELAY`` seconds (in
-the step's compute, before backward), so the test can evict nodes before the job ends.
+``$BATTERY_OUT/records-<node>-<pid>.jsonl``: the step, the world size and rank of the step's data-parallel layout
+(the sampler's: in the in-process mode each node is a torchrun world of its own), the sample ids of this rank's
+batch, the learning rate the step used, the generator's state, the counter and the gradient scaler's scale after
+the body, the gradient norm ``clip_grad_norm_`` saw (the total norm before clipping), a digest of the replica
+(parameters, optimizer state, EMA), and in the bn variant a digest of the head no batch uses (it must never move).
+While the file ``$BATTERY_SLOW`` exists each step also sleeps ``$BATTERY_STEP_DELAY`` seconds (in the step's
+compute, before backward), so the test can evict nodes before the job ends.
 """
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from azext_elastictrain.runtime import Checkpointer, ElasticSampler, collective_timeout
 
 GLOBAL_BATCH = 64
+OVERFLOW_STEPS = (6, 23, 41)  # the plain variant: rank 0's loss is inf there (an fp16 overflow), the step skipped
 SAMPLES = 16 * GLOBAL_BATCH + 34  # a final partial batch of 34: 17 per rank at 2 ranks, the same maths at 1
 EPOCHS = 4
 
@@ -97,8 +100,9 @@ def main() -> None:
                  else torch.optim.SGD(model.parameters(), lr=0.1))
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=10, gamma=0.7)
     strength = torch.Generator().manual_seed(2)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 12, growth_interval=5, enabled=not bn)
     state = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "ema": ema, "data": sampler,
-             "strength": strength, "counter": 0}
+             "strength": strength, "counter": 0, "scaler": scaler}
 
     out = os.environ["BATTERY_OUT"]
     os.makedirs(out, exist_ok=True)
@@ -117,21 +121,25 @@ def main() -> None:
         # averaged with the second's; bn: one backward (BatchNorm's statistics would change with the split)
         parts = list(zip(x.chunk(1 if bn else 2), y.chunk(1 if bn else 2)))
         loss = torch.zeros(())
+        overflow = not bn and step in OVERFLOW_STEPS and rank == 0
         for i, (xs, ys) in enumerate(parts):
             with model.no_sync() if i < len(parts) - 1 else contextlib.nullcontext():
                 part = nn.functional.cross_entropy(model(xs * scale), ys) * (len(xs) / len(x))
-                part.backward()
+                scaler.scale(part * (float("inf") if overflow else 1.0)).backward()
             loss += part.detach()
+        scaler.unscale_(optimizer)
         norm = nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         lr = optimizer.param_groups[0]["lr"]
-        optimizer.step()
+        scaler.step(optimizer)  # skips optimizer.step() where any rank's gradients overflowed
+        scaler.update()
         scheduler.step()
         ema.update_parameters(net)
         state["counter"] += 1
         log.write(json.dumps({
             "step": step, "world": world, "rank": rank, "node": node,
             "ids": ids.tolist(), "lr": lr, "strength": digest(strength.get_state()), "counter": state["counter"],
-            "norm": float(norm), "replica": replica_digest(net, optimizer, ema), "time": time.time(),
+            "scale": scaler.get_scale() if not bn else None, "norm": float(norm),
+            "replica": replica_digest(net, optimizer, ema), "time": time.time(),
             **({"unused": digest(*net.unused.parameters())} if bn else {})}) + "\n")
         ckpt.report(loss=loss.item())
 

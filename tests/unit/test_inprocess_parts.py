@@ -380,15 +380,26 @@ def test_peer_transfer_waits_as_long_as_the_state_needs_not_torchfts_timeout() -
         receiver.shutdown()
 
 
-def test_a_grad_scaler_is_refused_nodes_would_disagree_on_skipped_steps() -> None:
+def test_a_grad_scaler_needs_a_ddp_model_whose_gradients_the_nodes_average_before_it_looks() -> None:
+    """With a DDP the nodes' average is in backward(), so every node's scaler sees the same gradients and skips
+    the same steps (the battery's plain variant); without one each would decide on its own node's gradients."""
+    import torch.distributed as dist
+
     model = torch.nn.Linear(2, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     the_optimizer({"model": model, "optimizer": optimizer})
-    with pytest.raises(ValueError, match="GradScaler.*bfloat16.*--recovery restart"):
+    with pytest.raises(ValueError, match="GradScaler only with a DistributedDataParallel.*--recovery restart"):
         the_optimizer({"model": model, "optimizer": optimizer, "amp": {"scaler": torch.amp.GradScaler("cpu")}})
     # GradScaler(enabled=use_amp) with AMP off only steps the optimizer
     disabled = torch.amp.GradScaler("cpu", enabled=False)
     assert the_optimizer({"model": model, "optimizer": optimizer, "scaler": disabled}) is optimizer
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        state = {"model": ddp, "optimizer": optimizer, "scaler": torch.amp.GradScaler("cpu")}
+        assert the_optimizer(state) is optimizer
+    finally:
+        dist.destroy_process_group()
 
 
 def test_a_healing_step_waits_for_the_transfer_sized_to_the_state() -> None:
