@@ -6,6 +6,10 @@ A restart-mode job does not wait for torch's default timeout when a node vanishe
 script's own process group is all there is: a node that vanishes during ``init_process_group``'s rendezvous or
 DDP's first broadcast leaves the others waiting for the timeout the script gave ``init_process_group``, torch's
 default (30 minutes for gloo, 10 for NCCL) unless it passed one.
+
+An in-process job needs the runtime's loop (``ckpt.batches()`` or ``ckpt.steps()``), whose step boundary is where
+the nodes agree on each step's quorum; a loop of the script's own calling ``ckpt.step()`` (restart mode's hook) is
+refused at its first step, in every worker, so ``job run`` looks for it before anything starts.
 """
 from __future__ import annotations
 
@@ -38,4 +42,29 @@ def init_without_timeout(source: str) -> list[int]:
     return sorted(lines)
 
 
-__all__ = ["init_without_timeout"]
+def hand_written_loop(source: str) -> int | None:
+    """The line where ``source`` makes its ``Checkpointer`` when it never calls ``.batches(`` or ``.steps(`` (a loop
+    of its own, which calls ``ckpt.step()``); None otherwise, and for a script that does not parse."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return None
+    made: list[int] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr in ("batches", "steps"):
+            return None
+        if _names(func) == "Checkpointer" or (isinstance(func, ast.Attribute) and func.attr == "from_env"
+                                              and _names(func.value) == "Checkpointer"):
+            made.append(node.lineno)
+    return min(made) if made else None
+
+
+def _names(node: ast.expr) -> str | None:
+    """What an expression names: ``X`` for ``X`` and ``a.b.X``."""
+    return node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
+
+
+__all__ = ["hand_written_loop", "init_without_timeout"]

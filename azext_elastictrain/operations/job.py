@@ -26,6 +26,7 @@ def run_job(cmd, *, name: str, script: str, min_nodes: int, max_nodes: int, loca
     (--engine torchelastic, the default) or a batch/v1 Indexed Job (--engine k8s-job)."""
     target = resolve_target(local=local, resource_group=resource_group_name, cluster=cluster, job=name)
     with az_errors(target, job=name):  # the spec checks itself as it is built, before the backend is opened
+        recovery = _recovery_for(target, script, recovery)
         spec = _job_spec(target, script_args=script_args, gpus_per_node=gpus_per_node,
                          nproc_per_node=nproc_per_node, memory_tier=memory_tier, name=name, script=script,
                          min_nodes=min_nodes, max_nodes=max_nodes, nodes=nodes,
@@ -34,6 +35,44 @@ def run_job(cmd, *, name: str, script: str, min_nodes: int, max_nodes: int, loca
     _warn_default_group_timeout(spec)
     return _plan_and_submit(cmd, target, spec, image=image, gpus_per_node=gpus_per_node, engine=engine,
                             dry_run=dry_run)
+
+
+def _recovery_for(target, script: str, asked: str | None) -> str:
+    """The job's recovery mode: the one asked for, else the backend's default (core/launch.py). The in-process
+    mode runs only the runtime's loop (``ckpt.batches()``/``ckpt.steps()``): a script this machine can read that
+    loops by hand (``ckpt.step()``) is refused when in-process was asked for, and runs in the restart mode, with
+    a warning, when in-process is only the default (core/script_check.py)."""
+    from azext_elastictrain.core.script_check import hand_written_loop
+    from azext_elastictrain.core.spec import SpecError
+
+    mode = asked or launch.PROFILES[target.kind].default_recovery
+    if mode != launch.RECOVERY_IN_PROCESS:
+        return mode
+    line = hand_written_loop(_source_here(script))
+    if line is None:
+        return mode
+    why = (f"{script} loops by hand (its Checkpointer at line {line}, no ckpt.batches() or ckpt.steps() loop): "
+           "the in-process mode keeps the nodes in step at the runtime loop's step boundary, and refuses "
+           "ckpt.step()")
+    if asked:
+        raise SpecError(f"{why}. Loop with `for step, batch in ckpt.batches(state, loader, epochs=E)` "
+                        "(docs/runtime.md), or run the job with --recovery restart")
+    from knack.log import get_logger
+
+    get_logger(__name__).warning("%s; this job runs in --recovery restart (the mode for a loop of its own). "
+                                 "Loop with ckpt.batches() to run in process.", why)
+    return launch.RECOVERY_RESTART
+
+
+def _source_here(script: str) -> str:
+    """The script's text where this machine can read it (a local job's; an AKS job's path when it is here too),
+    else "" (a path in the job's image: nothing to see)."""
+    from pathlib import Path
+
+    try:
+        return Path(script).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError, ValueError):
+        return ""
 
 
 def _warn_default_group_timeout(spec) -> None:

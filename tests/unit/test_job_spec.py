@@ -349,3 +349,51 @@ def test_job_run_warns_when_a_restart_mode_script_gives_its_process_group_no_tim
         _warn_default_group_timeout(spec(script=str(bare), recovery="in-process"))  # no remote peer in its group
         _warn_default_group_timeout(spec(script=str(tmp_path / "image" / "train.py"), recovery="restart"))  # not here
     assert not caplog.records
+
+
+HAND_WRITTEN = '''from azext_elastictrain.runtime import Checkpointer
+ckpt = Checkpointer.from_env()
+for step in range(10):
+    if ckpt.step(step, state):
+        break
+'''
+
+
+def test_a_script_that_loops_by_hand_is_found_and_the_runtime_loop_is_not() -> None:
+    from azext_elastictrain.core.script_check import hand_written_loop
+
+    assert hand_written_loop(HAND_WRITTEN) == 2
+    assert hand_written_loop("import azext_elastictrain.runtime as rt\nckpt = rt.Checkpointer(store)\n") == 2
+    for given in (HAND_WRITTEN + "for step, batch in ckpt.batches(state, loader, epochs=3):\n    pass\n",
+                  HAND_WRITTEN.replace("range(10)", "ckpt.steps(state, total=10)"),
+                  "print('no checkpointer at all')", "not python (", ""):
+        assert hand_written_loop(given) is None, given
+
+
+@pytest.mark.parametrize("kind", ["local", "aks"])
+def test_a_hand_written_loop_runs_in_restart_unless_in_process_was_asked_for(tmp_path, caplog, kind) -> None:
+    """The in-process mode refuses ckpt.step() in every worker at its first step (a crash loop); job run looks
+    first: where in-process is only the default the job runs in restart, with a warning; asked for, it is refused
+    before anything starts. A script it cannot read (a path in an AKS image) keeps the mode."""
+    import logging
+    from types import SimpleNamespace
+
+    from azext_elastictrain.core import launch
+    from azext_elastictrain.operations.job import _recovery_for
+
+    by_hand, readme = tmp_path / "by_hand.py", tmp_path / "readme.py"
+    by_hand.write_text(HAND_WRITTEN)
+    readme.write_text(HAND_WRITTEN.replace("range(10)", "ckpt.steps(state, total=10)"))
+    target = SimpleNamespace(kind=kind)
+    default = launch.PROFILES[kind].default_recovery
+    with caplog.at_level(logging.WARNING):
+        assert _recovery_for(target, str(readme), None) == default
+        assert _recovery_for(target, str(tmp_path / "image" / "train.py"), launch.RECOVERY_IN_PROCESS) == \
+            launch.RECOVERY_IN_PROCESS
+        assert _recovery_for(target, str(by_hand), launch.RECOVERY_RESTART) == launch.RECOVERY_RESTART
+    assert not caplog.records
+    with pytest.raises(SpecError, match=r"loops by hand \(its Checkpointer at line 2.*--recovery restart"):
+        _recovery_for(target, str(by_hand), launch.RECOVERY_IN_PROCESS)
+    with caplog.at_level(logging.WARNING):
+        assert _recovery_for(target, str(by_hand), None) == launch.RECOVERY_RESTART
+    assert ("runs in --recovery restart" in caplog.text) == (default == launch.RECOVERY_IN_PROCESS)
