@@ -6,17 +6,18 @@
 Every step is an ``az elastictrain`` command (printed before it runs), against a
 local cluster on this machine: real etcd (rendezvous), real Azurite (blob
 storage), a local Azure Scheduled Events endpoint, and real ``torchrun`` agents
-as the job's nodes, training ``scripts/train_cifar10.py`` with DDP, in the default recovery mode
-(``--recovery restart``: torchrun re-forms the world, every worker resumes from memory, a peer or blob; it is
-the mode that trains what one uninterrupted run trains for every script of the battery, tests/e2e/test_battery.py):
+as the job's nodes, training ``scripts/train_cifar10.py``, in the local default recovery mode: workers
+that outlive a re-form (``--recovery in-process``: a per-step quorum through the job's coordinator):
 
 1. ``cluster create --local`` and ``job run``: 2 nodes, checkpoint every 40 steps;
-2. ``evict simulate`` with Azure's 30 s Preempt notice: every rank checkpoints
-   the step the notice arrived at, the node acknowledges and goes; the job goes
-   on alone from that step (world size 2 -> 1), then capacity comes back (-> 2);
+2. ``evict simulate`` with Azure's 30 s Preempt notice: the node leaves the quorum at the next step
+   boundary (the survivor holds that step), acknowledges and goes; the survivor trains on without
+   stopping (world size 2 -> 1), then capacity comes back (-> 2) and the newcomer takes the state from
+   the live survivor;
 3. ``evict simulate --notice-seconds 0``: a node vanishes as an Azure VM evicted
-   without notice does (frozen, no peer told); the survivor notices by its
-   collective timeout and resumes from the last completed step; capacity comes back again;
+   without notice does (frozen, no peer told); the survivor finds out by the coordinator's heartbeat
+   timeout, or in the step's collective by the replica timeout, and trains on from the last committed
+   step; capacity comes back again;
 4. ``job wait`` until every step is trained, ``checkpoint list`` and ``prune``;
 5. ``job show --price-as``: what the job's node-hours would have cost as Azure Spot nodes of a size
    (default Standard_NC4as_T4_v3 in eastus), against the same node-hours on demand. Prices come from
@@ -85,7 +86,7 @@ def evict(az: Az, notice: bool, node: str | None) -> dict:
                      "--notice-seconds", "30" if notice else "0", "--replace-after", "3", "--wait", "--yes")
     (eviction,), (recovery,) = result["evictions"], result["recovery"]
     back = result.get("capacityBack") or {}
-    acked = (f"checkpointed and acknowledged the notice after {eviction['acknowledgedAfterSeconds']}s, then went"
+    acked = (f"kept its step and acknowledged the notice after {eviction['acknowledgedAfterSeconds']}s, then went"
              if eviction["acknowledged"] else "vanished without notice (frozen until the job trained without it)")
     print(f"  {eviction['node']} {acked}\n"
           f"  outage {recovery['outageSeconds']}s (last step before to first step after) at world size "
@@ -163,8 +164,8 @@ def job_events(config_dir: Path) -> list[dict]:
 def run(az: Az, args: argparse.Namespace, out: Path) -> dict:
     say("A local cluster: etcd, Azurite and a Scheduled Events endpoint, as background processes")
     az.show("elastictrain", "cluster", "create", "--local", "--name", CLUSTER)
-    say(f"A 2-node elastic job (1..2 nodes), {args.steps} steps, a checkpoint every {INTERVAL} steps; a "
-        "re-form restarts its workers, which resume from memory (the default, --recovery restart)")
+    say(f"A 2-node elastic job (1..2 nodes), {args.steps} steps, a checkpoint every {INTERVAL} steps; its workers "
+        "outlive a re-form (the local default, --recovery in-process)")
     az.show("elastictrain", "job", "run", "--local", "--cluster", CLUSTER, "--name", JOB,
             "--script", "scripts/train_cifar10.py",
             "--script-args", f"--steps {args.steps} --step-delay 0.05 --log-every 100",

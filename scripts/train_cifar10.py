@@ -14,8 +14,8 @@ in the epoch) is checkpointed with the model, so ranks can come and go and a
 resumed run sees exactly the batches it would have seen, each sample once per
 epoch. Each rank takes an equal slice of the global batch; DDP averages gradients.
 The loop is the runtime's (``ckpt.batches(state, loader, steps=N)``), so it runs in
-both recovery modes: torchrun restarts (the default) and workers that outlive a
-re-form (``job run --recovery in-process``).
+both recovery modes: workers that outlive a re-form (the local default) and
+torchrun restarts (``job run --recovery restart``).
 """
 from __future__ import annotations
 

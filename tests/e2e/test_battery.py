@@ -3,10 +3,10 @@ the real az in the local default recovery mode, through an eviction with notice,
 each, compared with the same script as one uninterrupted 2-node run in the restart mode.
 
 A mode is the local default only while it passes this (core/launch.py DEFAULT_RECOVERY): the test runs whatever
-the default is (``BATTERY_RECOVERY=in-process`` runs it on another mode, to see where that one stands), and the
-in-process mode's plain variant while that mode is not the default. Checked at every step the job kept (for each
-step, the records of the newest world that trained it: a step trained again after a re-form replaces the earlier
-try):
+the default is, in-process (``BATTERY_RECOVERY=restart`` runs it on another mode, to see where that one stands),
+and the restart mode's plain variant, AKS's default, kept passing. The reference run stays the restart mode's,
+uninterrupted. Checked at every step the job kept (for each step, the records of the newest world that trained
+it: a step trained again after a re-form replaces the earlier try):
 
 - the global batch (this step's slices, joined in rank order), the learning rate the step used, the generator's
   state and the plain counter after it: equal to the uninterrupted run's;
@@ -134,7 +134,7 @@ def references(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
 
 @pytest.mark.parametrize("variant,mode", [
     ("plain", None), ("bn", None),  # the local default mode (or BATTERY_RECOVERY's)
-    ("plain", launch.RECOVERY_IN_PROCESS),  # the faster mode, kept passing while it is not the default
+    ("plain", launch.RECOVERY_RESTART),  # the other mode, AKS's default, kept passing
 ])
 def test_the_default_mode_trains_what_one_uninterrupted_run_trains(variant, mode, local_az, references,
                                                                    tmp_path) -> None:

@@ -26,24 +26,27 @@ def test_the_demo_survives_two_evictions_and_finishes_every_step(tmp_path):
         summary = json.loads((out / "summary.json").read_text())
 
         assert summary["state"] == "Succeeded" and summary["step"] == STEPS
-        # the local default: restart, the mode that passes the battery of users' scripts (test_battery.py)
-        assert summary["recovery"] == launch.DEFAULT_RECOVERY["local"] == launch.RECOVERY_RESTART
-        assert summary["worldSizes"] == [2, 1, 2, 1, 2]  # each eviction shrank the job, capacity grew it back
+        # the local default: in-process, which passes the battery of users' scripts (test_battery.py) too
+        assert summary["recovery"] == launch.DEFAULT_RECOVERY["local"] == launch.RECOVERY_IN_PROCESS
+        # each eviction shrank the job, capacity grew it back; the job's first quorum may form before the
+        # second node asked (the coordinator's join timeout), then it joins at a later step
+        assert summary["worldSizes"] in ([2, 1, 2, 1, 2], [1, 2, 1, 2, 1, 2]), summary["worldSizes"]
         notice, sudden = summary["evictions"]
         assert notice["notice"] and notice["acknowledged"] and notice["stepsLost"] == 0, notice
-        # without notice the survivor resumes from its own memory: at most the step in flight is lost
-        assert not sudden["notice"] and 0 <= sudden["stepsLost"] <= 1, sudden
-        # the node vanished (no peer told): the survivor noticed by its collective timeout, then re-formed
-        assert 0 < sudden["outageSeconds"] <= launch.LOCAL.collective_timeout_seconds + 10, sudden
-        # the outage with notice runs from the survivors' last step, before the node went: no shorter than
-        # the seconds from the kill to the first step after it
-        assert notice["outageSeconds"] >= notice["recoverySeconds"] > 0, notice
+        # without notice the survivor's step in flight is discarded and trained again: none lost
+        assert not sudden["notice"] and sudden["stepsLost"] == 0, sudden
+        # the node vanished (no peer told): the survivor found out by a timeout (the coordinator's heartbeat,
+        # or the step's collective), then trained on
+        assert 0 < sudden["outageSeconds"] <= launch.LOCAL.replica_timeout_seconds + 10, sudden
+        # the outage with notice runs from the survivors' last step before the node left the quorum; the
+        # survivor never stopped, so from the kill to its first step after it is about nothing
+        assert notice["outageSeconds"] > 0 and 0 <= notice["recoverySeconds"] <= notice["outageSeconds"], notice
         assert sudden["node"] == notice["replacement"]["node"]  # --count 1 takes the newest node
         assert notice["worldSize"] == sudden["worldSize"] == 1
         assert all(e["capacityBack"]["worldSize"] == 2 for e in summary["evictions"])
         for back in (e["capacityBack"] for e in summary["evictions"]):  # each scale-up, from the job's events
-            # the survivor restored from its own memory and the newcomer from it: no blob restore, no step lost
-            assert back["restoreSource"] in ("memory", "peer") and back["ranksFromPeer"] == 1, back
+            # the newcomer took the state from the live survivor: no blob restore, no step lost
+            assert back["restoreSource"] == "peer", back
             assert back["stepsLost"] == 0 and 0 <= back["noTrainingSeconds"] <= back["nodeJoinedToFullSizeSeconds"]
             assert back["noTrainingSeconds"] <= back["outageSeconds"] <= 10, back  # the outage ends at a step
         assert summary["lossEnd"]["loss"] < summary["lossStart"]["loss"]
