@@ -25,7 +25,7 @@ that outlive a re-form (``--recovery in-process``: a per-step quorum through the
    points at another price source of the same shape, e.g. the test front
    (``python -m tests.support.prices_server``, whose figures are the tests' own, not Azure's).
 
-It prints a summary (steps, loss at start and end, each recovery in seconds,
+It prints a summary (steps, the recovery mode, loss at start and end, each recovery in seconds,
 steps lost, goodput, cost and savings), writes ``<out>/summary.json`` and a timeline picture
 ``<out>/timeline.png``, and deletes the cluster (unless ``--keep-cluster``).
 az runs with its own config dir (``<out>/azure-config``): your ~/.azure is untouched.
@@ -131,6 +131,7 @@ def print_summary(s: dict, picture: Path) -> None:
         "Summary",
         f"  job                {s['state']}: {s['step']} of {s['steps']} steps trained; world sizes "
         + " -> ".join(map(str, s["worldSizes"])),
+        f"  recovery           --recovery {s['recovery']}",
         f"  loss               {s['lossStart']['loss']:.3f} (step {s['lossStart']['step']}) -> "
         f"{s['lossEnd']['loss']:.3f} (step {s['lossEnd']['step']})",
         f"  checkpoints        {s['checkpoints']} committed, median upload {s['medianUploadSeconds']:.2f}s, "
