@@ -243,12 +243,11 @@ long-summary: >
     script with the job's checkpoint URL, storage credentials and Scheduled Events endpoint in its
     environment (read by azext_elastictrain.runtime). Nothing starts unless everything is valid;
     if a node fails to start, the others are stopped again. Node logs: 'az elastictrain job logs'.
-    By default (--recovery restart) torchrun re-forms the world through etcd when a node is lost or
-    added, and every worker resumes from memory, a peer or blob. With --recovery in-process (faster,
-    not yet exact for every script: docs/runtime.md says what it gets wrong) the job first gets a
-    coordinator of its own (locally a process; on AKS a Deployment and Service on the system pool)
-    and each node is a torchrun --standalone world that asks it for a quorum at every step: workers
-    outlive a lost or added node.
+    With --recovery in-process (the default of local jobs) the job first gets a coordinator of its
+    own (locally a process; on AKS a Deployment and Service on the system pool) and each node is a
+    torchrun --standalone world that asks it for a quorum at every step: workers outlive a lost or
+    added node. With --recovery restart (the default on AKS) torchrun re-forms the world through etcd
+    instead, and every worker resumes from memory, a peer or blob.
 examples:
   - name: Train the example on 2 nodes that may shrink to 1, checkpointing every 25 steps.
     text: az elastictrain job run --local --name cifar --script scripts/train_cifar10.py --script-args "--steps 300 --step-delay 0.05" --min-nodes 1 --max-nodes 2 --checkpoint-interval 25
@@ -258,8 +257,10 @@ examples:
     text: az elastictrain job run -g ml-rg -c trainer -n cifar --image myregistry.azurecr.io/elastictrain:0.1.0 --script /app/train_cifar10.py --script-args "--steps 3000" --min-nodes 2 --max-nodes 4
   - name: Nodes with 4 GPUs and 4 training processes each.
     text: az elastictrain job run -g ml-rg -c trainer -n big --image myregistry.azurecr.io/elastictrain:0.1.0 --script /app/train.py --min-nodes 1 --max-nodes 2 --gpus-per-node 4 --nproc-per-node 4
-  - name: Workers that keep running when a node is lost or added (a coordinator of the job's own); the script loops with ckpt.batches() or ckpt.steps(), as the README's train.py.
-    text: az elastictrain job run --local --name readme --script train.py --min-nodes 1 --max-nodes 2 --recovery in-process
+  - name: On AKS, workers that keep running when a node is lost or added (a coordinator of the job's own; local jobs do by default); the script loops with ckpt.batches() or ckpt.steps(), as the README's train.py.
+    text: az elastictrain job run -g ml-rg -c trainer -n readme --image myregistry.azurecr.io/elastictrain:0.1.0 --script /app/train.py --min-nodes 1 --max-nodes 2 --recovery in-process
+  - name: A local job whose script has a loop of its own (calling ckpt.step()), so every worker restarts at a re-form.
+    text: az elastictrain job run --local --name own-loop --script own_loop.py --min-nodes 1 --max-nodes 2 --recovery restart
   - name: Print the ElasticJob it would create; create nothing.
     text: az elastictrain job run -g ml-rg -c trainer -n cifar --image myregistry.azurecr.io/elastictrain:0.1.0 --script /app/train_cifar10.py --min-nodes 1 --max-nodes 2 --dry-run
 """

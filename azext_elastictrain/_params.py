@@ -200,12 +200,13 @@ def load_arguments(self, _):  # pylint: disable=too-many-statements  # one state
                         "in-process mode's ELASTICTRAIN_REPLICA_CHECK_STEPS and ELASTICTRAIN_COORDINATOR_COAST "
                         "(docs/runtime.md).")
         c.argument("recovery", arg_type=get_enum_type(RECOVERY_MODES), options_list=["--recovery"],
-                   help="How the job survives a node lost or added. restart (default): torchrun restarts every "
-                        "worker, which resumes from memory, a peer or blob. in-process (faster, not yet exact for "
-                        "every script: docs/runtime.md): the workers keep running; a coordinator of the job's own "
-                        "(locally a process, on AKS a Deployment on the system pool) holds a quorum each step, "
-                        "drops a lost node and admits a newcomer, which takes the state from a live peer "
-                        "(torchft); the script loops with ckpt.batches() or ckpt.steps().")
+                   help="How the job survives a node lost or added. in-process (the default of local jobs): the "
+                        "workers keep running; a coordinator of the job's own (locally a process, on AKS a "
+                        "Deployment on the system pool) holds a quorum each step, drops a lost node and admits a "
+                        "newcomer, which takes the state from a live peer (torchft); the script loops with "
+                        "ckpt.batches() or ckpt.steps(). restart (the default on AKS, until in-process is measured "
+                        "there): torchrun restarts every worker, which resumes from memory, a peer or blob; also for "
+                        "a script with a loop of its own (ckpt.step()).")
     with self.argument_context("elastictrain job logs") as c:
         c.argument("node", options_list=["--node"],
                    help="Only this node's log, e.g. myjob-node-0 (default: every node, lines prefixed by node).")
