@@ -142,7 +142,9 @@ def _run_jobs(az, tmp_path: Path, runs: list[tuple[Path, str, list[bool], str]])
             started.append(job)
             # The job's own environment (--env: every node of it, replacements too): its block, its records,
             # and while the file "slow" exists each step sleeps 1 s, slow enough for the evictions and scale-ups
-            # on a loaded 2-core machine (each az call takes seconds); the rest trains at full speed.
+            # on a loaded 2-core machine (each az call takes seconds); the rest trains at full speed. The restart
+            # mode: the legacy loops call ckpt.step(), which the in-process mode refuses; the README's script in the
+            # local default mode (in-process) is test_readme_in_process_evictions.py's.
             az("elastictrain", "job", "run", "--local", "--name", job, "--script", str(HARNESS),
                "--script-args", script_args, "--min-nodes", "1", "--max-nodes", "2",
                "--checkpoint-interval", "20", "--recovery", "restart",

@@ -1,4 +1,4 @@
-"""The README's script, unchanged, as a 2-node `job run --local --recovery in-process` through
+"""The README's script, unchanged, as a 2-node `job run --local` (the local default: --recovery in-process) through
 the real az, through
 an eviction with notice, one without (the default: the node vanishes) and capacity back after each.
 
@@ -55,8 +55,8 @@ def test_the_readme_script_in_process_through_evictions_and_scale_ups(tmp_path, 
         with local_cluster(tmp_path / "azure-config") as az:
             try:
                 az("elastictrain", "job", "run", "--local", "--name", JOB, "--script", str(HARNESS),
-                   "--min-nodes", "1", "--max-nodes", "2", "--checkpoint-interval", "20", "--recovery", "in-process",
-                   "-o", "none", timeout=180)
+                   "--min-nodes", "1", "--max-nodes", "2", "--checkpoint-interval", "20", "-o", "none",
+                   timeout=180)  # no --recovery: the README's command, in the local default mode
                 _wait_world(az, JOB, 2, states)
                 evictions = [_evict(az, notice=notice, states=states) for notice in (True, False)]
                 during = _show(az, JOB)
@@ -81,7 +81,7 @@ def test_the_readme_script_in_process_through_evictions_and_scale_ups(tmp_path, 
 
     # Succeeded only at the end, after its last step, which one finished event records
     assert "Succeeded" not in states and during["state"] == "Running", (states, during)
-    assert shown["recovery"] == "in-process", shown
+    assert shown["recovery"] == "in-process", shown  # the local default
     assert done["state"] == shown["state"] == "Succeeded" and shown["step"] == total == 3 * 4096 // 64, shown
     (finished,) = [e for e in events if e["event"] == "finished"]
     assert finished["step"] == total
