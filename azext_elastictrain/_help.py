@@ -239,15 +239,16 @@ helps["elastictrain job run"] = """
 type: command
 short-summary: Start an elastic job - validate everything, then start its nodes in the background.
 long-summary: >
-    Each node is a torchrun agent (etcd rendezvous on the cluster, --nnodes=MIN:MAX) that runs the
-    script with the job's checkpoint URL, storage credentials and Scheduled Events endpoint in its
-    environment (read by azext_elastictrain.runtime). Nothing starts unless everything is valid;
-    if a node fails to start, the others are stopped again. Node logs: 'az elastictrain job logs'.
-    With --recovery in-process (the default of local jobs) the job first gets a coordinator of its
-    own (locally a process; on AKS a Deployment and Service on the system pool) and each node is a
-    torchrun --standalone world that asks it for a quorum at every step: workers outlive a lost or
-    added node. With --recovery restart (the default on AKS) torchrun re-forms the world through etcd
-    instead, and every worker resumes from memory, a peer or blob.
+    Each node is a torchrun agent that runs the script with the job's checkpoint URL, storage
+    credentials and Scheduled Events endpoint in its environment (read by
+    azext_elastictrain.runtime). Nothing starts unless everything is valid; if a node fails to
+    start, the others are stopped again. Node logs: 'az elastictrain job logs'. With --recovery
+    in-process (the default of local jobs) the job first gets a coordinator of its own (locally a
+    process; on AKS a Deployment and Service on the system pool) and each node is a torchrun
+    --standalone world that asks it for a quorum at every step: workers outlive a lost or added
+    node. With --recovery restart (the default on AKS) the nodes rendezvous through the cluster's
+    etcd (--nnodes=MIN:MAX) and torchrun re-forms the world when a node is lost or added: every
+    worker restarts and resumes from memory, a peer or blob.
 examples:
   - name: Train the example on 2 nodes that may shrink to 1, checkpointing every 25 steps.
     text: az elastictrain job run --local --name cifar --script scripts/train_cifar10.py --script-args "--steps 300 --step-delay 0.05" --min-nodes 1 --max-nodes 2 --checkpoint-interval 25
