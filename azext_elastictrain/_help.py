@@ -260,7 +260,7 @@ examples:
     text: az elastictrain job run -g ml-rg -c trainer -n big --image myregistry.azurecr.io/elastictrain:0.1.0 --script /app/train.py --min-nodes 1 --max-nodes 2 --gpus-per-node 4 --nproc-per-node 4
   - name: On AKS, workers that keep running when a node is lost or added (a coordinator of the job's own; local jobs do by default); the script loops with ckpt.batches() or ckpt.steps(), as the README's train.py.
     text: az elastictrain job run -g ml-rg -c trainer -n readme --image myregistry.azurecr.io/elastictrain:0.1.0 --script /app/train.py --min-nodes 1 --max-nodes 2 --recovery in-process
-  - name: A local job whose script has a loop of its own (calling ckpt.step()), so every worker restarts at a re-form.
+  - name: A local job whose script loops by hand (calling ckpt.step()), so every worker restarts at a re-form (without --recovery it runs in restart too, with a warning).
     text: az elastictrain job run --local --name own-loop --script own_loop.py --min-nodes 1 --max-nodes 2 --recovery restart
   - name: Print the ElasticJob it would create; create nothing.
     text: az elastictrain job run -g ml-rg -c trainer -n cifar --image myregistry.azurecr.io/elastictrain:0.1.0 --script /app/train_cifar10.py --min-nodes 1 --max-nodes 2 --dry-run

@@ -205,8 +205,8 @@ def load_arguments(self, _):  # pylint: disable=too-many-statements  # one state
                         "Deployment on the system pool) holds a quorum each step, drops a lost node and admits a "
                         "newcomer, which takes the state from a live peer (torchft); the script loops with "
                         "ckpt.batches() or ckpt.steps(). restart (the default on AKS, until in-process is measured "
-                        "there): torchrun restarts every worker, which resumes from memory, a peer or blob; also for "
-                        "a script with a loop of its own (ckpt.step()).")
+                        "there): torchrun restarts every worker, which resumes from memory, a peer or blob; without "
+                        "--recovery, a local script that loops by hand (ckpt.step()) runs in it, with a warning.")
     with self.argument_context("elastictrain job logs") as c:
         c.argument("node", options_list=["--node"],
                    help="Only this node's log, e.g. myjob-node-0 (default: every node, lines prefixed by node).")
