@@ -4,7 +4,7 @@ each, compared with the same script as one uninterrupted 2-node run in the resta
 
 A mode is the local default only while it passes this (core/launch.py DEFAULT_RECOVERY): the test runs whatever
 the default is, in-process (``BATTERY_RECOVERY=restart`` runs it on another mode, to see where that one stands),
-and the restart mode's plain variant, AKS's default, kept passing. The reference run stays the restart mode's,
+and the restart mode's bn variant, AKS's default, kept passing. The reference run stays the restart mode's,
 uninterrupted. Checked at every step the job kept (for each step, the records of the newest world that trained
 it: a step trained again after a re-form replaces the earlier try):
 
@@ -134,7 +134,8 @@ def references(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
 
 @pytest.mark.parametrize("variant,mode", [
     ("plain", None), ("bn", None),  # the local default mode (or BATTERY_RECOVERY's)
-    ("plain", launch.RECOVERY_RESTART),  # the other mode, AKS's default, kept passing
+    # the other mode, AKS's default, kept passing: bn, whose unused head a restart's restore once refused
+    ("bn", launch.RECOVERY_RESTART),
 ])
 def test_the_default_mode_trains_what_one_uninterrupted_run_trains(variant, mode, local_az, references,
                                                                    tmp_path) -> None:
