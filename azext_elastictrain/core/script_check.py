@@ -43,23 +43,33 @@ def init_without_timeout(source: str) -> list[int]:
 
 
 def hand_written_loop(source: str) -> int | None:
-    """The line where ``source`` makes its ``Checkpointer`` when it never calls ``.batches(`` or ``.steps(`` (a loop
-    of its own, which calls ``ckpt.step()``); None otherwise, and for a script that does not parse."""
+    """The line where ``source`` itself calls ``step(...)`` on the name it bound a ``Checkpointer`` to (``ckpt =
+    Checkpointer.from_env()`` ... ``ckpt.step(step, state)``: a loop of its own), unless it also calls
+    ``.batches(`` or ``.steps(``; None otherwise, and for a script that does not parse. Only what the script
+    itself does: a loop in a module it imports is not looked at, so a valid script is never taken for one."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return None
-    made: list[int] = []
+    bound: set[str] = set()
     for node in ast.walk(tree):
-        if not isinstance(node, ast.Call):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and _makes_checkpointer(node.value):
+            bound.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    steps: list[int] = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
             continue
-        func = node.func
-        if isinstance(func, ast.Attribute) and func.attr in ("batches", "steps"):
+        if node.func.attr in ("batches", "steps"):
             return None
-        if _names(func) == "Checkpointer" or (isinstance(func, ast.Attribute) and func.attr == "from_env"
-                                              and _names(func.value) == "Checkpointer"):
-            made.append(node.lineno)
-    return min(made) if made else None
+        if node.func.attr == "step" and isinstance(node.func.value, ast.Name) and node.func.value.id in bound:
+            steps.append(node.lineno)
+    return min(steps) if steps else None
+
+
+def _makes_checkpointer(call: ast.Call) -> bool:
+    func = call.func
+    return _names(func) == "Checkpointer" or (isinstance(func, ast.Attribute) and func.attr == "from_env"
+                                              and _names(func.value) == "Checkpointer")
 
 
 def _names(node: ast.expr) -> str | None:

@@ -51,7 +51,7 @@ def _recovery_for(target, script: str, asked: str | None) -> str:
     line = hand_written_loop(_source_here(script))
     if line is None:
         return mode
-    why = (f"{script} loops by hand (its Checkpointer at line {line}, no ckpt.batches() or ckpt.steps() loop): "
+    why = (f"{script} loops by hand (ckpt.step() at line {line}, no ckpt.batches() or ckpt.steps() loop): "
            "the in-process mode keeps the nodes in step at the runtime loop's step boundary, and refuses "
            "ckpt.step()")
     if asked:

@@ -363,10 +363,13 @@ for step in range(10):
 def test_a_script_that_loops_by_hand_is_found_and_the_runtime_loop_is_not() -> None:
     from azext_elastictrain.core.script_check import hand_written_loop
 
-    assert hand_written_loop(HAND_WRITTEN) == 2
-    assert hand_written_loop("import azext_elastictrain.runtime as rt\nckpt = rt.Checkpointer(store)\n") == 2
+    assert hand_written_loop(HAND_WRITTEN) == 4
+    assert hand_written_loop("import azext_elastictrain.runtime as rt\nc = rt.Checkpointer(store)\nc.step(1, s)\n") == 3
     for given in (HAND_WRITTEN + "for step, batch in ckpt.batches(state, loader, epochs=3):\n    pass\n",
                   HAND_WRITTEN.replace("range(10)", "ckpt.steps(state, total=10)"),
+                  # the loop is in a module it imports: nothing to see here, so nothing is taken for one
+                  "from mylib import train\nckpt = Checkpointer.from_env()\ntrain(ckpt)\n",
+                  "ckpt = Checkpointer.from_env()\noptimizer.step()\n",  # another object's step()
                   "print('no checkpointer at all')", "not python (", ""):
         assert hand_written_loop(given) is None, given
 
@@ -393,7 +396,7 @@ def test_a_hand_written_loop_runs_in_restart_unless_in_process_was_asked_for(tmp
             launch.RECOVERY_IN_PROCESS
         assert _recovery_for(target, str(by_hand), launch.RECOVERY_RESTART) == launch.RECOVERY_RESTART
     assert not caplog.records
-    with pytest.raises(SpecError, match=r"loops by hand \(its Checkpointer at line 2.*--recovery restart"):
+    with pytest.raises(SpecError, match=r"loops by hand \(ckpt.step\(\) at line 4.*--recovery restart"):
         _recovery_for(target, str(by_hand), launch.RECOVERY_IN_PROCESS)
     with caplog.at_level(logging.WARNING):
         assert _recovery_for(target, str(by_hand), None) == launch.RECOVERY_RESTART
