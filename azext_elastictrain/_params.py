@@ -181,8 +181,14 @@ def load_arguments(self, _):  # pylint: disable=too-many-statements  # one state
         c.argument("checkpoint_interval", type=int, options_list=["--checkpoint-interval"],
                    help="Checkpoint every this many steps (ELASTICTRAIN_CHECKPOINT_INTERVAL_STEPS). "
                         "Default: as the script says.")
+        c.argument("checkpoint_interval_seconds", type=float,
+                   options_list=["--checkpoint-interval-seconds", "--checkpoint-seconds"],
+                   help="Also checkpoint to blob once this many seconds have passed since the last checkpoint "
+                        "(ELASTICTRAIN_CHECKPOINT_INTERVAL_SECONDS), so that a job whose steps vary in length "
+                        "loses at most this much work to a node that vanishes without notice and takes the "
+                        "node's memory with it. Default: as the script says.")
         c.argument("keep", type=int, options_list=["--keep"],
-                   help="Complete checkpoints to keep; older ones go once a newer one is committed.")
+                   help="Complete checkpoints to keep (default 3); older ones go once a newer one is committed.")
         c.argument("memory_tier", options_list=["--memory-tier"],
                    help="Node memory for the in-memory rescue tier (each node keeps the last completed step, "
                         "twice: give twice the model + optimizer state or more), as a Kubernetes quantity, "

@@ -1,16 +1,14 @@
-"""How a job's nodes are launched: torchrun's options, the rendezvous settings, and the environment the
-training runtime reads. The local backend (torchrun agents here) and the AKS backend (the ElasticJob's worker
-container) both build their launch from these names, so the two cannot drift apart.
+"""How a job's nodes are launched: torchrun's options, the rendezvous settings, each backend's figures (its
+``LaunchProfile``), and the names of the environment the training runtime reads (core/settings.py writes a job's
+settings under them and reads them back). The local backend (torchrun agents here) and the AKS backend (the
+ElasticJob's worker container) both build their launch from these names, so the two cannot drift apart.
 
 Pure and stdlib only: no knack, no azure.cli, no torch (the runtime may import it).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable
-
-if TYPE_CHECKING:
-    from azext_elastictrain.core.spec import JobSpec
+from typing import Iterable
 
 # -- the runtime's environment (azext_elastictrain.runtime reads these) ---------------------------------------
 ENV_CHECKPOINT_URL = "ELASTICTRAIN_CHECKPOINT_URL"  # blob URL of the job's prefix
@@ -18,7 +16,11 @@ ENV_CHECKPOINT_CONTAINER_URL = "ELASTICTRAIN_CHECKPOINT_CONTAINER_URL"  # AKS: f
 ENV_KEEP = "ELASTICTRAIN_KEEP"
 ENV_CHECKPOINT_INTERVAL_STEPS = "ELASTICTRAIN_CHECKPOINT_INTERVAL_STEPS"
 ENV_CHECKPOINT_INTERVAL_SECONDS = "ELASTICTRAIN_CHECKPOINT_INTERVAL_SECONDS"
+# How often rank 0 writes a progress event (step, throughput) to the job's log. Local: 2 s, so that `job show`
+# and the demo follow a short job closely; AKS: 10 s, each event one more block appended to blob storage.
 ENV_PROGRESS_SECONDS = "ELASTICTRAIN_PROGRESS_SECONDS"
+LOCAL_PROGRESS_SECONDS = 2.0
+AKS_PROGRESS_SECONDS = 10.0
 ENV_SCHEDULED_EVENTS_URL = "ELASTICTRAIN_SCHEDULED_EVENTS_URL"
 ENV_VM_NAME = "ELASTICTRAIN_VM_NAME"
 ENV_NODE_NAME = "ELASTICTRAIN_NODE_NAME"
@@ -55,14 +57,6 @@ DEFAULT_RECOVERY = {"local": RECOVERY_IN_PROCESS, "aks": RECOVERY_RESTART}
 # The job's nodes range, "MIN:MAX": the runtime refuses before training a data layout that some world the job may
 # run at cannot serve (runtime/data.py ``ElasticSampler.check_worlds``), instead of failing at the scale-up.
 ENV_NODES = "ELASTICTRAIN_NODES"
-
-
-def job_nodes(environ: Any) -> tuple[int, int] | None:
-    """(min, max) nodes of the job from ENV_NODES, or None where unset or unreadable (a script run by hand)."""
-    low, sep, high = (environ.get(ENV_NODES) or "").partition(":")
-    if not sep or not low.isdigit() or not high.isdigit() or not 1 <= int(low) <= int(high):
-        return None
-    return int(low), int(high)
 
 
 # In-process mode: the coordinator (torchft's Lighthouse) the node's workers ask for each step's quorum, as
@@ -189,12 +183,13 @@ class LaunchProfile:
     collective_timeout_seconds: float  # ENV_COLLECTIVE_TIMEOUT
     replica_timeout_seconds: float  # ENV_REPLICA_TIMEOUT (in-process mode)
     coordinator_heartbeat_timeout_ms: int  # the coordinator's --heartbeat-timeout-ms (in-process mode)
+    progress_seconds: float  # ENV_PROGRESS_SECONDS
 
 
 LOCAL = LaunchProfile("local", DEFAULT_RECOVERY["local"], LOCAL_RDZV_CONF, LOCAL_COLLECTIVE_TIMEOUT_SECONDS,
-                      LOCAL_REPLICA_TIMEOUT_SECONDS, LOCAL_COORDINATOR_HEARTBEAT_TIMEOUT_MS)
+                      LOCAL_REPLICA_TIMEOUT_SECONDS, LOCAL_COORDINATOR_HEARTBEAT_TIMEOUT_MS, LOCAL_PROGRESS_SECONDS)
 AKS = LaunchProfile("aks", DEFAULT_RECOVERY["aks"], AKS_RDZV_CONF, AKS_COLLECTIVE_TIMEOUT_SECONDS,
-                    AKS_REPLICA_TIMEOUT_SECONDS, AKS_COORDINATOR_HEARTBEAT_TIMEOUT_MS)
+                    AKS_REPLICA_TIMEOUT_SECONDS, AKS_COORDINATOR_HEARTBEAT_TIMEOUT_MS, AKS_PROGRESS_SECONDS)
 PROFILES = {profile.backend: profile for profile in (LOCAL, AKS)}
 
 
@@ -257,49 +252,6 @@ def coordinator_args(*, bind: str, min_nodes: int, heartbeat_timeout_ms: int) ->
             f"--heartbeat-timeout-ms={heartbeat_timeout_ms}"]
 
 
-def recovery_env(recovery: str, *, coordinator: str | None = None, replica_id: str | None = None,
-                 replica_host: str | None = None, replica_timeout: float | None = None,
-                 secret_file: str | None = None) -> dict[str, str]:
-    """The recovery mode's environment; in-process: where the job's coordinator is and how long its cross-node
-    collective waits for a peer (the profile's replica timeout: job_env gives both), or a node's own part: its
-    replica id and the address its peers reach it at (AKS gives those two from the downward API instead), and the
-    file holding the job's secret (local jobs; AKS gives the secret from the job's Secret instead)."""
-    env = {ENV_RECOVERY: recovery}
-    if recovery == RECOVERY_IN_PROCESS:
-        for name, value in ((ENV_COORDINATOR, coordinator), (ENV_REPLICA_ID, replica_id),
-                            (ENV_REPLICA_HOST, replica_host), (ENV_JOB_SECRET_FILE, secret_file)):
-            if value:
-                env[name] = value
-        if replica_timeout is not None:
-            env[ENV_REPLICA_TIMEOUT] = f"{replica_timeout:g}"
-    return env
-
-
 # AKS: where a worker pod mounts the memory-backed emptyDir of the memory tier (core/manifests.py).
 MEMORY_TIER_MOUNT = "/var/run/elastictrain/memory"
 NODE_LEAVING_FILE = MEMORY_TIER_MOUNT + "/node-leaving"  # in the pod's emptyDir: a new pod starts without it
-
-
-def runtime_env(*, keep: int, checkpoint_interval: int | None, memory_tier: bool,
-                collective_timeout: float) -> dict[str, str]:
-    """The job-wide runtime settings every node gets (job_env's part; each backend adds where the checkpoints
-    are)."""
-    env = {ENV_KEEP: str(keep), ENV_COLLECTIVE_TIMEOUT: f"{collective_timeout:g}",
-           **TCP_STORE_WORKAROUND, "PYTHONUNBUFFERED": "1"}
-    if not memory_tier:
-        env[ENV_MEMORY_RESCUE] = "off"
-    if checkpoint_interval is not None:
-        env[ENV_CHECKPOINT_INTERVAL_STEPS] = str(checkpoint_interval)
-    return env
-
-
-def job_env(job: JobSpec, profile: LaunchProfile, *, coordinator: str | None = None) -> dict[str, str]:
-    """The environment a job's options give every node, the same on both backends (a local node's agent and an
-    AKS worker pod), with the backend's timeouts and, in process, where the job's coordinator is: the one place
-    that writes a job-wide setting. An option that reaches the training processes is added here."""
-    return {**runtime_env(keep=job.keep, checkpoint_interval=job.checkpoint_interval, memory_tier=job.memory_tier_on,
-                          collective_timeout=profile.collective_timeout_seconds),
-            **recovery_env(job.recovery, coordinator=coordinator if job.in_process else None,
-                           replica_timeout=profile.replica_timeout_seconds),
-            ENV_NODES: f"{job.min_nodes}:{job.max_nodes}",
-            **job.env_vars}

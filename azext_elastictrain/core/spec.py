@@ -11,6 +11,7 @@ from azext_elastictrain.core.constants import (
 )
 from azext_elastictrain.core.launch import (
     ENV_PREFIX, ENV_SCRIPT_SETTINGS, RECOVERY_IN_PROCESS, RECOVERY_MODES, RECOVERY_RESTART)
+from azext_elastictrain.core.settings import DEFAULTS, RuntimeSettings
 
 LOCAL_CLUSTER_DEFAULT = "local"
 # The in-memory rescue tier keeps two copies of each node's state (runtime/rescue.py): the default leaves room
@@ -60,7 +61,8 @@ class JobSpec:  # pylint: disable=too-many-instance-attributes  # one field per 
     nproc_per_node: int = 1
     script_args: tuple[str, ...] = ()
     checkpoint_interval: int | None = None
-    keep: int = 3
+    checkpoint_interval_seconds: float | None = None
+    keep: int = DEFAULTS.keep
     # The in-memory rescue tier: "off", or the node memory it may use (a Kubernetes quantity: on AKS the
     # sizeLimit of the memory-backed emptyDir it lives in).
     memory_tier: str = DEFAULT_MEMORY_TIER
@@ -112,6 +114,9 @@ class JobSpec:  # pylint: disable=too-many-instance-attributes  # one field per 
                                 f"--max-nodes {self.max_nodes}: start between the two (default: max)")
         if self.checkpoint_interval is not None:
             _at_least_one("--checkpoint-interval", self.checkpoint_interval)
+        if self.checkpoint_interval_seconds is not None and not 0 < self.checkpoint_interval_seconds < float("inf"):
+            raise SpecError(f"--checkpoint-interval-seconds {self.checkpoint_interval_seconds:g} is not a number of "
+                            "seconds above 0: e.g. --checkpoint-interval-seconds 600 saves to blob every 10 minutes")
         _at_least_one("--keep", self.keep)
         validate_memory_tier(self.memory_tier)
         if not self.script:
@@ -155,6 +160,11 @@ def _check_env(env: tuple[str, ...]) -> None:
         if key in seen:
             raise SpecError(f"--env {key} is given twice: give each variable once")
         seen.add(key)
+    try:  # what the runtime would refuse at its start, refused before anything starts
+        RuntimeSettings.from_env({key: value for key, _, value in (item.partition("=") for item in env)
+                                  if key in ENV_SCRIPT_SETTINGS})
+    except ValueError as ex:
+        raise SpecError(f"--env {ex}") from None
 
 
 def validate_memory_tier(value: str) -> None:

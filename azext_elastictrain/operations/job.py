@@ -18,7 +18,8 @@ from azext_elastictrain.core import launch
 
 def run_job(cmd, *, name: str, script: str, min_nodes: int, max_nodes: int, local: bool = False,
             cluster: str | None = None, script_args: str | None = None, nodes: int | None = None,
-            nproc_per_node: int | None = None, checkpoint_interval: int | None = None, keep: int = 3,
+            nproc_per_node: int | None = None, checkpoint_interval: int | None = None,
+            checkpoint_interval_seconds: float | None = None, keep: int | None = None,
             resource_group_name: str | None = None, image: str | None = None, gpus_per_node: int | None = None,
             dry_run: bool = False, engine: str | None = None, memory_tier: str | None = None,
             warm_start: bool = True, recovery: str | None = None, env: list[str] | None = None) -> dict:
@@ -30,7 +31,9 @@ def run_job(cmd, *, name: str, script: str, min_nodes: int, max_nodes: int, loca
         spec = _job_spec(target, script_args=script_args, gpus_per_node=gpus_per_node,
                          nproc_per_node=nproc_per_node, memory_tier=memory_tier, name=name, script=script,
                          min_nodes=min_nodes, max_nodes=max_nodes, nodes=nodes,
-                         checkpoint_interval=checkpoint_interval, keep=keep, warm_start=warm_start is not False,
+                         checkpoint_interval=checkpoint_interval,
+                         checkpoint_interval_seconds=checkpoint_interval_seconds, keep=keep,
+                         warm_start=warm_start is not False,
                          env=tuple(env or ()), recovery=recovery)
     _warn_default_group_timeout(spec)
     return _plan_and_submit(cmd, target, spec, image=image, gpus_per_node=gpus_per_node, engine=engine,
@@ -112,8 +115,9 @@ def _plan_and_submit(cmd, target, spec, *, image: str | None, gpus_per_node: int
 
 def _job_spec(target, *, script_args: str | None, gpus_per_node: int | None, nproc_per_node: int | None,
               memory_tier: str | None, recovery: str | None, **fields):
-    """The job's spec from the command's values (``fields``: JobSpec's own); bad ones are az errors. Without
-    --recovery, the backend's default mode (core/launch.py: in-process locally, restart on AKS)."""
+    """The job's spec from the command's values (``fields``: JobSpec's own; one not given takes the spec's
+    default); bad ones are az errors. Without --recovery, the backend's default mode (core/launch.py: in-process
+    locally, restart on AKS)."""
     from azext_elastictrain.core.spec import DEFAULT_MEMORY_TIER, JobSpec
 
     if gpus_per_node is not None and gpus_per_node < 1:
@@ -129,7 +133,8 @@ def _job_spec(target, *, script_args: str | None, gpus_per_node: int | None, npr
     # a worker pod runs one training process per GPU unless told otherwise; a local node one
     if nproc_per_node is None:
         nproc_per_node = (gpus_per_node or 1) if target.kind == "aks" else 1
-    return JobSpec(**fields, nproc_per_node=nproc_per_node, script_args=args,
+    given = {name: value for name, value in fields.items() if value is not None}
+    return JobSpec(**given, nproc_per_node=nproc_per_node, script_args=args,
                    memory_tier=memory_tier or DEFAULT_MEMORY_TIER,
                    recovery=recovery or launch.PROFILES[target.kind].default_recovery)
 

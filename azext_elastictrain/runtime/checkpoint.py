@@ -55,13 +55,13 @@ from typing import TYPE_CHECKING, Any, Generic, Iterable, Iterator, Mapping, Typ
 
 from azext_elastictrain.core import catalog, launch
 from azext_elastictrain.core.blobstore import BlobStore
+from azext_elastictrain.core.settings import DEFAULTS, RuntimeSettings
 from azext_elastictrain.runtime import progress, rescue
 from azext_elastictrain.runtime.collectives import Collectives
 from azext_elastictrain.runtime.data import ElasticSampler
 from azext_elastictrain.runtime.errors import CheckpointError, FencedError
 from azext_elastictrain.runtime.loop import count, data_in, epoch_batches, samplers_in
 from azext_elastictrain.runtime.memory import MemoryKeeper
-from azext_elastictrain.runtime.replicas import in_process as in_process_recovery
 from azext_elastictrain.runtime.reporting import Reporter
 from azext_elastictrain.runtime.restoring import Restorer
 from azext_elastictrain.runtime.saving import BlobSaver
@@ -83,16 +83,6 @@ log = logging.getLogger(__name__)
 
 # DCP warns on every call in a single process; that is a supported mode here.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
-
-
-def _env_int(environ: Mapping[str, str], name: str, default: int | None) -> int | None:
-    value = environ.get(name)
-    return int(value) if value not in (None, "") else default
-
-
-def _env_float(environ: Mapping[str, str], name: str, default: float | None) -> float | None:
-    value = environ.get(name)
-    return float(value) if value not in (None, "") else default
 
 
 S = TypeVar("S")
@@ -141,19 +131,20 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
         store: BlobStore,
         job_prefix: str | None = None,
         *,
-        keep: int = 3,
-        interval_steps: int | None = None,
-        interval_seconds: float | None = None,
+        keep: int = DEFAULTS.keep,
+        interval_steps: int | None = DEFAULTS.checkpoint_interval_steps,
+        interval_seconds: float | None = DEFAULTS.checkpoint_interval_seconds,
         async_save: bool = True,
         verify: bool = True,
         watcher: Any = None,
         events: bool = True,
-        progress_seconds: float = 10.0,
+        progress_seconds: float = DEFAULTS.progress_seconds,
         thread_count: int = 1,
         grace_seconds: float = catalog.DEFAULT_GRACE_SECONDS,
-        hold_seconds: float = 60.0,
+        hold_seconds: float = DEFAULTS.hold_seconds,
         memory_rescue: bool = True,
         sigterm_wait_seconds: float = 5.0,
+        settings: RuntimeSettings | None = None,
     ):
         if keep < 1:
             raise ValueError("keep must be at least 1")
@@ -163,7 +154,10 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
         self._ranks = Collectives()
         self.distributed, self.rank, self.world_size = \
             self._ranks.distributed, self._ranks.rank, self._ranks.world_size
-        self.in_process = in_process_recovery(os.environ)  # workers outlive a re-form (runtime/replicas.py)
+        # the job's settings (core/settings.py; by default from this process's environment): the mode, the nodes
+        # range and what the collaborators read themselves; those above are the arguments
+        self.settings = RuntimeSettings.from_env(os.environ) if settings is None else settings
+        self.in_process = self.settings.in_process  # workers outlive a re-form (runtime/replicas.py)
         self._stopping = False
         # Started first, right after the groups' barrier: every rank's watch begins at about the same time.
         self._peers = self._watch_peers()
@@ -237,26 +231,28 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
     # -- construction from the job's environment -------------------------------
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Checkpointer":
-        """Everything from the environment the job sets (docs/runtime.md); keyword overrides win.
+        """Everything from the environment the job sets (docs/runtime.md); keyword overrides win over it, as
+        everywhere (core/settings.py).
 
         ``ELASTICTRAIN_CHECKPOINT_URL``: blob URL of the job's prefix;
         ``AZURE_STORAGE_CONNECTION_STRING``: Azurite/development auth (else
         DefaultAzureCredential: workload identity on AKS);
-        ``ELASTICTRAIN_KEEP``, ``ELASTICTRAIN_CHECKPOINT_INTERVAL_STEPS``,
-        ``ELASTICTRAIN_CHECKPOINT_INTERVAL_SECONDS``, ``ELASTICTRAIN_PROGRESS_SECONDS``;
+        the job's settings (core/settings.py ``RuntimeSettings``: kept checkpoints, the intervals, progress, hold);
         and the preemption watcher's variables (runtime/preemption.py).
         """
         from azext_elastictrain.runtime.preemption import PreemptionWatcher
 
         env = os.environ if environ is None else environ
+        settings = RuntimeSettings.from_env(env)
         options: dict[str, Any] = {
-            "keep": _env_int(env, launch.ENV_KEEP, 3),
-            "interval_steps": _env_int(env, launch.ENV_CHECKPOINT_INTERVAL_STEPS, None),
-            "interval_seconds": _env_float(env, launch.ENV_CHECKPOINT_INTERVAL_SECONDS, None),
-            "progress_seconds": _env_float(env, launch.ENV_PROGRESS_SECONDS, 10.0),
-            "hold_seconds": _env_float(env, launch.ENV_PREEMPTION_HOLD_SECONDS, 60.0),
+            "keep": settings.keep,
+            "interval_steps": settings.checkpoint_interval_steps,
+            "interval_seconds": settings.checkpoint_interval_seconds,
+            "progress_seconds": settings.progress_seconds,
+            "hold_seconds": settings.hold_seconds,
         }
         options.update(overrides)
+        options.setdefault("settings", settings)
         if "watcher" not in options:
             watcher_env = dict(env)
             if int(env.get("LOCAL_RANK", "0")) != 0:
@@ -456,7 +452,7 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
         if not any(found is sampler for found in samplers_in(state)):
             raise ValueError("the loader's ElasticSampler is not in the state: put it there (e.g. "
                              "state['data'] = sampler) so its position is checkpointed with the model")
-        nodes = launch.job_nodes(os.environ)
+        nodes = self.settings.nodes
         if nodes is not None:  # every world the job may run at, before training rather than at a scale-up
             node_size = self.world_size if self.in_process else int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
             sampler.check_worlds(n * node_size for n in range(nodes[0], nodes[1] + 1))

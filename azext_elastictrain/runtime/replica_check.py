@@ -22,31 +22,16 @@ Pure but for torch: no process group here (the caller runs the collective).
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable
 
 import torch
 
-from azext_elastictrain.core import launch
 from azext_elastictrain.runtime.state import modules_in
 
-# Steps between two checks of the replicas (besides the changes of members): the cost is one pass over the
-# parameters and the optimizer's state (memory-bound: ~10 ms for a 19 GB state on a GPU).
-CHECK_EVERY_STEPS = 100
-ENV_CHECK_STEPS = launch.ENV_REPLICA_CHECK_STEPS  # a number of steps, or "off": only at changes of members
 _MASK = (1 << 63) - 1
 _PART_BITS = 21
 _PARTS = 3
 _INTEGER_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def check_every(environ: Mapping[str, str]) -> int | None:
-    """Steps between two periodic checks, from ENV_CHECK_STEPS (None: "off"); the default otherwise."""
-    text = (environ.get(ENV_CHECK_STEPS) or "").strip().lower()
-    if text == "off":
-        return None
-    if text.isdigit() and int(text) > 0:
-        return int(text)
-    return CHECK_EVERY_STEPS
 
 
 def digest(tensors: Iterable[torch.Tensor]) -> int:

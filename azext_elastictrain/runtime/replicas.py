@@ -43,11 +43,11 @@ import torch
 import torch.distributed as dist
 
 from azext_elastictrain.core import launch
+from azext_elastictrain.core.settings import RuntimeSettings
 from azext_elastictrain.runtime import entries
 from azext_elastictrain.runtime.loop import samplers_in
 from azext_elastictrain.runtime.state import capture_rng, modules_in, restore_rng
 from azext_elastictrain.runtime.stopping import TrainingStopped
-from azext_elastictrain.runtime.timeouts import replica_timeout
 
 if TYPE_CHECKING:
     from azext_elastictrain.runtime.torchft_types import ReplicaManager
@@ -72,13 +72,12 @@ QUORUM_RETRIES = 30
 # Before each step's quorum request, the coordinator's port is tried this long: a coordinator that does not answer
 # (restarting) lets the last quorum train on (ReplicaGroup._coast). A refused port answers at once.
 COORDINATOR_PROBE_TIMEOUT = 0.2
-ENV_COAST = launch.ENV_COORDINATOR_COAST  # "off": wait for the coordinator at every step, as torchft does
 STATE_KEY = "elastictrain"  # the state's name among torchft's state callbacks
 
 
 def in_process(environ: Mapping[str, str] | None = None) -> bool:
     """Whether this job runs in the in-process recovery mode (launch.ENV_RECOVERY)."""
-    return (os.environ if environ is None else environ).get(launch.ENV_RECOVERY) == launch.RECOVERY_IN_PROCESS
+    return RuntimeSettings.from_env(os.environ if environ is None else environ).in_process
 
 
 @dataclass(frozen=True)
@@ -100,6 +99,7 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         from azext_elastictrain.runtime.replica_grads import replica_backend, replica_process_group
 
         env = os.environ if environ is None else environ
+        settings = RuntimeSettings.from_env(env)
         self.state = state
         self.optimizer = the_optimizer(state)
         self.node_rank = dist.get_rank() if dist.is_initialized() else 0
@@ -117,7 +117,7 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         else:  # one process without a process group: a store of its own for the Manager
             self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
             store_addr, store_port = "127.0.0.1", self._store.port
-        self.timeout = replica_timeout(env)
+        self.timeout = timedelta(seconds=settings.replica_timeout)
         self.device = parameters_device(self.optimizer)  # where the gradients are, so where their average runs
         replica_backend(self.device, None)  # a device no backend serves is refused before anything starts
         # The state server on the node's own address only (the pod's IP, loopback locally), guarded by the secret.
@@ -146,16 +146,16 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         self._hook = self.optimizer.register_step_pre_hook(self._before_optimizer_step)
         self._in_backward = self._average_in_backward(state)
         self.undo = StepUndo(state, self.optimizer)
-        from azext_elastictrain.runtime.replica_check import StepStart, check_every
+        from azext_elastictrain.runtime.replica_check import StepStart
 
         self._step_start = StepStart(state, self.optimizer)  # buffers made one, replicas checked (replica_check.py)
-        self._check_every = check_every(env)
+        self._check_every = settings.replica_check_steps
         # the members and transfers sent at the last step: a change makes a check due
         self._checked: tuple[int | None, int] = (None, 0)
         self._participants = 0  # the step's participants that train it (a diverged replica does not)
         self.excluded = False  # this replica diverged from the others: it sits the step out and heals after it
-        # the coordinator this node trains on without while it does not answer (ENV_COAST "off": it waits for it)
-        self._coordinator = env.get(launch.ENV_COORDINATOR) if env.get(ENV_COAST) != "off" else None
+        # the coordinator this node trains on without while it does not answer (coast "off": it waits for it)
+        self._coordinator = env.get(launch.ENV_COORDINATOR) if settings.coordinator_coast else None
         self._coasting = 0  # steps trained with the last quorum while the coordinator did not answer
         self._reached = False  # while coasting: this step's probe reached the coordinator
         self._any_reached = False  # ... and the last step-start collective's: some node's probe reached it

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, cast
 
+from azext_elastictrain.core.settings import DEFAULTS
 from azext_elastictrain.runtime import progress
 
 
@@ -16,7 +17,7 @@ class Reporter:  # pylint: disable=too-many-instance-attributes  # the step coun
     """Events of one worker; every method is a no-op for the event log when ``events`` is None."""
 
     def __init__(self, events: "progress.EventLog | None", *, rank: int, world_size: int,
-                 progress_seconds: float = 10.0, clock: Callable[[], float] = time.monotonic,
+                 progress_seconds: float = DEFAULTS.progress_seconds, clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time):
         self.events = events
         self.rank = rank

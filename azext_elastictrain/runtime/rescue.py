@@ -62,6 +62,7 @@ import xxhash
 from torch.distributed.checkpoint import StorageReader
 
 from azext_elastictrain.core import launch
+from azext_elastictrain.core.settings import RuntimeSettings
 
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.metadata import Metadata
@@ -184,8 +185,7 @@ def is_replicated(flat: dict[str, Any]) -> bool:
 
 def enabled(environ: Mapping[str, str] | None = None) -> bool:
     """The memory tier is on unless ``ELASTICTRAIN_MEMORY_RESCUE`` says off."""
-    env = os.environ if environ is None else environ
-    return env.get(launch.ENV_MEMORY_RESCUE, "on").strip().lower() not in ("off", "0", "false", "no")
+    return RuntimeSettings.from_env(os.environ if environ is None else environ).memory_tier
 
 
 class MemoryTier:

@@ -20,6 +20,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from azext_elastictrain.core import catalog, layout
 from azext_elastictrain.core.blobstore import BlobStore, WriteConflict
+from azext_elastictrain.core.settings import DEFAULTS
 from azext_elastictrain.runtime import entries, progress
 from azext_elastictrain.runtime.collectives import Collectives
 from azext_elastictrain.runtime.errors import CheckpointError, FencedError, fenced
@@ -35,7 +36,7 @@ class BlobSaver:  # pylint: disable=too-many-instance-attributes  # the settings
     """Checkpoints of one job prefix in blob: save, wait for the upload in flight, retention."""
 
     def __init__(self, store: BlobStore, job_prefix: str, collectives: Collectives, reporter: Reporter, *,
-                 keep: int = 3, thread_count: int = 1, grace_seconds: float = catalog.DEFAULT_GRACE_SECONDS,
+                 keep: int = DEFAULTS.keep, thread_count: int = 1, grace_seconds: float = catalog.DEFAULT_GRACE_SECONDS,
                  clock: Callable[[], float] = time.monotonic):
         self.store = store
         self.job_prefix = job_prefix

@@ -21,6 +21,7 @@ import time
 from typing import Any, Callable, Mapping
 
 from azext_elastictrain.core import launch
+from azext_elastictrain.core.settings import DEFAULTS
 from azext_elastictrain.runtime import progress
 from azext_elastictrain.runtime.collectives import Collectives
 from azext_elastictrain.runtime.reporting import Reporter
@@ -90,8 +91,9 @@ class StepPolicy:  # pylint: disable=too-many-instance-attributes  # the setting
     def __init__(self, ranks: Collectives, notices: Notices, reporter: Reporter, *,
                  save: Callable[..., None], kept_here: Callable[[int], bool], durable: Callable[[], bool],
                  last_save_time: Callable[[], float], local_rank: int = 0,
-                 interval_steps: int | None = None, interval_seconds: float | None = None,
-                 hold_seconds: float = 60.0, sigterm_wait_seconds: float = 5.0,
+                 interval_steps: int | None = DEFAULTS.checkpoint_interval_steps,
+                 interval_seconds: float | None = DEFAULTS.checkpoint_interval_seconds,
+                 hold_seconds: float = DEFAULTS.hold_seconds, sigterm_wait_seconds: float = 5.0,
                  clock: Callable[[], float] = time.monotonic, leaving: Callable[[], bool] = node_leaving):
         self.ranks, self.notices, self.reporter = ranks, notices, reporter
         self._save, self._kept_here, self._durable, self._last_save_time = save, kept_here, durable, last_save_time

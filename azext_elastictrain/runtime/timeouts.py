@@ -13,60 +13,36 @@ mode the runtime does not wait for it: a peer unheard for the peer timeout ends 
 """
 from __future__ import annotations
 
-import math
 import os
 from datetime import timedelta
 from typing import Any, Mapping
 
-from azext_elastictrain.core import launch
+from azext_elastictrain.core.settings import RuntimeSettings
+
+
+def _settings(environ: Mapping[str, Any] | None) -> RuntimeSettings:
+    return RuntimeSettings.from_env(os.environ if environ is None else environ)
 
 
 def collective_timeout(environ: Mapping[str, Any] | None = None) -> timedelta:
     """The job's collective timeout (``ELASTICTRAIN_COLLECTIVE_TIMEOUT_SECONDS``, set by the launch); outside a
-    job, the launch's default. Raises ValueError for a value that is not a number of seconds above 0."""
-    env = os.environ if environ is None else environ
-    found = _seconds(env, launch.ENV_COLLECTIVE_TIMEOUT, "the seconds a collective may wait for a peer",
-                     f"default {launch.DEFAULT_COLLECTIVE_TIMEOUT_SECONDS:g}")
-    return timedelta(seconds=launch.DEFAULT_COLLECTIVE_TIMEOUT_SECONDS) if found is None else found
+    job, the local figure (core/settings.py). Raises ValueError for a value that is not seconds above 0."""
+    return timedelta(seconds=_settings(environ).collective_timeout_seconds)
 
 
 def peer_timeout(environ: Mapping[str, Any] | None = None) -> timedelta | None:
     """Restart mode: how long a peer may go unheard before this worker takes it for gone
-    (``ELASTICTRAIN_PEER_TIMEOUT_SECONDS``, default core/launch.py's; ``off``: None, never). Raises ValueError for
-    a value that is neither ``off`` nor a number of seconds above 0."""
-    env = os.environ if environ is None else environ
-    if str(env.get(launch.ENV_PEER_TIMEOUT, "")).strip().lower() == "off":
-        return None
-    found = _seconds(env, launch.ENV_PEER_TIMEOUT, "the seconds a peer may go unheard, or off",
-                     f"default {launch.PEER_TIMEOUT_SECONDS:g}")
-    return timedelta(seconds=launch.PEER_TIMEOUT_SECONDS) if found is None else found
+    (``ELASTICTRAIN_PEER_TIMEOUT_SECONDS``; ``off``: None, never). Raises ValueError for a value that is neither
+    ``off`` nor a number of seconds above 0."""
+    seconds = _settings(environ).peer_timeout_seconds
+    return None if seconds is None else timedelta(seconds=seconds)
 
 
 def replica_timeout(environ: Mapping[str, Any] | None = None) -> timedelta:
     """How long the in-process mode's cross-node collective and commit wait for a peer: torchft's
-    ``TORCHFT_TIMEOUT_SEC`` if set, else the backend's (``ELASTICTRAIN_REPLICA_TIMEOUT_SECONDS``, core/launch.py),
-    else the job's collective timeout. Raises ValueError for a value that is not a number of seconds above 0."""
-    env = os.environ if environ is None else environ
-    for name in ("TORCHFT_TIMEOUT_SEC", launch.ENV_REPLICA_TIMEOUT):
-        found = _seconds(env, name, "the seconds the cross-node collective may wait for a peer",
-                         f"default {launch.LOCAL.replica_timeout_seconds:g} locally")
-        if found is not None:
-            return found
-    return collective_timeout(env)
-
-
-def _seconds(env: Mapping[str, Any], name: str, what: str, default: str) -> timedelta | None:
-    """``env[name]`` as a timeout; None when unset or empty. Raises ValueError unless it is seconds above 0."""
-    raw = env.get(name)
-    if raw in (None, ""):
-        return None
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = math.nan
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ValueError(f"{name}={raw!r}: give {what}, more than 0 ({default})")
-    return timedelta(seconds=seconds)
+    ``TORCHFT_TIMEOUT_SEC`` if set, else the backend's (``ELASTICTRAIN_REPLICA_TIMEOUT_SECONDS``), else the job's
+    collective timeout. Raises ValueError for a value that is not a number of seconds above 0."""
+    return timedelta(seconds=_settings(environ).replica_timeout)
 
 
 __all__ = ["collective_timeout", "peer_timeout", "replica_timeout"]

@@ -427,10 +427,12 @@ def test_a_healing_step_waits_for_the_transfer_sized_to_the_state() -> None:
 # -- the cross-node timeout: one owner (core/launch.py), set by each backend for in-process jobs only -------------
 def test_each_backend_sets_its_replica_timeout_for_in_process_jobs_only() -> None:
     from azext_elastictrain.core import launch
+    from azext_elastictrain.core.settings import job_env
+    from azext_elastictrain.core.spec import JobSpec
 
-    local = launch.recovery_env(launch.RECOVERY_IN_PROCESS, replica_timeout=launch.LOCAL.replica_timeout_seconds)
+    local = job_env(JobSpec(name="job", script="t.py", recovery=launch.RECOVERY_IN_PROCESS), launch.LOCAL)
     assert local[launch.ENV_REPLICA_TIMEOUT] == "2"
-    restart = launch.recovery_env(launch.RECOVERY_RESTART, replica_timeout=launch.LOCAL.replica_timeout_seconds)
+    restart = job_env(JobSpec(name="job", script="t.py", recovery=launch.RECOVERY_RESTART), launch.LOCAL)
     assert launch.ENV_REPLICA_TIMEOUT not in restart
     # shorter than the restart mode's collective timeout: a false timeout costs a discarded step, not a re-form
     assert launch.LOCAL.replica_timeout_seconds < launch.LOCAL.collective_timeout_seconds

@@ -1,5 +1,5 @@
 """job run --env KEY=VALUE: checked as the spec is made, and in the environment of every node on both backends
-(core/launch.py's job_env is what a local agent and an AKS worker pod both get)."""
+(core/settings.py's job_env is what a local agent and an AKS worker pod both get)."""
 from __future__ import annotations
 
 import os
@@ -62,16 +62,17 @@ def test_a_bad_variable_is_refused_as_the_spec_is_made(env, message) -> None:
 @pytest.mark.parametrize("profile", [launch.LOCAL, launch.AKS], ids=lambda p: p.backend)
 @pytest.mark.parametrize("recovery", launch.RECOVERY_MODES)
 def test_the_runtime_reads_back_what_the_launch_writes(profile, recovery) -> None:
-    """launch.job_env is the one writer of a job's settings on both backends; the runtime's readers get back the
+    """settings.job_env is the one writer of a job's settings on both backends; the runtime's readers get back the
     spec's options and the backend profile's figures."""
     from datetime import timedelta
 
+    from azext_elastictrain.core.settings import RuntimeSettings, job_env
     from azext_elastictrain.runtime.replicas import in_process
     from azext_elastictrain.runtime.timeouts import collective_timeout, replica_timeout
 
     spec = JobSpec(name="job", script="/app/train.py", min_nodes=2, max_nodes=5, recovery=recovery)
-    env = launch.job_env(spec, profile, coordinator="http://coordinator:29510")
-    assert launch.job_nodes(env) == (2, 5) and in_process(env) == spec.in_process
+    env = job_env(spec, profile, coordinator="http://coordinator:29510")
+    assert RuntimeSettings.from_env(env).nodes == (2, 5) and in_process(env) == spec.in_process
     assert collective_timeout(env) == timedelta(seconds=profile.collective_timeout_seconds)
     if spec.in_process:
         assert replica_timeout(env) == timedelta(seconds=profile.replica_timeout_seconds)

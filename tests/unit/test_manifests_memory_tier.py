@@ -45,7 +45,7 @@ def test_the_memory_tier_is_a_memory_backed_emptydir_with_a_size_limit_where_the
     mounts = {v["name"]: v["mountPath"] for v in container["volumeMounts"]}
     env = env_of(template)
     assert mounts[m.MEMORY_TIER_VOLUME] == env[launch.ENV_MEMORY_DIR] == launch.MEMORY_TIER_MOUNT
-    assert launch.ENV_MEMORY_RESCUE not in env  # on by default
+    assert env[launch.ENV_MEMORY_RESCUE] == "on"
     validate(template)
 
 

@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from azext_elastictrain.runtime.replica_check import StepStart, check_every, digest, winner
+from azext_elastictrain.runtime.replica_check import StepStart, digest, winner
 
 
 def _replica(seed: int = 0) -> dict:
@@ -86,13 +86,6 @@ def test_no_digest_no_check_and_ties_go_to_the_lowest_rank() -> None:
     assert seen[0] == [None, None] and winner(seen[0]) == (None, set())
     assert winner([5, 7]) == (5, {1})
     assert winner([None, 7, 5, 5]) == (5, {1})
-
-
-def test_the_check_every_n_steps_is_a_setting_or_off() -> None:
-    assert check_every({}) == 100
-    assert check_every({"ELASTICTRAIN_REPLICA_CHECK_STEPS": "7"}) == 7
-    assert check_every({"ELASTICTRAIN_REPLICA_CHECK_STEPS": "off"}) is None
-    assert check_every({"ELASTICTRAIN_REPLICA_CHECK_STEPS": "-3"}) == 100
 
 
 def test_digests_survive_the_float64_vector_exactly() -> None:

@@ -81,12 +81,12 @@ def test_a_frozen_peer_fails_the_survivors_collective_within_the_timeout(tmp_pat
 def test_the_launch_sets_the_collective_timeout_the_runtime_reads():
     from datetime import timedelta
 
+    from azext_elastictrain.core.settings import job_env
+    from azext_elastictrain.core.spec import JobSpec
     from azext_elastictrain.runtime import collective_timeout
 
-    from azext_elastictrain.core.spec import JobSpec
-
     for profile in (launch.LOCAL, launch.AKS):
-        env = launch.job_env(JobSpec(name="job", script="train.py"), profile)
+        env = job_env(JobSpec(name="job", script="train.py"), profile)
         assert collective_timeout(env) == timedelta(seconds=profile.collective_timeout_seconds)
     assert collective_timeout({}) == timedelta(seconds=launch.DEFAULT_COLLECTIVE_TIMEOUT_SECONDS)
     assert collective_timeout({launch.ENV_COLLECTIVE_TIMEOUT: "7.5"}) == timedelta(seconds=7.5)

@@ -87,6 +87,7 @@ def describe_job(elastic_job: dict[str, Any], pods: list[dict[str, Any]], nodes:
         "nodeCount": shape["nodeCount"],
         "nprocPerNode": args["nprocPerNode"],
         "checkpointInterval": _int(env.get(launch.ENV_CHECKPOINT_INTERVAL_STEPS)),
+        "checkpointIntervalSeconds": _float(env.get(launch.ENV_CHECKPOINT_INTERVAL_SECONDS)),
         "keep": _int(env.get(launch.ENV_KEEP)),
         "recovery": shape["recovery"],
         "rdzvId": None if shape["recovery"] == launch.RECOVERY_IN_PROCESS else args["rdzvId"] or name,
@@ -233,6 +234,13 @@ def _as_operator_condition(c: dict[str, Any]) -> dict[str, Any]:
 def _int(value: Any) -> int | None:
     try:
         return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _float(value: Any) -> float | None:
+    try:
+        return float(value)
     except (TypeError, ValueError):
         return None
 

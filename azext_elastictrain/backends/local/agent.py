@@ -8,18 +8,16 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
 from azext_elastictrain.backends.local.state import REPO_ROOT
-from azext_elastictrain.core import launch
+from azext_elastictrain.core import launch, settings
 
 if TYPE_CHECKING:
     from azext_elastictrain.core.spec import JobSpec
 
-# How often rank 0 reports progress on a local job (the event log's throughput and step).
-PROGRESS_SECONDS = 2
 # Every process of a local job carries this in its environment (inherited by the
 # workers), so orphans of a killed agent can still be found and stopped.
 JOB_MARKER_ENV = "ELASTICTRAIN_LOCAL_JOB"
@@ -31,7 +29,7 @@ COORDINATOR_MARKER_ENV = "ELASTICTRAIN_LOCAL_COORDINATOR"
 @dataclass(frozen=True)
 class AgentLaunch:  # pylint: disable=too-many-instance-attributes  # one field per launch setting
     """What one node of a local job runs: ``argv()`` and ``env(inherited)``, from the job's spec and the local
-    backend's launch profile (core/launch.py): the spec's options reach the node through ``launch.job_env``
+    backend's launch profile (core/launch.py): the spec's options reach the node through ``settings.job_env``
     alone, as they reach an AKS pod; the fields here are the node's own."""
 
     node: str
@@ -45,7 +43,7 @@ class AgentLaunch:  # pylint: disable=too-many-instance-attributes  # one field 
     scheduled_events_url: str = "off"
     profile: launch.LaunchProfile = launch.LOCAL  # a benchmark may compare another rendezvous setting
     coordinator: str | None = None  # in-process: the job's coordinator, http://127.0.0.1:PORT
-    progress_seconds: float = PROGRESS_SECONDS
+    progress_seconds: float | None = None  # a test's or benchmark's: the profile's figure otherwise
     extra_env: Mapping[str, str] = field(default_factory=dict)  # last: a benchmark's own settings
 
     def __post_init__(self) -> None:
@@ -76,10 +74,12 @@ class AgentLaunch:  # pylint: disable=too-many-instance-attributes  # one field 
 
     def env(self, inherited: Mapping[str, str]) -> dict[str, str]:
         """The node's environment: ``inherited`` (the caller's) without its ELASTICTRAIN_* settings, then the
-        job's (``launch.job_env``), then the node's own, then ``extra_env``."""
+        job's (``settings.job_env``), then the node's own, then ``extra_env``."""
         nodes_dir = self.job_dir / "nodes"
         env = {k: v for k, v in inherited.items() if not k.startswith(launch.ENV_PREFIX)}
-        env.update(launch.job_env(self.spec, self.profile, coordinator=self.coordinator))
+        profile = self.profile if self.progress_seconds is None else \
+            replace(self.profile, progress_seconds=self.progress_seconds)
+        env.update(settings.job_env(self.spec, profile, coordinator=self.coordinator))
         env.update({
             JOB_MARKER_ENV: str(self.job_dir),
             launch.ENV_CHECKPOINT_URL: self.checkpoint_url,
@@ -90,14 +90,14 @@ class AgentLaunch:  # pylint: disable=too-many-instance-attributes  # one field 
             # A worker restarted on the same node must not act twice on an acknowledged event.
             launch.ENV_PREEMPTION_STATE: str(nodes_dir / f"{self.node}.acked.json"),
             launch.ENV_NODE_LEAVING_FILE: str(self.leaving_file),
-            launch.ENV_PROGRESS_SECONDS: f"{self.progress_seconds:g}",
             "GLOO_SOCKET_IFNAME": "lo",
             # The runtime (azext_elastictrain.runtime) importable from a script anywhere.
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), inherited.get("PYTHONPATH")])),
         })
-        env.update(launch.recovery_env(self.spec.recovery, replica_id=self.node,
-                                       replica_host="127.0.0.1",  # as --local-addr: every node is on loopback
-                                       secret_file=str(job_secret_file(self.job_dir))))
+        if self.spec.in_process:  # the node's own part (an AKS pod has its name, IP and the Secret instead)
+            env.update({launch.ENV_REPLICA_ID: self.node,
+                        launch.ENV_REPLICA_HOST: "127.0.0.1",  # as --local-addr: every node is on loopback
+                        launch.ENV_JOB_SECRET_FILE: str(job_secret_file(self.job_dir))})
         env.setdefault("OMP_NUM_THREADS", "1")
         env.update(self.extra_env)
         return env
