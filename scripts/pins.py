@@ -1,6 +1,6 @@
 """setup.py's pinned requirements, for the places that install before (or without) it: scripts/setup.sh.
 
-    python3 scripts/pins.py torch            # -> torch==2.13.0 (as setup.py pins it)
+    python3 scripts/pins.py torch            # -> torch==<the version setup.py pins>
 
 setup.py owns every Python pin (install_requires, extras_require); this reads them from its DEPENDENCIES and
 EXTRAS literals without running it (its setup() call would build). scripts/Dockerfile cannot read them before
