@@ -9,11 +9,12 @@
 #   etcd      Debian's etcd-server (etcd 3.4, has --enable-v2) unless `etcd` is on PATH
 #   venv      python3 -m venv .venv (installs python3-venv via apt if needed)
 #   azurite   azurite@3.37.0 into .tools/ with npm
-#   pip       torch (CPU wheel pinned) and uv (pinned) with pip, then with uv: azure-cli, this package editable
-#             with [train,test] (and its DEPENDENCIES from setup.py: the pinned official kubernetes client);
-#             skipped while .venv/.elastictrain-stamp matches setup.py + the requirement line.
+#   pip       torch (CPU wheel, at setup.py's pin: scripts/pins.py reads it) and uv (pinned) with pip, then with
+#             uv: azure-cli, this package editable with [train,test] (and its DEPENDENCIES from setup.py: the
+#             pinned official kubernetes client); skipped while .venv/.elastictrain-stamp matches setup.py + the
+#             requirement line.
 #             Why two installers: pip finds a machine's local torch wheel (uv does not look there, and PyPI's
-#             torch==2.13.0 is the CUDA build); uv installs azure-cli's ~200 packages in seconds where pip took
+#             torch of that version is the CUDA build); uv installs azure-cli's ~200 packages in seconds where pip took
 #             ~150 s here (compiling included). If uv fails, pip.
 #   checkov   checkov (pinned) in its own venv .tools/checkov: it pins many packages azure-cli pins otherwise
 #             (290 MB once; then "ok"). Scans the planned ARM bodies in the contract tests.
@@ -47,8 +48,11 @@ cd "$ROOT"
 AZURITE_VERSION="3.37.0"
 CHECKOV_VERSION="3.3.30"
 CHECKOV_VENV=".tools/checkov"
-PIP_FIRST=(torch==2.13.0 uv==0.13.9)  # with pip (see "pip" above)
-PIP_REQUIREMENTS=(azure-cli==2.91.0 torch==2.13.0 -e ".[train,test]")
+# torch's pin is setup.py's ([train]): read from there, so that the wheel pip installs first is the one uv keeps
+TORCH_REQUIREMENT="$(python3 scripts/pins.py torch)" \
+    || { echo "setup: ERROR: cannot read torch's pin from setup.py (python3 scripts/pins.py torch)" >&2; exit 1; }
+PIP_FIRST=("$TORCH_REQUIREMENT" uv==0.13.9)  # with pip (see "pip" above)
+PIP_REQUIREMENTS=(azure-cli==2.91.0 "$TORCH_REQUIREMENT" -e ".[train,test]")
 # azdev's own requirements (sphinx==1.6.7, tox, setuptools<80, ...) are for its other commands and clash with
 # azure-cli's: its linter rules and style configs need only knack, PyYAML and requests, which azure-cli brings.
 LINT_REQUIREMENTS=(pylint==4.1.4 flake8==7.5.0)

@@ -1,7 +1,7 @@
 """Suite-wide fixtures: real Azurite, real etcd, the real az.
 
 Services listen on free loopback ports and are always stopped (see
-``tests/support/services.py``).  Tests are marked by folder: tests/unit ->
+``harness/services.py``).  Tests are marked by folder: tests/unit ->
 ``unit``, tests/integration -> ``integration``, tests/contract -> ``contract``, tests/e2e -> ``e2e``, so
 ``-m unit`` selects the fast ones.
 """
@@ -22,7 +22,7 @@ REPO_ROOT = TESTS_DIR.parent
 if str(REPO_ROOT) not in sys.path:  # pytest.ini's pythonpath does this too
     sys.path.insert(0, str(REPO_ROOT))
 
-from tests.support import services as svc  # noqa: E402
+from harness import services as svc  # noqa: E402
 
 _FOLDER_MARKS = ("unit", "integration", "contract", "e2e")
 # Modules that train for real with several torchrun agents and assert how fast a job recovers (or depend on when

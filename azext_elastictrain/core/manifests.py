@@ -233,7 +233,8 @@ COMPONENT_LABEL = "app.kubernetes.io/component"
 COORDINATOR_COMPONENT = "coordinator"
 COORDINATOR_CONTAINER = "coordinator"
 COORDINATOR_PORT_NAME = "coordinator"  # a container port name: an IANA service name, at most 15 characters
-# The training image's user (scripts/Dockerfile: useradd --uid 10001 trainer).
+# The training image's user: scripts/Dockerfile creates it and runs as it (its useradd --uid and USER;
+# tests/unit/test_version_pins.py holds them equal to this).
 IMAGE_USER = 10001
 
 

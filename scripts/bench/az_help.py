@@ -28,7 +28,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from tests.support.services import AzCli, check_dev_extension  # noqa: E402
+from harness.services import AzCli, check_dev_extension  # noqa: E402
 
 COMMANDS = {
     "ours": ("elastictrain", "--help"),

@@ -68,7 +68,7 @@ import torch.distributed.checkpoint as dcp  # noqa: E402
 from azext_elastictrain.core import layout  # noqa: E402
 from azext_elastictrain.core.blobstore import BLOCK_SIZE, BlobStore  # noqa: E402
 from azext_elastictrain.runtime.checkpoint import Checkpointer  # noqa: E402
-from tests.support.services import start_azurite  # noqa: E402
+from harness.services import start_azurite  # noqa: E402
 
 MiB = 1 << 20
 CONTAINER = "bench"
@@ -149,7 +149,7 @@ def build_fsdp2_state(size_mib: int) -> dict[str, Any]:
     from torch.distributed.fsdp import fully_shard
 
     if not dist.is_initialized():
-        from tests.support.services import free_port
+        from harness.services import free_port
 
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     mesh = init_device_mesh("cpu", (1,))

@@ -4,7 +4,7 @@ torchft's own behaviour), side by side in one run.
 
     .venv/bin/python scripts/bench/coordinator_loss.py [--nodes 2] [--kills 5] [--down 3] [--modes coast,wait]
 
-Each mode runs a job of ``--nodes`` replicas of the tests' loop (tests/support/replica_worker.py, ``--step-seconds``
+Each mode runs a job of ``--nodes`` replicas of the tests' loop (harness/replica_worker.py, ``--step-seconds``
 of compute a step, 0.5 s by default, a coordinator of its own as runtime/coordinator.py with a local job's
 settings, Azurite for blob). Once every node trains, the coordinator is killed ``--kills`` times, each time down
 ``--down`` seconds, then started again on the same address, 10 s apart. Per kill, from the nodes' own records:
@@ -34,9 +34,9 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from azext_elastictrain.core import launch  # noqa: E402
-from tests.support import replica_worker  # noqa: E402
-from tests.support.restartable_coordinator import RestartableCoordinator  # noqa: E402
-from tests.support.services import start_azurite  # noqa: E402
+from harness import replica_worker  # noqa: E402
+from harness.restartable_coordinator import RestartableCoordinator  # noqa: E402
+from harness.services import start_azurite  # noqa: E402
 
 SETTLE = 10.0  # seconds after the restart that count in a kill's window
 

@@ -57,9 +57,9 @@ from azext_elastictrain.core.chaos import (  # noqa: E402
 from azext_elastictrain.core.goodput import outages  # noqa: E402
 from azext_elastictrain.core.recovery import follow_recovery, follow_world_size, trained_again  # noqa: E402
 from recovery import DEFAULT_RDZV_CONF  # noqa: E402
-from tests.support.elastic import (  # noqa: E402
+from harness.elastic import (  # noqa: E402
     TUNED_RDZV_CONF, Coordinator, JobConfig, Node, events_of, read_events, wait_for)
-from tests.support.services import start_azurite, start_etcd  # noqa: E402
+from harness.services import start_azurite, start_etcd  # noqa: E402
 
 # The workload of every config: the README's loop (ckpt.batches), which both recovery modes run
 # (a small MLP, so that the figures are the recovery's, not a model's compute).
@@ -84,7 +84,7 @@ FULL_SIZE = 2
 
 
 class BenchEvictor:
-    """``core.chaos.ScheduleEvictor`` over ``tests.support.elastic`` nodes: the local cluster's eviction (a
+    """``core.chaos.ScheduleEvictor`` over ``harness.elastic`` nodes: the local cluster's eviction (a
     Preempt on the Scheduled Events endpoint, then every process of the node killed once the runtime
     acknowledged or the notice ran out; without notice the node vanishes, backends/local/evict.py) and its
     capacity coming back as a new node."""

@@ -16,7 +16,7 @@ each failing alone (its error in the JSON):
   memory through the peer transfer (runtime/peer_transfer.py, as torchft's quorum drives it): per phase (imports,
   model and optimizer built on the device, the state received into them, loaded, the first step).
 * ``dcp``: a blob checkpoint of the state (the Checkpointer: DCP into a local Azurite, the suite's
-  tests/support/services.py) and its restore into a fresh state on the device: the training thread's stall, the
+  harness/services.py) and its restore into a fresh state on the device: the training thread's stall, the
   save to committed, the restore, GB/s, and where the restored tensors are. Needs Azurite (``bash
   scripts/setup.sh``); without it the phase fails alone.
 * ``readme_sigkill``: the README's script (scripts/bench/readme_loop.py, the two lines for a GPU with
@@ -116,12 +116,12 @@ def dcp(state: dict[str, Any], device: str, tiny: bool) -> dict[str, Any]:  # py
     the device: the training thread's stall, the save to committed, the restore; where the restored tensors are."""
     import torch
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.support: the suite's Azurite
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # harness: the suite's Azurite
     from azure.storage.blob import ContainerClient
 
     from azext_elastictrain.core.blobstore import BlobStore
     from azext_elastictrain.runtime.checkpoint import Checkpointer
-    from tests.support.services import start_azurite  # pylint: disable=import-error  # the checkout's, on sys.path
+    from harness.services import start_azurite  # pylint: disable=import-error  # the checkout's, on sys.path
 
     size = state_bytes(state)
     with tempfile.TemporaryDirectory(prefix="gpu-bench-") as tmp, start_azurite(tmp) as azurite:
@@ -161,9 +161,9 @@ def readme_sigkill(device: str, memory_dir: str, deadline: float) -> dict[str, A
     from azext_elastictrain.core import launch
     from azext_elastictrain.core.blobstore import BlobStore
     from azext_elastictrain.core.recovery import follow_recovery
-    # pylint: disable-next=import-error  # the checkout's tests.support, on sys.path
-    from tests.support.elastic import JobConfig, Node, events_of, read_events, wait_for
-    from tests.support.services import start_azurite, start_etcd  # pylint: disable=import-error
+    # pylint: disable-next=import-error  # the checkout's harness, on sys.path
+    from harness.elastic import JobConfig, Node, events_of, read_events, wait_for
+    from harness.services import start_azurite, start_etcd  # pylint: disable=import-error
 
     script = Path(__file__).resolve().parent / "readme_loop.py"
     with tempfile.TemporaryDirectory(prefix="gpu-readme-") as tmp, start_azurite(tmp) as blob, \

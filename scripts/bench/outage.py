@@ -3,7 +3,7 @@
     .venv/bin/python scripts/bench/outage.py [--nodes 2 4 8] [--repeats 1] [--modes in-process,restart]
     .venv/bin/python scripts/bench/outage.py --nodes 2 --repeats 3 --modes in-process@1000,in-process@500
 
-A real N-node job (the product's launch: tests/support/elastic.py over backends/local/agent.py; an in-process
+A real N-node job (the product's launch: harness/elastic.py over backends/local/agent.py; an in-process
 job's coordinator started as ``job run --local`` starts it) of a tiny model (``scripts/bench/readme_loop.py``,
 the README's loop: an MLP of width 16, a global batch of 168 so every world of 1 to 4, 7 and 8 nodes divides it)
 goes through four events, in
@@ -43,8 +43,8 @@ from azext_elastictrain.core import launch  # noqa: E402
 from azext_elastictrain.core.blobstore import BlobStore  # noqa: E402
 from azext_elastictrain.core.goodput import outages  # noqa: E402
 from goodput import CONFIGS, BenchEvictor, bench_job, start_coordinator  # noqa: E402
-from tests.support.elastic import events_of, read_events, wait_for  # noqa: E402
-from tests.support.services import start_azurite, start_etcd  # noqa: E402
+from harness.elastic import events_of, read_events, wait_for  # noqa: E402
+from harness.services import start_azurite, start_etcd  # noqa: E402
 
 MODES = {"in-process": CONFIGS["in-process"], "restart": CONFIGS["ours"]}
 # Tiny: a step is the coordination's, not the model's. 168 = 8 x 7 x 3: worlds of 1-4, 7 and 8 divide it.

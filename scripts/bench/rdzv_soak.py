@@ -31,8 +31,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts" / "bench"))
 
-from tests.support.elastic import TUNED_RDZV_CONF, JobConfig, Node, events_of, read_events, wait_for  # noqa: E402
-from tests.support.services import start_azurite, start_etcd  # noqa: E402
+from harness.elastic import TUNED_RDZV_CONF, JobConfig, Node, events_of, read_events, wait_for  # noqa: E402
+from harness.services import start_azurite, start_etcd  # noqa: E402
 
 from azext_elastictrain.core import launch  # noqa: E402
 from azext_elastictrain.core.blobstore import BlobStore  # noqa: E402

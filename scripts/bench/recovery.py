@@ -55,8 +55,8 @@ from azext_elastictrain.backends.local.scheduled_events import ScheduledEventsSe
 from azext_elastictrain.backends.local.evict import vanish_cap  # noqa: E402
 from azext_elastictrain.core import launch  # noqa: E402
 from azext_elastictrain.core.recovery import follow_recovery, trained_again  # noqa: E402
-from tests.support.elastic import TUNED_RDZV_CONF, JobConfig, Node, events_of, read_events, wait_for  # noqa: E402
-from tests.support.services import start_azurite, start_etcd  # noqa: E402
+from harness.elastic import TUNED_RDZV_CONF, JobConfig, Node, events_of, read_events, wait_for  # noqa: E402
+from harness.services import start_azurite, start_etcd  # noqa: E402
 
 DIGITS_STEPS_PER_EPOCH = 1797 // 64
 # torchrun's own defaults, spelled out (keep-alive 5 s x 3, last call 30 s).

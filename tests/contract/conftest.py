@@ -14,7 +14,7 @@ from typing import Iterator, Mapping
 
 import pytest
 
-from tests.support import services as svc
+from harness import services as svc
 from tests.support.arm_server import ArmServer
 from tests.support.arm_server.routes import LRO_POLLS
 

@@ -6,7 +6,7 @@ from typing import Iterator
 
 import pytest
 
-from tests.support import services as svc
+from harness import services as svc
 from tests.support.processes import local_cluster
 
 

@@ -1,7 +1,7 @@
 """The real az (.venv/bin/az) loads this checkout as a dev extension."""
 from __future__ import annotations
 
-from tests.support import services as svc
+from harness import services as svc
 
 
 def test_group_help(az: svc.AzCli) -> None:

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from azext_elastictrain.core import launch
-from tests.support import services as svc
+from harness import services as svc
 from tests.support.prices_server import PricesServer
 from tests.support.processes import ours
 

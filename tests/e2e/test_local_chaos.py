@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.support import services as svc
+from harness import services as svc
 from tests.support.processes import local_cluster
 
 JOB = "chaos"

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support import services as svc
+from harness import services as svc
 from tests.support.processes import gone, local_cluster, ours
 
 JOB = "inproc"

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from azext_elastictrain.core.prices import PRICES_URL_ENV
-from tests.support import services as svc
+from harness import services as svc
 from tests.support.processes import gone as _gone
 from tests.support.processes import ours as _ours
 from tests.support.processes import running as _running

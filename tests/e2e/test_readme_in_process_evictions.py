@@ -21,7 +21,7 @@ from azext_elastictrain.backends.local.cluster import LocalClusters
 from azext_elastictrain.backends.local.jobs import LocalJobs
 from azext_elastictrain.core.spec import LOCAL_CLUSTER_DEFAULT
 from tests.e2e.test_readme import BLOCKS, HARNESS, _show, _wait_world
-from tests.support import services as svc
+from harness import services as svc
 from tests.support.processes import local_cluster
 from tests.support.slices import check_exactly_once, read_slices
 

@@ -8,7 +8,7 @@ import pytest
 
 from azext_elastictrain.core import launch
 from azext_elastictrain.core.blobstore import BlobStore
-from tests.support import services as svc
+from harness import services as svc
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from azext_elastictrain.core.blobstore import (
     WriteConflict,
     parse_location,
 )
-from tests.support import services as svc
+from harness import services as svc
 
 MiB = 1024 * 1024
 AZURE_CS = (

@@ -33,7 +33,7 @@ import torch
 from azext_elastictrain.core import catalog, layout
 from azext_elastictrain.core.blobstore import BlobStore
 from azext_elastictrain.runtime.checkpoint import Checkpointer
-from tests.support import services as svc
+from harness import services as svc
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 

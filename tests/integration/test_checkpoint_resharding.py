@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from tests.support import services as svc
+from harness import services as svc
 from tests.support.states import assert_identical
 
 JOB = "job"

@@ -23,7 +23,7 @@ from azext_elastictrain.runtime.checkpoint import CheckpointError, Checkpointer
 from azext_elastictrain.runtime.planners import TensorSavePlanner
 from azext_elastictrain.runtime.state import StateTree, json_tensor
 from azext_elastictrain.runtime.storage import BlobCheckpointWriter
-from tests.support import services as svc
+from harness import services as svc
 
 pytestmark = [pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning"),
               pytest.mark.usefixtures("no_scheduled_events")]

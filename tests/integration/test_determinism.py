@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from azext_elastictrain.core.blobstore import BlobStore
-from tests.support.elastic import JobConfig, Node, dump, events_of, read_events, wait_for
+from harness.elastic import JobConfig, Node, dump, events_of, read_events, wait_for
 
 STEPS = 90
 

@@ -21,7 +21,7 @@ import torch
 from sklearn.datasets import load_digits
 
 from azext_elastictrain.core.blobstore import BlobStore
-from tests.support.elastic import JobConfig, Node, dump, events_of, read_events, wait_for
+from harness.elastic import JobConfig, Node, dump, events_of, read_events, wait_for
 
 GLOBAL_BATCH = 64
 SEED = 0

@@ -1,6 +1,6 @@
 """In-process recovery with nodes of several workers (a GPU VM runs one per GPU): the README's script, unchanged,
 on 2 nodes of 2 workers each, launched as ``job run --local --recovery in-process --nproc-per-node 2`` launches
-them (tests/support/elastic.py: the product's AgentLaunch and coordinator), through one worker killed (torchrun
+them (harness/elastic.py: the product's AgentLaunch and coordinator), through one worker killed (torchrun
 restarts its node's workers, which rejoin), a node killed and a newcomer. A restarted worker generation needs a
 fresh torchrun store (the launch's TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1): in torch's default the agent's store
 outlives the restart, and both torch's own init_process_group and torchft's manager address (a fixed key) find the
@@ -25,8 +25,8 @@ import pytest
 from azext_elastictrain.core import launch
 from azext_elastictrain.core.blobstore import BlobStore
 from tests.e2e.test_readme import BLOCKS, HARNESS
-from tests.support import services as svc
-from tests.support.elastic import Coordinator, JobConfig, Node, events_of, read_events, wait_for
+from harness import services as svc
+from harness.elastic import Coordinator, JobConfig, Node, events_of, read_events, wait_for
 from tests.support.slices import check_exactly_once, read_slices
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(500), pytest.mark.filterwarnings("ignore::DeprecationWarning")]

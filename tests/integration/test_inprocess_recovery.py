@@ -1,5 +1,5 @@
 """The in-process recovery mode with real processes on loopback: a coordinator (torchft's Lighthouse) in the test,
-replica processes running the README's loop (tests/support/replica_worker.py), real Azurite for the blob tier.
+replica processes running the README's loop (harness/replica_worker.py), real Azurite for the blob tier.
 
 What every test checks on the survivors' own records: their pids never change, the committed steps go on without a
 gap, and each epoch's samples are trained exactly once (the committed slices of each step join into its global
@@ -21,9 +21,9 @@ import pytest
 import torch
 
 from azext_elastictrain.core import launch
-from tests.support import replica_worker
-from tests.support import services as svc
-from tests.support.restartable_coordinator import RestartableCoordinator as Coordinator
+from harness import replica_worker
+from harness import services as svc
+from harness.restartable_coordinator import RestartableCoordinator as Coordinator
 
 # Cases whose timing three parallel workers on two cores would skew are marked torchrun: scripts/test.sh runs them
 # alone, after the rest (both the mid-transfer kill and a newcomer's admission once failed in the parallel phase).

@@ -21,7 +21,7 @@ import torch.multiprocessing as mp
 from azext_elastictrain.core import events as core_events
 from azext_elastictrain.core.blobstore import BlobStore
 from azext_elastictrain.runtime import rescue
-from tests.support import services as svc
+from harness import services as svc
 from tests.support.states import assert_identical
 
 pytestmark = pytest.mark.slow

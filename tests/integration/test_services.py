@@ -7,7 +7,7 @@ import urllib.parse
 import uuid
 from pathlib import Path
 
-from tests.support import services as svc
+from harness import services as svc
 
 
 def _pid_gone(pid: int) -> bool:

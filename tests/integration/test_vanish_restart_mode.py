@@ -22,7 +22,7 @@ from azext_elastictrain.core import goodput, launch
 from azext_elastictrain.core.blobstore import BlobStore
 from azext_elastictrain.core.recovery import trained_again
 from tests.e2e.test_readme import README, _check_exactly_once, _history, python_blocks
-from tests.support.elastic import JobConfig, Node, dump, events_of, read_events, wait_for
+from harness.elastic import JobConfig, Node, dump, events_of, read_events, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 HARNESS = REPO / "tests" / "support" / "readme_harness.py"

@@ -14,7 +14,7 @@ import pytest
 from azext_elastictrain.core import catalog, launch
 from azext_elastictrain.core import events as core_events
 from azext_elastictrain.core.blobstore import BlobStore
-from tests.support import services as svc
+from harness import services as svc
 
 pytestmark = pytest.mark.slow
 

@@ -1,3 +1,3 @@
-"""Shared test helpers.  ``tests.support.services`` starts real local services
-(Azurite, etcd) and runs the real az; scripts and benchmarks may import it with
-the repo root on ``sys.path``."""
+"""Helpers only the tests use (fakes of Azure, Kubernetes and the operator; the README harness).  What the
+benchmarks share with the tests (real Azurite and etcd, elastic nodes, replicas) is the top-level ``harness``
+package."""

@@ -47,7 +47,7 @@ def ours(config_dir: Path | str) -> list[psutil.Process]:
 def local_cluster(config_dir: Path) -> Iterator:
     """The real az with an isolated config dir and a healthy local cluster in it; afterwards the
     cluster is deleted and anything still running for that config dir is killed."""
-    from tests.support import services as svc
+    from harness import services as svc
 
     svc.check_dev_extension()
     az = svc.AzCli(config_dir)

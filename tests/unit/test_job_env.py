@@ -10,7 +10,7 @@ from azext_elastictrain.backends.local import jobs as local_jobs
 from azext_elastictrain.core import launch
 from azext_elastictrain.core import manifests as m
 from azext_elastictrain.core.spec import JobSpec, SpecError
-from tests.support import elastic
+from harness import elastic
 
 ENV = ("NCCL_DEBUG=INFO", "WANDB_MODE=offline", "EMPTY=", "WITH_EQUALS=a=b")
 CLUSTER = m.InClusterSpec(identity_client_id="11111111-2222-3333-4444-555555555555",

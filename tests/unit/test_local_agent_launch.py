@@ -1,6 +1,6 @@
 """The benchmarks and the torchrun tests start nodes exactly as `job run --local` does: one launch builder
-(backends/local/agent.py), never a torchrun command line typed again in tests/support or scripts/bench; and their
-etcd and Azurite exactly as `cluster create --local` does (backends/local/components.py)."""
+(backends/local/agent.py), never a torchrun command line typed again in harness/, tests/support or scripts/bench;
+and their etcd and Azurite exactly as `cluster create --local` does (backends/local/components.py)."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,7 @@ from azext_elastictrain.backends.local import cluster as local_cluster
 from azext_elastictrain.backends.local import jobs as local_jobs
 from azext_elastictrain.core import launch
 from azext_elastictrain.core.spec import JobSpec
-from tests.support import elastic, services
+from harness import elastic, services
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -86,20 +86,20 @@ def test_the_callers_elastictrain_settings_do_not_leak_into_a_node(monkeypatch, 
 
 
 def test_no_torchrun_command_line_is_typed_outside_the_product():
-    """tests/support (but the fake ElasticJob operator, which plays the operator's own command) and
+    """harness/, tests/support (but the fake ElasticJob operator, which plays the operator's own command) and
     scripts/bench build no torchrun options of their own."""
     options = re.compile(r"--(rdzv-backend|rdzv-conf|nnodes|max-restarts|monitor-interval)=")
-    typed = [str(p.relative_to(REPO)) for folder in ("tests/support", "scripts/bench")
+    typed = [str(p.relative_to(REPO)) for folder in ("harness", "tests/support", "scripts/bench")
              for p in sorted((REPO / folder).glob("*.py"))
              if p.name != "fake_operator.py" and options.search(p.read_text())]
     assert typed == []
 
 
 def test_no_etcd_or_azurite_command_line_is_typed_outside_the_product():
-    """The flags only a command line of etcd or Azurite carries, as a string in tests/support or scripts/bench."""
+    """The flags only a command line of etcd or Azurite carries, as a string in harness/, tests/support or scripts."""
     options = re.compile(r"""["']--(enable-v2|initial-cluster|listen-client-urls|advertise-client-urls|"""
                          r"""listen-peer-urls|blobHost|blobPort|skipApiVersionCheck|disableTelemetry|oauth)\b""")
-    typed = [str(p.relative_to(REPO)) for folder in ("tests/support", "scripts/bench", "scripts")
+    typed = [str(p.relative_to(REPO)) for folder in ("harness", "tests/support", "scripts/bench", "scripts")
              for p in sorted((REPO / folder).glob("*.py")) if options.search(p.read_text())]
     assert typed == []
 

@@ -2,7 +2,7 @@
 
 * ``azdev linter``: its rules on our command table and help as the real az loads them
   (``tests/support/azdev_linter.py`` runs them offline, at every severity);
-* ``azdev style``: flake8 with azdev's extension config (``ext.flake8``) over the sources, tests and setup.py,
+* ``azdev style``: flake8 with azdev's extension config (``ext.flake8``) over the sources, tests, harness/ and setup.py,
   and pylint with azdev's ``ext_pylintrc`` plus azdev's own checker (``show_command``) over the package.
 
 The tools are the pinned ones scripts/setup.sh installs (azdev, pylint, flake8); their configs are read from the
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import services as svc
+from harness import services as svc
 from tests.support.azdev_linter import findings_in
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -75,10 +75,11 @@ def test_azdev_linter_rules_find_nothing(tmp_path):
 
 def test_flake8_with_azdevs_extension_config_finds_nothing():
     config = _azdev_dir() / "config" / "ext.flake8"
-    # azdev style runs flake8 over the extension's folder: its package, tests and setup.py (ext.flake8 leaves
-    # out scripts/); here that folder is the repository root, which also holds .venv/ and build/.
+    # azdev style runs flake8 over the extension's folder: its package, tests, the harness they share with the
+    # benchmarks and setup.py (ext.flake8 leaves out scripts/); here that folder is the repository root, which also
+    # holds .venv/ and build/.
     result = _run([sys.executable, "-m", "flake8", "--statistics", f"--append-config={config}",
-                   "azext_elastictrain", "tests", "setup.py"])
+                   "azext_elastictrain", "tests", "harness", "setup.py"])
     assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
 
 

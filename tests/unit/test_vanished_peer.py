@@ -16,7 +16,7 @@ import time
 import pytest
 
 from azext_elastictrain.core import launch
-from tests.support.services import free_port
+from harness.services import free_port
 
 TIMEOUT_SECONDS = 2  # the job's collective timeout, as the launch would set it
 BOUND_SECONDS = 90  # the survivor must be done long before: start-up, the timeout, and the machine's load

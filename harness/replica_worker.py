@@ -1,6 +1,6 @@
-"""A node of an in-process recovery job for the tests: the README's loop over a dataset whose samples are their ids.
+"""A node of an in-process recovery job for the tests and scripts/bench: the README's loop over a dataset whose samples are their ids.
 
-Run as ``python -m tests.support.replica_worker`` with the job's environment (ELASTICTRAIN_RECOVERY=in-process,
+Run as ``python -m harness.replica_worker`` with the job's environment (ELASTICTRAIN_RECOVERY=in-process,
 TORCHFT_LIGHTHOUSE, ELASTICTRAIN_REPLICA_ID, the checkpoint URL, MASTER_ADDR/PORT, RANK/WORLD_SIZE of the node).
 Each step prints one JSON line before its backward (whose collective averages the nodes' gradients): the step, the sample ids of this worker's slice,
 its layout (ranks, rank), the sampler's position, the learning rate its LR scheduler set and the pid; after the
@@ -39,14 +39,14 @@ class Ids(Dataset):
         return torch.randn(8, generator=generator), index
 
 
-def start(name: str, env: dict[str, str], stderr: Any, repo: Path = Path(__file__).resolve().parents[2]
+def start(name: str, env: dict[str, str], stderr: Any, repo: Path = Path(__file__).resolve().parents[1]
           ) -> subprocess.Popen:
     """This module as node ``name`` of an in-process job: a one-worker world of its own on a free port, its JSON
     lines on the returned process's stdout. ``env``: the job's environment (coordinator, checkpoint URL, ...)."""
-    from tests.support.services import free_port
+    from harness.services import free_port
 
     return subprocess.Popen(  # pylint: disable=consider-using-with  # the caller stops it
-        [sys.executable, "-m", "tests.support.replica_worker"], cwd=repo, stdout=subprocess.PIPE, stderr=stderr,
+        [sys.executable, "-m", "harness.replica_worker"], cwd=repo, stdout=subprocess.PIPE, stderr=stderr,
         env={**env, "ELASTICTRAIN_REPLICA_ID": name, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
              "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"})
 

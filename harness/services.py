@@ -13,7 +13,7 @@ running when the interpreter exits, and on Linux each child gets
 
 Scripts can reuse them with the repo root on ``sys.path``::
 
-    from tests.support.services import start_azurite, start_etcd
+    from harness.services import start_azurite, start_etcd
 
     with tempfile.TemporaryDirectory() as tmp, start_azurite(tmp) as blob:
         print(blob.connection_string)
@@ -45,7 +45,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from azext_elastictrain.backends.local import components
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 LOOPBACK = "127.0.0.1"
 
 #: Azurite's well-known development account (public, documented by Microsoft).

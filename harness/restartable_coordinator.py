@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 from azext_elastictrain.core import launch
-from tests.support.services import free_port
+from harness.services import free_port
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 class RestartableCoordinator:

@@ -29,7 +29,7 @@ from azext_elastictrain.core.spec import DEFAULT_MEMORY_TIER, MEMORY_TIER_OFF, J
 
 TUNED_RDZV_CONF = launch.LOCAL.rdzv_conf
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 TRAIN_SCRIPT = REPO_ROOT / "scripts" / "train_cifar10.py"
 
 
