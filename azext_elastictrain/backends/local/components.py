@@ -1,7 +1,7 @@
 """The local cluster's etcd and Azurite: their programs, command lines and environment, built in one place.
 
 ``cluster create --local`` starts its components from these (backends/local/cluster.py), and so do the tests and
-benchmarks that need a bare etcd or Azurite (tests/support/services.py), so what they run is what users run.
+benchmarks that need a bare etcd or Azurite (harness/services.py), so what they run is what users run.
 Pure but for finding the programs: it builds, the caller starts the process.
 """
 from __future__ import annotations
