@@ -27,8 +27,7 @@ class RestartableCoordinator:
         with open(self.log_dir / "coordinator.log", "ab") as log:
             self.proc = subprocess.Popen(  # pylint: disable=consider-using-with
                 [sys.executable, "-m", launch.COORDINATOR_MODULE,
-                 *launch.coordinator_args(bind=f"127.0.0.1:{self.port}", min_nodes=self.min_nodes,
-                                          heartbeat_timeout_ms=launch.LOCAL.coordinator_heartbeat_timeout_ms)],
+                 *launch.coordinator_args(launch.LOCAL, bind=f"127.0.0.1:{self.port}", min_nodes=self.min_nodes)],
                 cwd=REPO, stdout=log, stderr=log)
         deadline = time.monotonic() + self.start_timeout
         while not self._listening():

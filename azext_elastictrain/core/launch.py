@@ -80,23 +80,33 @@ JOB_SECRET_KEY = "state-secret"
 COORDINATOR_PORT = 29510  # the coordinator's port on AKS (its Service); local: a free port of the machine
 # The coordinator: python -m COORDINATOR_MODULE (runtime/coordinator.py, torchft's LighthouseServer).
 COORDINATOR_MODULE = "azext_elastictrain.runtime.coordinator"
-# Its settings, the same on both backends: each is a wait in a re-form, so short ones; torchft's defaults are
-# made for jobs whose replicas rarely change (a 60 s wait for stragglers before each new quorum, a 5 s heartbeat
-# timeout). Measured with a torchft spike (docs/benchmarks.md: 0.31 s outage after a kill, 0.07 s for the
-# survivors when a newcomer joins); scripts/bench/outage.py measures them in the product's own jobs.
-# - join_timeout_ms 200: once min nodes are in, how long the quorum waits for more; a newcomer later than this
-#   joins at the next step's quorum, so a short wait costs a newcomer one step, never the survivors a second.
+# Its settings: each is a wait in a re-form. torchft's defaults are made for jobs whose replicas rarely change (a
+# 5 s heartbeat timeout). Measured with a torchft spike (docs/benchmarks.md: 0.31 s outage after a kill, 0.07 s
+# for the survivors when a newcomer joins); scripts/bench/outage.py measures them in the product's own jobs.
+# - join_timeout_ms: how long a new quorum waits for a node that is heard (heartbeating) but has not asked yet.
+#   It must outlast a step: torchft's Lighthouse starts this wait at the first request of a round, and a newcomer
+#   asks as it starts, mid-step for the others; once the wait is over, the Lighthouse forms the quorum the moment
+#   a majority has asked at the step boundary, and the nodes that ask a millisecond later sit the step out, wait
+#   for the next quorum past the wait again, and the job trains in alternating majorities from then on (seen with
+#   the old 200 ms: a real 3-node job with 0.5 s steps trained every step as 2 of its 3 nodes, before a join and
+#   after it; scripts/bench/coordination_scale.py: 8 simulated nodes never settled after a join). A node that is
+#   gone stops being heard: the heartbeat timeout drops it, not this wait, so a long one costs a vanish nothing (the
+#   survivors' step collective waits the replica timeout anyway) and a planned departure of 3 nodes or more the
+#   heartbeat timeout (as one of 2 always did: below). It holds the others only for a node that is heard and late,
+#   which they would wait for in the step's collective too. Local: 10 s (the local collective timeout); AKS: 30 s
+#   (the AKS replica timeout; below the Manager's 60 s quorum timeout, runtime/replicas.py QUORUM_TIMEOUT).
 # - quorum_tick_ms 50: how often a waiting quorum is looked at again: a step's quorum is never late by more.
 # - heartbeat_timeout_ms: a node not heard from this long is out of the next quorum (torchft's Manager beats every
-#   100 ms, and each quorum request counts as a beat). It is also what a 2-node job's planned departure waits:
-#   torchft's Lighthouse forms no quorum of half the live nodes or fewer (its split-brain rule), so the survivor
-#   waits until the leaving node's last beat is this old (measured: notice outage 1.07 s at 1000 ms, 0.80 s at
-#   500 ms, and a vanish 1.03 s / 0.57 s; outage.py --nodes 2 --repeats 3 --modes in-process@1000,in-process@500;
-#   3 nodes and more wait only the join timeout). A needless drop costs the node a heal from a peer, not a restart.
+#   100 ms, and each quorum request counts as a beat). It is also what a planned departure waits: the Lighthouse
+#   has no call by which a node leaves, so the survivors wait until the leaving node's last beat is this old
+#   (measured, 2 nodes: notice outage 1.07 s at 1000 ms, 0.80 s at 500 ms, and a vanish 1.03 s / 0.57 s;
+#   outage.py --nodes 2 --repeats 3 --modes in-process@1000,in-process@500). A needless drop costs the node a heal
+#   from a peer, not a restart.
 #   Local: 500 ms, five beats lost in a row: 0 needless drops in 120 s under two CPU hogs on this 2-core machine
 #   (rdzv_soak.py --in-process-heartbeat-ms 500). AKS: 1000 ms, not measured here: a needless drop there sends a
 #   real model's state across the network, so ten beats.
-COORDINATOR_JOIN_TIMEOUT_MS = 200
+LOCAL_COORDINATOR_JOIN_TIMEOUT_MS = 10_000
+AKS_COORDINATOR_JOIN_TIMEOUT_MS = 30_000
 COORDINATOR_QUORUM_TICK_MS = 50
 LOCAL_COORDINATOR_HEARTBEAT_TIMEOUT_MS = 500
 AKS_COORDINATOR_HEARTBEAT_TIMEOUT_MS = 1000
@@ -184,12 +194,15 @@ class LaunchProfile:
     replica_timeout_seconds: float  # ENV_REPLICA_TIMEOUT (in-process mode)
     coordinator_heartbeat_timeout_ms: int  # the coordinator's --heartbeat-timeout-ms (in-process mode)
     progress_seconds: float  # ENV_PROGRESS_SECONDS
+    coordinator_join_timeout_ms: int  # the coordinator's --join-timeout-ms (in-process mode)
 
 
 LOCAL = LaunchProfile("local", DEFAULT_RECOVERY["local"], LOCAL_RDZV_CONF, LOCAL_COLLECTIVE_TIMEOUT_SECONDS,
-                      LOCAL_REPLICA_TIMEOUT_SECONDS, LOCAL_COORDINATOR_HEARTBEAT_TIMEOUT_MS, LOCAL_PROGRESS_SECONDS)
+                      LOCAL_REPLICA_TIMEOUT_SECONDS, LOCAL_COORDINATOR_HEARTBEAT_TIMEOUT_MS, LOCAL_PROGRESS_SECONDS,
+                      LOCAL_COORDINATOR_JOIN_TIMEOUT_MS)
 AKS = LaunchProfile("aks", DEFAULT_RECOVERY["aks"], AKS_RDZV_CONF, AKS_COLLECTIVE_TIMEOUT_SECONDS,
-                    AKS_REPLICA_TIMEOUT_SECONDS, AKS_COORDINATOR_HEARTBEAT_TIMEOUT_MS, AKS_PROGRESS_SECONDS)
+                    AKS_REPLICA_TIMEOUT_SECONDS, AKS_COORDINATOR_HEARTBEAT_TIMEOUT_MS, AKS_PROGRESS_SECONDS,
+                    AKS_COORDINATOR_JOIN_TIMEOUT_MS)
 PROFILES = {profile.backend: profile for profile in (LOCAL, AKS)}
 
 
@@ -243,13 +256,13 @@ def standalone_torchrun_options(*, nproc_per_node: int) -> list[str]:
     return ["--standalone", "--nnodes=1", f"--nproc-per-node={nproc_per_node}", f"--max-restarts={MAX_RESTARTS}"]
 
 
-def coordinator_args(*, bind: str, min_nodes: int, heartbeat_timeout_ms: int) -> list[str]:
+def coordinator_args(profile: LaunchProfile, *, bind: str, min_nodes: int) -> list[str]:
     """The coordinator's options (runtime/coordinator.py): where it listens, the fewest nodes a quorum takes
-    (the job's --min-nodes: below it the workers wait, as a torchrun rendezvous waits for --nnodes MIN), and how
-    long a silent node stays in (the backend's: LOCAL_/AKS_COORDINATOR_HEARTBEAT_TIMEOUT_MS)."""
+    (the job's --min-nodes: below it the workers wait, as a torchrun rendezvous waits for --nnodes MIN), and the
+    backend's waits (its profile: how long a silent node stays in, how long a quorum waits for a late one)."""
     return [f"--bind={bind}", f"--min-replicas={min_nodes}",
-            f"--join-timeout-ms={COORDINATOR_JOIN_TIMEOUT_MS}", f"--quorum-tick-ms={COORDINATOR_QUORUM_TICK_MS}",
-            f"--heartbeat-timeout-ms={heartbeat_timeout_ms}"]
+            f"--join-timeout-ms={profile.coordinator_join_timeout_ms}", f"--quorum-tick-ms={COORDINATOR_QUORUM_TICK_MS}",
+            f"--heartbeat-timeout-ms={profile.coordinator_heartbeat_timeout_ms}"]
 
 
 # AKS: where a worker pod mounts the memory-backed emptyDir of the memory tier (core/manifests.py).

@@ -269,8 +269,8 @@ def render_coordinator(job: JobSpec, cluster: InClusterSpec, image: str) -> list
     container = {
         "name": COORDINATOR_CONTAINER, "image": image,
         "command": ["python", "-m", launch.COORDINATOR_MODULE],
-        "args": launch.coordinator_args(bind=f"0.0.0.0:{launch.COORDINATOR_PORT}", min_nodes=job.min_nodes,
-                                        heartbeat_timeout_ms=launch.AKS.coordinator_heartbeat_timeout_ms),
+        "args": launch.coordinator_args(launch.AKS, bind=f"0.0.0.0:{launch.COORDINATOR_PORT}",
+                                        min_nodes=job.min_nodes),
         "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}, {"name": "OMP_NUM_THREADS", "value": "1"},
                 {"name": "HOME", "value": "/tmp"}],  # the root filesystem is read-only: anything cached goes there
         "ports": [{"name": COORDINATOR_PORT_NAME, "containerPort": launch.COORDINATOR_PORT, "protocol": "TCP"}],

@@ -32,7 +32,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="HOST:PORT to listen on; port 0: a free one (default: %(default)s)")
     parser.add_argument("--min-replicas", type=_at_least_one, default=1,
                         help="the fewest nodes a quorum takes (the job's --min-nodes)")
-    parser.add_argument("--join-timeout-ms", type=_at_least_one, default=launch.COORDINATOR_JOIN_TIMEOUT_MS)
+    parser.add_argument("--join-timeout-ms", type=_at_least_one, required=True,
+                        help="how long a quorum waits for a node that is heard but has not asked (the backend's)")
     parser.add_argument("--quorum-tick-ms", type=_at_least_one, default=launch.COORDINATOR_QUORUM_TICK_MS)
     parser.add_argument("--heartbeat-timeout-ms", type=_at_least_one, required=True,
                         help="drop a node unheard of this long (the backend's: core/launch.py LaunchProfile)")

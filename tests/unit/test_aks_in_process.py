@@ -89,8 +89,8 @@ def test_the_coordinator_comes_first_and_runs_the_runtime_module_with_the_jobs_m
     assert {o["metadata"]["name"] for o in objects[2:5]} == {"cifar-coordinator"}
     (container,) = _one(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
     assert container["image"] == IMAGE and container["command"] == ["python", "-m", launch.COORDINATOR_MODULE]
-    assert container["args"] == launch.coordinator_args(bind=f"0.0.0.0:{launch.COORDINATOR_PORT}", min_nodes=2,
-                                                        heartbeat_timeout_ms=1000)
+    assert container["args"] == launch.coordinator_args(launch.AKS, bind=f"0.0.0.0:{launch.COORDINATOR_PORT}",
+                                                        min_nodes=2)
     assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
 
 

@@ -25,15 +25,28 @@ def test_nodes_are_given_the_address_bound_not_the_machines_name():
     assert reachable_address("[::]:29510", "http://vm:29510/") == "http://vm:29510/"
 
 
-def test_its_defaults_are_the_launch_settings_and_the_heartbeat_timeout_is_the_backends():
-    args = parse_args(["--heartbeat-timeout-ms", "700"])
+def test_its_defaults_are_the_launch_settings_and_the_timeouts_are_the_backends():
+    args = parse_args(["--heartbeat-timeout-ms", "700", "--join-timeout-ms", "900"])
     assert args.bind == f"0.0.0.0:{launch.COORDINATOR_PORT}" and args.min_replicas == 1
     assert (args.join_timeout_ms, args.quorum_tick_ms, args.heartbeat_timeout_ms) == (
-        launch.COORDINATOR_JOIN_TIMEOUT_MS, launch.COORDINATOR_QUORUM_TICK_MS, 700)
-    with pytest.raises(SystemExit):  # no default of its own: the backend's profile says it (core/launch.py)
-        parse_args([])
-    given = parse_args(launch.coordinator_args(bind="127.0.0.1:0", min_nodes=3, heartbeat_timeout_ms=500))
-    assert (given.bind, given.min_replicas, given.heartbeat_timeout_ms) == ("127.0.0.1:0", 3, 500)
+        900, launch.COORDINATOR_QUORUM_TICK_MS, 700)
+    for missing in ([], ["--heartbeat-timeout-ms", "700"], ["--join-timeout-ms", "900"]):
+        with pytest.raises(SystemExit):  # no default of its own: the backend's profile says it (core/launch.py)
+            parse_args(missing)
+    for profile in (launch.LOCAL, launch.AKS):
+        given = parse_args(launch.coordinator_args(profile, bind="127.0.0.1:0", min_nodes=3))
+        assert (given.bind, given.min_replicas, given.heartbeat_timeout_ms, given.join_timeout_ms) == (
+            "127.0.0.1:0", 3, profile.coordinator_heartbeat_timeout_ms, profile.coordinator_join_timeout_ms)
+
+
+def test_a_quorum_waits_longer_for_a_heard_node_than_a_step_takes():
+    """The join timeout outlasts a step (core/launch.py: a shorter one split a 3-node job with 0.5 s steps into
+    alternating majorities), and on AKS it ends before torchft's Manager gives up on its quorum request."""
+    from azext_elastictrain.runtime.replicas import QUORUM_TIMEOUT
+
+    assert launch.LOCAL.coordinator_join_timeout_ms >= 1000 * launch.LOCAL.replica_timeout_seconds
+    assert launch.AKS.coordinator_join_timeout_ms >= 1000 * launch.AKS.replica_timeout_seconds
+    assert launch.AKS.coordinator_join_timeout_ms < QUORUM_TIMEOUT.total_seconds() * 1000
 
 
 def test_a_local_coordinator_drops_a_silent_node_sooner_than_an_aks_one():
@@ -60,8 +73,7 @@ def coordinator(tmp_path):
     address_file = tmp_path / "address"
     proc = subprocess.Popen(  # pylint: disable=consider-using-with
         [sys.executable, "-m", launch.COORDINATOR_MODULE,
-         *launch.coordinator_args(bind="127.0.0.1:0", min_nodes=1,
-                                  heartbeat_timeout_ms=launch.LOCAL.coordinator_heartbeat_timeout_ms),
+         *launch.coordinator_args(launch.LOCAL, bind="127.0.0.1:0", min_nodes=1),
          f"--address-file={address_file}"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)})

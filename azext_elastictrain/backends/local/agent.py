@@ -136,7 +136,8 @@ class CoordinatorLaunch:
 
     job_dir: Path
     min_nodes: int = 1
-    heartbeat_timeout_ms: int = launch.LOCAL.coordinator_heartbeat_timeout_ms  # the benchmarks compare others
+    profile: launch.LaunchProfile = launch.LOCAL
+    heartbeat_timeout_ms: int | None = None  # the benchmarks compare others: the profile's otherwise
 
     @property
     def address_file(self) -> Path:
@@ -147,9 +148,10 @@ class CoordinatorLaunch:
         return self.job_dir / "coordinator.log"
 
     def argv(self) -> list[str]:
+        profile = self.profile if self.heartbeat_timeout_ms is None else \
+            replace(self.profile, coordinator_heartbeat_timeout_ms=self.heartbeat_timeout_ms)
         return [sys.executable, "-m", launch.COORDINATOR_MODULE,
-                *launch.coordinator_args(bind="127.0.0.1:0", min_nodes=self.min_nodes,
-                                         heartbeat_timeout_ms=self.heartbeat_timeout_ms),
+                *launch.coordinator_args(profile, bind="127.0.0.1:0", min_nodes=self.min_nodes),
                 f"--address-file={self.address_file}"]
 
     def env(self, inherited: Mapping[str, str]) -> dict[str, str]:
