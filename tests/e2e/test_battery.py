@@ -27,8 +27,9 @@ import math
 import os
 import time
 from collections import defaultdict
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from types import SimpleNamespace
+from typing import Iterator
 
 import pytest
 
@@ -125,46 +126,73 @@ def _wait_world(az, name: str, size: int, timeout: float = 240) -> None:
     raise AssertionError(f"{name} never trained at world size {size}")
 
 
-@pytest.fixture(scope="module")
-def references(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
-    """``done``: variant -> the records of its uninterrupted run, once it passed; the plain variant's serves both of
-    its tests (the reference is the restart mode's, whatever mode a test evicts in)."""
-    return SimpleNamespace(folder=tmp_path_factory.mktemp("references"), done={})
-
-
-@pytest.mark.parametrize("variant,mode", [
+CASES = [
     ("plain", None), ("bn", None),  # the local default mode (or BATTERY_RECOVERY's)
     # the other mode, AKS's default, kept passing: bn, whose unused head a restart's restore once refused
     ("bn", launch.RECOVERY_RESTART),
-])
-def test_the_default_mode_trains_what_one_uninterrupted_run_trains(variant, mode, local_az, references,
-                                                                   tmp_path) -> None:
-    """The module's tests share one local cluster (e2e/conftest.py's ``local_az``: jobs do not disturb each other),
-    and a variant's uninterrupted run trains beside its first evicted job (the battery asserts no timing)."""
-    az = local_az
-    mode = mode or os.environ.get("BATTERY_RECOVERY") or launch.DEFAULT_RECOVERY["local"]
-    slow = tmp_path / "slow"
+]
+
+
+def _mode(mode: str | None) -> str:
+    return mode or os.environ.get("BATTERY_RECOVERY") or launch.DEFAULT_RECOVERY["local"]
+
+
+def _run_evicted(az, variant: str, mode: str, folder: Path) -> Path:
+    """One evicted job of the battery, from its start to its end: its records' folder once it passed."""
+    folder.mkdir(parents=True)
+    slow = folder / "slow"
     slow.touch()  # the evicted job's steps are slow until its evictions are done (battery_train.py)
-    reference = references.done.get(variant)
-    uninterrupted = None if reference else f"uninterrupted-{variant}"
-    evicted = f"evicted-{variant}-{mode}"
+    name = f"evicted-{variant}-{mode}"
     try:
-        _start(az, evicted, variant, tmp_path / "evicted", recovery=mode, evict=True, slow=slow)
-        if uninterrupted:  # while the evicted job starts and trains its first, slow steps
-            reference = references.folder / variant
-            _start(az, uninterrupted, variant, reference, recovery=launch.RECOVERY_RESTART, evict=False)
-        _evict_twice(az, evicted, slow)
-        done = _wait_succeeded(az, evicted)
+        _start(az, name, variant, folder / "out", recovery=mode, evict=True, slow=slow)
+        _evict_twice(az, name, slow)
+        done = _wait_succeeded(az, name)
         assert done["state"] == "Succeeded" and done["step"] == STEPS, done
-        logs = az("elastictrain", "job", "logs", "--local", "--name", evicted).stdout
+        logs = az("elastictrain", "job", "logs", "--local", "--name", name).stdout
         assert "the replicas differ" not in logs, [line for line in logs.splitlines() if "differ" in line][:3]
-        if uninterrupted:
-            done = _wait_succeeded(az, uninterrupted)
-            assert done["state"] == "Succeeded" and done["step"] == STEPS, done
-            references.done[variant] = reference
     finally:
-        for name in filter(None, (evicted, uninterrupted)):
-            az("elastictrain", "job", "delete", "--local", "--name", name, "--yes", check=False, timeout=180)
+        az("elastictrain", "job", "delete", "--local", "--name", name, "--yes", check=False, timeout=180)
+    return folder / "out"
+
+
+def _run_uninterrupted(az, variant: str, folder: Path) -> Path:
+    name = f"uninterrupted-{variant}"
+    try:
+        _start(az, name, variant, folder, recovery=launch.RECOVERY_RESTART, evict=False)
+        done = _wait_succeeded(az, name)
+        assert done["state"] == "Succeeded" and done["step"] == STEPS, done
+    finally:
+        az("elastictrain", "job", "delete", "--local", "--name", name, "--yes", check=False, timeout=180)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def battery(request: pytest.FixtureRequest, local_az,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[tuple[str, str], Future[Path]]]:
+    """Every selected case's evicted job and each variant's uninterrupted run, all at once on the module's one
+    local cluster (e2e/conftest.py's ``local_az``: jobs do not disturb each other; the battery asserts no timing,
+    and the evicted jobs' slow steps are sleeps): ("uninterrupted", variant) or (variant, mode) -> the records'
+    folder, once that job passed. Each test waits for its own case."""
+    selected = {(item.callspec.params["variant"], _mode(item.callspec.params["mode"]))
+                for item in request.session.items
+                if item.module is request.module and hasattr(item, "callspec")}
+    folder = tmp_path_factory.mktemp("battery")
+    with ThreadPoolExecutor(max_workers=2 * len(selected)) as pool:
+        runs = {("uninterrupted", variant): pool.submit(_run_uninterrupted, local_az, variant,
+                                                        folder / f"uninterrupted-{variant}")
+                for variant in sorted({variant for variant, _ in selected})}
+        runs.update({(variant, mode): pool.submit(_run_evicted, local_az, variant, mode,
+                                                  folder / f"evicted-{variant}-{mode}")
+                     for variant, mode in sorted(selected)})
+        yield runs
+
+
+@pytest.mark.parametrize("variant,mode", CASES)
+def test_the_default_mode_trains_what_one_uninterrupted_run_trains(variant, mode, battery) -> None:
+    """The case's evicted job against its variant's uninterrupted run (both run in the module's fixture, beside
+    the other cases')."""
+    evicted = battery[(variant, _mode(mode))].result(timeout=900)
+    reference = battery[("uninterrupted", variant)].result(timeout=900)
     kept = kept_steps(_records(reference))
     assert all(len(kept[s]) == 2 for s in kept), "the uninterrupted run was not 2 nodes throughout"
-    compare_with_uninterrupted(kept_steps(_records(tmp_path / "evicted")), kept, same_weights=variant != "bn")
+    compare_with_uninterrupted(kept_steps(_records(evicted)), kept, same_weights=variant != "bn")
