@@ -582,23 +582,20 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
         return False
 
     def _depart(self, step: int, state: dict[str, Any], notices: list[Any], replicas: Any) -> None:
-        """A planned departure: out of the quorum first (the survivors' next quorum goes on without this node),
-        the step durable (the peers that committed it hold it; alone, blob), the notice acknowledged, then hold
-        until the node goes."""
+        """A planned departure (runtime/stepping.py ``depart``): the notices stamped first (the survivors' next
+        quorum, the re-form, is this notice's), out of the quorum (it goes on without this node), the step durable
+        (the peers that committed it hold it; alone, blob), the notice acknowledged, then hold until the node goes."""
         alone = replicas.participants() <= 1
-        for notice in notices:  # stamped before the survivors' next quorum: that re-form is this notice's
-            self._notices.handled(notice)
-            if self.local_rank == 0:
-                self._reporter.emit(progress.PREEMPTED, step=step, source=notice.source, event_id=notice.event_id)
-        replicas.close()
-        log.warning("leaving the job at step %d (%s)", step, "saving it: no peer holds it" if alone
-                    else "its peers hold it")
-        if alone:
-            self.save(step, state, blocking=True)
-        self._stop(step, state)
-        if any(n.source != "sigterm" for n in notices):
-            self._notices.acknowledge()
-            self._notices.wait_for_sigterm(self.hold_seconds, poll=0.1)
+
+        def leave() -> None:
+            replicas.close()
+            log.warning("leaving the job at step %d (%s)", step, "saving it: no peer holds it" if alone
+                        else "its peers hold it")
+            if alone:
+                self.save(step, state, blocking=True)
+            self._stop(step, state)
+
+        self._policy.depart(step, notices, keep=leave, after="ending this worker")
 
     # -- end ---------------------------------------------------------------------------
     def done(self, step: int, state: dict[str, Any]) -> None:
