@@ -40,6 +40,8 @@ newcomer can read (and test) alone. None imports this module or another's caller
 - runtime/restoring.py    restore: the newest provable state from memory, a peer or blob, on every rank;
 - runtime/memory.py       the node's memory tier (runtime/rescue.py) kept at each step;
 - runtime/reporting.py    the event log's events, progress and the step the job got to (runtime/progress.py);
+- runtime/loops/          the recovery mode's loop of ``steps()``/``batches()``, chosen once as the Checkpointer is
+                          made: restart.py (torchrun restarts the workers), in_process.py (a per-step quorum);
 - runtime/entries.py, errors.py, loop.py  our reserved checkpoint entries, the errors, the loop's iterators.
 """
 from __future__ import annotations
@@ -50,8 +52,7 @@ import os
 import socket
 import time
 import warnings
-from itertools import islice
-from typing import TYPE_CHECKING, Any, Generic, Iterable, Iterator, Mapping, TypeVar, cast, overload
+from typing import Any, Generic, Iterable, Iterator, Mapping, TypeVar, cast, overload
 
 from azext_elastictrain.core import catalog, launch
 from azext_elastictrain.core.blobstore import BlobStore
@@ -60,7 +61,8 @@ from azext_elastictrain.runtime import progress, rescue
 from azext_elastictrain.runtime.collectives import Collectives
 from azext_elastictrain.runtime.data import ElasticSampler
 from azext_elastictrain.runtime.errors import CheckpointError, FencedError
-from azext_elastictrain.runtime.loop import count, data_in, epoch_batches, samplers_in
+from azext_elastictrain.runtime.loop import samplers_in
+from azext_elastictrain.runtime.loops import LoopParts, TrainingLoop, for_mode
 from azext_elastictrain.runtime.memory import MemoryKeeper
 from azext_elastictrain.runtime.reporting import Reporter
 from azext_elastictrain.runtime.restoring import Restorer
@@ -68,14 +70,6 @@ from azext_elastictrain.runtime.saving import BlobSaver
 from azext_elastictrain.runtime.stepping import Notices, StepPolicy
 from azext_elastictrain.runtime.stopping import PEER_GONE_EXIT_CODE, TrainingStopped
 from azext_elastictrain.runtime.timeouts import peer_timeout
-
-if TYPE_CHECKING:
-    from azext_elastictrain.runtime.replicas import ReplicaGroup
-
-#: In-process mode: how long a node that does not write the final checkpoint waits for the writing node's commit
-#: before it ends (an upload of a large state to blob takes minutes), and how often it looks.
-FINAL_COMMIT_TIMEOUT_SECONDS = 1800.0
-FINAL_COMMIT_POLL_SECONDS = 0.5
 
 __all__ = ["Checkpointer", "CheckpointError", "FencedError"]
 
@@ -157,17 +151,16 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
         # the job's settings (core/settings.py; by default from this process's environment): the mode, the nodes
         # range and what the collaborators read themselves; those above are the arguments
         self.settings = RuntimeSettings.from_env(os.environ) if settings is None else settings
-        self.in_process = self.settings.in_process  # workers outlive a re-form (runtime/replicas.py)
+        mode = for_mode(self.settings.recovery)  # the loop of steps()/batches(), chosen once (runtime/loops/)
         self._stopping = False
         # Started first, right after the groups' barrier: every rank's watch begins at about the same time.
-        self._peers = self._watch_peers()
+        self._peers = self._watch_peers() if mode.watches_peers else None
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.node = os.environ.get(launch.ENV_NODE_NAME) or os.environ.get(launch.ENV_VM_NAME) or socket.gethostname()
         # The step a stop (step() returned True) happened at; the metrics report()ed for the step being trained.
         self.stopped_at: int | None = None
         self._metrics: dict[str, float] = {}
         self._newest_blob: int | None = None  # the newest durable checkpoint in blob, as restore found it
-        self._replicas: ReplicaGroup | None = None  # the node's replica group, while the in-process loop runs
 
         event_log = progress.EventLog(store, self.job_prefix, rank=self.rank, node=self.node) if events else None
         self._reporter = Reporter(event_log, rank=self.rank, world_size=self.world_size,
@@ -185,6 +178,10 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
             durable=self._durable, last_save_time=lambda: self._saver.last_save_time, local_rank=self.local_rank,
             interval_steps=interval_steps, interval_seconds=interval_seconds, hold_seconds=hold_seconds,
             sigterm_wait_seconds=sigterm_wait_seconds)
+        self._loop: TrainingLoop = mode(LoopParts(
+            store, self.job_prefix, self._ranks, self.local_rank, self._reporter, self._notices, self._policy,
+            self._memory, restore=self.restore, hook=self.step, save=self.save, finish=self._finish,
+            close=self.close, stop=self._stop, check_running=self._check_running, take_metrics=self._take_metrics))
         if self.rank == 0:
             self._reporter.emit(
                 progress.STARTED,
@@ -196,12 +193,12 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
         atexit.register(self._record_interruption)
 
     def _watch_peers(self) -> Any:
-        """Restart mode, distributed: a thread that ends this worker when a peer vanished (runtime/peer_watch.py);
-        None otherwise. In the in-process mode the node's own world has no remote peer: the cross-node
-        collectives are the runtime's, bounded by the replica timeout."""
+        """In a mode whose loop watches peers (restart), distributed: a thread that ends this worker when a peer
+        vanished (runtime/peer_watch.py); None otherwise. In the in-process mode the node's own world has no remote
+        peer: the cross-node collectives are the runtime's, bounded by the replica timeout."""
         seconds = peer_timeout()
         host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-        if not self.distributed or self.in_process or seconds is None or not host or not port:
+        if not self.distributed or seconds is None or not host or not port:
             return None
         from azext_elastictrain.runtime.peer_watch import PeerWatch, StoreClient
 
@@ -277,10 +274,15 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
         return self._reporter.last_step
 
     @property
+    def in_process(self) -> bool:
+        """Whether workers outlive a re-form (the in-process recovery mode: runtime/loops/in_process.py)."""
+        return self.settings.in_process
+
+    @property
     def replica_rank(self) -> int | None:
         """In-process recovery: this node's rank among the replicas training the current step; None while it takes
         the state from a peer (its batch is not trained), or outside that mode."""
-        return self._replicas.rank if self._replicas is not None else None
+        return self._loop.replica_rank
 
     @property
     def memory_step(self) -> int | None:
@@ -358,17 +360,9 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
         or mark the job finished. After a Scheduled Events notice training goes
         on: the node leaves when Azure takes it, and the job resumes from this step.
         """
-        if self.in_process:
-            # A loop of the script's own has no step boundary for the quorum: each node would train alone on its
-            # own slice and every node would write the job's checkpoints. Never silently: refuse it.
-            raise RuntimeError(
-                "Checkpointer.step() is the hook of a hand-written loop, which the in-process recovery mode "
-                "(job run --recovery in-process) cannot keep in step across nodes: loop with "
-                "`for step, batch in ckpt.batches(state, loader, epochs=E)` or `for step in ckpt.steps(state, "
-                "total=N)` (docs/runtime.md), or run the job with --recovery restart")
+        self._loop.check_hook()  # a mode that needs the step boundary of steps()/batches() refuses the hook
         self._check_running("step()")
-        metrics = {**self._metrics, **(metrics or {})}
-        self._metrics = {}
+        metrics = {**self._take_metrics(), **(metrics or {})}
         self._reporter.reached(step)
         if self._memory is not None:
             self._memory.keep(step, state, self.world_size)  # step() comes after the optimizer step: completed
@@ -389,6 +383,11 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
         self.stopped_at = step
         for sampler in samplers_in(state):
             sampler.stop(step)
+
+    def _take_metrics(self) -> dict[str, float]:
+        """The metrics ``report()``ed for the step being trained, taken: the next step starts with none."""
+        metrics, self._metrics = self._metrics, {}
+        return metrics
 
     def _record_interruption(self, flush_seconds: float = 5.0) -> None:
         """Training stops before ``done``: record the last step the job completed (runtime/reporting.py)."""
@@ -411,22 +410,7 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
         """
         if total < 0:
             raise ValueError(f"total must be at least 0, not {total}")
-        found = next(data_in(state), None) if self.in_process else None
-        if found is not None:
-            # steps() hands out no batches: each node's own loader would draw its node's slice of the same global
-            # batch as every other node's (an ElasticSampler), or its node's share of the data as if the node were
-            # the job (torchrun --standalone's world: a DistributedSampler), so the job would train each sample once
-            # per node. batches() slices each step's global batch by the step's quorum.
-            raise ValueError(
-                f"in-process recovery: the state holds data ({type(found).__name__}), and with ckpt.steps() every "
-                "node would draw the same samples from it (each node is a world of its own in this mode); loop with "
-                "`for step, batch in ckpt.batches(state, loader, steps=N)` over a DataLoader whose batch_sampler "
-                "is an ElasticSampler, which slices each global batch across the nodes, or run with "
-                "--recovery restart")
-        step = self.restore(state) or 0
-        if self.in_process:
-            return self._run_replicated(state, step, total=total, samples=samples)
-        return self._run(state, step, total, count(step, total), samples=samples)
+        return self._loop.steps(state, total, samples=samples)
 
     def batches(self, state: dict[str, Any], loader: Iterable[Any], epochs: int | None = None, *,
                 steps: int | None = None) -> Iterator[tuple[int, Any]]:
@@ -454,151 +438,12 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
                              "state['data'] = sampler) so its position is checkpointed with the model")
         nodes = self.settings.nodes
         if nodes is not None:  # every world the job may run at, before training rather than at a scale-up
-            node_size = self.world_size if self.in_process else int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+            node_size = self._loop.node_size()
             sampler.check_worlds(n * node_size for n in range(nodes[0], nodes[1] + 1))
         if steps is not None:  # the epochs the steps reach into; the loop ends at the step
             epochs = -(-steps // sampler.batches_per_epoch) if sampler.batches_per_epoch else 0
         assert epochs is not None
-        step = self.restore(state) or 0
-        if self.in_process:
-            from azext_elastictrain.runtime.replica_data import ReplicaBatches
-
-            data = ReplicaBatches(loader, sampler, epochs, node_rank=self.rank, node_size=self.world_size)
-            return self._run_replicated(state, step, total=steps, data=data, samples=sampler.global_batch_size)
-        # The planned work is every batch of every epoch (done when they are exhausted, whatever a script
-        # migrated from another loop counted its steps as), or the first ``steps`` of them.
-        items = epoch_batches(loader, sampler, epochs)
-        if steps is not None:
-            items = islice(items, max(0, steps - step))
-        return self._run(state, step, steps, items, samples=sampler.global_batch_size, trained=sampler.advance)
-
-    def _run(self, state: dict[str, Any], step: int, total: int | None, items: Iterator[Any], *,
-             samples: float | None, trained: Any = None) -> Iterator[Any]:
-        """The loop of ``steps()`` and ``batches()``: yield, then the step's hook; finish at ``total``."""
-        try:
-            for item in items:
-                step += 1
-                yield step if trained is None else (step, item)
-                if trained is not None:
-                    trained()
-                if self.step(step, state, samples=samples):
-                    log.warning("stopped at step %d: ending this worker; the job resumes from here", step)
-                    self.close()
-                    raise TrainingStopped(step, "a SIGTERM: torchrun re-forms the job or the node goes")
-            self._finish(step, state, step if total is None else total)
-        finally:
-            if not self.finished:
-                self.close()  # a break, an exception or a stop: unfinished, the interruption is recorded
-
-    # -- the in-process recovery mode (runtime/replicas.py, runtime/replica_data.py) ------------------------
-    def _run_replicated(self, state: dict[str, Any], step: int, *, total: int | None = None, data: Any = None,
-                        samples: float | None = None) -> Iterator[Any]:
-        """The loop of ``steps()`` and ``batches()`` when workers outlive a re-form: a quorum at each step
-        boundary before the batch is fetched; a discarded step is trained again; only committed steps count."""
-        from azext_elastictrain.runtime.membership import Membership
-        from azext_elastictrain.runtime.replicas import ReplicaGroup
-
-        replicas = self._replicas = ReplicaGroup(state, step=step)
-        members = Membership(self.world_size)
-        try:
-            while not (step >= total if total is not None else data is None or data.finished()):
-                quorum = replicas.begin_step(step)
-                self._record_quorum(members, quorum, replicas.served() or replicas.healed)
-                if replicas.healed and data is not None:
-                    data.healed()
-                item = data.next(quorum) if data is not None else None
-                yield (quorum.step + 1, item) if data is not None else quorum.step + 1
-                if not replicas.end_step():
-                    replicas.undo.undo()
-                    members.discard()
-                    if data is not None:
-                        data.discarded()
-                    continue
-                step = quorum.step + 1
-                if data is not None:
-                    data.trained()
-                if self._replica_step(step, state, replicas, samples):
-                    raise TrainingStopped(step, "this node leaves the job (a notice or a SIGTERM)")
-            if replicas.is_writer() or replicas.participants() == 0:
-                self._finish(step, state, step if total is None else total)
-            else:  # the writer group saves the final step and records the job finished; the others end after it
-                self._await_final_commit(step)
-                self._reporter.finished = True
-        finally:
-            if not self.finished:
-                self.close()
-            replicas.close()
-
-    def _await_final_commit(self, step: int) -> None:
-        """A node that does not write the final checkpoint ends only once the writing node committed it (its
-        manifest in blob): k8s-job's Job succeeds at the first pod that exits 0 and then stops the others, so a node
-        ending first would have the writing node's pod stopped mid-upload. No commit within
-        ``FINAL_COMMIT_TIMEOUT_SECONDS`` (the writing node gone with the final step): CheckpointError, so the job
-        is not taken for Succeeded without its final checkpoint."""
-        if self.rank != 0:  # the node's rank 0 waits; torchrun ends the node once all its workers ended
-            return
-        deadline = time.monotonic() + FINAL_COMMIT_TIMEOUT_SECONDS
-        while True:
-            committed = [c.step for c in catalog.list_checkpoints(self.store, self.job_prefix) if c.complete]
-            if committed and max(committed) >= step:
-                return
-            if time.monotonic() >= deadline:
-                raise CheckpointError(f"the final checkpoint (step {step}) was not committed by the writing node "
-                                      f"within {FINAL_COMMIT_TIMEOUT_SECONDS:g} s")
-            time.sleep(FINAL_COMMIT_POLL_SECONDS)
-
-    def _record_quorum(self, members: Any, quorum: Any, served: bool) -> None:
-        """A change of the quorum's members: the job's world size from here, and its ``quorum`` event (written by
-        the quorum's first replica; runtime/membership.py)."""
-        before = members.replicas
-        change = members.observe(replicas=quorum.participants, step=quorum.step, rank=quorum.rank,
-                                 last_step=self._reporter.last_step, last_step_time=self._reporter.last_step_time,
-                                 served=served)
-        if members.replicas != before and members.replicas:
-            self._reporter.new_world(members.world_size(members.replicas))
-        if change is not None and self.local_rank == 0:
-            self._reporter.emit(progress.QUORUM, **change)
-
-    def _replica_step(self, step: int, state: dict[str, Any], replicas: Any, samples: float | None) -> bool:
-        """After a committed step: keep it in memory, save on the interval (the writer group only), and on a
-        notice or a SIGTERM on this node leave the quorum (the others train on). True: this node left."""
-        self._check_running("step()")
-        metrics, self._metrics = self._metrics, {}
-        self._reporter.reached(step)
-        if self._memory is not None:
-            self._memory.keep(step, state, self.world_size)
-        notices = self._notices.live()
-        leaving, due = self._ranks.all_reduce_max([1 if notices else 0,
-                                                   1 if self.rank == 0 and self._policy.due(step) else 0])
-        self._reporter.completed(step)
-        writer = replicas.is_writer()
-        if writer:
-            self._reporter.record_progress(step, samples, metrics)
-        if leaving:
-            self._depart(step, state, notices, replicas)
-            return True
-        if due and writer:
-            self.save(step, state)
-        return False
-
-    def _depart(self, step: int, state: dict[str, Any], notices: list[Any], replicas: Any) -> None:
-        """A planned departure: out of the quorum first (the survivors' next quorum goes on without this node),
-        the step durable (the peers that committed it hold it; alone, blob), the notice acknowledged, then hold
-        until the node goes."""
-        alone = replicas.participants() <= 1
-        for notice in notices:  # stamped before the survivors' next quorum: that re-form is this notice's
-            self._notices.handled(notice)
-            if self.local_rank == 0:
-                self._reporter.emit(progress.PREEMPTED, step=step, source=notice.source, event_id=notice.event_id)
-        replicas.close()
-        log.warning("leaving the job at step %d (%s)", step, "saving it: no peer holds it" if alone
-                    else "its peers hold it")
-        if alone:
-            self.save(step, state, blocking=True)
-        self._stop(step, state)
-        if any(n.source != "sigterm" for n in notices):
-            self._notices.acknowledge()
-            self._notices.wait_for_sigterm(self.hold_seconds, poll=0.1)
+        return self._loop.batches(state, loader, sampler, epochs, steps=steps)
 
     # -- end ---------------------------------------------------------------------------
     def done(self, step: int, state: dict[str, Any]) -> None:
@@ -636,8 +481,7 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
         if self._peers is not None:
             self._peers.stop()  # leaving on purpose: not a vanish for the peers
         self._record_interruption()  # first: waiting for an upload whose peers died can take long
-        if self._replicas is not None:
-            self._replicas.close()  # out of the quorum at once: the others go on without this node
+        self._loop.close()  # in-process: out of the quorum at once, the others go on without this node
         try:
             self.kept_in_memory()  # the step kept last is committed before the process goes
             self.wait(raise_errors=False)

@@ -7,8 +7,12 @@ takes the same branch at the same step:
 - a SIGTERM and no notice: torchrun re-forms the world (or the job stops): stop at this step, which survives in
   every node's memory, or in blob when it must (``_on_sigterm``);
 - a notice (or a SIGTERM with one): save this step to blob, acknowledge the event, and hold until the VM goes
-  (``_on_preemption``, ``_hold``);
+  (``_on_preemption``: the shape of a planned departure, ``depart``);
 - else the interval save, if due.
+
+``depart`` is that shape for every recovery mode: record the notices, keep the step (how is the mode's own), then
+acknowledge the Scheduled Events notice and hold until the VM goes. The in-process loop (runtime/loops/in_process.py)
+leaves its quorum through it.
 
 The policy decides and sequences; the saving, the memory tier and the event log are the callables and objects
 it is given, so a test drives it with fakes of those and of the clock.
@@ -148,10 +152,7 @@ class StepPolicy:  # pylint: disable=too-many-instance-attributes  # the setting
             kept = False
         (missing,) = self.ranks.all_reduce_max([0 if kept and self._durable() else 1])
         own = any(n.source == SIGTERM for n in notices)
-        for notice in notices:
-            self.notices.handled(notice)
-            if self.local_rank == 0:  # one event per node, not one per worker
-                self.reporter.emit(progress.PREEMPTED, step=step, source=notice.source, event_id=notice.event_id)
+        self._record(step, notices)
         if self.ranks.rank == 0:
             self.reporter.emit(progress.REFORMING, step=step, kept_in_memory=not missing,
                                world_size=self.ranks.world_size)
@@ -168,38 +169,59 @@ class StepPolicy:  # pylint: disable=too-many-instance-attributes  # the setting
         return False
 
     def _on_preemption(self, step: int, state: dict[str, Any], notices: list[Any]) -> bool:
-        for notice in notices:
-            if self.local_rank == 0:  # one event per node, not one per worker
-                self.reporter.emit(progress.PREEMPTED, step=step, source=notice.source, event_id=notice.event_id)
-            log.warning("preemption notice (%s) at step %d: checkpointing now", notice.source, step)
-        started = time.monotonic()
-        self._save(step, state, blocking=True)
+        """A notice anywhere in the job: every rank saves this step to blob, then departs (``depart``)."""
+        def save() -> None:
+            for notice in notices:
+                log.warning("preemption notice (%s) at step %d: checkpointing now", notice.source, step)
+            started = time.monotonic()
+            self._save(step, state, blocking=True)
+            if notices:
+                log.warning("preemption checkpoint of step %d durable after %.2fs", step, time.monotonic() - started)
+
+        return self.depart(step, notices, keep=save)
+
+    def depart(self, step: int, notices: list[Any], *, keep: Callable[[], None], after: str = "training on") -> bool:
+        """A planned departure at ``step``, in any recovery mode: record this rank's notices (each acted on once, one
+        ``preempted`` event per node), keep the step (``keep``: the mode's way to make it outlive this node), then
+        acknowledge the Scheduled Events notice (the VM goes sooner) and hold until the VM goes (``_hold``; ``after``:
+        what the caller does if the VM is still here then, for the log).
+
+        True: stop now (a SIGTERM came, before or during the hold). False: train on (no notice of this rank's own
+        to hold for, or the VM was still here after the hold).
+        """
+        self._record(step, notices)
+        keep()
         acknowledged = False
         for notice in notices:
-            self.notices.handled(notice)
             if notice.source != SIGTERM:
                 self.notices.acknowledge()
                 acknowledged = True
-        if notices:
-            log.warning("preemption checkpoint of step %d durable after %.2fs", step, time.monotonic() - started)
         if any(n.source == SIGTERM for n in notices):
             return True
-        return self._hold(step) if acknowledged else False
+        return self._hold(step, after) if acknowledged else False
 
-    def _hold(self, step: int) -> bool:
+    def _record(self, step: int, notices: list[Any]) -> None:
+        """The notices acted on at ``step``: not acted on again, and one ``preempted`` event per node each."""
+        for notice in notices:
+            self.notices.handled(notice)
+            if self.local_rank == 0:  # one event per node, not one per worker
+                self.reporter.emit(progress.PREEMPTED, step=step, source=notice.source, event_id=notice.event_id)
+
+    def _hold(self, step: int, after: str = "training on") -> bool:
         """After acknowledging a Scheduled Events notice, train no further step until the VM goes.
 
         Once acknowledged, Azure takes the VM within seconds, and the job resumes from the notice's
         checkpoint: every step trained in between would be lost (and counted so). Holding here stalls the
         whole job (the other ranks wait in the next collective), which costs the same wall time and loses
         nothing. Exiting instead is not an option: a node whose workers exit 0 closes the rendezvous for the
-        whole job. If the VM is still here after ``hold_seconds`` (the eviction was called off), train on.
-        Returns True (stop now) if a SIGTERM comes while holding: the checkpoint of ``step`` is durable.
+        whole job. If the VM is still here after ``hold_seconds`` (the eviction was called off), False: the caller
+        goes on (``after``; at a step boundary: train on). True (stop now) if a SIGTERM comes while holding: the
+        checkpoint of ``step`` is durable.
         """
         if self.hold_seconds > 0:
             log.warning("holding at step %d until this VM goes (at most %.0fs)", step, self.hold_seconds)
         if self.notices.wait_for_sigterm(self.hold_seconds, poll=0.1):
             return True
         if self.hold_seconds > 0:
-            log.warning("the VM was not taken within %.0fs of the acknowledgement: training on", self.hold_seconds)
+            log.warning("the VM was not taken within %.0fs of the acknowledgement: %s", self.hold_seconds, after)
         return False

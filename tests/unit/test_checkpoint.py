@@ -7,6 +7,7 @@ import torch
 
 from azext_elastictrain.core import launch
 from azext_elastictrain.core.blobstore import BlobStore
+from azext_elastictrain.core.settings import RuntimeSettings
 from azext_elastictrain.runtime import Checkpointer, ElasticSampler
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
@@ -22,15 +23,28 @@ class NoContainer:
         raise AssertionError(f"a blob call ({name}) where none was expected")
 
 
+def _checkpointer(recovery: str = launch.RECOVERY_RESTART) -> Checkpointer:
+    return Checkpointer(BlobStore(NoContainer(), prefix="facade-job"), keep=4, interval_steps=5,
+                        interval_seconds=None, hold_seconds=7.0, verify=False, watcher=None, events=False,
+                        memory_rescue=False, sigterm_wait_seconds=2.0, progress_seconds=3.0, thread_count=2,
+                        grace_seconds=11.0, settings=RuntimeSettings(recovery=recovery))
+
+
 @pytest.fixture
 def ckpt():
-    store = BlobStore(NoContainer(), prefix="facade-job")
-    made = Checkpointer(store, keep=4, interval_steps=5, interval_seconds=None, hold_seconds=7.0, verify=False,
-                        watcher=None, events=False, memory_rescue=False, sigterm_wait_seconds=2.0,
-                        progress_seconds=3.0, thread_count=2, grace_seconds=11.0)
+    made = _checkpointer()
     yield made
     made.close()
-    store.close()
+    made.store.close()
+
+
+@pytest.fixture
+def in_process_ckpt():
+    """A Checkpointer of the in-process mode (its loop is chosen as it is made; no replica group until it runs)."""
+    made = _checkpointer(launch.RECOVERY_IN_PROCESS)
+    yield made
+    made.close()
+    made.store.close()
 
 
 def test_settings_are_read_and_set_through_the_facade(ckpt: Checkpointer) -> None:
@@ -57,13 +71,21 @@ def test_a_keep_below_one_is_refused() -> None:
         Checkpointer(BlobStore(NoContainer(), prefix="x"), keep=0, watcher=None, events=False, memory_rescue=False)
 
 
-def test_a_hand_written_loop_is_refused_in_the_in_process_mode(ckpt: Checkpointer) -> None:
+def test_a_hand_written_loop_is_refused_in_the_in_process_mode(in_process_ckpt: Checkpointer) -> None:
     """A script's own loop calling step() has no step boundary for the per-step quorum: each node would train
     alone and write the job's checkpoints (seen with scripts/train_cifar10.py). It must fail, never train on."""
-    ckpt.in_process = True
+    ckpt = in_process_ckpt
+    assert ckpt.in_process and ckpt.replica_rank is None
     with pytest.raises(RuntimeError, match=r"ckpt\.batches\(state, loader, epochs=E\)"):
         ckpt.step(1, {})
     assert ckpt.last_step is None
+
+
+def test_the_mode_is_the_settings_chosen_once(ckpt: Checkpointer) -> None:
+    """The recovery mode's loop is chosen as the Checkpointer is made (runtime/loops/): not an attribute to flip."""
+    assert not ckpt.in_process and ckpt.replica_rank is None
+    with pytest.raises(AttributeError):
+        ckpt.in_process = True  # type: ignore[misc]
 
 
 class _Rows(torch.utils.data.Dataset):
@@ -82,10 +104,10 @@ class _Rows(torch.utils.data.Dataset):
     lambda data: torch.utils.data.DistributedSampler(data, num_replicas=1, rank=0),
     lambda data: torch.utils.data.DataLoader(data, batch_size=4),
 ], ids=["elastic-sampler", "distributed-sampler", "data-loader"])
-def test_steps_refuses_a_state_with_data_in_the_in_process_mode(ckpt: Checkpointer, make) -> None:
+def test_steps_refuses_a_state_with_data_in_the_in_process_mode(in_process_ckpt: Checkpointer, make) -> None:
     """Each node is a world of its own in this mode: a sampler or loader the loop does not slice by the step's
     quorum would hand every node the same samples (each trained once per node). Refused before anything runs."""
-    ckpt.in_process = True
+    ckpt = in_process_ckpt
     found = make(_Rows(16))
     state = {"model": torch.nn.Linear(2, 2), "data": {"nested": [found]}}
     refused = rf"holds data \({type(found).__name__}\).*ckpt\.batches\(state, loader, steps=N\)"

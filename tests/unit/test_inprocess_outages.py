@@ -1,6 +1,6 @@
 """The in-process mode's event log read as the restart mode's is: its ``quorum`` events start the job's worlds.
 
-Each log below is what runtime/checkpoint.py's in-process loop writes (runtime/membership.py decides the
+Each log below is what runtime/loops/in_process.py writes (runtime/membership.py decides the
 ``quorum`` events): every node's rank 0 writes its own ``started``/``restored`` (a world of the node's workers,
 not of the job), the quorum's first replica one ``quorum`` event per change and the first step after it at once.
 Before the ``quorum`` event existed none of these figures could be read: the outage, the recovery, trained_again.

@@ -1,14 +1,19 @@
-"""The runtime's module graph: no import cycles, and a Checkpointer that is a facade over its collaborators.
+"""The runtime's module graph: no import cycles, and a Checkpointer that is a facade over its collaborators and
+over the recovery mode's loop (runtime/loops/: one module per mode, chosen once).
 
-The graph is read from the source with ``ast`` (every ``import`` inside azext_elastictrain/runtime, at module
-level or inside a function), so a cycle fails here before it fails a worker at import time.
+The graph is read from the source with ``ast`` (every ``import`` inside azext_elastictrain/runtime and its
+subpackages, at module level or inside a function), so a cycle fails here before it fails a worker at import time.
 """
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
+import pytest
+
 import azext_elastictrain.runtime as runtime
+from azext_elastictrain.core import launch
+from azext_elastictrain.runtime import loops
 
 RUNTIME = Path(runtime.__file__).parent
 PACKAGE = "azext_elastictrain.runtime"
@@ -30,7 +35,14 @@ def imports_of(path: Path, package: str) -> set[str]:
 
 
 def graph(directory: Path, package: str) -> dict[str, set[str]]:
-    modules = {f"{package}.{p.stem}": p for p in directory.glob("*.py") if p.stem != "__init__"}
+    """Every module under ``directory`` (a subpackage is its __init__; the package's own __init__, which only
+    names the exports, is left out) -> the modules of it that it imports."""
+    modules: dict[str, Path] = {}
+    for path in directory.rglob("*.py"):
+        parts = path.relative_to(directory).with_suffix("").parts
+        name = ".".join((package, *parts[:-1])) if parts[-1] == "__init__" else ".".join((package, *parts))
+        if name != package:
+            modules[name] = path
     return {name: imports_of(path, package) & set(modules) for name, path in modules.items()}
 
 
@@ -63,7 +75,8 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_runtime_has_no_import_cycle() -> None:
     edges = graph(RUNTIME, PACKAGE)
-    assert f"{PACKAGE}.checkpoint" in edges and len(edges) >= 10, sorted(edges)
+    assert f"{PACKAGE}.checkpoint" in edges and f"{PACKAGE}.loops.in_process" in edges and len(edges) >= 10, \
+        sorted(edges)
     assert find_cycle(edges) is None, " -> ".join(find_cycle(edges) or [])
 
 
@@ -93,6 +106,42 @@ def test_the_facade_leaves_torch_and_storage_to_its_collaborators() -> None:
     imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
     assert not {m for m in imported if m == "torch" or m.startswith("torch.")}, imported
     assert "azext_elastictrain.runtime.storage" not in imported
+
+
+# -- the recovery modes' loops (runtime/loops/) ------------------------------------------------------------------
+
+MODE_MODULES = {f"{PACKAGE}.loops.restart", f"{PACKAGE}.loops.in_process"}
+
+
+def test_each_recovery_mode_has_a_loop_of_its_own_and_an_unknown_mode_none() -> None:
+    chosen = {mode: loops.for_mode(mode) for mode in launch.RECOVERY_MODES}
+    assert set(loops.LOOPS) == set(launch.RECOVERY_MODES)
+    assert {loop.__module__ for loop in chosen.values()} == MODE_MODULES
+    assert all(issubclass(loop, loops.TrainingLoop) for loop in chosen.values())
+    with pytest.raises(ValueError, match="no training loop for the recovery mode 'elsewhere'"):
+        loops.for_mode("elsewhere")
+
+
+def test_a_modes_loop_imports_no_other_modes_loop_and_the_facade_none() -> None:
+    """A mode is one module: it shares the interface (loops.base) and the collaborators, never another mode's
+    code; the facade reaches the modes through the choice (loops/__init__) only."""
+    edges = graph(RUNTIME, PACKAGE)
+    for module in MODE_MODULES:
+        assert not edges[module] & (MODE_MODULES | {f"{PACKAGE}.loops"}), (module, sorted(edges[module]))
+    assert not edges[f"{PACKAGE}.checkpoint"] & MODE_MODULES, sorted(edges[f"{PACKAGE}.checkpoint"])
+
+
+def test_the_facade_branches_on_no_recovery_mode() -> None:
+    """checkpoint.py holds no mode's loop: no test of the mode (``in_process``, ``recovery``) in an ``if``, and
+    none of the in-process mode's modules (the replica group, its data, its membership) imported."""
+    tree = ast.parse((RUNTIME / "checkpoint.py").read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.If, ast.IfExp, ast.While)):
+            names = {n.attr for n in ast.walk(node.test) if isinstance(n, ast.Attribute)}
+            names |= {n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)}
+            assert not names & {"in_process", "recovery"}, ast.unparse(node.test)
+    imported = graph(RUNTIME, PACKAGE)[f"{PACKAGE}.checkpoint"]
+    assert not imported & {f"{PACKAGE}.{m}" for m in ("replicas", "replica_data", "membership")}, imported
 
 
 # -- the whole package ----------------------------------------------------------------------------------------

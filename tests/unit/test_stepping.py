@@ -195,3 +195,29 @@ def test_a_notice_on_another_node_makes_this_rank_save_the_same_step_without_hol
     assert world.saves == [(3, True)]
     assert world.clock.now == 1000.0  # nothing to acknowledge here: no hold
     assert progress.PREEMPTED not in world.events.kinds()
+
+
+@pytest.mark.parametrize("own", ["scheduled-events", "sigterm"])
+def test_a_departure_records_the_notice_keeps_the_step_then_acknowledges_and_holds(own: str, caplog) -> None:
+    """The shape both recovery modes leave by (the in-process loop's ``keep`` leaves the quorum): the notice is
+    stamped before the step is kept, acknowledged after, and the node holds until its VM goes."""
+    world = World(FakeRanks(rank=0))
+    notice = Notice(own, event_id="E1" if own != "sigterm" else None)
+    world.watcher = FakeWatcher(world.clock, [notice])
+    policy = world.policy(hold_seconds=20.0)
+    order: list[str] = []
+
+    def keep() -> None:
+        order.append(f"kept after {len(world.events.emitted)} event(s), {world.watcher.acknowledged} ack(s)")
+
+    with caplog.at_level("WARNING", logger="azext_elastictrain.runtime.stepping"):
+        stopped = policy.depart(4, [notice], keep=keep, after="ending this worker")
+    assert order == ["kept after 1 event(s), 0 ack(s)"]
+    assert world.events.emitted == [(progress.PREEMPTED, {"step": 4, "source": own, "event_id": notice.event_id})]
+    assert policy.notices.live() == []  # acted on once
+    if own == "sigterm":  # nothing to acknowledge: stop at once
+        assert stopped is True and world.watcher.acknowledged == 0 and world.clock.now == 1000.0
+    else:  # acknowledged; the VM stayed: the caller goes on, and the log says how
+        assert stopped is False and world.watcher.acknowledged == 1
+        assert world.clock.now - 1000.0 == pytest.approx(20.0, abs=0.15)
+        assert "20s of the acknowledgement: ending this worker" in caplog.text
