@@ -37,7 +37,7 @@ EXTRAS = {
         "matplotlib",  # job timeline --output-file (the demo draws with it)
         "kubernetes-validate>=1.30.0",  # rendered objects vs the official Kubernetes schemas
         "jsonschema>=4.23",  # ElasticJobs vs our CRD's openAPIV3Schema
-        "mypy==2.4.1",  # scripts/test.sh: the type checker, strict on core/, backends/, clients/ (mypy.ini)
+        "mypy==2.4.1",  # scripts/test.sh: the type checker, strict on the whole package (mypy.ini)
     ],
 }
 

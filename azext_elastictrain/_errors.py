@@ -8,28 +8,49 @@ from __future__ import annotations
 
 import importlib
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from azure.cli.core import azclierror as az
 
-_Row = tuple[str, Callable[[Any, Exception], az.AzCLIError]]
+if TYPE_CHECKING:
+    from azext_elastictrain._validators import Target
+    from azext_elastictrain.backends.aks.cluster import PlanFailed
+    from azext_elastictrain.backends.aks.evict import EvictionFailed
+    from azext_elastictrain.clients.kube import KubeError
+    from azext_elastictrain.core.blobstore import AccessDenied
 
 
-def _by_status(status: int | None) -> type:
+class _Where:  # pylint: disable=too-few-public-methods,too-many-instance-attributes  # names for format strings
+    """What a row's message may name: the target's fields, the job, and for storage its URL and a hint."""
+
+    def __init__(self, target: Target, job: str | None, url: str | None, hint: str | None,
+                 grant: "str | Callable[[], str] | None" = None) -> None:
+        self.kind, self.cluster = target.kind, target.cluster
+        self.resource_group, self.where = target.resource_group, target.where if target.kind != "url" else ""
+        self.job, self.url, self.hint, self.grant = job, url or target.url, hint, grant
+
+
+# A row: the error type's path, and what builds its az error from the place and the error. The error is of the type
+# the path names, which is imported only when an error happens: a type checker cannot see it (Any).
+_Row = tuple[str, Callable[[_Where, Any], az.AzCLIError]]
+
+
+def _by_status(status: int | None) -> type[az.AzCLIError]:
+    error: type[az.AzCLIError] = az.AzureResponseError  # 409 Conflict and the rest
     if status == 400:
-        return az.BadRequestError
-    if status == 401:
-        return az.UnauthorizedError
-    if status == 403:
-        return az.ForbiddenError
-    if status == 404:
-        return az.ResourceNotFoundError
-    if status is not None and status >= 500:
-        return az.AzureInternalError
-    return az.AzureResponseError  # 409 Conflict and the rest
+        error = az.BadRequestError
+    elif status == 401:
+        error = az.UnauthorizedError
+    elif status == 403:
+        error = az.ForbiddenError
+    elif status == 404:
+        error = az.ResourceNotFoundError
+    elif status is not None and status >= 500:
+        error = az.AzureInternalError
+    return error
 
 
-def _cluster_not_found(t: Any, ex: Exception) -> az.AzCLIError:
+def _cluster_not_found(t: _Where, ex: Exception) -> az.AzCLIError:
     if t.kind == "local":
         return az.ResourceNotFoundError(str(ex), recommendation=(
             f"Create it with 'az elastictrain cluster create --local --name {t.cluster}', or list them with "
@@ -38,7 +59,7 @@ def _cluster_not_found(t: Any, ex: Exception) -> az.AzCLIError:
         f"List them with 'az elastictrain cluster list -g {t.resource_group}'."))
 
 
-def _plan_failed(t: Any, ex: Any) -> az.AzCLIError:
+def _plan_failed(t: _Where, ex: PlanFailed) -> az.AzCLIError:
     done = ", ".join(ex.done) or "nothing"
     rerun = (f"Fix the cause, then run the same 'az elastictrain cluster create -g {t.resource_group} -n "
              f"{t.cluster}' again: it keeps what is already right and finishes the rest."
@@ -47,7 +68,7 @@ def _plan_failed(t: Any, ex: Any) -> az.AzCLIError:
     return error_type(f"{ex.step} failed: {ex.error}. Completed before it: {done}.", recommendation=rerun)
 
 
-def _eviction_failed(_target: Any, ex: Any) -> az.AzCLIError:
+def _eviction_failed(_target: _Where, ex: EvictionFailed) -> az.AzCLIError:
     done = ", ".join(e["node"] for e in ex.done) or "none"
     status, code, message = (getattr(ex.error, "status", 0), getattr(ex.error, "code", ""),
                              getattr(ex.error, "message", str(ex.error)))
@@ -55,7 +76,7 @@ def _eviction_failed(_target: Any, ex: Any) -> az.AzCLIError:
     return _by_status(status)(f"{code}: {text}" if code else text)
 
 
-def _kube_error(t: Any, ex: Any) -> az.AzCLIError:
+def _kube_error(t: _Where, ex: KubeError) -> az.AzCLIError:
     if ex.status is None:
         return az.AzureConnectionError(str(ex), recommendation=(
             f"'az elastictrain cluster show -g {t.resource_group} -n {t.cluster}' tells whether the cluster is up."))
@@ -63,18 +84,18 @@ def _kube_error(t: Any, ex: Any) -> az.AzCLIError:
         ex.status, az.AzureResponseError)(str(ex))
 
 
-def _command_error(error: type) -> Callable[[Any, Exception], az.AzCLIError]:
+def _command_error(error: type[az.AzCLIError]) -> Callable[[_Where, Exception], az.AzCLIError]:
     return lambda t, ex: error(str(ex), recommendation=getattr(ex, "recommendation", None))
 
 
-def _store_unreachable(t: Any, ex: Any) -> az.AzCLIError:
+def _store_unreachable(t: _Where, ex: Any) -> az.AzCLIError:  # ex: azure.core's ServiceRequestError (not read)
     return az.AzureConnectionError(
         f"cannot reach blob storage at {t.url}: {ex.message}",
         recommendation=t.hint or "Check the URL, and that the storage account (or local Azurite) is running and "
                                  "reachable.")
 
 
-def _access_denied(t: Any, ex: Any) -> az.AzCLIError:
+def _access_denied(t: _Where, ex: AccessDenied) -> az.AzCLIError:
     """A 403 from blob: the login lacks a data role on the container (Owner and Contributor have no data actions)."""
     grant = getattr(ex, "grant", None) or t.grant
     if callable(grant):  # built only now, on a 403: it reads the login's token
@@ -92,7 +113,7 @@ def _access_denied(t: Any, ex: Any) -> az.AzCLIError:
         recommendation=f"Grant it, then wait a minute or two for Azure to apply it: {grant}")
 
 
-def _os_error(t: Any, ex: Exception) -> az.AzCLIError:
+def _os_error(t: _Where, ex: OSError) -> az.AzCLIError:
     if t.kind == "local":
         return az.FileOperationError(f"job {t.job or '*'!r} of local cluster {t.cluster!r}: {ex}")
     return az.FileOperationError(str(ex))
@@ -149,26 +170,17 @@ TABLE: list[_Row] = [
 ]
 
 
-class _Where:  # pylint: disable=too-few-public-methods,too-many-instance-attributes  # names for format strings
-    """What a row's message may name: the target's fields, the job, and for storage its URL and a hint."""
-
-    def __init__(self, target: Any, job: str | None, url: str | None, hint: str | None,
-                 grant: "str | Callable[[], str] | None" = None) -> None:
-        self.kind, self.cluster = target.kind, target.cluster
-        self.resource_group, self.where = target.resource_group, target.where if target.kind != "url" else ""
-        self.job, self.url, self.hint, self.grant = job, url or target.url, hint, grant
-
-
 def _loaded(path: str) -> type | None:
     module, _, name = path.partition(":")
     try:
-        return getattr(importlib.import_module(module), name)
+        loaded: type = getattr(importlib.import_module(module), name)
+        return loaded
     except ImportError:  # an optional SDK that is not installed cannot have raised its error
         return None
 
 
 @contextmanager
-def az_errors(target: Any, *, job: str | None = None, url: str | None = None,
+def az_errors(target: Target, *, job: str | None = None, url: str | None = None,
               hint: str | None = None, grant: "str | Callable[[], str] | None" = None) -> Iterator[None]:
     """Run a command's work; any error of the table leaves as its az error (az errors pass unchanged)."""
     try:

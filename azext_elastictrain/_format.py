@@ -1,8 +1,17 @@
-"""-o table transformers: ordered rows, in the user's words."""
+"""-o table transformers: ordered rows, in the user's words.
+
+Each takes a command's az output (JSON: ``dict[str, Any]``, or a list of them) and returns the table's rows.
+"""
+from __future__ import annotations
+
 from collections import OrderedDict
+from typing import Any
+
+Json = dict[str, Any]  # one item of a command's output, as az prints it with -o json
+Row = OrderedDict[str, Any]  # one row of the table, its columns in order
 
 
-def _size(num) -> str:
+def _size(num: float | None) -> str:
     if num is None:
         return ""
     for unit in ("B", "KiB", "MiB", "GiB"):
@@ -12,11 +21,11 @@ def _size(num) -> str:
     return str(num)
 
 
-def _verified(value) -> str:
+def _verified(value: bool | None) -> str:
     return {True: "yes", False: "NO", None: "-"}[value]
 
 
-def checkpoint_row(item: dict) -> OrderedDict:
+def checkpoint_row(item: Json) -> Row:
     return OrderedDict([
         ("Step", item.get("step")),
         ("Status", item.get("status")),
@@ -29,15 +38,15 @@ def checkpoint_row(item: dict) -> OrderedDict:
     ] + ([("Path", item["path"])] if item.get("path") else []))
 
 
-def checkpoint_list_table(result) -> list:
+def checkpoint_list_table(result: list[Json]) -> list[Row]:
     return [checkpoint_row(item) for item in result]
 
 
-def checkpoint_show_table(result) -> list:
+def checkpoint_show_table(result: Json) -> list[Row]:
     return [checkpoint_row(result)]
 
 
-def checkpoint_prune_table(result) -> list:
+def checkpoint_prune_table(result: Json) -> list[Row]:
     action = "would delete" if result.get("dryRun") else ("deleted" if result.get("deleted") else "kept (declined)")
     return [
         OrderedDict([("Action", action), ("Step", c["step"]), ("Status", c["status"]),
@@ -46,7 +55,7 @@ def checkpoint_prune_table(result) -> list:
     ]
 
 
-def _spot(pool: dict) -> str:
+def _spot(pool: Json) -> str:
     if pool.get("priority") != "Spot":
         return pool.get("priority") or ""
     price = pool.get("spotMaxPrice")
@@ -54,10 +63,10 @@ def _spot(pool: dict) -> str:
     return f"Spot, {pool.get('evictionPolicy')}, {price}"
 
 
-def aks_cluster_row(item: dict) -> OrderedDict:
+def aks_cluster_row(item: Json) -> Row:
     """An AKS cluster: its state, the GPU Spot pool, and (from show) the health of each component."""
     pools = item.get("pools") or []
-    gpu = next((p for p in pools if p.get("mode") == "User"), {})
+    gpu: Json = next((p for p in pools if p.get("mode") == "User"), {})
     components = item.get("components") or {}
     row = [("Name", item.get("name")), ("ResourceGroup", item.get("resourceGroup")),
            ("Location", item.get("location")), ("State", item.get("provisioningState"))]
@@ -71,7 +80,7 @@ def aks_cluster_row(item: dict) -> OrderedDict:
     return OrderedDict(row)
 
 
-def cluster_row(item: dict) -> OrderedDict:
+def cluster_row(item: Json) -> Row:
     if item.get("type") == "aks":
         return aks_cluster_row(item)
     components = item.get("components", {})
@@ -83,19 +92,19 @@ def cluster_row(item: dict) -> OrderedDict:
     )
 
 
-def cluster_show_table(result) -> list:
+def cluster_show_table(result: Json) -> list[Row]:
     return [cluster_row(result)]
 
 
-def cluster_list_table(result) -> list:
+def cluster_list_table(result: list[Json]) -> list[Row]:
     return [cluster_row(item) for item in result]
 
 
-def _number(value, digits: int = 1) -> str:
+def _number(value: float | None, digits: int = 1) -> str:
     return "" if value is None else f"{value:.{digits}f}"
 
 
-def job_row(item: dict) -> OrderedDict:
+def job_row(item: Json) -> Row:
     nodes = item.get("nodes") or []
     checkpoint = item.get("lastCheckpointStep")
     return OrderedDict([
@@ -115,11 +124,11 @@ def job_row(item: dict) -> OrderedDict:
     ])
 
 
-def _blank(value) -> object:
+def _blank(value: object) -> object:
     return "" if value is None else value
 
 
-def job_show_table(result) -> list:
+def job_show_table(result: Json) -> list[Row]:
     row = job_row(result)
     cost = result.get("cost")
     if cost:  # on AKS, or asked for with --price-as
@@ -129,7 +138,7 @@ def job_show_table(result) -> list:
     return [row]
 
 
-def job_timeline_table(result) -> list:
+def job_timeline_table(result: Json) -> list[Row]:
     """One row per world the job formed: its size, the steps it trained, when, the steps it lost and the outage
     after it (its last step to the next world's first)."""
     stops = result.get("stops") or []
@@ -145,11 +154,11 @@ def job_timeline_table(result) -> list:
     return rows
 
 
-def job_list_table(result) -> list:
+def job_list_table(result: list[Json]) -> list[Row]:
     return [job_row(item) for item in result]
 
 
-def job_delete_table(result) -> list:
+def job_delete_table(result: Json) -> list[Row]:
     if result.get("type") == "aks":
         return aks_job_delete_table(result)
     action = "would stop" if result.get("dryRun") else "stopped"
@@ -161,7 +170,7 @@ def job_delete_table(result) -> list:
     return rows
 
 
-def aks_job_delete_table(result) -> list:
+def aks_job_delete_table(result: Json) -> list[Row]:
     """The ElasticJob that goes, its worker pods with it, and the checkpoints that stay."""
     dry = result.get("dryRun")
     job = OrderedDict([("Action", "would delete" if dry else "deleted"), ("What", "ElasticJob"),
@@ -177,7 +186,7 @@ def aks_job_delete_table(result) -> list:
     return [job] + pods + [kept]
 
 
-def eviction_table(result) -> list:
+def eviction_table(result: Json) -> list[Row]:
     if "seed" in result or "schedule" in result:
         return schedule_table(result)
     if result.get("type") == "aks":
@@ -200,7 +209,7 @@ def eviction_table(result) -> list:
     ] or [OrderedDict([("Node", n["node"]), ("Pid", n["pid"]), ("Action", "would evict")]) for n in result["nodes"]]
 
 
-def schedule_table(result) -> list:
+def schedule_table(result: Json) -> list[Row]:
     """An eviction schedule: one row per eviction, planned (dry run) or carried out, and the goodput after."""
     if "schedule" not in result:  # --dry-run: the plan
         return [OrderedDict([("Eviction", e["index"]), ("AtSeconds", e["atSeconds"]),
@@ -227,7 +236,7 @@ def schedule_table(result) -> list:
     return rows
 
 
-def aks_eviction_table(result) -> list:
+def aks_eviction_table(result: Json) -> list[Row]:
     """Spot evictions on AKS (or, dry run, the plan): one row per node, the VMSS instance behind it, the ranks
     it hit and, with --wait, when it left and how the job recovered."""
     rows = []
@@ -247,11 +256,12 @@ def aks_eviction_table(result) -> list:
     return rows
 
 
-def _price(value, digits: int = 4) -> str:
+def _price(value: object, digits: int = 4) -> str:
+    """A price (a number) to ``digits`` places; a text (why there is none: "unknown") as it is."""
     return value if isinstance(value, str) else f"{value:.{digits}f}"
 
 
-def sku_list_table(result) -> list:
+def sku_list_table(result: list[Json]) -> list[Row]:
     """Where to run: one row per Spot-capable GPU size, cheapest per GPU first."""
     return [OrderedDict([
         ("Name", item.get("name")), ("GPUs", item.get("gpus")), ("vCPUs", item.get("vCPUs")),

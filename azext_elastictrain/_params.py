@@ -1,8 +1,16 @@
 """Arguments: names in the user's words, every one with help."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from azure.cli.core.commands.parameters import get_enum_type, get_three_state_flag
 
+if TYPE_CHECKING:
+    from azext_elastictrain import ElasticTrainCommandsLoader
 
-def load_arguments(self, _):  # pylint: disable=too-many-statements  # one statement per argument, as az does
+
+# pylint: disable-next=too-many-statements  # one statement per argument, as az does
+def load_arguments(self: ElasticTrainCommandsLoader, _: str) -> None:
     from azext_elastictrain.core.events import STATES as JOB_STATES  # pure, stdlib only: cheap
     from azext_elastictrain.core.launch import RECOVERY_MODES
     from azext_elastictrain.core.spec import ENGINES, STORAGE_SKUS, UPGRADE_CHANNELS

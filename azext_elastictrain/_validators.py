@@ -9,7 +9,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from azure.cli.core.azclierror import (
     ArgumentUsageError,
@@ -19,7 +19,8 @@ from azure.cli.core.azclierror import (
 )
 
 if TYPE_CHECKING:
-    from azext_elastictrain.backends.base import AnyBackend
+    from azext_elastictrain.backends.base import AnyBackend, ScheduleRequest
+    from azext_elastictrain.core.ports import Arm
 
 LOCAL, AKS, URL = "local", "aks", "url"
 _LOCAL_HELP = "Add --local (real etcd, Azurite and torchrun processes here)"
@@ -68,9 +69,9 @@ class Target:
             backend.close()
 
 
-def _spot_market(cli_ctx: Any, arm: Any) -> Any:
+def _spot_market(cli_ctx: Any, arm: Arm) -> Callable[[str, str], dict[str, Any]]:
     """The GPU size's prices and eviction band for the cluster preflight (a lookup, done only when called)."""
-    def offer(size: str, location: str) -> dict:
+    def offer(size: str, location: str) -> dict[str, Any]:
         from azext_elastictrain.clients.spot import for_arm
 
         return for_arm(cli_ctx, arm).offer(size, location)
@@ -225,7 +226,7 @@ def _check_names(cluster: str | None, job: str | None) -> str:
 def resolve_schedule(*, schedule: bool, job: str | None, rate: float | None, duration: float | None,
                      notice_share: float | None, notice_seconds: float | None, replace_after: float | None,
                      seed: int | None, node: str | None = None, count: int | None = None, rank: int | None = None,
-                     pool: str | None = None, wait: bool = False) -> Any:
+                     pool: str | None = None, wait: bool = False) -> ScheduleRequest | None:
     """`evict simulate --schedule`'s request (a ``backends.base.ScheduleRequest``), or None without --schedule.
 
     Its values are checked here, before any cluster is looked at (``core.chaos.ScheduleSpec.validate``, whose
@@ -248,9 +249,9 @@ def resolve_schedule(*, schedule: bool, job: str | None, rate: float | None, dur
         raise MutuallyExclusiveArgumentError(
             f"--schedule chooses each node itself and always follows the recovery: drop {', '.join(chosen)}",
             recommendation="Give --job JOB with --rate and --duration.")
-    missing = [flag for flag, value in (("--job", job), ("--rate", rate), ("--duration", duration))
-               if value is None]
-    if missing:
+    if job is None or rate is None or duration is None:
+        missing = [flag for flag, value in (("--job", job), ("--rate", rate), ("--duration", duration))
+                   if value is None]
         raise RequiredArgumentMissingError(
             f"--schedule needs {', '.join(missing)}: whose nodes go, how many a minute, for how many seconds",
             recommendation="e.g. az elastictrain evict simulate --local --job cifar --schedule --rate 1 "

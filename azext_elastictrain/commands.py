@@ -1,4 +1,8 @@
 """The command table: one CliCommandType per group, each with its own module."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from azure.cli.core.commands import CliCommandType
 
 from azext_elastictrain._format import (
@@ -15,8 +19,11 @@ from azext_elastictrain._format import (
     sku_list_table,
 )
 
+if TYPE_CHECKING:
+    from azext_elastictrain import ElasticTrainCommandsLoader
 
-def load_command_table(loader, _):
+
+def load_command_table(loader: ElasticTrainCommandsLoader, _: list[str] | None) -> None:
     cluster_ops = CliCommandType(operations_tmpl="azext_elastictrain.operations.cluster#{}")
     with loader.command_group("elastictrain cluster", custom_command_type=cluster_ops, is_preview=True) as g:
         g.custom_command("create", "create_cluster", table_transformer=cluster_show_table, supports_no_wait=True)

@@ -1,8 +1,10 @@
 """`job timeline --output`: the picture of core.timeline's series. matplotlib is imported only here, when drawn."""
 from __future__ import annotations
 
+from typing import Any
 
-def draw(shown: dict, title: str, out: str) -> None:
+
+def draw(shown: dict[str, Any], title: str, out: str) -> None:
     """Step over time (one line per world), checkpoints, notices and stops above; world size below."""
     import matplotlib
 

@@ -6,9 +6,9 @@
 #   bash scripts/test.sh -m unit               # extra arguments go to pytest
 #   bash scripts/test.sh -m "unit or e2e" -k az_cli
 #
-# With no arguments (CI) the type checker runs first, once (mypy.ini: strict on core/, backends/, clients/ and
-# runtime/, the runtime against torch's own types; its cache in build/ makes a re-run here take a second or two, a
-# fresh clone's ~15 s). Exits with the first failure's status; "no tests collected" (pytest's 5) is a failure too.
+# With no arguments (CI) the type checker runs first, once (mypy.ini: strict on the whole package, the runtime
+# against torch's own types; its cache in build/ makes a re-run here take a second or two, a fresh clone's ~15 s).
+# Exits with the first failure's status; "no tests collected" (pytest's 5) is a failure too.
 #
 # Where the time went (with no arguments): build/test-durations/contract.txt, parallel.txt and serial.txt, every
 # test's seconds slowest first and each module's total (tests/conftest.py's --durations-file), and phases.txt,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
-from typing import Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from azure.cli.core.azclierror import (
     InvalidArgumentValueError,
@@ -23,11 +23,14 @@ from azure.cli.core.azclierror import (
 from azext_elastictrain._errors import az_errors
 from azext_elastictrain._validators import LoginCredential, resolve_checkpoints
 
+if TYPE_CHECKING:
+    from azext_elastictrain.core.blobstore import BlobStore
+
 
 @contextmanager
-def _open_store(cmd, url: str | None, connection_string: str | None, *, local: bool = False,
+def _open_store(cmd: Any, url: str | None, connection_string: str | None, *, local: bool = False,
                 cluster: str | None = None, job: str | None = None,
-                resource_group: str | None = None) -> Iterator:
+                resource_group: str | None = None) -> Iterator[tuple[BlobStore, str]]:
     """``(store, url)`` of the job's checkpoints, named by exactly one of --url, --local --job or -g -c --job."""
     from azext_elastictrain.core.blobstore import BlobStore, foreign_account, parse_location
 
@@ -35,12 +38,14 @@ def _open_store(cmd, url: str | None, connection_string: str | None, *, local: b
                                  job=job, resource_group=resource_group)
     hint = grant = None
     if target.kind != "url":
+        assert job is not None  # resolve_checkpoints: --local and -g -c name a --job
         with az_errors(target, job=job), target.opened(cmd) as backend:
             location = backend.checkpoint_location(job)
         url, connection_string, hint = location.url, location.connection_string, location.unreachable
         grant = location.grant
     elif not connection_string:
         connection_string = os.environ.get("AZURE_STORAGE_CONNECTION_STRING") or None
+    assert url is not None  # the backend's location above, else the --url that named the place (resolve_checkpoints)
     try:
         parse_location(url, connection_string)  # bad input fails before any login or request
         accounts = foreign_account(url, connection_string) if connection_string else None
@@ -67,9 +72,9 @@ def _open_store(cmd, url: str | None, connection_string: str | None, *, local: b
         store.close()
 
 
-def list_checkpoints(cmd, *, url: str | None = None, connection_string: str | None = None, local: bool = False,
+def list_checkpoints(cmd: Any, *, url: str | None = None, connection_string: str | None = None, local: bool = False,
                      cluster: str | None = None, job: str | None = None,
-                     resource_group_name: str | None = None) -> list[dict]:
+                     resource_group_name: str | None = None) -> list[dict[str, Any]]:
     from azext_elastictrain.core import catalog
 
     with _open_store(cmd, url, connection_string, local=local, cluster=cluster, job=job,
@@ -77,9 +82,9 @@ def list_checkpoints(cmd, *, url: str | None = None, connection_string: str | No
         return [c.to_dict() for c in catalog.list_checkpoints(store, store.prefix)]
 
 
-def show_checkpoint(cmd, *, step: int, url: str | None = None, connection_string: str | None = None,
+def show_checkpoint(cmd: Any, *, step: int, url: str | None = None, connection_string: str | None = None,
                     local: bool = False, cluster: str | None = None, job: str | None = None,
-                    resource_group_name: str | None = None) -> dict:
+                    resource_group_name: str | None = None) -> dict[str, Any]:
     from azext_elastictrain.core import catalog
 
     with _open_store(cmd, url, connection_string, local=local, cluster=cluster, job=job,
@@ -99,9 +104,9 @@ def show_checkpoint(cmd, *, step: int, url: str | None = None, connection_string
         return result
 
 
-def verify_checkpoints(cmd, *, url: str | None = None, step: int | None = None, connection_string: str | None = None,
-                       local: bool = False, cluster: str | None = None, job: str | None = None,
-                       resource_group_name: str | None = None) -> list[dict]:
+def verify_checkpoints(cmd: Any, *, url: str | None = None, step: int | None = None,
+                       connection_string: str | None = None, local: bool = False, cluster: str | None = None,
+                       job: str | None = None, resource_group_name: str | None = None) -> list[dict[str, Any]]:
     """Read back every file of the complete checkpoints (or one step) and check its checksum."""
     from azext_elastictrain.core import catalog
 
@@ -132,10 +137,10 @@ def parse_duration(text: str) -> float:
     return seconds
 
 
-def prune_checkpoints(cmd, *, url: str | None = None, keep_last: int | None = None, older_than: str | None = None,
+def prune_checkpoints(cmd: Any, *, url: str | None = None, keep_last: int | None = None, older_than: str | None = None,
                       incomplete: bool = False, dry_run: bool = False, yes: bool = False,
                       connection_string: str | None = None, local: bool = False, cluster: str | None = None,
-                      job: str | None = None, resource_group_name: str | None = None) -> dict:
+                      job: str | None = None, resource_group_name: str | None = None) -> dict[str, Any]:
     """Plan which checkpoints go, show the plan, confirm, then delete (manifest first)."""
     from azure.cli.core.azclierror import RequiredArgumentMissingError
     from azure.cli.core.util import user_confirmation
@@ -177,15 +182,16 @@ def prune_checkpoints(cmd, *, url: str | None = None, keep_last: int | None = No
         return result
 
 
-def download_checkpoint(cmd, *, dest: str, step: int | None = None, url: str | None = None,
+def download_checkpoint(cmd: Any, *, dest: str, step: int | None = None, url: str | None = None,
                         connection_string: str | None = None, local: bool = False, cluster: str | None = None,
-                        job: str | None = None, resource_group_name: str | None = None) -> dict:
+                        job: str | None = None, resource_group_name: str | None = None) -> dict[str, Any]:
     """Copy a complete checkpoint (default: the newest) to a local folder, every file verified."""
     from pathlib import Path
 
     from azure.cli.core.azclierror import AzureResponseError, FileOperationError
 
     from azext_elastictrain.core import catalog
+    from azext_elastictrain.core.blobstore import IntegrityError
 
     with _open_store(cmd, url, connection_string, local=local, cluster=cluster, job=job,
                      resource_group=resource_group_name) as (store, location):
@@ -209,7 +215,7 @@ def download_checkpoint(cmd, *, dest: str, step: int | None = None, url: str | N
             return catalog.download(store, store.prefix, chosen, Path(dest))
         except FileExistsError as ex:
             raise FileOperationError(str(ex)) from ex
-        except catalog.IntegrityError as ex:
+        except IntegrityError as ex:
             raise AzureResponseError(
                 f"checkpoint of step {chosen.step} is damaged: {ex}; nothing was written",
                 recommendation="'az elastictrain checkpoint verify' shows which; download an older step.",

@@ -5,12 +5,19 @@ One function per command: build the spec, resolve where the cluster is (``_valid
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Mapping
+
 from azext_elastictrain._errors import az_errors
 from azext_elastictrain._validators import resolve_cluster
 
+if TYPE_CHECKING:
+    from azext_elastictrain._validators import Target
+    from azext_elastictrain.backends.base import AnyBackend
+    from azext_elastictrain.core.spec import ClusterSpec, LocalClusterSpec
+
 
 # pylint: disable-next=too-many-locals  # one parameter per option of the command
-def create_cluster(cmd, *, local: bool = False, name: str | None = None, resource_group_name: str | None = None,
+def create_cluster(cmd: Any, *, local: bool = False, name: str | None = None, resource_group_name: str | None = None,
                    location: str | None = None, storage_account: str | None = None,
                    storage_sku: str | None = None, kubernetes_version: str | None = None,
                    node_vm_size: str | None = None, gpu_vm_size: str | None = None, min_count: int | None = None,
@@ -20,7 +27,7 @@ def create_cluster(cmd, *, local: bool = False, name: str | None = None, resourc
                    vnet_subnet: str | None = None, api_server_authorized_ips: list[str] | None = None,
                    encryption_at_host: bool | None = None, merge_kubeconfig: bool = False,
                    local_accounts: bool = False, admin_principal: str | None = None, dry_run: bool = False,
-                   no_wait: bool = False):
+                   no_wait: bool = False) -> dict[str, Any]:
     target = resolve_cluster(local=local, resource_group=resource_group_name, name=name)
     azure_only = {"--location": location, "--storage-account": storage_account, "--storage-sku": storage_sku,
                   "--kubernetes-version": kubernetes_version, "--node-vm-size": node_vm_size,
@@ -31,11 +38,13 @@ def create_cluster(cmd, *, local: bool = False, name: str | None = None, resourc
                   "--api-server-authorized-ips": api_server_authorized_ips, "--encryption-at-host": encryption_at_host,
                   "--merge-kubeconfig": merge_kubeconfig or None, "--no-wait": no_wait or None,
                   "--local-accounts": local_accounts or None, "--admin-principal": admin_principal}
+    spec: LocalClusterSpec | ClusterSpec
     with az_errors(target):  # a spec is checked as it is built: bad input fails before any request or login
         if target.kind == "local":
             from azext_elastictrain.core.spec import LocalClusterSpec
 
             _refuse_azure_options(azure_only)
+            assert target.cluster is not None  # resolve_cluster names a local cluster, 'local' by default
             spec = LocalClusterSpec(target.cluster)
         else:
             spec = _cluster_spec(target, location=location, storage_account=storage_account,
@@ -70,7 +79,7 @@ def create_cluster(cmd, *, local: bool = False, name: str | None = None, resourc
             return result
 
 
-def _refuse_azure_options(asked: dict) -> None:
+def _refuse_azure_options(asked: Mapping[str, object]) -> None:
     """A local cluster has no pools, storage account or engine to choose: an option for Azure is a mistake to
     say, not to drop (the user may have forgotten -g)."""
     given = [flag for flag, value in asked.items() if value is not None]
@@ -81,7 +90,7 @@ def _refuse_azure_options(asked: dict) -> None:
                                  recommendation="Drop them, or create the cluster on AKS with -g RESOURCE_GROUP.")
 
 
-def _dry_run_signed_out(cmd, target, dry_run: bool) -> "bool | str":
+def _dry_run_signed_out(cmd: Any, target: Target, dry_run: bool) -> "bool | str":
     """A dry run on AKS needs no login: without one it plans on no account, and the region preflight is skipped.
     A login whose token cannot be had (expired, its identity endpoint unreachable) is planned the same way, with
     the reason (a text) instead of a raw network error."""
@@ -102,12 +111,13 @@ def _dry_run_signed_out(cmd, target, dry_run: bool) -> "bool | str":
     return True
 
 
-def _cluster_spec(target, **asked):
+def _cluster_spec(target: Target, **asked: Any) -> ClusterSpec:
     from dataclasses import fields
 
     from azext_elastictrain.core.spec import ClusterSpec
 
     known = {f.name for f in fields(ClusterSpec)}
+    assert target.cluster is not None and target.resource_group is not None  # resolve_cluster: -g RG -n NAME
     return ClusterSpec(name=target.cluster, resource_group=target.resource_group,
                        **{k: v for k, v in asked.items() if v not in (None, ()) and k in known})
 
@@ -124,7 +134,7 @@ def _node_labels(labels: list[str] | None) -> tuple[tuple[str, str], ...]:
     return tuple(pairs)
 
 
-def _merge_kubeconfig(backend, spec) -> dict:
+def _merge_kubeconfig(backend: AnyBackend, spec: LocalClusterSpec | ClusterSpec) -> dict[str, Any]:
     try:
         return backend.merge_kubeconfig(spec)
     except (ValueError, OSError) as ex:
@@ -135,13 +145,14 @@ def _merge_kubeconfig(backend, spec) -> dict:
                                                 "--merge-kubeconfig again.") from ex
 
 
-def show_cluster(cmd, local: bool = False, name: str | None = None, resource_group_name: str | None = None) -> dict:
+def show_cluster(cmd: Any, local: bool = False, name: str | None = None,
+                 resource_group_name: str | None = None) -> dict[str, Any]:
     target = resolve_cluster(local=local, resource_group=resource_group_name, name=name)
     with az_errors(target), target.opened(cmd) as backend:
         return backend.show_cluster()
 
 
-def cluster_state(cmd, name: str, resource_group_name: str) -> dict:
+def cluster_state(cmd: Any, name: str, resource_group_name: str) -> dict[str, Any]:
     """The getter of 'cluster wait': the AKS provisioning state (a missing cluster is a 404, as wait expects)."""
     from azure.core.exceptions import ResourceNotFoundError as SdkNotFound
 
@@ -159,15 +170,15 @@ def cluster_state(cmd, name: str, resource_group_name: str) -> dict:
         raise
 
 
-def list_clusters(cmd, local: bool = False, resource_group_name: str | None = None) -> list[dict]:
+def list_clusters(cmd: Any, local: bool = False, resource_group_name: str | None = None) -> list[dict[str, Any]]:
     target = resolve_cluster(local=local, resource_group=resource_group_name, needs_name=False)
     with az_errors(target), target.opened(cmd) as backend:
         return backend.list_clusters()
 
 
-def delete_cluster(cmd, *, local: bool = False, name: str | None = None, resource_group_name: str | None = None,
+def delete_cluster(cmd: Any, *, local: bool = False, name: str | None = None, resource_group_name: str | None = None,
                    delete_storage: bool = False, storage_account: str | None = None, dry_run: bool = False,
-                   yes: bool = False, no_wait: bool = False):
+                   yes: bool = False, no_wait: bool = False) -> dict[str, Any]:
     """Local: stop the processes this cluster started (by pid, checked) and remove its state.
     Azure: delete the AKS cluster, its identity, credential and role assignment; keep the storage account
     (and every checkpoint) unless --delete-storage."""

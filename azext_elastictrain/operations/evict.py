@@ -8,18 +8,24 @@ One function: resolve the cluster (``_validators``), plan, confirm, evict throug
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from azext_elastictrain._errors import az_errors
 from azext_elastictrain._validators import resolve_eviction, resolve_schedule
 
+if TYPE_CHECKING:
+    from azext_elastictrain._validators import Target
+    from azext_elastictrain.backends.base import ScheduleRequest
+
 
 # pylint: disable-next=too-many-locals  # one parameter per option of the command
-def simulate_eviction(cmd, *, job: str | None = None, local: bool = False, cluster: str | None = None,
+def simulate_eviction(cmd: Any, *, job: str | None = None, local: bool = False, cluster: str | None = None,
                       node: str | None = None, count: int | None = None, notice_seconds: float | None = None,
                       replace_after: float | None = None, wait: bool = False, dry_run: bool = False,
                       yes: bool = False, resource_group_name: str | None = None, rank: int | None = None,
                       pool: str | None = None, schedule: bool = False, rate: float | None = None,
                       duration: float | None = None, notice_share: float | None = None,
-                      seed: int | None = None) -> dict:
+                      seed: int | None = None) -> dict[str, Any]:
     """Evict nodes of a running job; with --wait follow its recovery; with --replace-after (local) bring
     the capacity back (after the recovery, when following it) and, with --wait, follow the job
     back to its full world size."""
@@ -44,7 +50,7 @@ def simulate_eviction(cmd, *, job: str | None = None, local: bool = False, clust
         return backend.evict(plan, wait=wait)
 
 
-def _run_schedule(cmd, target, request, *, dry_run: bool, yes: bool) -> dict:
+def _run_schedule(cmd: Any, target: Target, request: ScheduleRequest, *, dry_run: bool, yes: bool) -> dict[str, Any]:
     """Plan the schedule, confirm, carry it out; Ctrl-C ends it between steps with the report so far."""
     import sys
 

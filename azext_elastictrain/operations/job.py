@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+from typing import TYPE_CHECKING, Any, Iterable
 
 from azure.cli.core.azclierror import InvalidArgumentValueError
 
@@ -15,14 +16,20 @@ from azext_elastictrain._errors import az_errors
 from azext_elastictrain._validators import resolve_target
 from azext_elastictrain.core import launch
 
+if TYPE_CHECKING:
+    from azext_elastictrain._validators import Target
+    from azext_elastictrain.backends.base import AnyBackend
+    from azext_elastictrain.clients.prices import RetailPrices
+    from azext_elastictrain.core.spec import JobSpec
 
-def run_job(cmd, *, name: str, script: str, min_nodes: int, max_nodes: int, local: bool = False,
+
+def run_job(cmd: Any, *, name: str, script: str, min_nodes: int, max_nodes: int, local: bool = False,
             cluster: str | None = None, script_args: str | None = None, nodes: int | None = None,
             nproc_per_node: int | None = None, checkpoint_interval: int | None = None,
             checkpoint_interval_seconds: float | None = None, keep: int | None = None,
             resource_group_name: str | None = None, image: str | None = None, gpus_per_node: int | None = None,
             dry_run: bool = False, engine: str | None = None, memory_tier: str | None = None,
-            warm_start: bool = True, recovery: str | None = None, env: list[str] | None = None) -> dict:
+            warm_start: bool = True, recovery: str | None = None, env: list[str] | None = None) -> dict[str, Any]:
     """Validate everything, then start the job: torchrun agents here (--local), or on AKS an ElasticJob
     (--engine torchelastic, the default) or a batch/v1 Indexed Job (--engine k8s-job)."""
     target = resolve_target(local=local, resource_group=resource_group_name, cluster=cluster, job=name)
@@ -40,7 +47,7 @@ def run_job(cmd, *, name: str, script: str, min_nodes: int, max_nodes: int, loca
                             dry_run=dry_run)
 
 
-def _recovery_for(target, script: str, asked: str | None) -> str:
+def _recovery_for(target: Target, script: str, asked: str | None) -> str:
     """The job's recovery mode: the one asked for, else the backend's default (core/launch.py). The in-process
     mode runs only the runtime's loop (``ckpt.batches()``/``ckpt.steps()``): a script this machine can read that
     loops by hand (``ckpt.step()``) is refused when in-process was asked for, and runs in the restart mode, with
@@ -78,7 +85,7 @@ def _source_here(script: str) -> str:
         return ""
 
 
-def _warn_default_group_timeout(spec) -> None:
+def _warn_default_group_timeout(spec: JobSpec) -> None:
     """Restart mode, a script this machine can read (a local job's; an AKS job's path when it is here too): warn
     when it calls init_process_group without a timeout. The runtime's peer watch bounds a vanish once the script
     created its Checkpointer; before that only the script's own timeout does (core/script_check.py)."""
@@ -103,8 +110,8 @@ def _warn_default_group_timeout(spec) -> None:
             spec.script, ", ".join(map(str, lines)))
 
 
-def _plan_and_submit(cmd, target, spec, *, image: str | None, gpus_per_node: int | None, engine: str | None,
-                     dry_run: bool) -> dict:
+def _plan_and_submit(cmd: Any, target: Target, spec: JobSpec, *, image: str | None, gpus_per_node: int | None,
+                     engine: str | None, dry_run: bool) -> dict[str, Any]:
     """The backend's plan (what --dry-run prints), then, unless a dry run, the submit that takes it."""
     from azext_elastictrain.backends.base import JobRequest
 
@@ -113,8 +120,8 @@ def _plan_and_submit(cmd, target, spec, *, image: str | None, gpus_per_node: int
         return plan.shown if dry_run else backend.submit_job(plan)
 
 
-def _job_spec(target, *, script_args: str | None, gpus_per_node: int | None, nproc_per_node: int | None,
-              memory_tier: str | None, recovery: str | None, **fields):
+def _job_spec(target: Target, *, script_args: str | None, gpus_per_node: int | None, nproc_per_node: int | None,
+              memory_tier: str | None, recovery: str | None, **fields: Any) -> JobSpec:
     """The job's spec from the command's values (``fields``: JobSpec's own; one not given takes the spec's
     default); bad ones are az errors. Without --recovery, the backend's default mode (core/launch.py: in-process
     locally, restart on AKS)."""
@@ -139,16 +146,16 @@ def _job_spec(target, *, script_args: str | None, gpus_per_node: int | None, npr
                    recovery=recovery or launch.PROFILES[target.kind].default_recovery)
 
 
-def list_jobs(cmd, local: bool = False, cluster: str | None = None,
-              resource_group_name: str | None = None) -> list[dict]:
+def list_jobs(cmd: Any, local: bool = False, cluster: str | None = None,
+              resource_group_name: str | None = None) -> list[dict[str, Any]]:
     target = resolve_target(local=local, resource_group=resource_group_name, cluster=cluster)
     with az_errors(target), target.opened(cmd) as backend:
         return backend.list_jobs()
 
 
-def show_job(cmd, name: str, local: bool = False, cluster: str | None = None,
+def show_job(cmd: Any, name: str, local: bool = False, cluster: str | None = None,
              resource_group_name: str | None = None, *, price_as: str | None = None, location: str | None = None,
-             currency: str | None = None) -> dict:
+             currency: str | None = None) -> dict[str, Any]:
     target = resolve_target(local=local, resource_group=resource_group_name, cluster=cluster, job=name)
     retail = _retail_prices(cmd, target, price_as, location, currency)
     with az_errors(target, job=name), target.opened(cmd) as backend:
@@ -159,7 +166,8 @@ def show_job(cmd, name: str, local: bool = False, cluster: str | None = None,
     return shown
 
 
-def _retail_prices(cmd, target, price_as: str | None, location: str | None, currency: str | None):
+def _retail_prices(cmd: Any, target: Target, price_as: str | None, location: str | None,
+                   currency: str | None) -> RetailPrices:
     """The price client of a command that shows cost; bad --price-as/-l/--currency fail before any request."""
     from azext_elastictrain.clients import prices as price_client
     from azext_elastictrain.core.prices import CurrencyError
@@ -176,7 +184,8 @@ def _retail_prices(cmd, target, price_as: str | None, location: str | None, curr
         raise InvalidArgumentValueError(f"--currency: {ex}", recommendation=ex.recommendation) from ex
 
 
-def _job_cost(backend, shown: dict, retail, price_as: str | None, location: str | None) -> dict | None:
+def _job_cost(backend: AnyBackend, shown: dict[str, Any], retail: RetailPrices, price_as: str | None,
+              location: str | None) -> dict[str, Any] | None:
     """What the job's node-hours cost (core.prices.job_cost) on the pool its workers run on (AKS), or as Spot
     nodes of ``price_as`` in ``location`` (what a local job would cost on Azure); None for a local job without
     --price-as: its nodes are processes here."""
@@ -185,22 +194,24 @@ def _job_cost(backend, shown: dict, retail, price_as: str | None, location: str 
     pool = backend.job_pool()
     if price_as:
         size, region, priority = price_as, location or (pool or {}).get("location") or "", "Spot"
+        priced_as = "asked (--price-as)"
     elif pool and pool.get("vmSize") and pool.get("location"):
         size, region, priority = pool["vmSize"], location or pool["location"], pool.get("priority") or "Spot"
+        priced_as = f"pool {pool.get('name')}"
     else:
         return None
     hours, useful = core_prices.node_hours(shown, priority)
     cost = core_prices.job_cost(hours, useful, retail.price(size, region))
-    cost["pricedAs"] = "asked (--price-as)" if price_as else f"pool {pool.get('name')}"
+    cost["pricedAs"] = priced_as
     return cost
 
 
 PICTURE_FORMATS = (".png", ".svg", ".pdf")
 
 
-def job_timeline(cmd, *, name: str, local: bool = False, cluster: str | None = None, output_file: str | None = None,
-                 resource_group_name: str | None = None, price_as: str | None = None, location: str | None = None,
-                 currency: str | None = None) -> dict:
+def job_timeline(cmd: Any, *, name: str, local: bool = False, cluster: str | None = None,
+                 output_file: str | None = None, resource_group_name: str | None = None, price_as: str | None = None,
+                 location: str | None = None, currency: str | None = None) -> dict[str, Any]:
     """The series of the job's current run (core.timeline); with --output-file, also its picture."""
     import os
 
@@ -246,7 +257,7 @@ def _require_matplotlib() -> None:
                                              "extra; or leave out --output-file and plot the -o json series.")
 
 
-def job_logs(cmd, *, name: str, local: bool = False, cluster: str | None = None, node: str | None = None,
+def job_logs(cmd: Any, *, name: str, local: bool = False, cluster: str | None = None, node: str | None = None,
              follow: bool = False, tail: int | None = None, timeout: int | None = None,
              resource_group_name: str | None = None, rank: int | None = None, pod: str | None = None) -> None:
     """Print the nodes' logs (each line prefixed with its node, or pod, when there are several)."""
@@ -264,7 +275,7 @@ def job_logs(cmd, *, name: str, local: bool = False, cluster: str | None = None,
         _print(logs.lines, prefix=logs.prefixed, follow=follow)
 
 
-def _print(lines, *, prefix: bool, follow: bool) -> None:
+def _print(lines: Iterable[tuple[str, str]], *, prefix: bool, follow: bool) -> None:
     """``(source, line)`` pairs to stdout, until they end, Ctrl-C, or a closed pipe."""
     try:
         for source, line in lines:
@@ -282,9 +293,9 @@ def _print(lines, *, prefix: bool, follow: bool) -> None:
             pass
 
 
-def wait_job(cmd, *, name: str, local: bool = False, cluster: str | None = None, state: str | None = None,
+def wait_job(cmd: Any, *, name: str, local: bool = False, cluster: str | None = None, state: str | None = None,
              step: int | None = None, world_size: int | None = None, timeout: int = 600,
-             resource_group_name: str | None = None) -> dict:
+             resource_group_name: str | None = None) -> dict[str, Any]:
     """Poll the job until it is in ``state`` (default Succeeded), reached ``step`` and/or trains at
     ``world_size``; fail when it ends without getting there or time runs out."""
     from azext_elastictrain.backends.base import WaitFor
@@ -302,8 +313,9 @@ def wait_job(cmd, *, name: str, local: bool = False, cluster: str | None = None,
         return backend.wait_job(name, WaitFor(state=state, step=step, world_size=world_size, timeout=timeout))
 
 
-def delete_job(cmd, *, name: str, local: bool = False, cluster: str | None = None, yes: bool = False,
-               dry_run: bool = False, delete_checkpoints: bool = False, resource_group_name: str | None = None) -> dict:
+def delete_job(cmd: Any, *, name: str, local: bool = False, cluster: str | None = None, yes: bool = False,
+               dry_run: bool = False, delete_checkpoints: bool = False,
+               resource_group_name: str | None = None) -> dict[str, Any]:
     """Stop the job's nodes (local: every agent and descendant, checked by pid; AKS: the ElasticJob and its
     pods). Checkpoints stay unless --delete-checkpoints (local only): losing them by accident is the worst
     outcome."""

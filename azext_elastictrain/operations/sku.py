@@ -7,10 +7,16 @@ currency the price API does not know, is an az error.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from azext_elastictrain._errors import az_errors
 
+if TYPE_CHECKING:
+    from azext_elastictrain.core.ports import Arm
+    from azext_elastictrain.core.preflight import VmSize
 
-def list_skus(cmd, location: str, gpu: str | None = None, currency: str | None = None) -> list[dict]:
+
+def list_skus(cmd: Any, location: str, gpu: str | None = None, currency: str | None = None) -> list[dict[str, Any]]:
     from azure.cli.core.azclierror import InvalidArgumentValueError
     from knack.log import get_logger
 
@@ -43,7 +49,7 @@ def list_skus(cmd, location: str, gpu: str | None = None, currency: str | None =
     return rows
 
 
-def _spot_gpu_sizes(arm, location: str, gpu: str | None) -> list:
+def _spot_gpu_sizes(arm: Arm, location: str, gpu: str | None) -> list[VmSize]:
     """The region's Spot-capable GPU sizes open to the subscription (``core.preflight.VmSize``), ``gpu`` in their
     name where given; ResourceNotFoundError where there is none, or the region lists no size at all."""
     from azure.cli.core.azclierror import ResourceNotFoundError
