@@ -182,7 +182,7 @@ AKS_RDZV_CONF = "last_call_timeout=3,keep_alive_interval=2,keep_alive_max_attemp
 
 
 @dataclass(frozen=True)
-class LaunchProfile:
+class LaunchProfile:  # pylint: disable=too-many-instance-attributes  # one field per figure a backend differs in
     """What a backend's launch differs in, each figure chosen once above (the comments say why): a backend holds
     its profile (``LOCAL``, ``AKS``), and every site that launches a node, a pod or a coordinator, or picks a job's
     mode, asks it. Only the figures above name a backend; nothing else picks one of a pair by hand."""
@@ -261,7 +261,8 @@ def coordinator_args(profile: LaunchProfile, *, bind: str, min_nodes: int) -> li
     (the job's --min-nodes: below it the workers wait, as a torchrun rendezvous waits for --nnodes MIN), and the
     backend's waits (its profile: how long a silent node stays in, how long a quorum waits for a late one)."""
     return [f"--bind={bind}", f"--min-replicas={min_nodes}",
-            f"--join-timeout-ms={profile.coordinator_join_timeout_ms}", f"--quorum-tick-ms={COORDINATOR_QUORUM_TICK_MS}",
+            f"--join-timeout-ms={profile.coordinator_join_timeout_ms}",
+            f"--quorum-tick-ms={COORDINATOR_QUORUM_TICK_MS}",
             f"--heartbeat-timeout-ms={profile.coordinator_heartbeat_timeout_ms}"]
 
 
