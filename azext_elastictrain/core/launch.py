@@ -256,6 +256,26 @@ def standalone_torchrun_options(*, nproc_per_node: int) -> list[str]:
     return ["--standalone", "--nnodes=1", f"--nproc-per-node={nproc_per_node}", f"--max-restarts={MAX_RESTARTS}"]
 
 
+@dataclass(frozen=True)
+class RecoveryMode:
+    """A recovery mode as a launch sees it, answered once per mode (``MODES``; a job's is ``JobSpec.mode``): what
+    each node runs and whether the job has a coordinator of its own. A launch asks the mode instead of branching on
+    its name; the runtime's side of a mode is its loop (runtime/loops/)."""
+
+    name: str
+    coordinator: bool  # the job has a coordinator: a process of its own (local), a Deployment and a Service (AKS)
+    rendezvous: bool  # the nodes meet in the job's rendezvous (etcd); else each node is a world of its own
+
+    def node_world(self, *, nproc_per_node: int, rendezvous: list[str]) -> list[str]:
+        """torchrun's options for one node: the backend's ``rendezvous`` options where the nodes meet in one, else
+        those of a world of the node's own."""
+        return rendezvous if self.rendezvous else standalone_torchrun_options(nproc_per_node=nproc_per_node)
+
+
+MODES = {RECOVERY_RESTART: RecoveryMode(RECOVERY_RESTART, coordinator=False, rendezvous=True),
+         RECOVERY_IN_PROCESS: RecoveryMode(RECOVERY_IN_PROCESS, coordinator=True, rendezvous=False)}
+
+
 def coordinator_args(profile: LaunchProfile, *, bind: str, min_nodes: int) -> list[str]:
     """The coordinator's options (runtime/coordinator.py): where it listens, the fewest nodes a quorum takes
     (the job's --min-nodes: below it the workers wait, as a torchrun rendezvous waits for --nnodes MIN), and the

@@ -375,8 +375,7 @@ def render_elastic_job(job: JobSpec, cluster: InClusterSpec, image: str, *, run_
     _validate_kubernetes_names(job, [f"{job.name}-worker-{job.node_count - 1}", *_coordinator_names(job)], [])
     # In process, the operator's prepended rendezvous options stay but do nothing: --standalone overrides every
     # --rdzv-* option, and our --nnodes=1 comes after theirs (tests/unit/test_aks_in_process.py parses it).
-    world = launch.standalone_torchrun_options(nproc_per_node=job.nproc_per_node) if job.in_process \
-        else _torchrun_options(job, run_id)
+    world = job.mode.node_world(nproc_per_node=job.nproc_per_node, rendezvous=_torchrun_options(job, run_id))
     args = [*world, *launch.worker_entry(job.script, job.script_args, warm=job.warm_start)]
     return {
         "apiVersion": ELASTICJOB_API_VERSION, "kind": "ElasticJob",
@@ -420,11 +419,9 @@ def render_k8s_job(job: JobSpec, cluster: InClusterSpec, image: str, *, run_id: 
     gpus = _validate_job_inputs(job, image, gpus_per_node)
     _validate_kubernetes_names(job, [job.name, *_coordinator_names(job)], [f"{job.name}-{job.max_nodes - 1}"])
     labels = _job_labels(job, ENGINE_K8S_JOB)
-    if job.in_process:
-        world = launch.standalone_torchrun_options(nproc_per_node=job.nproc_per_node)
-    else:
-        world = [*_torchrun_options(job, run_id or job.name), f"--rdzv-endpoint={etcd_endpoint(cluster.namespace)}",
-                 f"--nnodes={job.min_nodes}:{job.max_nodes}"]
+    world = job.mode.node_world(nproc_per_node=job.nproc_per_node, rendezvous=[
+        *_torchrun_options(job, run_id or job.name), f"--rdzv-endpoint={etcd_endpoint(cluster.namespace)}",
+        f"--nnodes={job.min_nodes}:{job.max_nodes}"])
     args = [*world, *launch.worker_entry(job.script, job.script_args, warm=job.warm_start)]
     template = _worker_template(job, cluster, image, args, gpus=gpus, engine=ENGINE_K8S_JOB,
                                 cluster_namespace=cluster.namespace)
@@ -440,7 +437,7 @@ def render_k8s_job(job: JobSpec, cluster: InClusterSpec, image: str, *, run_id: 
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": {"name": job.name, "namespace": cluster.namespace, "labels": labels,
                      **({"annotations": {NODES_ANNOTATION: f"{job.min_nodes}:{job.max_nodes}"}}
-                        if job.in_process else {})},
+                        if not job.mode.rendezvous else {})},
         "spec": {
             "completionMode": "Indexed", "completions": job.max_nodes, "parallelism": job.max_nodes,
             "podReplacementPolicy": "Failed",
@@ -493,7 +490,7 @@ def _validate_kubernetes_names(job: JobSpec, services: list[str], hostnames: lis
 
 
 def _coordinator_names(job: JobSpec) -> list[str]:
-    return [coordinator_name(job.name)] if job.in_process else []
+    return [coordinator_name(job.name)] if job.mode.coordinator else []
 
 
 def _torchrun_options(job: JobSpec, run_id: str | None) -> list[str]:
@@ -581,7 +578,7 @@ def _worker_env(job: JobSpec, namespace: str) -> list[dict[str, Any]]:
     if _memory_tier_on(job):
         env.append({"name": launch.ENV_MEMORY_DIR, "value": launch.MEMORY_TIER_MOUNT})
         env.append({"name": launch.ENV_NODE_LEAVING_FILE, "value": launch.NODE_LEAVING_FILE})
-    if job.in_process:  # each pod is one replica group of the job's quorums, named after itself
+    if job.mode.coordinator:  # each pod is one replica group of the job's quorums, named after itself
         env.append({"name": launch.ENV_REPLICA_ID, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
         env.append({"name": launch.ENV_REPLICA_HOST, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
         env.append({"name": launch.ENV_JOB_SECRET, "valueFrom": {"secretKeyRef": {

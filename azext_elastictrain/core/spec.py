@@ -10,7 +10,7 @@ from azext_elastictrain.core.constants import (
     TRAINING_SERVICE_ACCOUNT,
 )
 from azext_elastictrain.core.launch import (
-    ENV_PREFIX, ENV_SCRIPT_SETTINGS, RECOVERY_IN_PROCESS, RECOVERY_MODES, RECOVERY_RESTART)
+    ENV_PREFIX, ENV_SCRIPT_SETTINGS, MODES, RECOVERY_IN_PROCESS, RECOVERY_MODES, RECOVERY_RESTART, RecoveryMode)
 from azext_elastictrain.core.settings import DEFAULTS, RuntimeSettings
 
 LOCAL_CLUSTER_DEFAULT = "local"
@@ -86,6 +86,11 @@ class JobSpec:  # pylint: disable=too-many-instance-attributes  # one field per 
     @property
     def in_process(self) -> bool:
         return self.recovery == RECOVERY_IN_PROCESS
+
+    @property
+    def mode(self) -> RecoveryMode:
+        """The recovery mode as the launch sees it (core/launch.py MODES)."""
+        return MODES[self.recovery]
 
     @property
     def node_count(self) -> int:

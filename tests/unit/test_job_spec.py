@@ -401,3 +401,17 @@ def test_a_hand_written_loop_runs_in_restart_unless_in_process_was_asked_for(tmp
     with caplog.at_level(logging.WARNING):
         assert _recovery_for(target, str(by_hand), None) == launch.RECOVERY_RESTART
     assert ("runs in --recovery restart" in caplog.text) == (default == launch.RECOVERY_IN_PROCESS)
+
+
+def test_each_recovery_mode_answers_what_a_launch_asks_of_it() -> None:
+    """A launch asks the job's mode (core/launch.py MODES) instead of branching on its name: every mode has one,
+    and each node's torchrun world is the backend's rendezvous or a world of the node's own."""
+    from azext_elastictrain.core import launch
+
+    assert set(launch.MODES) == set(launch.RECOVERY_MODES)
+    rendezvous = ["--rdzv-backend=etcd-v2", "--nnodes=1:3"]
+    restart = JobSpec(name="job", script="train.py", recovery=launch.RECOVERY_RESTART).mode
+    in_process = JobSpec(name="job", script="train.py", recovery=launch.RECOVERY_IN_PROCESS).mode
+    assert not restart.coordinator and restart.node_world(nproc_per_node=2, rendezvous=rendezvous) == rendezvous
+    assert in_process.coordinator and in_process.node_world(nproc_per_node=2, rendezvous=rendezvous) == \
+        launch.standalone_torchrun_options(nproc_per_node=2)

@@ -98,7 +98,7 @@ class AksJobs:
         # The workers' NetworkPolicy first: no worker pod runs unguarded. In process, the state server's Secret
         # and the coordinator next: the workers read the one and ask the other for a quorum from their first step.
         guards = [render_worker_policy(job, cluster)]
-        if job.in_process:
+        if job.mode.coordinator:
             return [*guards, render_job_secret(job, cluster), *render_coordinator(job, cluster, image), *objects]
         return [*guards, *objects]
 
