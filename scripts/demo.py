@@ -156,10 +156,9 @@ def print_summary(s: dict, picture: Path) -> None:
 
 def job_events(config_dir: Path) -> list[dict]:
     """The job's event log, read from the cluster's blob storage (what `job show` summarizes)."""
-    from azext_elastictrain.backends.local.cluster import LocalClusters
-    from azext_elastictrain.backends.local.jobs import LocalJobs
+    from azext_elastictrain.backends import local_backend
 
-    return LocalJobs(LocalClusters(config_dir / "elastictrain" / "local")).job_events(CLUSTER, JOB)
+    return local_backend(config_dir / "elastictrain" / "local", CLUSTER).job_events(JOB)
 
 
 def run(az: Az, args: argparse.Namespace, out: Path) -> dict:

@@ -247,18 +247,19 @@ def test_a_node_that_fails_to_start_takes_the_started_ones_down(tmp_path, monkey
     import sys
 
     from azext_elastictrain.backends.local.cluster import LocalClusters
+    from azext_elastictrain.backends.local.home import ClusterHome
     from azext_elastictrain.backends.local.jobs import LocalJobs
     from azext_elastictrain.core.spec import JobSpec
 
     clusters = LocalClusters(tmp_path)
-    backend = LocalJobs(clusters)
+    backend = LocalJobs(ClusterHome(clusters, "c"))
     monkeypatch.setattr(clusters, "show_cluster", lambda name: {"health": "Healthy", "components": {}})
     monkeypatch.setattr(clusters, "connection", lambda name: {
         "etcd": "127.0.0.1:1", "blob_endpoint": "http://127.0.0.1:1/devstoreaccount1",
         "connection_string": "", "scheduled_events": "off"})
     started: list[subprocess.Popen] = []
 
-    def start_node(spec, script, node, conn, *, job_dir, rdzv_id):
+    def start_node(spec, script, node, conn, *, job_dir, rdzv_id, record):
         if node.endswith("-1"):
             raise OSError("Resource temporarily unavailable")
         proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
@@ -270,6 +271,6 @@ def test_a_node_that_fails_to_start_takes_the_started_ones_down(tmp_path, monkey
     monkeypatch.setattr(backend, "start_node", start_node)
     spec = JobSpec(name="half", script=str(REPO_ROOT / SCRIPT), min_nodes=1, max_nodes=3)
     with pytest.raises(OSError, match="temporarily unavailable"):
-        backend.run_job("c", spec)
+        backend.run_job(spec)
     assert len(started) == 1 and started[0].wait(timeout=20) is not None, "the started node was left running"
     assert not (tmp_path / "c" / "jobs" / "half").exists(), "a half-started job left its state"

@@ -24,8 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from azext_elastictrain.backends.local.cluster import LocalClusters
-from azext_elastictrain.backends.local.jobs import LocalJobs
+from azext_elastictrain.backends import local_backend
 from azext_elastictrain.core.spec import LOCAL_CLUSTER_DEFAULT
 
 REPO = Path(__file__).resolve().parents[2]
@@ -122,7 +121,7 @@ def _train(az, out: Path, job: str, notices: list[bool]) -> dict:
     done = az.json("elastictrain", "job", "wait", "--local", "--name", job, "--state", "Succeeded",
                    "--timeout", "600", timeout=660)
     shown = _show(az, job)
-    events = LocalJobs(LocalClusters(az.config_dir / "elastictrain" / "local")).job_events(LOCAL_CLUSTER_DEFAULT, job)
+    events = local_backend(az.config_dir / "elastictrain" / "local", LOCAL_CLUSTER_DEFAULT).job_events(job)
     records = out / "records"
     return {"states": states, "evictions": evictions, "during": during, "done": done, "shown": shown,
             "events": events, "history": _history(records),

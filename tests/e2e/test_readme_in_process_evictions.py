@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import pytest
 
-from azext_elastictrain.backends.local.cluster import LocalClusters
-from azext_elastictrain.backends.local.jobs import LocalJobs
+from azext_elastictrain.backends import local_backend
 from azext_elastictrain.core.spec import LOCAL_CLUSTER_DEFAULT
 from tests.e2e.test_readme import BLOCKS, HARNESS, _show, _wait_world
 from harness import services as svc
@@ -65,8 +64,8 @@ def test_the_readme_script_in_process_through_evictions_and_scale_ups(tmp_path, 
                                "--timeout", "300", timeout=360)
                 shown = _show(az, JOB)
                 checkpoints = az.json("elastictrain", "checkpoint", "list", "--local", "--job", JOB)
-                events = LocalJobs(LocalClusters(az.config_dir / "elastictrain" / "local")).job_events(
-                    LOCAL_CLUSTER_DEFAULT, JOB)
+                events = local_backend(az.config_dir / "elastictrain" / "local", LOCAL_CLUSTER_DEFAULT).job_events(
+                    JOB)
             finally:
                 az("elastictrain", "job", "delete", "--local", "--name", JOB, "--yes", check=False, timeout=180)
     except svc.ServiceNotFound as exc:

@@ -255,28 +255,28 @@ class FakeClusters:
     def __init__(self, alive, min_nodes=1):
         self.alive, self.min_nodes, self.asked = list(alive), min_nodes, []
 
-    def show_job(self, cluster, job):
+    def show_job(self, job):
         return {"nodes": [{"name": n, "alive": True} for n in self.alive], "minNodes": self.min_nodes,
                 "worldSize": len(self.alive), "nprocPerNode": 1}
 
-    def evict(self, cluster, job, **options):
+    def evict(self, job, **options):
         self.asked.append(("evict", options))
         self.alive.remove(options["node"])
         return {"evictions": [{"node": options["node"], "evictedAt": time.time(), "startedAt": time.time()}]}
 
-    def replace_nodes(self, cluster, job, count):
+    def replace_nodes(self, job, count):
         self.asked.append(("replace", time.time()))
         self.alive.append("job-node-9")
         return [{"node": "job-node-9", "startedAt": time.time()}]
 
-    def follow_world_size(self, cluster, job, world_size, since, sleep):
+    def follow_world_size(self, job, world_size, since, sleep):
         self.asked.append(("follow", world_size))
         return {"worldSize": world_size, "seconds": 1.0}
 
 
 def test_the_local_evictor_skips_a_job_at_its_minimum_and_replaces_after_the_delay():
     clusters = FakeClusters(["job-node-0", "job-node-1"])
-    evictor = LocalScheduleEvictor(clusters, clusters, "local", "job")
+    evictor = LocalScheduleEvictor(clusters, clusters, "job")
     [item] = plan_schedule(ScheduleSpec(rate=60, duration=1, notice_share=0, replace_after=0.2, seed=1)).evictions
     eviction = evictor.evict(item)
     assert clusters.asked[0] == ("evict", {"node": eviction["node"], "notice_seconds": 0.0, "replace_after": None})
@@ -289,7 +289,7 @@ def test_the_local_evictor_skips_a_job_at_its_minimum_and_replaces_after_the_del
 
 def test_the_local_evictor_gives_capacity_back_at_once_when_stopped():
     clusters = FakeClusters(["job-node-0", "job-node-1"])
-    evictor = LocalScheduleEvictor(clusters, clusters, "local", "job")
+    evictor = LocalScheduleEvictor(clusters, clusters, "job")
     [item] = plan_schedule(ScheduleSpec(rate=60, duration=1, replace_after=30, seed=1)).evictions
     eviction = evictor.evict(item)
     stop = threading.Event()

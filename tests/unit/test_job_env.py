@@ -39,8 +39,8 @@ def test_the_scripts_environment_reaches_a_local_node(monkeypatch, tmp_path) -> 
     conn = {"blob_endpoint": "http://127.0.0.1:10000/devstoreaccount1", "connection_string": "UseDevelopment",
             "etcd": "127.0.0.1:2379", "scheduled_events": "http://127.0.0.1:9/metadata/scheduledevents"}
     spec = JobSpec(name="job", script=str(elastic.TRAIN_SCRIPT), env=(*ENV, f"{launch.ENV_REPLICA_CHECK_STEPS}=5"))
-    local_jobs.LocalJobs(local_jobs.LocalClusters(tmp_path)).start_node(
-        spec, str(elastic.TRAIN_SCRIPT), "job-node-0", conn, job_dir=tmp_path / "job", rdzv_id="job-1")
+    local_jobs.LocalJobs.start_node(spec, str(elastic.TRAIN_SCRIPT), "job-node-0", conn, job_dir=tmp_path / "job",
+                                    rdzv_id="job-1", record={})
     assert started["env"]["NCCL_DEBUG"] == "INFO" and started["env"]["WITH_EQUALS"] == "a=b"
     assert started["env"][launch.ENV_KEEP] == "3"  # the job's own settings are still there
     assert started["env"][launch.ENV_REPLICA_CHECK_STEPS] == "5"  # a runtime setting no option sets

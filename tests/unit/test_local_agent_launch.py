@@ -33,12 +33,11 @@ def _product_launch(monkeypatch, tmp_path: Path, record: dict | None = None) -> 
     spec = JobSpec(name="job", script=str(elastic.TRAIN_SCRIPT), min_nodes=1, max_nodes=2,
                    script_args=("--steps", "10"), **({"recovery": record["recovery"]} if record else {}))
     (tmp_path / "job" / "nodes").mkdir(parents=True)
-    if record is not None:  # the job's record: how a node of this job recovers, where its coordinator is
-        (tmp_path / "job" / "job.json").write_text(json.dumps(record), encoding="utf-8")
+    # the job's record (``record``): how a node of this job recovers, where its coordinator is
     conn = {"blob_endpoint": "http://127.0.0.1:10000/devstoreaccount1", "connection_string": "UseDevelopment",
             "etcd": "127.0.0.1:2379", "scheduled_events": "http://127.0.0.1:9/metadata/scheduledevents"}
-    jobs = local_jobs.LocalJobs(local_jobs.LocalClusters(tmp_path))
-    jobs.start_node(spec, str(elastic.TRAIN_SCRIPT), "job-node-0", conn, job_dir=tmp_path / "job", rdzv_id="job-1234")
+    local_jobs.LocalJobs.start_node(spec, str(elastic.TRAIN_SCRIPT), "job-node-0", conn, job_dir=tmp_path / "job",
+                                    rdzv_id="job-1234", record=record or {})
     return _Started.last
 
 
@@ -208,8 +207,6 @@ def test_an_in_process_node_without_a_coordinator_is_refused(tmp_path):
 def test_a_node_that_joins_later_is_launched_as_the_jobs_record_says(monkeypatch, tmp_path):
     """An eviction's replacement is started from the job's record (backends/local/record.py: every option of
     the spec is in it), so it recovers as the job does; its coordinator's address is the record's too."""
-    import json
-
     from azext_elastictrain.backends.local import record
 
     recorded = record.new_record(JobSpec(name="job", script=str(elastic.TRAIN_SCRIPT), min_nodes=1, max_nodes=2,
@@ -217,13 +214,11 @@ def test_a_node_that_joins_later_is_launched_as_the_jobs_record_says(monkeypatch
                                  cluster="local", script=str(elastic.TRAIN_SCRIPT), rdzv_id="job-1234")
     recorded["coordinator"] = {"address": "http://127.0.0.1:40002"}
     (tmp_path / "job" / "nodes").mkdir(parents=True)
-    (tmp_path / "job" / "job.json").write_text(json.dumps(recorded))
     monkeypatch.setattr(local_jobs.subprocess, "Popen", _Started)
     conn = {"blob_endpoint": "http://127.0.0.1:10000/devstoreaccount1", "connection_string": "UseDevelopment",
             "etcd": "127.0.0.1:2379", "scheduled_events": "http://127.0.0.1:9/metadata/scheduledevents"}
-    jobs = local_jobs.LocalJobs(local_jobs.LocalClusters(tmp_path))
-    jobs.start_node(record.spec_of(recorded), str(elastic.TRAIN_SCRIPT), "job-node-2", conn,
-                    job_dir=tmp_path / "job", rdzv_id="job-1234")
+    local_jobs.LocalJobs.start_node(record.spec_of(recorded), str(elastic.TRAIN_SCRIPT), "job-node-2", conn,
+                                    job_dir=tmp_path / "job", rdzv_id="job-1234", record=recorded)
     started = _Started.last
     assert "--standalone" in started.argv and started.env[launch.ENV_COORDINATOR] == "http://127.0.0.1:40002"
     assert started.env[launch.ENV_REPLICA_ID] == "job-node-2"

@@ -57,43 +57,45 @@ def _sleeper() -> tuple[subprocess.Popen, dict]:
     return child, {"pid": child.pid, "started": psutil.Process(child.pid).create_time()}
 
 
-class _Backend:
-    """What evict_nodes asks of the local jobs (and, as ``clusters``, of their cluster), over real processes as
-    nodes; the job's events are the test's: it says when the survivors trained again."""
+class _Home:
+    """What evict_nodes asks of the cluster's home (home.ClusterHome), over real processes as nodes; the job's
+    events are the test's: it says when the survivors trained again."""
 
     def __init__(self, tmp_path, nodes: list[dict]):
-        self.job = {"name": "job", "nodes": nodes}
+        self.job = {"name": "job", "created": 0.0, "nodes": nodes}
         self.tmp_path = tmp_path
         self.events: list[dict] = []
         self.asked = 0
-        self.clusters = self
 
-    def job_lock(self, _cluster):
+    def lock(self):
         return contextlib.nullcontext()
 
-    def require_job(self, _cluster, _name):
-        return self.job
+    def open_job(self, _name):
+        return self.job, {}
 
-    def connection(self, _cluster):
-        return {}
-
-    def job_dir(self, _cluster, _name):
+    def job_dir(self, _name):
         return self.tmp_path
 
-    def save_job(self, _cluster, job):
+    def save_job(self, job):
         self.job = job
 
-    def job_events(self, _cluster, _name):
+    def event_reader(self, _conn):
+        return self
+
+    def __call__(self, _name):  # the event reader
         self.asked += 1
         return list(self.events)
+
+    def close(self):
+        pass
 
 
 def test_an_eviction_without_notice_freezes_the_node_until_the_survivors_trained_again_then_kills_it(tmp_path):
     (survivor, a), (target, b) = _sleeper(), _sleeper()
-    backend = _Backend(tmp_path, [{"name": "node-a", **a}, {"name": "node-b", **b}])
+    backend = _Home(tmp_path, [{"name": "node-a", **a}, {"name": "node-b", **b}])
     result: list[dict] = []
     evicting = threading.Thread(target=lambda: result.append(
-        evict_nodes(backend, "local", "job", node="node-b", notice_seconds=0)))
+        evict_nodes(backend, "job", node="node-b", notice_seconds=0)))
     try:
         evicting.start()
         proc = psutil.Process(target.pid)
@@ -121,9 +123,9 @@ def test_an_eviction_without_notice_freezes_the_node_until_the_survivors_trained
 def test_without_another_node_or_when_asked_an_eviction_without_notice_kills_at_once(tmp_path):
     for nodes, vanish in ((1, True), (2, False)):
         children = [_sleeper() for _ in range(nodes)]
-        backend = _Backend(tmp_path, [{"name": f"node-{i}", **node} for i, (_, node) in enumerate(children)])
+        backend = _Home(tmp_path, [{"name": f"node-{i}", **node} for i, (_, node) in enumerate(children)])
         try:
-            evict_nodes(backend, "local", "job", node=f"node-{nodes - 1}", notice_seconds=0, vanish=vanish)
+            evict_nodes(backend, "job", node=f"node-{nodes - 1}", notice_seconds=0, vanish=vanish)
             assert children[-1][0].wait(5) is not None and backend.asked == 0  # never waited for a re-form
         finally:
             for child, _ in children:

@@ -2,7 +2,8 @@
 
 Bound to one cluster name; its only client is the state root (the az config dir's ``elastictrain/local``),
 where ``LocalClusters`` records what it started. Built as the AKS backend is, by composition: the clusters
-(cluster.py), the jobs on them (jobs.py, given the clusters) and their evictions (evict.py, given the jobs).
+(cluster.py), the home of this one (home.py: its jobs' records and storage), the jobs in it (jobs.py) and their
+evictions (evict.py), each given the home.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from azext_elastictrain.backends.base import (
 )
 from azext_elastictrain.backends.local.cluster import COMPONENTS, LocalClusters
 from azext_elastictrain.backends.local.evict import NodeEvictions
+from azext_elastictrain.backends.local.home import ClusterHome
 from azext_elastictrain.backends.local.jobs import LocalJobs
 from azext_elastictrain.backends.local.plans import LocalEviction, LocalJobDeletion, LocalSchedule
 from azext_elastictrain.core.constants import AZURE_NOTICE_SECONDS
@@ -51,8 +53,9 @@ class LocalBackend:  # pylint: disable=too-many-public-methods  # the Backend pr
 
     def __init__(self, state_root: Path, cluster: str) -> None:
         self.clusters = LocalClusters(state_root)
-        self.jobs = LocalJobs(self.clusters)
-        self.evictions = NodeEvictions(self.jobs)
+        self.home = ClusterHome(self.clusters, cluster)
+        self.jobs = LocalJobs(self.home)
+        self.evictions = NodeEvictions(self.home)
         self.cluster = cluster
 
     def close(self) -> None:
@@ -105,25 +108,25 @@ class LocalBackend:  # pylint: disable=too-many-public-methods  # the Backend pr
         return Plan(shown, spec)
 
     def submit_job(self, plan: Plan[JobSpec]) -> dict[str, Any]:
-        return self.jobs.run_job(self.cluster, plan.request)
+        return self.jobs.run_job(plan.request)
 
     def describe_job(self, name: str) -> dict[str, Any]:
-        return self.jobs.show_job(self.cluster, name)
+        return self.jobs.show_job(name)
 
     def list_jobs(self) -> list[dict[str, Any]]:
-        return self.jobs.list_jobs(self.cluster)
+        return self.jobs.list_jobs()
 
     def job_events(self, name: str) -> list[dict[str, Any]]:
-        return self.jobs.job_events(self.cluster, name)
+        return self.jobs.job_events(name)
 
     def job_pool(self) -> dict[str, Any] | None:
         return None  # the nodes are processes here: no VM size, no price (job show --price-as names one)
 
     def job_logs(self, name: str, request: LogRequest) -> JobLogs:
         refuse_options(request, NOT_HERE["logs"])
-        prefixed = request.node is None and len(self.jobs.job_nodes(self.cluster, name)) > 1
-        lines = self.jobs.job_logs(self.cluster, name, node=request.node, tail=request.tail,
-                                   follow=request.follow, timeout=request.timeout)
+        prefixed = request.node is None and len(self.jobs.job_nodes(name)) > 1
+        lines = self.jobs.job_logs(name, node=request.node, tail=request.tail, follow=request.follow,
+                                   timeout=request.timeout)
         return JobLogs(lines, prefixed)
 
     def wait_job(self, name: str, until: WaitFor) -> dict[str, Any]:
@@ -133,7 +136,7 @@ class LocalBackend:  # pylint: disable=too-many-public-methods  # the Backend pr
                                       "--tail 50")
 
     def plan_job_delete(self, name: str, *, delete_checkpoints: bool = False) -> Plan[LocalJobDeletion]:
-        shown = self.jobs.delete_job(self.cluster, name, dry_run=True, delete_checkpoints=delete_checkpoints)
+        shown = self.jobs.delete_job(name, dry_run=True, delete_checkpoints=delete_checkpoints)
         pids = ", ".join(f"{p['node'] or 'worker'} (pid {p['pid']})" for p in shown["stopped"]) or \
             "no running processes"
         checkpoints = (f"DELETE its {shown['blobsDeleted']} checkpoint and event blobs "
@@ -143,8 +146,7 @@ class LocalBackend:  # pylint: disable=too-many-public-methods  # the Backend pr
                     f"{checkpoints}?")
 
     def delete_job(self, plan: Plan[LocalJobDeletion]) -> dict[str, Any]:
-        return self.jobs.delete_job(self.cluster, plan.request.name,
-                                    delete_checkpoints=plan.request.delete_checkpoints)
+        return self.jobs.delete_job(plan.request.name, delete_checkpoints=plan.request.delete_checkpoints)
 
     # -- evictions ---------------------------------------------------------------------------------------------
     def plan_eviction(self, request: EvictionRequest) -> Plan[LocalEviction]:
@@ -154,7 +156,7 @@ class LocalBackend:  # pylint: disable=too-many-public-methods  # the Backend pr
         eviction = LocalEviction(request.job, request.node, request.count,
                                  AZURE_NOTICE_SECONDS if request.notice_seconds is None else request.notice_seconds,
                                  request.replace_after)
-        shown = self.evictions.evict(self.cluster, eviction.job, dry_run=True, **_options(eviction))
+        shown = self.evictions.evict(eviction.job, dry_run=True, **_options(eviction))
         nodes = ", ".join(n["node"] for n in shown["nodes"])
         notice = eviction.notice_seconds
         how = f"after a {notice:g}s Preempt notice" if notice else "without notice"
@@ -164,17 +166,16 @@ class LocalBackend:  # pylint: disable=too-many-public-methods  # the Backend pr
         eviction = plan.request
         job = eviction.job
         world_before = self.describe_job(job).get("worldSize")
-        result = self.evictions.evict(self.cluster, job, **_options(eviction))
+        result = self.evictions.evict(job, **_options(eviction))
         if wait:
-            result["recovery"] = [self.jobs.follow_recovery(self.cluster, job, e)
-                                  for e in result["evictions"]][-1:]
+            result["recovery"] = [self.jobs.follow_recovery(job, e) for e in result["evictions"]][-1:]
         if eviction.replace_after is not None:
             evicted_at = max(e["evictedAt"] for e in result["evictions"])
             time.sleep(max(0.0, evicted_at + eviction.replace_after - time.time()))
-            result["replacements"] = self.evictions.replace_nodes(self.cluster, job, len(result["evictions"]))
+            result["replacements"] = self.evictions.replace_nodes(job, len(result["evictions"]))
             if wait and world_before:
                 since = min(r["startedAt"] for r in result["replacements"])
-                result["capacityBack"] = self.jobs.follow_world_size(self.cluster, job, world_before, since)
+                result["capacityBack"] = self.jobs.follow_world_size(job, world_before, since)
         return result
 
     def plan_schedule(self, request: ScheduleRequest) -> Plan[LocalSchedule]:
@@ -205,13 +206,13 @@ class LocalBackend:  # pylint: disable=too-many-public-methods  # the Backend pr
 
         job = plan.request.job
         result = run_schedule(plan.request.schedule,
-                              LocalScheduleEvictor(self.jobs, self.evictions, self.cluster, job), stop=stop,
+                              LocalScheduleEvictor(self.jobs, self.evictions, job), stop=stop,
                               say=say or (lambda line: None))
         return {"type": "local", "cluster": self.cluster, "job": job, **result}
 
     # -- checkpoints -------------------------------------------------------------------------------------------
     def checkpoint_location(self, job: str) -> CheckpointLocation:
-        url, connection_string = self.jobs.checkpoint_location(self.cluster, job)
+        url, connection_string = self.home.checkpoint_location(job)
         return CheckpointLocation(url, connection_string,
                                   f"Is local cluster {self.cluster!r} healthy? 'az elastictrain cluster show "
                                   f"--local --name {self.cluster}' tells; 'az elastictrain cluster create --local "

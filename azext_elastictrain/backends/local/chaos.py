@@ -12,42 +12,41 @@ from azext_elastictrain.core.chaos import FollowStopped, ScheduledEviction, Skip
 
 
 class Jobs(Protocol):
-    """What the evictor reads of the job (``jobs.LocalJobs``)."""
+    """What the evictor reads of the job (``jobs.LocalJobs``, bound to its cluster)."""
 
-    def show_job(self, cluster: str, job: str) -> dict[str, Any]:
+    def show_job(self, job: str) -> dict[str, Any]:
         ...
 
-    def follow_recovery(self, cluster: str, job: str, eviction: dict[str, Any],
-                        sleep: Callable[[float], None]) -> dict[str, Any]:
+    def follow_recovery(self, job: str, eviction: dict[str, Any], sleep: Callable[[float], None]) -> dict[str, Any]:
         ...
 
-    def follow_world_size(self, cluster: str, job: str, world_size: int, since: float,
+    def follow_world_size(self, job: str, world_size: int, since: float,
                           sleep: Callable[[float], None]) -> dict[str, Any]:
         ...
 
-    def job_events(self, cluster: str, job: str) -> list[dict[str, Any]]:
+    def job_events(self, job: str) -> list[dict[str, Any]]:
         ...
 
 
 class Evictions(Protocol):
-    """How it evicts and gives capacity back (``evict.NodeEvictions``)."""
+    """How it evicts and gives capacity back (``evict.NodeEvictions``, bound to the cluster)."""
 
-    def evict(self, cluster: str, job: str, **options: Any) -> dict[str, Any]:
+    def evict(self, job: str, **options: Any) -> dict[str, Any]:
         ...
 
-    def replace_nodes(self, cluster: str, job: str, count: int) -> list[dict[str, Any]]:
+    def replace_nodes(self, job: str, count: int) -> list[dict[str, Any]]:
         ...
 
 
 class LocalScheduleEvictor:
     """``core.chaos.ScheduleEvictor`` over the local jobs and their evictions, for one job of one cluster."""
 
-    def __init__(self, jobs: Jobs, evictions: Evictions, cluster: str, job: str) -> None:
-        self.jobs, self.evictions, self.cluster, self.job = jobs, evictions, cluster, job
+    def __init__(self, jobs: Jobs, evictions: Evictions, job: str) -> None:
+        self.jobs, self.evictions, self.job = jobs, evictions, job
         self._world_before: dict[str, int] = {}
 
     def evict(self, item: ScheduledEviction) -> dict[str, Any]:
-        shown = self.jobs.show_job(self.cluster, self.job)
+        shown = self.jobs.show_job(self.job)
         running = [n["name"] for n in shown["nodes"] if n["alive"]]
         least = int(shown.get("minNodes") or 1)
         if len(running) <= least:
@@ -55,14 +54,13 @@ class LocalScheduleEvictor:
                           "would stop it (its capacity has not come back yet)")
         node = item.choose(running)
         world = shown.get("worldSize") or len(running) * int(shown.get("nprocPerNode") or 1)
-        result = self.evictions.evict(self.cluster, self.job, node=node, notice_seconds=item.notice_seconds,
-                                      replace_after=None)
+        result = self.evictions.evict(self.job, node=node, notice_seconds=item.notice_seconds, replace_after=None)
         eviction: dict[str, Any] = result["evictions"][0]
         self._world_before[node] = world
         return eviction
 
     def recovery(self, eviction: dict[str, Any], stop: threading.Event) -> dict[str, Any]:
-        return self.jobs.follow_recovery(self.cluster, self.job, eviction, sleep=sleeper(stop))
+        return self.jobs.follow_recovery(self.job, eviction, sleep=sleeper(stop))
 
     def capacity_back(self, item: ScheduledEviction, eviction: dict[str, Any],
                       stop: threading.Event) -> dict[str, Any] | None:
@@ -70,18 +68,17 @@ class LocalScheduleEvictor:
         if item.replace_after is None:
             return None
         stop.wait(max(0.0, eviction["evictedAt"] + item.replace_after - time.time()))
-        replacements = self.evictions.replace_nodes(self.cluster, self.job, 1)
+        replacements = self.evictions.replace_nodes(self.job, 1)
         back: dict[str, Any] = {"replacements": replacements}
         if stop.is_set():
             return {**back, "stopped": True}
         since = min(r["startedAt"] for r in replacements)
         try:
-            back["fullSize"] = self.jobs.follow_world_size(self.cluster, self.job,
-                                                           self._world_before[eviction["node"]], since,
+            back["fullSize"] = self.jobs.follow_world_size(self.job, self._world_before[eviction["node"]], since,
                                                            sleep=sleeper(stop))
         except FollowStopped:
             back["stopped"] = True
         return back
 
     def events(self) -> list[dict[str, Any]]:
-        return self.jobs.job_events(self.cluster, self.job)
+        return self.jobs.job_events(self.job)

@@ -46,18 +46,19 @@ START_TIMEOUT = 30.0
 
 
 class ClusterJobs(Protocol):
-    """What deleting a cluster needs of its jobs (``jobs.LocalJobs``): their live nodes, and stopping them."""
+    """What deleting a cluster needs of its jobs (``jobs.LocalJobs``, bound to it): their live nodes, and
+    stopping them."""
 
-    def running_nodes(self, cluster: str) -> list[dict[str, Any]]:
+    def running_nodes(self) -> list[dict[str, Any]]:
         ...  # [{"component": "job JOB NODE", "pid"}]
 
-    def stop_all(self, cluster: str) -> None:
+    def stop_all(self) -> None:
         ...
 
 
 class LocalClusters:
     """Local clusters under ``state_root`` (the az config dir's ``elastictrain/local``): their processes and
-    state; the jobs on them are ``jobs.LocalJobs``'s, which is given these."""
+    state; where the jobs of one live is its ``home.ClusterHome``, which is given these."""
 
     def __init__(self, state_root: Path):
         self.state_root = Path(state_root)
@@ -247,14 +248,14 @@ class LocalClusters:
         state = self.load(name)
         if state is None:
             raise ClusterNotFound(f"no local cluster named {name!r}")
-        stopping = jobs.running_nodes(name) + [
+        stopping = jobs.running_nodes() + [
             {"component": key, "pid": c["pid"]}
             for key, c in state["components"].items() if self._alive(c)
         ]
         result = {"name": name, "dryRun": dry_run, "stopped": stopping, "removed": str(self.cluster_dir(name))}
         if dry_run:
             return result
-        jobs.stop_all(name)  # first the jobs: their agents would retry a vanished etcd for minutes
+        jobs.stop_all()  # first the jobs: their agents would retry a vanished etcd for minutes
         for c in state["components"].values():
             self._stop(c)
         shutil.rmtree(self.cluster_dir(name), ignore_errors=True)

@@ -19,7 +19,8 @@ import urllib.request
 from typing import Any, Callable
 
 from azext_elastictrain.backends.local import record
-from azext_elastictrain.backends.local.jobs import LocalJobs
+from azext_elastictrain.backends.local.home import ClusterHome
+from azext_elastictrain.backends.local.jobs import LocalJobs, run_events
 from azext_elastictrain.backends.local.state import alive, node_processes
 from azext_elastictrain.core.constants import AZURE_NOTICE_SECONDS
 from azext_elastictrain.core.recovery import trained_again
@@ -131,7 +132,7 @@ def choose_nodes(job: dict[str, Any], running: list[dict[str, Any]], node: str |
     return running[-count:]
 
 
-def evict_nodes(jobs: LocalJobs, cluster: str, job_name: str, *, node: str | None = None, count: int | None = None,
+def evict_nodes(home: ClusterHome, job_name: str, *, node: str | None = None, count: int | None = None,
                 notice_seconds: float = AZURE_NOTICE_SECONDS, replace_after: float | None = None,
                 dry_run: bool = False, vanish: bool = True) -> dict[str, Any]:
     """Evict the chosen nodes, one after the other. Replacements are the caller's next step
@@ -148,8 +149,8 @@ def evict_nodes(jobs: LocalJobs, cluster: str, job_name: str, *, node: str | Non
         raise SpecError(f"--notice-seconds {notice_seconds:g}: use 0 (no notice) or more")
     if replace_after is not None and replace_after < 0:
         raise SpecError(f"--replace-after {replace_after:g}: use 0 or more seconds")
-    with jobs.job_lock(cluster):
-        job = jobs.require_job(cluster, job_name)
+    with home.lock():
+        job, conn = home.open_job(job_name)
         running = [n for n in job["nodes"] if alive(n)]
         targets = choose_nodes(job, running, node, count=count)
         evictions: list[dict[str, Any]] = []
@@ -158,23 +159,20 @@ def evict_nodes(jobs: LocalJobs, cluster: str, job_name: str, *, node: str | Non
                 "replaceAfterSeconds": replace_after, "replacements": []}
         if dry_run:
             return plan
-        conn = jobs.clusters.connection(cluster)
         for target in targets:
-            evictions.append(_evict_one(jobs, cluster, job, target, conn=conn, notice_seconds=notice_seconds,
-                                        vanish=vanish))
+            evictions.append(_evict_one(home, job, target, conn=conn, notice_seconds=notice_seconds, vanish=vanish))
         return plan
 
 
-def replace_nodes(jobs: LocalJobs, cluster: str, job_name: str, count: int) -> list[dict[str, Any]]:
+def replace_nodes(home: ClusterHome, job_name: str, count: int) -> list[dict[str, Any]]:
     """Spot capacity is back: ``count`` new nodes join the job's rendezvous."""
-    with jobs.job_lock(cluster):
-        job = jobs.require_job(cluster, job_name)
-        conn = jobs.clusters.connection(cluster)
-        return [_replace(jobs, cluster, job, conn) for _ in range(count)]
+    with home.lock():
+        job, conn = home.open_job(job_name)
+        return [_replace(home, job, conn) for _ in range(count)]
 
 
-def _evict_one(jobs: LocalJobs, cluster: str, job: dict[str, Any], target: dict[str, Any], *,
-               conn: dict[str, Any], notice_seconds: float, vanish: bool = True) -> dict[str, Any]:
+def _evict_one(home: ClusterHome, job: dict[str, Any], target: dict[str, Any], *, conn: dict[str, Any],
+               notice_seconds: float, vanish: bool = True) -> dict[str, Any]:
     started = time.time()
     acked_after = None
     event_id = None
@@ -188,13 +186,18 @@ def _evict_one(jobs: LocalJobs, cluster: str, job: dict[str, Any], target: dict[
                 acked_after = round(events[event_id]["AcknowledgedAt"] - started, 2)
                 break
             time.sleep(0.2)
-    procs = _node_processes(target, str(jobs.job_dir(cluster, job["name"])))
+    procs = _node_processes(target, str(home.job_dir(job["name"])))
     survivors = [n for n in job["nodes"] if n is not target and alive(n)]
     if notice_seconds == 0 and vanish and survivors:
-        def reformed(frozen_at: float) -> bool:
-            return trained_again(jobs.job_events(cluster, job["name"]), frozen_at)
+        read = home.event_reader(conn)  # one reader for every look: the job's record and connection are in hand
 
-        evicted_at = vanish_processes(procs, vanish_cap(), until=reformed)
+        def reformed(frozen_at: float) -> bool:
+            return trained_again(run_events(read, job), frozen_at)
+
+        try:
+            evicted_at = vanish_processes(procs, vanish_cap(), until=reformed)
+        finally:
+            read.close()
     else:
         kill_processes(procs)
         evicted_at = time.time()
@@ -202,30 +205,31 @@ def _evict_one(jobs: LocalJobs, cluster: str, job: dict[str, Any], target: dict[
         _request("DELETE", f"{_admin(conn)}/{event_id}")  # the VM is gone, and its events with it
     target["status"] = "evicted"
     target["evictedAt"] = evicted_at
-    jobs.save_job(cluster, job)
+    home.save_job(job)
     return {"node": target["name"], "pid": target["pid"], "noticeSeconds": notice_seconds,
             "acknowledged": acked_after is not None, "acknowledgedAfterSeconds": acked_after,
             "evictedAt": evicted_at, "startedAt": started}
 
 
-def _replace(jobs: LocalJobs, cluster: str, job: dict[str, Any], conn: dict[str, Any]) -> dict[str, Any]:
+def _replace(home: ClusterHome, job: dict[str, Any], conn: dict[str, Any]) -> dict[str, Any]:
     """Spot capacity is back: a new node joins the job's rendezvous, started as the job's first nodes were."""
     name = f"{job['name']}-node-{len(job['nodes'])}"
-    node = jobs.start_node(record.spec_of(job), job["script"], name, conn, job_dir=jobs.job_dir(cluster, job["name"]),
-                           rdzv_id=job["rdzvId"])
+    node = LocalJobs.start_node(record.spec_of(job), job["script"], name, conn, job_dir=home.job_dir(job["name"]),
+                                rdzv_id=job["rdzvId"], record=job)
     job["nodes"].append(node)
-    jobs.save_job(cluster, job)
+    home.save_job(job)
     return {"node": name, "pid": node["pid"], "startedAt": node["started"]}
 
 
 class NodeEvictions:
-    """Evictions and replacements of the jobs ``jobs`` holds, as an object (what an eviction schedule calls)."""
+    """Evictions and replacements of the jobs of one cluster (its ``home``), as an object (what an eviction
+    schedule calls)."""
 
-    def __init__(self, jobs: LocalJobs) -> None:
-        self.jobs = jobs
+    def __init__(self, home: ClusterHome) -> None:
+        self.home = home
 
-    def evict(self, cluster: str, job: str, **options: Any) -> dict[str, Any]:
-        return evict_nodes(self.jobs, cluster, job, **options)
+    def evict(self, job: str, **options: Any) -> dict[str, Any]:
+        return evict_nodes(self.home, job, **options)
 
-    def replace_nodes(self, cluster: str, job: str, count: int) -> list[dict[str, Any]]:
-        return replace_nodes(self.jobs, cluster, job, count)
+    def replace_nodes(self, job: str, count: int) -> list[dict[str, Any]]:
+        return replace_nodes(self.home, job, count)

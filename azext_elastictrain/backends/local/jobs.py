@@ -7,8 +7,8 @@ appends to blob storage (core.events). Stopping a node stops the agent and
 every descendant: torchrun's workers start sessions of their own, so a
 process-group kill would leave them training.
 
-``LocalJobs`` works on the ``LocalClusters`` it is given (cluster.py): their
-folders, health and connection. What a job records: record.py.
+``LocalJobs`` is bound to one cluster: it works on that cluster's ``ClusterHome``
+(home.py: its jobs' folders and records, its connection). What a job records: record.py.
 """
 from __future__ import annotations
 
@@ -25,8 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from azext_elastictrain.core import events as job_events
 from azext_elastictrain.clients.blob import EventReader
-from azext_elastictrain.core.constants import CHECKPOINT_CONTAINER
-from azext_elastictrain.core.errors import ClusterNotFound, JobNotFound
+from azext_elastictrain.core.errors import JobNotFound
 from azext_elastictrain.core.view import build_job_view, iso_time, read_job_events
 from azext_elastictrain.backends.local import record
 from azext_elastictrain.backends.local.agent import (
@@ -36,23 +35,20 @@ from azext_elastictrain.backends.local.agent import (
     CoordinatorLaunch,
     write_job_secret,
 )
-from azext_elastictrain.backends.local.cluster import LocalClusters
+from azext_elastictrain.backends.local.home import ClusterHome
 from azext_elastictrain.backends.local.state import (
     STOP_TIMEOUT,
     ClusterError,
     ClusterUnhealthy,
-    FileLock,
     JobConflict,
     ToolMissing,
     alive,
-    read_state,
-    write_state,
 )
 from azext_elastictrain.core import launch
-from azext_elastictrain.core.spec import JobSpec, LocalClusterSpec, check_local_script
+from azext_elastictrain.core.spec import JobSpec, check_local_script
 
 if TYPE_CHECKING:
-    from azext_elastictrain.core.blobstore import BlobEntry, BlobStore
+    from azext_elastictrain.core.blobstore import BlobEntry
 
 # A job's workers get this long after SIGTERM (the runtime checkpoints on it) before SIGKILL.
 JOB_STOP_TIMEOUT = 15.0
@@ -61,59 +57,18 @@ COORDINATOR_START_TIMEOUT = 60.0
 
 
 class LocalJobs:
-    """The jobs of the local clusters ``clusters`` holds: run, show, list, logs, delete (evictions: evict.py)."""
+    """The jobs of one local cluster (its ``ClusterHome``): run, show, list, logs, delete (evictions: evict.py)."""
 
     _alive = staticmethod(alive)
 
-    def __init__(self, clusters: LocalClusters) -> None:
-        self.clusters = clusters
+    def __init__(self, home: ClusterHome) -> None:
+        self.home = home
 
-    def _jobs_dir(self, cluster: str) -> Path:
-        return self.clusters.cluster_dir(cluster) / "jobs"
-
-    def checkpoint_url(self, cluster: str, job: str) -> str:
-        """The blob URL of the job's prefix, as the cluster's storage is reached now."""
-        return f"{self.clusters.connection(cluster)['blob_endpoint']}/{CHECKPOINT_CONTAINER}/{job}"
-
-    def job_dir(self, cluster: str, job: str) -> Path:
-        return self._jobs_dir(cluster) / job
-
-    def _job_names(self, cluster: str) -> list[str]:
-        jobs = self._jobs_dir(cluster)
-        if not jobs.is_dir():
-            return []
-        return sorted(p.name for p in jobs.iterdir() if (p / "job.json").is_file())
-
-    def _load_job(self, cluster: str, job: str) -> dict[str, Any] | None:
-        return read_state(self.job_dir(cluster, job) / "job.json", f"job {job!r}")
-
-    def save_job(self, cluster: str, state: dict[str, Any]) -> None:
-        write_state(self.job_dir(cluster, state["name"]) / "job.json", state)
-
-    def require_job(self, cluster: str, job: str) -> dict[str, Any]:
-        from azext_elastictrain.core.layout import validate_job_name
-        from azext_elastictrain.core.spec import SpecError
-
-        LocalClusterSpec(cluster)  # it becomes a path
-        try:
-            validate_job_name(job)  # it becomes a path: never '..' or '/'
-        except ValueError as ex:
-            raise SpecError(str(ex)) from ex
-        if self.clusters.load(cluster) is None:
-            raise ClusterNotFound(f"no local cluster named {cluster!r}")
-        state = self._load_job(cluster, job)
-        if state is None:
-            raise JobNotFound(f"no job named {job!r} on local cluster {cluster!r}")
-        return state
-
-    def job_lock(self, cluster: str) -> FileLock:
-        """One job-changing command at a time per cluster (two `job run`s of one name must not both start)."""
-        return FileLock(self._jobs_dir(cluster) / ".lock")
-
-    def run_job(self, cluster: str, spec: JobSpec) -> dict[str, Any]:
+    def run_job(self, spec: JobSpec) -> dict[str, Any]:
         """Start ``spec.node_count`` torchrun agents, detached; all or nothing."""
         check_local_script(spec.script)
-        shown = self.clusters.show_cluster(cluster)  # ClusterNotFound
+        cluster = self.home.name
+        shown = self.home.clusters.show_cluster(cluster)  # ClusterNotFound
         if shown["health"] != "Healthy":
             down = ", ".join(k for k, v in shown["components"].items() if v["state"] != "running")
             raise ClusterUnhealthy(
@@ -124,18 +79,18 @@ class LocalJobs:
             raise ToolMissing(f"torch is not installed in the Python that runs az ({sys.executable}): "
                               "the job's nodes run torchrun from it; install torch there")
         script = str(Path(spec.script).resolve())
-        conn = self.clusters.connection(cluster)
-        with self.job_lock(cluster):
-            existing = self._load_job(cluster, spec.name)
+        conn = self.home.connection()
+        with self.home.lock():
+            existing = self.home.load_job(spec.name)
             if existing and any(self._alive(n) for n in existing["nodes"]):
                 raise JobConflict(
                     f"job {spec.name!r} is already running on local cluster {cluster!r}; "
                     f"pick another --name, or stop it first with "
                     f"'az elastictrain job delete --local --cluster {cluster} --name {spec.name}'"
                 )
-            job_dir = self.job_dir(cluster, spec.name)
+            job_dir = self.home.job_dir(spec.name)
             if existing:  # a finished run of this name: its processes are gone, start afresh
-                self._stop_job_processes(cluster, existing)
+                self._stop_job_processes(existing)
             shutil.rmtree(job_dir, ignore_errors=True)
             (job_dir / "nodes").mkdir(parents=True)
             # One rendezvous per run: torch keeps a finished run's rendezvous closed in etcd for hours, and
@@ -144,33 +99,34 @@ class LocalJobs:
             state = record.new_record(spec, cluster=cluster, script=script,
                                       rdzv_id=f"{spec.name}-{uuid.uuid4().hex[:8]}")
             try:
-                self.save_job(cluster, state)
+                self.home.save_job(state)
                 if spec.in_process:  # before the nodes, which find its address in the job's record
                     state["coordinator"] = start_coordinator(job_dir, min_nodes=spec.min_nodes, job=spec.name)
-                    self.save_job(cluster, state)
+                    self.home.save_job(state)
                 for node in spec.node_names():  # recorded as each starts: no agent is ever untracked
-                    started = self.start_node(spec, script, node, conn, job_dir=job_dir, rdzv_id=state["rdzvId"])
+                    started = self.start_node(spec, script, node, conn, job_dir=job_dir, rdzv_id=state["rdzvId"],
+                                              record=state)
                     state["nodes"].append(started)
-                    self.save_job(cluster, state)
+                    self.home.save_job(state)
             except BaseException:
-                self._stop_job_processes(cluster, state)
+                self._stop_job_processes(state)
                 shutil.rmtree(job_dir, ignore_errors=True)
                 raise
-        return self.show_job(cluster, spec.name)
+        return self.describe_now(state, conn)
 
-    def start_node(self, spec: JobSpec, script: str, node: str, conn: dict[str, Any], *, job_dir: Path,
-                   rdzv_id: str) -> dict[str, Any]:
+    @staticmethod
+    def start_node(spec: JobSpec, script: str, node: str, conn: dict[str, Any], *, job_dir: Path,
+                   rdzv_id: str, record: dict[str, Any]) -> dict[str, Any]:
         """Start one node of the job, as its spec says (a node that joins later, an eviction's replacement, is
         started from the job's record: record.spec_of); an in-process node is told where the job's coordinator is,
-        from the record."""
+        from the job's ``record``."""
         import psutil
 
         log_path = job_dir / "nodes" / f"{node}.log"
-        recorded = read_state(job_dir / "job.json", f"job {spec.name!r}") or {}
-        coordinator = (recorded.get("coordinator") or {}).get("address") if spec.in_process else None
+        coordinator = (record.get("coordinator") or {}).get("address") if spec.in_process else None
         agent = AgentLaunch(
             node=node, spec=spec, script=script,
-            checkpoint_url=f"{conn['blob_endpoint']}/{CHECKPOINT_CONTAINER}/{spec.name}",
+            checkpoint_url=ClusterHome.checkpoint_url(spec.name, conn),
             connection_string=conn["connection_string"], etcd_endpoint=conn["etcd"], rdzv_id=rdzv_id,
             job_dir=job_dir, scheduled_events_url=conn["scheduled_events"], coordinator=coordinator)
         if spec.in_process:
@@ -192,7 +148,7 @@ class LocalJobs:
         return job_dir / "nodes" / f"{node}.leaving"
 
     # -- job processes ----------------------------------------------------------------
-    def _job_processes(self, cluster: str, job: dict[str, Any]) -> list[Any]:
+    def _job_processes(self, job: dict[str, Any]) -> list[Any]:
         """Every live process of the job: each recorded agent (pid + start time checked) with all its
         descendants, and any process carrying the job's marker (workers orphaned by a killed agent)."""
         import psutil
@@ -207,7 +163,7 @@ class LocalJobs:
                     found[proc.pid] = proc
             except psutil.Error:
                 continue
-        marker = str(self.job_dir(cluster, job["name"]))
+        marker = str(self.home.job_dir(job["name"]))
         me = os.getpid()
         for proc in psutil.process_iter():
             if proc.pid in found or proc.pid == me:
@@ -219,12 +175,12 @@ class LocalJobs:
                 continue
         return list(found.values())
 
-    def _coordinator_processes(self, cluster: str, job: dict[str, Any]) -> list[Any]:
+    def _coordinator_processes(self, job: dict[str, Any]) -> list[Any]:
         """The job's coordinator: the recorded process (pid + start time checked), and any process carrying the
         job's coordinator marker (one whose start this command did not get to record)."""
         import psutil
 
-        marker = str(self.job_dir(cluster, job["name"]))
+        marker = str(self.home.job_dir(job["name"]))
         found: dict[int, Any] = {}
         recorded = job.get("coordinator")
         if recorded and self._alive(recorded):
@@ -241,33 +197,27 @@ class LocalJobs:
                 continue
         return list(found.values())
 
-    def _stop_job_processes(self, cluster: str, job: dict[str, Any]) -> None:
+    def _stop_job_processes(self, job: dict[str, Any]) -> None:
         """SIGTERM the job's processes (the runtime checkpoints on it), then SIGKILL what is left; then its
         coordinator, which the nodes may ask for a quorum until they are gone."""
-        self._stop_nodes(cluster, job)
-        self._stop_coordinator(cluster, job)
+        self._stop_nodes(job)
+        self._stop_coordinator(job)
 
-    def _stop_coordinator(self, cluster: str, job: dict[str, Any]) -> None:
+    def _stop_coordinator(self, job: dict[str, Any]) -> None:
         rounds = ((signal.SIGTERM, STOP_TIMEOUT), (signal.SIGKILL, STOP_TIMEOUT))
-        _signal_until_gone(lambda: self._coordinator_processes(cluster, job), rounds,
-                           f"job {job['name']!r}: coordinator")
+        _signal_until_gone(lambda: self._coordinator_processes(job), rounds, f"job {job['name']!r}: coordinator")
 
-    def _stop_nodes(self, cluster: str, job: dict[str, Any]) -> None:
-        job_dir = self.job_dir(cluster, job["name"])
+    def _stop_nodes(self, job: dict[str, Any]) -> None:
+        job_dir = self.home.job_dir(job["name"])
         for node in job.get("nodes", []):
             leaving = self._leaving_file(job_dir, node["name"])
             if leaving.parent.is_dir():
                 leaving.touch()
         rounds = ((signal.SIGTERM, JOB_STOP_TIMEOUT), (signal.SIGKILL, STOP_TIMEOUT), (signal.SIGKILL, STOP_TIMEOUT))
-        _signal_until_gone(lambda: self._job_processes(cluster, job), rounds, f"job {job['name']!r}: processes")
+        _signal_until_gone(lambda: self._job_processes(job), rounds, f"job {job['name']!r}: processes")
 
     # -- show, list ---------------------------------------------------------------------
-    def _event_reader(self, cluster: str) -> EventReader:
-        conn = self.clusters.connection(cluster)
-        return EventReader(f"{conn['blob_endpoint']}/{CHECKPOINT_CONTAINER}",
-                           connection_string=conn["connection_string"])
-
-    def _describe(self, cluster: str, job: dict[str, Any], read: EventReader) -> dict[str, Any]:
+    def _describe(self, job: dict[str, Any], read: EventReader, conn: dict[str, Any]) -> dict[str, Any]:
         nodes = []
         for node in job["nodes"]:
             node_alive = self._alive(node)
@@ -293,93 +243,90 @@ class LocalJobs:
 
         view = build_job_view(events, created=job["created"], nodes=nodes, state_of=state_of,
                               lost_nodes=lost_nodes, events_error=events_error)
-        identity = {"name": job["name"], "cluster": cluster, "type": "local"}
+        identity = {"name": job["name"], "cluster": self.home.name, "type": "local"}
         launched = {"created": iso_time(job["created"]),
-                    **record.launched(job, self.checkpoint_url(cluster, job["name"]))}
+                    **record.launched(job, self.home.checkpoint_url(job["name"], conn))}
         if job.get("recovery") == launch.RECOVERY_IN_PROCESS:
             launched["rdzvId"] = None  # its nodes are worlds of their own: no rendezvous
         if job.get("coordinator"):
             launched["coordinator"] = {"address": job["coordinator"].get("address"), "pid": job["coordinator"]["pid"],
                                        "alive": self._alive(job["coordinator"]), "log": job["coordinator"]["log"]}
-        return view.describe(identity, launched, {"stateDir": str(self.job_dir(cluster, job["name"]))})
+        return view.describe(identity, launched, {"stateDir": str(self.home.job_dir(job["name"]))})
 
-    def show_job(self, cluster: str, job: str) -> dict[str, Any]:
-        state = self.require_job(cluster, job)
-        read = self._event_reader(cluster)
+    def describe_now(self, state: dict[str, Any], conn: dict[str, Any]) -> dict[str, Any]:
+        """`job show` of the job recorded as ``state``, its events read through ``conn`` (both in hand)."""
+        read = self.home.event_reader(conn)
         try:
-            return self._describe(cluster, state, read)
+            return self._describe(state, read, conn)
         finally:
             read.close()
 
-    def list_jobs(self, cluster: str) -> list[dict[str, Any]]:
-        if self.clusters.load(cluster) is None:
-            raise ClusterNotFound(f"no local cluster named {cluster!r}")
-        read = self._event_reader(cluster)
+    def show_job(self, job: str) -> dict[str, Any]:
+        return self.describe_now(*self.home.open_job(job))
+
+    def list_jobs(self) -> list[dict[str, Any]]:
+        conn = self.home.connection()  # ClusterNotFound
+        read = self.home.event_reader(conn)
         try:
-            return [self._describe(cluster, state, read)
-                    for state in (self._load_job(cluster, j) for j in self._job_names(cluster)) if state]
+            return [self._describe(state, read, conn) for state in self.home.jobs()]
         finally:
             read.close()
 
-    def running_nodes(self, cluster: str) -> list[dict[str, Any]]:
+    def running_nodes(self) -> list[dict[str, Any]]:
         """The live nodes (and in-process coordinators) of every job of the cluster: what deleting the cluster
         stops first."""
-        jobs = self._jobs(cluster)
+        jobs = self.home.jobs()
         return [{"component": f"job {job['name']} {node['name']}", "pid": node["pid"]}
                 for job in jobs for node in job["nodes"] if self._alive(node)] + \
             [{"component": f"job {job['name']} coordinator", "pid": job["coordinator"]["pid"]}
              for job in jobs if job.get("coordinator") and self._alive(job["coordinator"])]
 
-    def stop_all(self, cluster: str) -> None:
+    def stop_all(self) -> None:
         """Stop every job of the cluster (their state stays, for the cluster's folder to go with)."""
-        for job in self._jobs(cluster):
-            self._stop_job_processes(cluster, job)
+        for job in self.home.jobs():
+            self._stop_job_processes(job)
 
-    def _jobs(self, cluster: str) -> list[dict[str, Any]]:
-        return [job for job in (self._load_job(cluster, j) for j in self._job_names(cluster)) if job]
-
-    def job_alive(self, cluster: str, job: str) -> bool:
-        state = self._load_job(cluster, job)
+    def job_alive(self, job: str) -> bool:
+        state = self.home.load_job(job)
         return state is not None and any(self._alive(n) for n in state["nodes"])
 
     # -- following a job after an eviction (the evictions themselves: evict.py) ------
-    def follow_recovery(self, cluster: str, job: str, eviction: dict[str, Any],
-                        sleep: Any = time.sleep) -> dict[str, Any]:
+    def follow_recovery(self, job: str, eviction: dict[str, Any], sleep: Any = time.sleep) -> dict[str, Any]:
         from azext_elastictrain.core.recovery import follow_recovery
 
-        read = self._event_reader(cluster)
+        read = self.home.event_reader(self.home.connection())
         try:
             return follow_recovery(read, job, eviction, sleep=sleep)
         finally:
             read.close()
 
-    def follow_world_size(self, cluster: str, job: str, world_size: int, since: float,
+    def follow_world_size(self, job: str, world_size: int, since: float,
                           sleep: Any = time.sleep) -> dict[str, Any]:
         from azext_elastictrain.core.recovery import follow_world_size
 
-        read = self._event_reader(cluster)
+        read = self.home.event_reader(self.home.connection())
         try:
             return follow_world_size(read, job, world_size, since, sleep=sleep)
         finally:
             read.close()
 
-    def job_events(self, cluster: str, job: str) -> list[dict[str, Any]]:
+    def job_events(self, job: str) -> list[dict[str, Any]]:
         """The events of the job's current run, oldest first (core.events)."""
-        state = self.require_job(cluster, job)
-        read = self._event_reader(cluster)
+        state, conn = self.home.open_job(job)
+        read = self.home.event_reader(conn)
         try:
-            return job_events.since(read(job), state["created"])
+            return run_events(read, state)
         finally:
             read.close()
 
     # -- logs --------------------------------------------------------------------------
-    def job_nodes(self, cluster: str, job: str) -> list[dict[str, Any]]:
+    def job_nodes(self, job: str) -> list[dict[str, Any]]:
         """The job's recorded nodes: name, agent pid and start time, log, status."""
-        nodes: list[dict[str, Any]] = self.require_job(cluster, job)["nodes"]
+        nodes: list[dict[str, Any]] = self.home.require_job(job)["nodes"]
         return nodes
 
-    def _log_nodes(self, cluster: str, job: str, node: str | None) -> list[dict[str, Any]]:
-        state = self.require_job(cluster, job)
+    def _log_nodes(self, job: str, node: str | None) -> list[dict[str, Any]]:
+        state = self.home.require_job(job)
         nodes: list[dict[str, Any]] = state["nodes"]
         if node is not None:
             nodes = [n for n in nodes if n["name"] == node]
@@ -388,11 +335,11 @@ class LocalJobs:
                 raise JobNotFound(f"job {job!r} has no node {node!r}; its nodes: {names}")
         return nodes
 
-    def job_logs(self, cluster: str, job: str, node: str | None = None, *, tail: int | None = None,
+    def job_logs(self, job: str, node: str | None = None, *, tail: int | None = None,
                  follow: bool = False, poll: float = 0.5, timeout: float | None = None) -> Iterator[tuple[str, str]]:
         """(node, line) pairs of the nodes' logs: the last ``tail`` lines of each (all when None); with
         ``follow``, then new lines as they come until every agent of the job exited (or ``timeout``)."""
-        nodes = self._log_nodes(cluster, job, node)
+        nodes = self._log_nodes(job, node)
         offsets: dict[str, int] = {}
         partial: dict[str, bytes] = {}
         for n in nodes:
@@ -416,7 +363,7 @@ class LocalJobs:
             return
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            ended = not self.job_alive(cluster, job)  # look before reading: nothing written after is lost
+            ended = not self.job_alive(job)  # look before reading: nothing written after is lost
             for n in nodes:
                 try:
                     with open(n["log"], "rb") as f:
@@ -442,56 +389,48 @@ class LocalJobs:
             time.sleep(poll)
 
     # -- delete ------------------------------------------------------------------------
-    def delete_job(self, cluster: str, job: str, dry_run: bool = False,
-                   delete_checkpoints: bool = False) -> dict[str, Any]:
+    def delete_job(self, job: str, dry_run: bool = False, delete_checkpoints: bool = False) -> dict[str, Any]:
         """Stop every node (agent and descendants) and remove the job's state; its checkpoints and
         event log stay unless ``delete_checkpoints``."""
-        state = self.require_job(cluster, job)
-        procs = self._job_processes(cluster, state) + self._coordinator_processes(cluster, state)
+        state, conn = self.home.open_job(job)
+        procs = self._job_processes(state) + self._coordinator_processes(state)
         agents = {n["pid"]: n["name"] for n in state["nodes"]}
         if state.get("coordinator"):
             agents[state["coordinator"]["pid"]] = "coordinator"
         blobs: list[Any] = []
         if delete_checkpoints:
-            blobs = self._job_blobs(cluster, job)
+            blobs = self._job_blobs(job, conn)
         result = {
             "name": job,
-            "cluster": cluster,
+            "cluster": self.home.name,
             "dryRun": dry_run,
             "stopped": [{"node": agents.get(p.pid), "pid": p.pid} for p in sorted(procs, key=lambda p: p.pid)],
-            "removed": str(self.job_dir(cluster, job)),
+            "removed": str(self.home.job_dir(job)),
             "checkpoints": "deleted" if delete_checkpoints else "kept",
-            "checkpointUrl": self.checkpoint_url(cluster, job),
+            "checkpointUrl": self.home.checkpoint_url(job, conn),
             "blobsDeleted": len(blobs),
             "bytesFreed": sum(b.size for b in blobs),
         }
         if dry_run:
             return result
-        with self.job_lock(cluster):
+        with self.home.lock():
             state["stopRequested"] = True
-            self.save_job(cluster, state)
-            self._stop_job_processes(cluster, state)
+            self.home.save_job(state)
+            self._stop_job_processes(state)
             if delete_checkpoints:
-                self._delete_job_blobs(cluster, job)
-            shutil.rmtree(self.job_dir(cluster, job), ignore_errors=True)
+                self._delete_job_blobs(job, conn)
+            shutil.rmtree(self.home.job_dir(job), ignore_errors=True)
         return result
 
-    def _job_store(self, cluster: str) -> BlobStore:
-        from azext_elastictrain.core.blobstore import BlobStore
-
-        conn = self.clusters.connection(cluster)
-        return BlobStore.from_url(f"{conn['blob_endpoint']}/{CHECKPOINT_CONTAINER}",
-                                  connection_string=conn["connection_string"], quick_retries=True)
-
-    def _job_blobs(self, cluster: str, job: str) -> list[BlobEntry]:
-        store = self._job_store(cluster)
+    def _job_blobs(self, job: str, conn: dict[str, Any]) -> list[BlobEntry]:
+        store = self.home.job_store(conn)
         try:
             return store.list(job + "/")
         finally:
             store.close()
 
-    def _delete_job_blobs(self, cluster: str, job: str) -> None:
-        store = self._job_store(cluster)
+    def _delete_job_blobs(self, job: str, conn: dict[str, Any]) -> None:
+        store = self.home.job_store(conn)
         try:
             # manifests first: a reader never sees a half-deleted checkpoint as complete
             names = [b.name for b in store.list(job + "/")]
@@ -501,17 +440,10 @@ class LocalJobs:
         finally:
             store.close()
 
-    def checkpoint_location(self, cluster: str, job: str) -> tuple[str, str]:
-        """The job's checkpoint URL and the connection string that reaches it (never to be printed)."""
-        from azext_elastictrain.core.layout import validate_job_name
-        from azext_elastictrain.core.spec import SpecError
 
-        LocalClusterSpec(cluster)  # it becomes a path
-        try:
-            validate_job_name(job)
-        except ValueError as ex:
-            raise SpecError(str(ex)) from ex
-        return self.checkpoint_url(cluster, job), self.clusters.connection(cluster)["connection_string"]
+def run_events(read: EventReader, state: dict[str, Any]) -> list[dict[str, Any]]:
+    """The events of the run of the job recorded as ``state``, oldest first (core.events)."""
+    return job_events.since(read(state["name"]), state["created"])
 
 
 def start_coordinator(job_dir: Path, *, min_nodes: int, job: str,
