@@ -22,7 +22,7 @@ import psutil
 # The rendezvous settings local jobs run with: one place decides them.
 from azext_elastictrain.backends.local.agent import AgentLaunch, write_job_secret
 from azext_elastictrain.backends.local.evict import kill_processes, vanish_processes
-from azext_elastictrain.backends.local.jobs import start_coordinator
+from azext_elastictrain.backends.local.starting import start_coordinator
 from azext_elastictrain.backends.local.state import node_processes
 from azext_elastictrain.core import launch
 from azext_elastictrain.core.spec import DEFAULT_MEMORY_TIER, MEMORY_TIER_OFF, JobSpec
@@ -132,7 +132,7 @@ class Node:
 
 class Coordinator:
     """The coordinator of an in-process job, started as ``job run --local`` starts it
-    (backends/local/jobs.py's start_coordinator: runtime/coordinator.py, the product's settings)."""
+    (backends/local/starting.py's start_coordinator: runtime/coordinator.py, the product's settings)."""
 
     def __init__(self, job_dir: Path, min_nodes: int, job: str,
                  heartbeat_timeout_ms: int = launch.LOCAL.coordinator_heartbeat_timeout_ms):

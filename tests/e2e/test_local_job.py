@@ -246,20 +246,20 @@ def test_a_node_that_fails_to_start_takes_the_started_ones_down(tmp_path, monkey
     import subprocess
     import sys
 
+    from azext_elastictrain.backends.local import starting
     from azext_elastictrain.backends.local.cluster import LocalClusters
     from azext_elastictrain.backends.local.home import ClusterHome
-    from azext_elastictrain.backends.local.jobs import LocalJobs
     from azext_elastictrain.core.spec import JobSpec
 
     clusters = LocalClusters(tmp_path)
-    backend = LocalJobs(ClusterHome(clusters, "c"))
+    home = ClusterHome(clusters, "c")
     monkeypatch.setattr(clusters, "show_cluster", lambda name: {"health": "Healthy", "components": {}})
     monkeypatch.setattr(clusters, "connection", lambda name: {
         "etcd": "127.0.0.1:1", "blob_endpoint": "http://127.0.0.1:1/devstoreaccount1",
         "connection_string": "", "scheduled_events": "off"})
     started: list[subprocess.Popen] = []
 
-    def start_node(spec, script, node, conn, *, job_dir, rdzv_id, record):
+    def start_node(spec, script, node, conn, *, job_dir, rdzv_id, recorded):
         if node.endswith("-1"):
             raise OSError("Resource temporarily unavailable")
         proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
@@ -268,9 +268,9 @@ def test_a_node_that_fails_to_start_takes_the_started_ones_down(tmp_path, monkey
         return {"name": node, "pid": proc.pid, "started": psutil.Process(proc.pid).create_time(),
                 "log": str(job_dir / "nodes" / f"{node}.log"), "status": "started"}
 
-    monkeypatch.setattr(backend, "start_node", start_node)
+    monkeypatch.setattr(starting, "start_node", start_node)
     spec = JobSpec(name="half", script=str(REPO_ROOT / SCRIPT), min_nodes=1, max_nodes=3)
     with pytest.raises(OSError, match="temporarily unavailable"):
-        backend.run_job(spec)
+        starting.run_job(home, spec)
     assert len(started) == 1 and started[0].wait(timeout=20) is not None, "the started node was left running"
     assert not (tmp_path / "c" / "jobs" / "half").exists(), "a half-started job left its state"

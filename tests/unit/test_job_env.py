@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from azext_elastictrain.backends.local import jobs as local_jobs
+from azext_elastictrain.backends.local import starting as local_starting
 from azext_elastictrain.core import launch
 from azext_elastictrain.core import manifests as m
 from azext_elastictrain.core.spec import JobSpec, SpecError
@@ -34,13 +34,13 @@ def test_the_scripts_environment_reaches_a_local_node(monkeypatch, tmp_path) -> 
         def __init__(self, argv, **kwargs):
             started["env"] = kwargs["env"]
 
-    monkeypatch.setattr(local_jobs.subprocess, "Popen", Started)
+    monkeypatch.setattr(local_starting.subprocess, "Popen", Started)
     (tmp_path / "job" / "nodes").mkdir(parents=True)
     conn = {"blob_endpoint": "http://127.0.0.1:10000/devstoreaccount1", "connection_string": "UseDevelopment",
             "etcd": "127.0.0.1:2379", "scheduled_events": "http://127.0.0.1:9/metadata/scheduledevents"}
     spec = JobSpec(name="job", script=str(elastic.TRAIN_SCRIPT), env=(*ENV, f"{launch.ENV_REPLICA_CHECK_STEPS}=5"))
-    local_jobs.LocalJobs.start_node(spec, str(elastic.TRAIN_SCRIPT), "job-node-0", conn, job_dir=tmp_path / "job",
-                                    rdzv_id="job-1", record={})
+    local_starting.start_node(spec, str(elastic.TRAIN_SCRIPT), "job-node-0", conn, job_dir=tmp_path / "job",
+                              rdzv_id="job-1", recorded={})
     assert started["env"]["NCCL_DEBUG"] == "INFO" and started["env"]["WITH_EQUALS"] == "a=b"
     assert started["env"][launch.ENV_KEEP] == "3"  # the job's own settings are still there
     assert started["env"][launch.ENV_REPLICA_CHECK_STEPS] == "5"  # a runtime setting no option sets

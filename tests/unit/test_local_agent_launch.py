@@ -10,7 +10,7 @@ from pathlib import Path
 
 from azext_elastictrain.backends.local import agent as local_agent
 from azext_elastictrain.backends.local import cluster as local_cluster
-from azext_elastictrain.backends.local import jobs as local_jobs
+from azext_elastictrain.backends.local import starting as local_starting
 from azext_elastictrain.core import launch
 from azext_elastictrain.core.spec import JobSpec
 from harness import elastic, services
@@ -29,15 +29,15 @@ class _Started:
 
 
 def _product_launch(monkeypatch, tmp_path: Path, record: dict | None = None) -> _Started:
-    monkeypatch.setattr(local_jobs.subprocess, "Popen", _Started)
+    monkeypatch.setattr(local_starting.subprocess, "Popen", _Started)
     spec = JobSpec(name="job", script=str(elastic.TRAIN_SCRIPT), min_nodes=1, max_nodes=2,
                    script_args=("--steps", "10"), **({"recovery": record["recovery"]} if record else {}))
     (tmp_path / "job" / "nodes").mkdir(parents=True)
     # the job's record (``record``): how a node of this job recovers, where its coordinator is
     conn = {"blob_endpoint": "http://127.0.0.1:10000/devstoreaccount1", "connection_string": "UseDevelopment",
             "etcd": "127.0.0.1:2379", "scheduled_events": "http://127.0.0.1:9/metadata/scheduledevents"}
-    local_jobs.LocalJobs.start_node(spec, str(elastic.TRAIN_SCRIPT), "job-node-0", conn, job_dir=tmp_path / "job",
-                                    rdzv_id="job-1234", record=record or {})
+    local_starting.start_node(spec, str(elastic.TRAIN_SCRIPT), "job-node-0", conn, job_dir=tmp_path / "job",
+                              rdzv_id="job-1234", recorded=record or {})
     return _Started.last
 
 
@@ -214,11 +214,11 @@ def test_a_node_that_joins_later_is_launched_as_the_jobs_record_says(monkeypatch
                                  cluster="local", script=str(elastic.TRAIN_SCRIPT), rdzv_id="job-1234")
     recorded["coordinator"] = {"address": "http://127.0.0.1:40002"}
     (tmp_path / "job" / "nodes").mkdir(parents=True)
-    monkeypatch.setattr(local_jobs.subprocess, "Popen", _Started)
+    monkeypatch.setattr(local_starting.subprocess, "Popen", _Started)
     conn = {"blob_endpoint": "http://127.0.0.1:10000/devstoreaccount1", "connection_string": "UseDevelopment",
             "etcd": "127.0.0.1:2379", "scheduled_events": "http://127.0.0.1:9/metadata/scheduledevents"}
-    local_jobs.LocalJobs.start_node(record.spec_of(recorded), str(elastic.TRAIN_SCRIPT), "job-node-2", conn,
-                                    job_dir=tmp_path / "job", rdzv_id="job-1234", record=recorded)
+    local_starting.start_node(record.spec_of(recorded), str(elastic.TRAIN_SCRIPT), "job-node-2", conn,
+                              job_dir=tmp_path / "job", rdzv_id="job-1234", recorded=recorded)
     started = _Started.last
     assert "--standalone" in started.argv and started.env[launch.ENV_COORDINATOR] == "http://127.0.0.1:40002"
     assert started.env[launch.ENV_REPLICA_ID] == "job-node-2"

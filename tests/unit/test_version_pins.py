@@ -3,7 +3,7 @@
 * Python packages: setup.py (``DEPENDENCIES``, ``EXTRAS``). scripts/setup.sh reads torch's pin from it
   (scripts/pins.py); scripts/Dockerfile types torch's and torchft's in its first layer (reading setup.py there
   would rebuild the layer, most of the image, on any change to setup.py); the README names torch's and
-  backends/local/jobs.py torchft's in a hint. Every ``name==version`` of a package setup.py pins, anywhere in
+  backends/local/starting.py torchft's in a hint. Every ``name==version`` of a package setup.py pins, anywhere in
   the tree, must be setup.py's.
 * The training image's user: core.manifests.IMAGE_USER (the coordinator pod's runAsUser). scripts/Dockerfile
   creates that user and runs as it.

@@ -1,6 +1,6 @@
 """One local node's torchrun agent: its command line and environment, built in one place.
 
-``job run --local`` starts each node from ``AgentLaunch`` (backends/local/jobs.py), and so do the benchmarks
+``job run --local`` starts each node from ``AgentLaunch`` (backends/local/starting.py), and so do the benchmarks
 (``scripts/bench``, through harness/elastic.py's thin wrapper), so a benchmark's figures are the
 product's. Pure: it builds, the caller starts the process.
 """

@@ -2,8 +2,9 @@
 
 Bound to one cluster name; its only client is the state root (the az config dir's ``elastictrain/local``),
 where ``LocalClusters`` records what it started. Built as the AKS backend is, by composition: the clusters
-(cluster.py), the home of this one (home.py: its jobs' records and storage), the jobs in it (jobs.py) and their
-evictions (evict.py), each given the home.
+(cluster.py), the home of this one (home.py: its jobs' records and storage), and, each given the home, what is
+done to its jobs: starting them (starting.py), following and describing them (following.py), stopping and
+deleting them (stopping.py) and evicting their nodes (evict.py).
 """
 from __future__ import annotations
 
@@ -25,8 +26,10 @@ from azext_elastictrain.backends.base import (
 )
 from azext_elastictrain.backends.local.cluster import COMPONENTS, LocalClusters
 from azext_elastictrain.backends.local.evict import NodeEvictions
+from azext_elastictrain.backends.local.following import JobFollower
 from azext_elastictrain.backends.local.home import ClusterHome
-from azext_elastictrain.backends.local.jobs import LocalJobs
+from azext_elastictrain.backends.local.starting import run_job
+from azext_elastictrain.backends.local.stopping import JobStopper
 from azext_elastictrain.backends.local.plans import LocalEviction, LocalJobDeletion, LocalSchedule
 from azext_elastictrain.core.constants import AZURE_NOTICE_SECONDS
 from azext_elastictrain.core.errors import NotSupported, OptionNotHere
@@ -54,7 +57,8 @@ class LocalBackend:  # pylint: disable=too-many-public-methods  # the Backend pr
     def __init__(self, state_root: Path, cluster: str) -> None:
         self.clusters = LocalClusters(state_root)
         self.home = ClusterHome(self.clusters, cluster)
-        self.jobs = LocalJobs(self.home)
+        self.follower = JobFollower(self.home)
+        self.stopper = JobStopper(self.home)
         self.evictions = NodeEvictions(self.home)
         self.cluster = cluster
 
@@ -87,14 +91,14 @@ class LocalBackend:  # pylint: disable=too-many-public-methods  # the Backend pr
     def plan_cluster_delete(self, *, delete_storage: bool = False,
                             storage_account: str | None = None) -> Plan[None]:
         del delete_storage, storage_account  # Azure's: a local cluster's storage is its folder, always removed
-        shown = self.clusters.delete_cluster(self.cluster, self.jobs, dry_run=True)
+        shown = self.clusters.delete_cluster(self.cluster, self.stopper, dry_run=True)
         pids = ", ".join(f"{p['component']} (pid {p['pid']})" for p in shown["stopped"]) or "no running processes"
         return Plan(shown, None, f"Delete local cluster {self.cluster!r}: stop {pids} and remove {shown['removed']} "
                                  "with its checkpoints?")
 
     def delete_cluster(self, plan: Plan[None], *, no_wait: bool = False) -> dict[str, Any]:
         del plan, no_wait  # its processes are looked up again at delete time; stopping them is quick
-        return self.clusters.delete_cluster(self.cluster, self.jobs)
+        return self.clusters.delete_cluster(self.cluster, self.stopper)
 
     # -- jobs --------------------------------------------------------------------------------------------------
     def plan_job(self, request: JobRequest) -> Plan[JobSpec]:
@@ -108,25 +112,25 @@ class LocalBackend:  # pylint: disable=too-many-public-methods  # the Backend pr
         return Plan(shown, spec)
 
     def submit_job(self, plan: Plan[JobSpec]) -> dict[str, Any]:
-        return self.jobs.run_job(plan.request)
+        return run_job(self.home, plan.request)
 
     def describe_job(self, name: str) -> dict[str, Any]:
-        return self.jobs.show_job(name)
+        return self.follower.show_job(name)
 
     def list_jobs(self) -> list[dict[str, Any]]:
-        return self.jobs.list_jobs()
+        return self.follower.list_jobs()
 
     def job_events(self, name: str) -> list[dict[str, Any]]:
-        return self.jobs.job_events(name)
+        return self.follower.job_events(name)
 
     def job_pool(self) -> dict[str, Any] | None:
         return None  # the nodes are processes here: no VM size, no price (job show --price-as names one)
 
     def job_logs(self, name: str, request: LogRequest) -> JobLogs:
         refuse_options(request, NOT_HERE["logs"])
-        prefixed = request.node is None and len(self.jobs.job_nodes(name)) > 1
-        lines = self.jobs.job_logs(name, node=request.node, tail=request.tail, follow=request.follow,
-                                   timeout=request.timeout)
+        prefixed = request.node is None and len(self.follower.job_nodes(name)) > 1
+        lines = self.follower.job_logs(name, node=request.node, tail=request.tail, follow=request.follow,
+                                       timeout=request.timeout)
         return JobLogs(lines, prefixed)
 
     def wait_job(self, name: str, until: WaitFor) -> dict[str, Any]:
@@ -136,7 +140,7 @@ class LocalBackend:  # pylint: disable=too-many-public-methods  # the Backend pr
                                       "--tail 50")
 
     def plan_job_delete(self, name: str, *, delete_checkpoints: bool = False) -> Plan[LocalJobDeletion]:
-        shown = self.jobs.delete_job(name, dry_run=True, delete_checkpoints=delete_checkpoints)
+        shown = self.stopper.delete_job(name, dry_run=True, delete_checkpoints=delete_checkpoints)
         pids = ", ".join(f"{p['node'] or 'worker'} (pid {p['pid']})" for p in shown["stopped"]) or \
             "no running processes"
         checkpoints = (f"DELETE its {shown['blobsDeleted']} checkpoint and event blobs "
@@ -146,7 +150,7 @@ class LocalBackend:  # pylint: disable=too-many-public-methods  # the Backend pr
                     f"{checkpoints}?")
 
     def delete_job(self, plan: Plan[LocalJobDeletion]) -> dict[str, Any]:
-        return self.jobs.delete_job(plan.request.name, delete_checkpoints=plan.request.delete_checkpoints)
+        return self.stopper.delete_job(plan.request.name, delete_checkpoints=plan.request.delete_checkpoints)
 
     # -- evictions ---------------------------------------------------------------------------------------------
     def plan_eviction(self, request: EvictionRequest) -> Plan[LocalEviction]:
@@ -168,14 +172,14 @@ class LocalBackend:  # pylint: disable=too-many-public-methods  # the Backend pr
         world_before = self.describe_job(job).get("worldSize")
         result = self.evictions.evict(job, **_options(eviction))
         if wait:
-            result["recovery"] = [self.jobs.follow_recovery(job, e) for e in result["evictions"]][-1:]
+            result["recovery"] = [self.follower.follow_recovery(job, e) for e in result["evictions"]][-1:]
         if eviction.replace_after is not None:
             evicted_at = max(e["evictedAt"] for e in result["evictions"])
             time.sleep(max(0.0, evicted_at + eviction.replace_after - time.time()))
             result["replacements"] = self.evictions.replace_nodes(job, len(result["evictions"]))
             if wait and world_before:
                 since = min(r["startedAt"] for r in result["replacements"])
-                result["capacityBack"] = self.jobs.follow_world_size(job, world_before, since)
+                result["capacityBack"] = self.follower.follow_world_size(job, world_before, since)
         return result
 
     def plan_schedule(self, request: ScheduleRequest) -> Plan[LocalSchedule]:
@@ -206,7 +210,7 @@ class LocalBackend:  # pylint: disable=too-many-public-methods  # the Backend pr
 
         job = plan.request.job
         result = run_schedule(plan.request.schedule,
-                              LocalScheduleEvictor(self.jobs, self.evictions, job), stop=stop,
+                              LocalScheduleEvictor(self.follower, self.evictions, job), stop=stop,
                               say=say or (lambda line: None))
         return {"type": "local", "cluster": self.cluster, "job": job, **result}
 

@@ -12,7 +12,7 @@ from azext_elastictrain.core.chaos import FollowStopped, ScheduledEviction, Skip
 
 
 class Jobs(Protocol):
-    """What the evictor reads of the job (``jobs.LocalJobs``, bound to its cluster)."""
+    """What the evictor reads of the job (``following.JobFollower``, bound to its cluster)."""
 
     def show_job(self, job: str) -> dict[str, Any]:
         ...

@@ -4,8 +4,8 @@ Each component is a background process on a free loopback port that outlives
 the ``az`` command which started it. What was started is recorded in
 ``<state root>/<cluster>/cluster.json`` (pid, process start time, port, log),
 so ``show`` can check health and ``delete`` can stop exactly those processes
-and no other that happens to reuse a pid. Jobs on it: jobs.py;
-evictions: evict.py.
+and no other that happens to reuse a pid. Where its jobs live: home.py; what
+is done to them: starting.py, following.py, stopping.py; evictions: evict.py.
 
 ``create`` is idempotent: healthy components are left alone, dead ones are
 started again; if anything fails to come up, what this call started is
@@ -46,7 +46,7 @@ START_TIMEOUT = 30.0
 
 
 class ClusterJobs(Protocol):
-    """What deleting a cluster needs of its jobs (``jobs.LocalJobs``, bound to it): their live nodes, and
+    """What deleting a cluster needs of its jobs (``stopping.JobStopper``, bound to it): their live nodes, and
     stopping them."""
 
     def running_nodes(self) -> list[dict[str, Any]]:

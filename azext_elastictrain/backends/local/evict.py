@@ -19,8 +19,9 @@ import urllib.request
 from typing import Any, Callable
 
 from azext_elastictrain.backends.local import record
+from azext_elastictrain.backends.local.following import run_events
 from azext_elastictrain.backends.local.home import ClusterHome
-from azext_elastictrain.backends.local.jobs import LocalJobs, run_events
+from azext_elastictrain.backends.local.starting import start_node
 from azext_elastictrain.backends.local.state import alive, node_processes
 from azext_elastictrain.core.constants import AZURE_NOTICE_SECONDS
 from azext_elastictrain.core.recovery import trained_again
@@ -214,8 +215,8 @@ def _evict_one(home: ClusterHome, job: dict[str, Any], target: dict[str, Any], *
 def _replace(home: ClusterHome, job: dict[str, Any], conn: dict[str, Any]) -> dict[str, Any]:
     """Spot capacity is back: a new node joins the job's rendezvous, started as the job's first nodes were."""
     name = f"{job['name']}-node-{len(job['nodes'])}"
-    node = LocalJobs.start_node(record.spec_of(job), job["script"], name, conn, job_dir=home.job_dir(job["name"]),
-                                rdzv_id=job["rdzvId"], record=job)
+    node = start_node(record.spec_of(job), job["script"], name, conn, job_dir=home.job_dir(job["name"]),
+                      rdzv_id=job["rdzvId"], recorded=job)
     job["nodes"].append(node)
     home.save_job(job)
     return {"node": name, "pid": node["pid"], "startedAt": node["started"]}
