@@ -6,7 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from azext_elastictrain.backends.aks.cluster import AksClusters, _Context
+from azext_elastictrain.backends.aks.cluster import _Context
+from azext_elastictrain.backends.aks.cluster_create import ClusterCreation
 from azext_elastictrain.clients.kube import KubeError
 from azext_elastictrain.core.spec import ClusterSpec
 from tests.support.fake_kube import FakeKube
@@ -43,7 +44,7 @@ class RbacNotThereYet(FakeKube):
 
 
 def _clusters(kube, arm=None, wait=5.0):
-    return AksClusters(arm or SignedIn(), kube_connect=lambda _: kube, poll_seconds=0.01, rbac_wait=wait)
+    return ClusterCreation(arm or SignedIn(), kube_connect=lambda _: kube, poll_seconds=0.01, rbac_wait=wait)
 
 
 def test_the_creator_is_the_admin_unless_another_principal_is_named_and_nobody_with_local_accounts() -> None:

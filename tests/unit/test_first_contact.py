@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from azext_elastictrain.backends.aks import cluster as aks_cluster
+from azext_elastictrain.backends.aks import cluster_create as aks_cluster
 from azext_elastictrain.core import arm_bodies as arm
 from azext_elastictrain.core.errors import ArmError
 from azext_elastictrain.core.spec import ClusterSpec, SpecError, default_storage_account, reserved_label
@@ -100,7 +100,7 @@ class _RoleArm:  # pylint: disable=too-few-public-methods
 
 def _assign(errors):
     fake = _RoleArm(errors)
-    clusters = aks_cluster.AksClusters(fake, role_retry_seconds=0)
+    clusters = aks_cluster.ClusterCreation(fake, role_retry_seconds=0)
     step = aks_cluster.Step("role", "role_assignment", {}, lambda c: {})
     return fake, clusters._assign_role(step, {}, {}, "[1/1] role", "created")  # pylint: disable=protected-access
 

@@ -229,7 +229,7 @@ def test_network_rules_azure_answers_with_a_state_are_no_drift_but_a_missing_rul
 
 
 def test_the_window_covers_kubernetes_upgrades_too_unless_none_upgrades_kubernetes():
-    from azext_elastictrain.backends.aks.cluster import plan_steps
+    from azext_elastictrain.backends.aks.cluster_create import plan_steps
 
     def windows(spec):
         return [s.ref["name"] for s in plan_steps(spec, SUB) if s.kind == "maintenance_configuration"]

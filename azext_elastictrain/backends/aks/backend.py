@@ -1,8 +1,8 @@
 """An AKS cluster behind ``backends.base.Backend``: ARM for the cluster, Kubernetes for jobs, blob for events.
 
 Bound to one resource group and cluster; every command reaches them through one ``AksSession`` (clients
-resolved once and reused in loops). ``clusters`` owns the cluster's lifecycle, ``jobs`` its ElasticJobs,
-``evict`` its Spot evictions.
+resolved once and reused in loops). The cluster's lifecycle is ``creation`` (cluster_create.py), ``views``
+(cluster_show.py) and ``deletion`` (cluster_delete.py); ``jobs`` its ElasticJobs, ``evict`` its Spot evictions.
 """
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from azext_elastictrain.backends.aks import evict as aks_evict
-from azext_elastictrain.backends.aks.cluster import AksClusters
+from azext_elastictrain.backends.aks.cluster_create import ClusterCreation
+from azext_elastictrain.backends.aks.cluster_delete import ClusterDeletion
+from azext_elastictrain.backends.aks.cluster_show import ClusterViews
 from azext_elastictrain.backends.aks.jobs import AksJobs
 from azext_elastictrain.backends.aks.plans import AksClusterDeletion, AksJob, AksJobDeletion, AksSchedule
 from azext_elastictrain.backends.aks.session import AksSession, gpu_spot_pool
@@ -50,7 +52,8 @@ NOT_HERE: dict[str, NotHere] = {
 }
 
 
-class AksBackend:  # pylint: disable=too-many-public-methods  # the Backend protocol (base.py), method for method
+# pylint: disable-next=too-many-public-methods,too-many-instance-attributes  # base.py's methods; one part per role
+class AksBackend:
     kind = "aks"
 
     def __init__(self, arm: Arm, resource_group: str | None, cluster: str | None, *, credential: Any = None,
@@ -61,8 +64,11 @@ class AksBackend:  # pylint: disable=too-many-public-methods  # the Backend prot
         self._progress = progress or (lambda message: None)
         self.session = AksSession(arm, resource_group or "", cluster or "", credential=credential,
                                   kube_connect=kube_connect)
-        self.clusters = AksClusters(arm, kube_connect=kube_connect, progress=self._progress, session=self.session,
-                                    spot_market=spot_market)
+        self.creation = ClusterCreation(arm, kube_connect=kube_connect, progress=self._progress,
+                                        session=self.session, spot_market=spot_market)
+        self.views = ClusterViews(arm, kube_connect=kube_connect, progress=self._progress, session=self.session)
+        self.deletion = ClusterDeletion(arm, kube_connect=kube_connect, progress=self._progress,
+                                        session=self.session)
         self.jobs = AksJobs(self.session, progress=self._progress)
 
     @property
@@ -81,26 +87,26 @@ class AksBackend:  # pylint: disable=too-many-public-methods  # the Backend prot
 
     # -- the cluster -------------------------------------------------------------------------------------------
     def plan_cluster(self, spec: ClusterSpec) -> Plan[None]:
-        return Plan(self.clusters.plan(spec), None)
+        return Plan(self.creation.plan(spec), None)
 
     def create_cluster(self, spec: ClusterSpec, *, no_wait: bool = False) -> dict[str, Any]:
-        return self.clusters.create(spec, no_wait=no_wait)
+        return self.creation.create(spec, no_wait=no_wait)
 
     def merge_kubeconfig(self, spec: ClusterSpec) -> dict[str, Any]:
-        return self.clusters.merge_kubeconfig(spec)
+        return self.creation.merge_kubeconfig(spec)
 
     def show_cluster(self) -> dict[str, Any]:
-        return self.clusters.show(self._spec())
+        return self.views.show(self._spec())
 
     def cluster_state(self) -> dict[str, Any]:
-        return self.clusters.state(self._spec())
+        return self.views.state(self._spec())
 
     def list_clusters(self) -> list[dict[str, Any]]:
-        return self.clusters.list(self.resource_group)
+        return self.views.list(self.resource_group)
 
     def plan_cluster_delete(self, *, delete_storage: bool = False,
                             storage_account: str | None = None) -> Plan[AksClusterDeletion]:
-        plan = self.clusters.delete_plan(self._spec(storage_account=storage_account or ""),
+        plan = self.deletion.delete_plan(self._spec(storage_account=storage_account or ""),
                                          delete_storage=delete_storage)
         shown = {"dryRun": True, **{k: v for k, v in plan.items() if k != "delete"},
                  "delete": [{"step": d["step"], "id": d["id"]} for d in plan["delete"]]}
@@ -111,7 +117,7 @@ class AksBackend:  # pylint: disable=too-many-public-methods  # the Backend prot
         return Plan(shown, AksClusterDeletion(plan), prompt)
 
     def delete_cluster(self, plan: Plan[AksClusterDeletion], *, no_wait: bool = False) -> dict[str, Any]:
-        return self.clusters.delete(plan.request.steps, no_wait=no_wait)
+        return self.deletion.delete(plan.request.steps, no_wait=no_wait)
 
     # -- jobs --------------------------------------------------------------------------------------------------
     def plan_job(self, request: JobRequest) -> Plan[AksJob]:

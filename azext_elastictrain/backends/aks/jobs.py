@@ -2,7 +2,8 @@
 
 Everything goes through one ``AksSession`` (ARM, Kubernetes and blob storage resolved once per command), so a
 command that looks many times (`job wait`) asks ARM and fetches the cluster's credentials once. The cluster's
-lifecycle is ``cluster.AksClusters``'s; jobs are described by ``describe`` (pure over the objects fetched here).
+lifecycle is cluster_create.py's, cluster_show.py's and cluster_delete.py's; jobs are described by ``describe``
+(pure over the objects fetched here).
 """
 from __future__ import annotations
 

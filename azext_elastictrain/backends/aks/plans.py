@@ -34,7 +34,7 @@ class AksJobDeletion:
 
 @dataclass(frozen=True)
 class AksClusterDeletion:
-    """The resources to delete in order, and those kept (``AksClusters.delete_plan``'s plan)."""
+    """The resources to delete in order, and those kept (``ClusterDeletion.delete_plan``'s plan)."""
 
     steps: dict[str, Any]
 
