@@ -6,6 +6,7 @@ from dataclasses import fields, replace
 import pytest
 
 from azext_elastictrain.backends.local import record
+from azext_elastictrain.core.launched import launched
 from azext_elastictrain.core.spec import JobSpec
 
 SPEC = JobSpec(name="cifar", script="/repo/scripts/train_cifar10.py", min_nodes=1, max_nodes=3, nodes=2,
@@ -21,7 +22,8 @@ def test_a_recorded_spec_reads_back_as_it_was_started() -> None:
 
 def test_every_option_of_the_spec_is_recorded_and_shown() -> None:
     recorded = record.new_record(SPEC, cluster="local", script=SPEC.script, rdzv_id="cifar-1")
-    shown = record.launched(recorded, "http://127.0.0.1:1/devstoreaccount1/checkpoints/cifar")
+    shown = launched(record.spec_of(recorded), created=None, checkpoint_url="http://127.0.0.1:1/devstoreaccount1/"
+                     "checkpoints/cifar", rdzv_id=recorded["rdzvId"])
     names = {f.name for f in fields(JobSpec)} - {"name", "nodes"}
     camel = {n.split("_")[0] + "".join(p.title() for p in n.split("_")[1:]) for n in names}
     assert camel <= set(shown) and shown["nodeCount"] == 2 and shown["rdzvId"] == "cifar-1"
@@ -34,7 +36,7 @@ def test_a_record_from_before_warm_starts_reads_as_without_them_for_show_and_for
                                  rdzv_id="cifar-1")
     del recorded["warmStart"], recorded["memoryTier"]
     assert record.spec_of(recorded).warm_start is False
-    assert record.launched(recorded, "u")["warmStart"] is False
+    assert launched(record.spec_of(recorded), created=None, checkpoint_url="u", rdzv_id="r")["warmStart"] is False
     assert record.spec_of(recorded).memory_tier == JobSpec(name="x", script="y").memory_tier
 
 

@@ -16,9 +16,12 @@ from azext_elastictrain.backends.local.home import ClusterHome
 from azext_elastictrain.backends.local.state import alive
 from azext_elastictrain.clients.blob import EventReader
 from azext_elastictrain.core import events as job_events
-from azext_elastictrain.core import launch
 from azext_elastictrain.core.errors import JobNotFound
+from azext_elastictrain.core.launched import launched
 from azext_elastictrain.core.view import build_job_view, iso_time, read_job_events
+
+#: What only a local job's launched part shows (core/launched.py's ``own``): an in-process job's coordinator.
+OWN_LAUNCHED = ("coordinator",)
 
 
 class JobFollower:
@@ -73,14 +76,8 @@ class JobFollower:
         view = build_job_view(events, created=job["created"], nodes=nodes, state_of=state_of,
                               lost_nodes=lost_nodes, events_error=events_error)
         identity = {"name": job["name"], "cluster": self.home.name, "type": "local"}
-        launched = {"created": iso_time(job["created"]),
-                    **record.launched(job, self.home.checkpoint_url(job["name"], conn))}
-        if job.get("recovery") == launch.RECOVERY_IN_PROCESS:
-            launched["rdzvId"] = None  # its nodes are worlds of their own: no rendezvous
-        if job.get("coordinator"):
-            launched["coordinator"] = {"address": job["coordinator"].get("address"), "pid": job["coordinator"]["pid"],
-                                       "alive": alive(job["coordinator"]), "log": job["coordinator"]["log"]}
-        return view.describe(identity, launched, {"stateDir": str(self.home.job_dir(job["name"]))})
+        shown = launched_of(job, self.home.checkpoint_url(job["name"], conn))
+        return view.describe(identity, shown, {"stateDir": str(self.home.job_dir(job["name"]))})
 
     def job_alive(self, job: str) -> bool:
         state = self.home.load_job(job)
@@ -183,6 +180,16 @@ class JobFollower:
             if deadline is not None and time.monotonic() >= deadline:
                 return
             time.sleep(poll)
+
+
+def launched_of(job: dict[str, Any], checkpoint_url: str) -> dict[str, Any]:
+    """How the job recorded as ``job`` was launched, as `job show` prints it (core/launched.py): the spec its record
+    holds, where it checkpoints (the cluster's storage as it is reached now), its rendezvous, and ``OWN_LAUNCHED``."""
+    coordinator = job.get("coordinator")
+    own = {"coordinator": {"address": coordinator.get("address"), "pid": coordinator["pid"],
+                           "alive": alive(coordinator), "log": coordinator["log"]}} if coordinator else {}
+    return launched(record.spec_of(job), created=iso_time(job["created"]), checkpoint_url=checkpoint_url,
+                    rdzv_id=job.get("rdzvId"), own=own)
 
 
 def run_events(read: EventReader, state: dict[str, Any]) -> list[dict[str, Any]]:

@@ -1,9 +1,9 @@
 """A local job's record (``<cluster>/jobs/<job>/job.json``) and the one mapping between it and the job's spec.
 
 Every field of ``JobSpec`` is recorded under its camelCase name (``nodes`` as ``nodeCount``, the count it
-started with), so an option added to the spec is recorded, read back for a replacement node and shown by
-``job show`` with no change here. A record written before a field existed reads as the job ran then
-(``_BEFORE``), never as today's default.
+started with: core/launched.py's keys, those `job show` prints), so an option added to the spec is recorded, read
+back for a replacement node and shown by ``job show`` with no change here. A record written before a field existed
+reads as the job ran then (``_BEFORE``), never as today's default.
 """
 from __future__ import annotations
 
@@ -11,27 +11,11 @@ import time
 from dataclasses import MISSING, fields
 from typing import Any
 
+from azext_elastictrain.core.launched import key as _key, spec_fields
 from azext_elastictrain.core.spec import JobSpec
 
-# Field -> record key where it is not the camelCase of the name.
-_KEYS = {"nodes": "nodeCount"}
 # What a job recorded before the field existed ran with, where that is not the spec's default: no warm starts.
 _BEFORE: dict[str, Any] = {"warm_start": False}
-
-
-def _key(name: str) -> str:
-    head, *rest = name.split("_")
-    return _KEYS.get(name) or head + "".join(part.title() for part in rest)
-
-
-def spec_fields(spec: JobSpec) -> dict[str, Any]:
-    """The spec as a record holds it (JSON: tuples become lists)."""
-    def plain(value: Any) -> Any:
-        return [plain(v) for v in value] if isinstance(value, tuple) else value
-
-    recorded = {_key(f.name): plain(getattr(spec, f.name)) for f in fields(JobSpec)}
-    recorded["nodeCount"] = spec.node_count
-    return recorded
 
 
 def new_record(spec: JobSpec, *, cluster: str, script: str, rdzv_id: str) -> dict[str, Any]:
@@ -55,11 +39,3 @@ def spec_of(record: dict[str, Any]) -> JobSpec:
         elif f.default is MISSING:
             raise KeyError(f"the record of job {record.get('name')!r} lacks {key!r}")
     return JobSpec(**given)
-
-
-def launched(record: dict[str, Any], checkpoint_url: str) -> dict[str, Any]:
-    """How the job was launched, as `job show` prints it: every option, where it checkpoints (the cluster's
-    storage as it is reached now) and its rendezvous."""
-    shown = spec_fields(spec_of(record))
-    del shown["name"]
-    return {**shown, "checkpointUrl": checkpoint_url, "rdzvId": record.get("rdzvId")}

@@ -1,0 +1,54 @@
+"""How a job was launched, as `job show` prints it: every option of its spec, where it checkpoints and its
+rendezvous, made here for both backends so that a job shows the same keys on either (tests/unit/
+test_backend_contract.py).
+
+Every field of ``JobSpec`` is shown under its camelCase name (``nodes`` as ``nodeCount``, the count it started
+with), so an option added to the spec is shown on both backends with no change here. The local backend records a
+job under the same names (backends/local/record.py) and shows the spec it reads back; the AKS backend reads the
+spec back from the job's manifest, as far as it can (backends/aks/describe.py). What only one backend has (local:
+an in-process job's coordinator; AKS: the image) it adds as its ``own``.
+
+Pure and stdlib only.
+"""
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any, Mapping
+
+from azext_elastictrain.core.launch import RECOVERY_IN_PROCESS
+from azext_elastictrain.core.spec import JobSpec
+
+# Field -> key where it is not the camelCase of the name.
+_KEYS = {"nodes": "nodeCount"}
+
+
+def key(name: str) -> str:
+    """The key of ``JobSpec``'s field ``name``, in a local job's record and in `job show`."""
+    head, *rest = name.split("_")
+    return _KEYS.get(name) or head + "".join(part.title() for part in rest)
+
+
+def spec_fields(spec: JobSpec | Mapping[str, Any]) -> dict[str, Any]:
+    """The spec's fields under their keys, as JSON holds them (tuples become lists); ``nodeCount`` is the count the
+    job started with. A mapping of field names stands for a spec that could not be made whole (a job made by an
+    older version or another tool): what it lacks is None."""
+    def plain(value: Any) -> Any:
+        return [plain(v) for v in value] if isinstance(value, tuple) else value
+
+    if isinstance(spec, JobSpec):
+        values = {f.name: getattr(spec, f.name) for f in fields(JobSpec)}
+        values["nodes"] = spec.node_count
+    else:
+        values = {f.name: spec.get(f.name) for f in fields(JobSpec)}
+    return {key(name): plain(value) for name, value in values.items()}
+
+
+def launched(spec: JobSpec | Mapping[str, Any], *, created: str | None, checkpoint_url: str | None,
+             rdzv_id: str | None, own: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The launched part of `job show`: when the job was created, every option of ``spec`` but its name, where it
+    checkpoints, its rendezvous (none in process: each node is a world of its own), then the backend's ``own``."""
+    shown = spec_fields(spec)
+    del shown["name"]
+    in_process = shown["recovery"] == RECOVERY_IN_PROCESS
+    return {"created": created, **shown, "checkpointUrl": checkpoint_url, "rdzvId": None if in_process else rdzv_id,
+            **(own or {})}
