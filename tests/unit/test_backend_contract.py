@@ -139,6 +139,70 @@ def test_wait_fails_once_a_job_ended_or_time_ran_out_and_returns_once_reached() 
     assert WaitFor().timeout == 600
 
 
+# -- how a job was launched ----------------------------------------------------------------------------------
+
+def _launched_both(recovery: str) -> tuple[dict, list[dict]]:
+    """The launched part of `job show` of one spec on each backend: local from the job's record (an in-process job
+    with its coordinator), AKS from the spec read back from each engine's manifest."""
+    from azext_elastictrain.backends.aks import describe
+    from azext_elastictrain.backends.local import following, record
+    from azext_elastictrain.core import manifests as m
+    from azext_elastictrain.core.spec import JobSpec
+
+    cluster = m.InClusterSpec(identity_client_id="3f2a1b4c-5d6e-4f70-8192-a3b4c5d6e7f8",
+                              checkpoint_url="https://ckptstore01.blob.core.windows.net/checkpoints")
+    spec = JobSpec(name="cifar", script="/app/train.py", min_nodes=1, max_nodes=3, nodes=2, nproc_per_node=2,
+                   script_args=("--steps", "900"), checkpoint_interval=50, checkpoint_interval_seconds=600.0, keep=4,
+                   memory_tier="4Gi", warm_start=False, recovery=recovery,
+                   env=("NCCL_DEBUG=INFO", "ELASTICTRAIN_REPLICA_CHECK_STEPS=5"))
+    url = "https://ckptstore01.blob.core.windows.net/checkpoints/cifar"
+    recorded = record.new_record(spec, cluster="local", script=spec.script, rdzv_id="cifar-1a2b3c4d")
+    if spec.in_process:
+        recorded["coordinator"] = {"address": "http://127.0.0.1:40002", "pid": 1, "started": 0.0, "log": "c.log"}
+    manifests = [m.render_elastic_job(spec, cluster, IMAGE, run_id="cifar-1a2b3c4d"),
+                 m.render_k8s_job(spec, cluster, IMAGE, run_id="cifar-1a2b3c4d")[-1]]
+    return following.launched_of(recorded, url), [describe.launched_of(j, checkpoint_url=url) for j in manifests]
+
+
+@pytest.mark.parametrize("recovery", ["restart", "in-process"])
+def test_both_backends_show_how_a_job_was_launched_with_the_same_keys_and_values(recovery) -> None:
+    """core/launched.py makes the launched part of `job show` on both backends: every option of the spec, where it
+    checkpoints, its rendezvous; only what one backend alone has (OWN_LAUNCHED) differs."""
+    from azext_elastictrain.backends.aks.describe import OWN_LAUNCHED as AKS_OWN
+    from azext_elastictrain.backends.local.following import OWN_LAUNCHED as LOCAL_OWN
+
+    local, on_aks = _launched_both(recovery)
+    assert set(LOCAL_OWN) <= set(local) if recovery == "in-process" else not set(LOCAL_OWN) & set(local)
+    for aks in on_aks:
+        assert set(local) - set(LOCAL_OWN) == set(aks) - set(AKS_OWN) and aks["image"] == IMAGE
+    # read back from the ElasticJob, every option is what the local record says (the pod holds --env in its order)
+    elastic = on_aks[0]
+    shared = set(local) - set(LOCAL_OWN) - {"created", "env"}
+    assert {k: local[k] for k in shared} == {k: elastic[k] for k in shared}
+    assert sorted(local["env"]) == sorted(elastic["env"]) and len(local["env"]) == 2
+    assert elastic["rdzvId"] == (None if recovery == "in-process" else "cifar-1a2b3c4d")
+
+
+def test_a_job_whose_manifest_is_not_ours_still_shows_every_key_with_what_could_be_read() -> None:
+    """A manifest made by another tool or an older version: a setting this version cannot read (the runtime's
+    reader refuses it) and a missing script do not fail `job show`; what was not read is None."""
+    from azext_elastictrain.backends.aks import describe
+    from azext_elastictrain.core.launched import launched
+
+    local, _ = _launched_both("restart")
+    foreign = {"apiVersion": "elastic.pytorch.org/v1alpha1", "kind": "ElasticJob",
+               "metadata": {"name": "theirs", "namespace": "elastictrain"},
+               "spec": {"minReplicas": 1, "maxReplicas": 2, "replicaSpecs": {"Worker": {"replicas": 2, "template": {
+                   "spec": {"containers": [{"name": "worker", "image": IMAGE, "args": ["--nproc-per-node=1"],
+                                            "env": [{"name": "ELASTICTRAIN_KEEP", "value": "many"},
+                                                    {"name": "HOME", "value": "/root"}]}]}}}}}}
+    assert isinstance(describe.spec_of(foreign), dict)
+    shown = describe.launched_of(foreign)
+    assert set(shown) - {"image"} == set(local) - {"image"} == set(launched(
+        describe.spec_of(foreign), created=None, checkpoint_url=None, rdzv_id=None))
+    assert (shown["script"], shown["keep"], shown["nodeCount"], shown["env"]) == (None, None, 2, ["HOME=/root"])
+
+
 # -- where a command runs, and its errors ---------------------------------------------------------------------
 
 def test_the_place_of_a_command_is_resolved_once_with_usage_errors_before_any_request() -> None:

@@ -4,7 +4,9 @@
 ``describe_job`` is pure over the objects the caller fetched; ``show_job`` and
 ``list_jobs`` are thin functions over a ``clients.kube.KubeClient``. The result has the keys of the local
 backend's job show where they mean the same (so the table formatters and `job wait` work on both), with
-``nodes`` one entry per worker pod and ``operator`` the controller's own conditions and replica counts.
+``nodes`` one entry per worker pod and ``operator`` the controller's own conditions and replica counts. How the
+job was launched is core/launched.py's, as on the local backend, from the spec read back from the job's manifest
+(``spec_of``).
 
 The archived operator (kubeflow/common JobStatus) writes conditions Created, Running, Restarting, Succeeded,
 Failed; for a job of Worker replicas only it never writes Succeeded (only a Master's exit does), so the job's
@@ -13,6 +15,7 @@ Failed; for a job of Worker replicas only it never writes Succeeded (only a Mast
 from __future__ import annotations
 
 import time
+from dataclasses import fields
 from typing import Any, Callable
 
 from azext_elastictrain.core import events as job_events
@@ -31,13 +34,16 @@ from azext_elastictrain.core.ports import KubeClient
 from azext_elastictrain.core.manifests import (
     ELASTICJOB_API_VERSION,
     ENGINE_LABEL,
+    MEMORY_TIER_VOLUME,
     NODES_ANNOTATION,
     RECOVERY_LABEL,
     WORKER_CONTAINER,
     WORKER_LABELS,
 )
 from azext_elastictrain.core.errors import JobNotFound
-from azext_elastictrain.core.spec import ENGINE_K8S_JOB, ENGINE_TORCHELASTIC, SpecError
+from azext_elastictrain.core.launched import launched
+from azext_elastictrain.core.settings import DEFAULTS, RuntimeSettings
+from azext_elastictrain.core.spec import ENGINE_K8S_JOB, ENGINE_TORCHELASTIC, MEMORY_TIER_OFF, JobSpec, SpecError
 from azext_elastictrain.core.view import build_job_view, parse_iso, read_job_events
 
 CREATED = "Created"
@@ -53,13 +59,25 @@ _JOB_CONDITIONS = {"Complete": "Succeeded", "SuccessCriteriaMet": "Succeeded", "
 _JOB_COUNTS = ("active", "ready", "succeeded", "failed", "terminating", "completedIndexes", "failedIndexes")
 
 ReadEvents = Callable[[str], list[Any]]
+#: What only an AKS job's launched part shows (core/launched.py's ``own``): the image its workers run.
+OWN_LAUNCHED = ("image",)
+# What the launch writes into a worker's environment besides the job's --env (core/manifests.py's worker env, with
+# core/settings.py's job_env): every runtime setting, where the worker's checkpoints, memory tier and peers are.
+_LAUNCH_ENV = frozenset({*(item.metadata["env"] for item in fields(RuntimeSettings)), launch.ENV_CHECKPOINT_URL,
+                         launch.ENV_CHECKPOINT_CONTAINER_URL, launch.ENV_NODE_NAME, launch.ENV_MEMORY_DIR,
+                         launch.ENV_NODE_LEAVING_FILE, launch.ENV_REPLICA_ID, launch.ENV_REPLICA_HOST,
+                         launch.ENV_JOB_SECRET, launch.ENV_COORDINATOR})
+# ... and what it writes that --env may set too (another value there is the job's --env).
+_LAUNCH_DEFAULTS = {**{name: value for name, value in DEFAULTS.to_env().items() if name in launch.ENV_SCRIPT_SETTINGS},
+                    **launch.TCP_STORE_WORKAROUND, "PYTHONUNBUFFERED": "1"}
 
 
 def describe_job(elastic_job: dict[str, Any], pods: list[dict[str, Any]], nodes: list[dict[str, Any]],
-                 events: list[dict[str, Any]], *,
-                 cluster: str | None = None, events_error: str | None = None) -> dict[str, Any]:
+                 events: list[dict[str, Any]], *, cluster: str | None = None, events_error: str | None = None,
+                 checkpoint_url: str | None = None) -> dict[str, Any]:
     """`job show` of one ElasticJob from its object, the namespace's pods, the cluster's nodes and its events
-    (all of them: those of an earlier job of the same name are dropped here by the job's creation time)."""
+    (all of them: those of an earlier job of the same name are dropped here by the job's creation time), and
+    where it checkpoints (the blob URL of its prefix)."""
     meta = elastic_job.get("metadata") or {}
     name = object_name(elastic_job)
     shape = _shape(elastic_job)
@@ -71,27 +89,9 @@ def describe_job(elastic_job: dict[str, Any], pods: list[dict[str, Any]], nodes:
         events, created=parse_iso(meta.get("creationTimestamp")), nodes=workers, events_error=events_error,
         state_of=lambda summary: job_state(conditions, summary["finished"], workers, events_error is not None),
         lost_nodes=lambda _state: [w["node"] for w in workers if w["status"] == NODE_LOST])
-    container = _container(shape["template"])
-    args = _script_args(container.get("args") or [])
-    env = {e.get("name"): e.get("value") for e in container.get("env") or []}
     identity = {"name": name, "cluster": cluster, "type": "aks", "namespace": meta.get("namespace"),
                 "engine": shape["engine"]}
-    launched = {
-        "created": meta.get("creationTimestamp"),
-        "image": container.get("image"),
-        "script": args["script"],
-        "scriptArgs": args["scriptArgs"],
-        "warmStart": args["warmStart"],
-        "minNodes": shape["minNodes"] if shape["minNodes"] is not None else args["minNodes"],
-        "maxNodes": shape["maxNodes"] if shape["maxNodes"] is not None else args["maxNodes"],
-        "nodeCount": shape["nodeCount"],
-        "nprocPerNode": args["nprocPerNode"],
-        "checkpointInterval": _int(env.get(launch.ENV_CHECKPOINT_INTERVAL_STEPS)),
-        "checkpointIntervalSeconds": _float(env.get(launch.ENV_CHECKPOINT_INTERVAL_SECONDS)),
-        "keep": _int(env.get(launch.ENV_KEEP)),
-        "recovery": shape["recovery"],
-        "rdzvId": None if shape["recovery"] == launch.RECOVERY_IN_PROCESS else args["rdzvId"] or name,
-    }
+    shown = launched_of(elastic_job, checkpoint_url=checkpoint_url)
     operator = {
         "conditions": [_condition(c) for c in status.get("conditions") or []],
         "startTime": status.get("startTime"),
@@ -101,7 +101,73 @@ def describe_job(elastic_job: dict[str, Any], pods: list[dict[str, Any]], nodes:
         operator.update({key: status.get(key) for key in _JOB_COUNTS})
     else:
         operator["replicaStatuses"] = status.get("replicaStatuses") or {}
-    return view.describe(identity, launched, {"operator": operator}, worker_restarts=True)
+    return view.describe(identity, shown, {"operator": operator}, worker_restarts=True)
+
+
+def launched_of(job: dict[str, Any], *, checkpoint_url: str | None = None) -> dict[str, Any]:
+    """How the job was launched, as `job show` prints it (core/launched.py, as a local job's): the spec read back
+    from its manifest (``spec_of``), where it checkpoints, its rendezvous, and ``OWN_LAUNCHED``."""
+    meta = job.get("metadata") or {}
+    container = _container(_shape(job)["template"])
+    rdzv_id = _script_args(container.get("args") or [])["rdzvId"] or object_name(job)
+    return launched(spec_of(job), created=meta.get("creationTimestamp"), checkpoint_url=checkpoint_url,
+                    rdzv_id=rdzv_id, own={"image": container.get("image")})
+
+
+def spec_of(job: dict[str, Any]) -> JobSpec | dict[str, Any]:
+    """The spec the job was launched with, read back from its manifest: torchrun's arguments (the script and its
+    arguments, warm or not, the node range, processes per node), the node count, the recovery label, the memory
+    tier's volume, the settings its workers' environment holds (core/settings.py's ``RuntimeSettings.from_env``,
+    the runtime's own reader) and the rest of that environment (``--env``). A ``JobSpec`` where one can be made of
+    it; else (a job made by an older version or by another tool) what could be read, by field name, None for the
+    rest (a setting whose variable is missing or that this version cannot read, too)."""
+    shape = _shape(job)
+    container = _container(shape["template"])
+    args = _script_args(container.get("args") or [])
+    env = {str(e["name"]): str(e["value"]) for e in container.get("env") or []
+           if e.get("name") and e.get("value") is not None}
+    try:
+        settings: RuntimeSettings | None = RuntimeSettings.from_env(env)
+    except ValueError:
+        settings = None
+
+    def setting(variable: str, field: str) -> Any:
+        return getattr(settings, field) if settings is not None and env.get(variable) else None
+
+    read = {
+        "name": object_name(job), "script": args["script"],
+        "min_nodes": shape["minNodes"] if shape["minNodes"] is not None else args["minNodes"],
+        "max_nodes": shape["maxNodes"] if shape["maxNodes"] is not None else args["maxNodes"],
+        "nodes": shape["nodeCount"], "nproc_per_node": args["nprocPerNode"],
+        "script_args": tuple(args["scriptArgs"]),
+        "checkpoint_interval": setting(launch.ENV_CHECKPOINT_INTERVAL_STEPS, "checkpoint_interval_steps"),
+        "checkpoint_interval_seconds": setting(launch.ENV_CHECKPOINT_INTERVAL_SECONDS, "checkpoint_interval_seconds"),
+        "keep": setting(launch.ENV_KEEP, "keep"),
+        "memory_tier": _memory_tier(shape["template"], setting(launch.ENV_MEMORY_RESCUE, "memory_tier")),
+        "warm_start": args["warmStart"], "recovery": shape["recovery"], "env": _script_env(env),
+    }
+    try:
+        return JobSpec(**read)
+    except SpecError:
+        return read
+
+
+def _memory_tier(template: dict[str, Any], on: bool | None) -> str | None:
+    """The memory tier's size (its volume's sizeLimit), ``off`` where the workers are told it is off, else None (a
+    job from before the tier had a volume of its own)."""
+    volumes = (template.get("spec") or {}).get("volumes") or []
+    size = next(((v.get("emptyDir") or {}).get("sizeLimit") for v in volumes if v.get("name") == MEMORY_TIER_VOLUME),
+                None)
+    if size:
+        return str(size)
+    return MEMORY_TIER_OFF if on is False else None
+
+
+def _script_env(env: dict[str, str]) -> tuple[str, ...]:
+    """The job's ``--env``, back from its workers' environment: every variable the launch does not write, and
+    those it writes that ``--env`` may set too where the value is not the launch's own."""
+    return tuple(f"{name}={value}" for name, value in env.items()
+                 if (value != _LAUNCH_DEFAULTS[name] if name in _LAUNCH_DEFAULTS else name not in _LAUNCH_ENV))
 
 
 def job_state(conditions: list[dict[str, Any]], finished: bool, workers: list[dict[str, Any]],
@@ -238,13 +304,6 @@ def _int(value: Any) -> int | None:
         return None
 
 
-def _float(value: Any) -> float | None:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
-
-
 # -- logs and delete, planned ---------------------------------------------------------------------------------
 
 def plan_logs(elastic_job: dict[str, Any], pods: list[dict[str, Any]], rank: int | None = None) -> list[dict[str, Any]]:
@@ -311,17 +370,19 @@ def find_job(kube: KubeClient, name: str, namespace: str) -> dict[str, Any]:
 
 
 def show_job(kube: KubeClient, name: str, read_events: ReadEvents, *, namespace: str = TRAINING_NAMESPACE,
-             cluster: str | None = None) -> dict[str, Any]:
-    """`job show` for ElasticJob ``name``; raises JobNotFound (naming the jobs there are)."""
+             cluster: str | None = None, job_url: Callable[[str], str] | None = None) -> dict[str, Any]:
+    """`job show` for ElasticJob ``name``; raises JobNotFound (naming the jobs there are). ``job_url``: the blob URL
+    of a job's checkpoints."""
     job = find_job(kube, name, namespace)
     pods = kube.list("v1", "Pod", namespace, _worker_selector())
     nodes = kube.list("v1", "Node")
     events, error = read_job_events(read_events, name)
-    return describe_job(job, pods, nodes, events, cluster=cluster, events_error=error)
+    return describe_job(job, pods, nodes, events, cluster=cluster, events_error=error,
+                        checkpoint_url=job_url(name) if job_url else None)
 
 
 def list_jobs(kube: KubeClient, read_events: ReadEvents, *, namespace: str = TRAINING_NAMESPACE,
-              cluster: str | None = None) -> list[dict[str, Any]]:
+              cluster: str | None = None, job_url: Callable[[str], str] | None = None) -> list[dict[str, Any]]:
     """`job list`: every ElasticJob of the namespace, described; one pod and one node list for all."""
     jobs = all_jobs(kube, namespace)
     if not jobs:
@@ -333,7 +394,8 @@ def list_jobs(kube: KubeClient, read_events: ReadEvents, *, namespace: str = TRA
         name = object_name(job)
         events, error = read_job_events(read_events, name)
         mine = [p for p in pods if pod_job(p) == name]
-        described.append(describe_job(job, mine, nodes, events, cluster=cluster, events_error=error))
+        described.append(describe_job(job, mine, nodes, events, cluster=cluster, events_error=error,
+                                      checkpoint_url=job_url(name) if job_url else None))
     return described
 
 

@@ -163,7 +163,7 @@ class AksJobs:
     def describe_job(self, name: str) -> dict[str, Any]:
         site = self.session.site()
         return describe.show_job(self.session.kube(), name, self.session.events(), namespace=site.spec.namespace,
-                                 cluster=site.spec.name)
+                                 cluster=site.spec.name, job_url=site.job_url)
 
     def job_events(self, name: str) -> list[dict[str, Any]]:
         """The events of the job's current run (since its ElasticJob was created), from the cluster's storage."""
@@ -174,7 +174,7 @@ class AksJobs:
     def list_jobs(self) -> list[dict[str, Any]]:
         site = self.session.site()
         return describe.list_jobs(self.session.kube(), self.session.events(), namespace=site.spec.namespace,
-                                  cluster=site.spec.name)
+                                  cluster=site.spec.name, job_url=site.job_url)
 
     # ------------------------------------------------------------------ logs
 
