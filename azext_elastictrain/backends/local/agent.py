@@ -47,7 +47,7 @@ class AgentLaunch:  # pylint: disable=too-many-instance-attributes  # one field 
     extra_env: Mapping[str, str] = field(default_factory=dict)  # last: a benchmark's own settings
 
     def __post_init__(self) -> None:
-        if self.spec.in_process and not self.coordinator:
+        if self.spec.mode.coordinator and not self.coordinator:
             raise ValueError("a node of an in-process job needs its coordinator's address")
 
     @property
@@ -58,12 +58,10 @@ class AgentLaunch:  # pylint: disable=too-many-instance-attributes  # one field 
 
     def argv(self) -> list[str]:
         spec = self.spec
-        if spec.in_process:  # the node is a world of its own; no etcd
-            world = launch.standalone_torchrun_options(nproc_per_node=spec.nproc_per_node)
-        else:
-            world = [*launch.torchrun_options(rdzv_conf=self.profile.rdzv_conf, nproc_per_node=spec.nproc_per_node,
-                                              rdzv_id=self.rdzv_id),
-                     f"--nnodes={spec.min_nodes}:{spec.max_nodes}", f"--rdzv-endpoint={self.etcd_endpoint}"]
+        world = spec.mode.node_world(nproc_per_node=spec.nproc_per_node, rendezvous=[
+            *launch.torchrun_options(rdzv_conf=self.profile.rdzv_conf, nproc_per_node=spec.nproc_per_node,
+                                     rdzv_id=self.rdzv_id),
+            f"--nnodes={spec.min_nodes}:{spec.max_nodes}", f"--rdzv-endpoint={self.etcd_endpoint}"])
         return [
             sys.executable, *launch.agent_module(warm=spec.warm_start),
             *world,
@@ -94,7 +92,7 @@ class AgentLaunch:  # pylint: disable=too-many-instance-attributes  # one field 
             # The runtime (azext_elastictrain.runtime) importable from a script anywhere.
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), inherited.get("PYTHONPATH")])),
         })
-        if self.spec.in_process:  # the node's own part (an AKS pod has its name, IP and the Secret instead)
+        if self.spec.mode.coordinator:  # its part of the quorums (an AKS pod: its name, IP and the job's Secret)
             env.update({launch.ENV_REPLICA_ID: self.node,
                         launch.ENV_REPLICA_HOST: "127.0.0.1",  # as --local-addr: every node is on loopback
                         launch.ENV_JOB_SECRET_FILE: str(job_secret_file(self.job_dir))})

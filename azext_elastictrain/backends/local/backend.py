@@ -108,7 +108,7 @@ class LocalBackend:  # pylint: disable=too-many-public-methods  # the Backend pr
         shown = {"dryRun": True, "type": "local", "name": spec.name, "cluster": self.cluster,
                  "nodes": list(spec.node_names()), "script": str(Path(spec.script).resolve()),
                  "scriptArgs": list(spec.script_args), "recovery": spec.recovery,
-                 **({"coordinator": "a process of the job's own on a free loopback port"} if spec.in_process else {})}
+                 **({"coordinator": "a process of the job's own on a free loopback port"} if spec.mode.coordinator else {})}
         return Plan(shown, spec)
 
     def submit_job(self, plan: Plan[JobSpec]) -> dict[str, Any]:

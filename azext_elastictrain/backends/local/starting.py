@@ -67,7 +67,7 @@ def run_job(home: ClusterHome, spec: JobSpec) -> dict[str, Any]:
                                   rdzv_id=f"{spec.name}-{uuid.uuid4().hex[:8]}")
         try:
             home.save_job(state)
-            if spec.in_process:  # before the nodes, which find its address in the job's record
+            if spec.mode.coordinator:  # before the nodes, which find its address in the job's record
                 state["coordinator"] = start_coordinator(job_dir, min_nodes=spec.min_nodes, job=spec.name)
                 home.save_job(state)
             for node in spec.node_names():  # recorded as each starts: no agent is ever untracked
@@ -90,13 +90,13 @@ def start_node(spec: JobSpec, script: str, node: str, conn: dict[str, Any], *, j
     import psutil
 
     log_path = job_dir / "nodes" / f"{node}.log"
-    coordinator = (recorded.get("coordinator") or {}).get("address") if spec.in_process else None
+    coordinator = (recorded.get("coordinator") or {}).get("address") if spec.mode.coordinator else None
     agent = AgentLaunch(
         node=node, spec=spec, script=script,
         checkpoint_url=ClusterHome.checkpoint_url(spec.name, conn),
         connection_string=conn["connection_string"], etcd_endpoint=conn["etcd"], rdzv_id=rdzv_id,
         job_dir=job_dir, scheduled_events_url=conn["scheduled_events"], coordinator=coordinator)
-    if spec.in_process:
+    if spec.mode.coordinator:
         write_job_secret(job_dir)  # made with the coordinator; a job recorded before it had none
     argv, env = agent.argv(), agent.env(os.environ)
     with open(log_path, "ab") as log:
