@@ -53,6 +53,6 @@ setup(
     packages=find_packages(include=["azext_elastictrain", "azext_elastictrain.*"]),
     install_requires=DEPENDENCIES,
     extras_require=EXTRAS,
-    # manifests/: the in-cluster objects (a kustomize base) core.manifests renders from.
+    # manifests/: the in-cluster objects (a kustomize base) core.aks.manifests renders from.
     package_data={"azext_elastictrain": ["azext_metadata.json", "manifests/*.yaml"]},
 )

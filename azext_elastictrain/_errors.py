@@ -129,7 +129,7 @@ TABLE: list[_Row] = [
     (f"{_CORE}.errors:ClusterNotFound", _cluster_not_found),
     (f"{_CORE}.errors:JobNotFound", lambda t, ex: az.ResourceNotFoundError(
         str(ex), recommendation=f"List the jobs with 'az elastictrain job list {t.where}'.")),
-    (f"{_CORE}.eviction:EvictionTargetNotFound", lambda t, ex: az.ResourceNotFoundError(str(ex))),
+    (f"{_CORE}.aks.eviction:EvictionTargetNotFound", lambda t, ex: az.ResourceNotFoundError(str(ex))),
     (f"{_AKS}.jobs:GpuPoolMissing", lambda t, ex: az.ValidationError(str(ex), recommendation=(
         f"Run 'az elastictrain cluster create -g {t.resource_group} -n {t.cluster}' again: it adds what is "
         "missing, the GPU Spot pool included."))),
@@ -142,7 +142,7 @@ TABLE: list[_Row] = [
         "Add --dry-run to print the schedule those values make, and evict nothing."))),
     (f"{_CORE}.spec:SpecError", lambda t, ex: az.InvalidArgumentValueError(str(ex))),
     # the region cannot run the GPU Spot pool (raised before anything is created)
-    (f"{_CORE}.preflight:PreflightError", lambda t, ex: az.InvalidArgumentValueError(
+    (f"{_CORE}.aks.preflight:PreflightError", lambda t, ex: az.InvalidArgumentValueError(
         str(ex), recommendation=ex.recommendation)),
     (f"{_AKS}.cluster:PlanFailed", _plan_failed),
     (f"{_AKS}.evict:EvictionFailed", _eviction_failed),

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
 # pylint: disable-next=too-many-statements  # one statement per argument, as az does
 def load_arguments(self: ElasticTrainCommandsLoader, _: str) -> None:
-    from azext_elastictrain.core.events import STATES as JOB_STATES  # pure, stdlib only: cheap
+    from azext_elastictrain.core.eventlog.events import STATES as JOB_STATES  # pure, stdlib only: cheap
     from azext_elastictrain.core.launch import RECOVERY_MODES
     from azext_elastictrain.core.spec import ENGINES, STORAGE_SKUS, UPGRADE_CHANNELS
 

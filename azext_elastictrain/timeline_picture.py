@@ -1,4 +1,5 @@
-"""`job timeline --output`: the picture of core.timeline's series. matplotlib is imported only here, when drawn."""
+"""`job timeline --output`: the picture of core.eventlog.timeline's series. matplotlib is imported only here, when
+drawn."""
 from __future__ import annotations
 
 from typing import Any

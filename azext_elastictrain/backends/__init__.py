@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from azext_elastictrain.backends.aks.plans import AksClusterDeletion, AksJob, AksJobDeletion, AksSchedule
     from azext_elastictrain.backends.base import Backend
     from azext_elastictrain.backends.local.plans import LocalEviction, LocalJobDeletion, LocalSchedule
-    from azext_elastictrain.core.eviction import EvictionPlan
+    from azext_elastictrain.core.aks.eviction import EvictionPlan
     from azext_elastictrain.core.ports import Arm, KubeClient
     from azext_elastictrain.core.spec import ClusterSpec, JobSpec, LocalClusterSpec
 

@@ -43,7 +43,7 @@ class JobRequest:
     spec: JobSpec
     image: str | None = None
     gpus_per_node: int | None = None
-    engine: str | None = None  # AKS: torchelastic (default) or k8s-job (core.manifests.ENGINES)
+    engine: str | None = None  # AKS: torchelastic (default) or k8s-job (core.aks.manifests.ENGINES)
 
 
 @dataclass(frozen=True)

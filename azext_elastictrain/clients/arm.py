@@ -1,5 +1,5 @@
-"""ARM, the one place the CLI talks to it: ``AzureArm`` sends the bodies ``core.arm_bodies`` built, verbatim, through
-the azure-cli SDK clients (``_client_factory.cf_*``), and hands back what ARM answered in wire format (the SDKs'
+"""ARM, the one place the CLI talks to it: ``AzureArm`` sends the bodies ``core.aks.arm_bodies`` built, verbatim,
+through the azure-cli SDK clients (``_client_factory.cf_*``), and hands back what ARM answered in wire format (the SDKs'
 own models differ between SDK generations; the JSON does not). SDK errors become ``core.errors.ArmError``.
 
 SDK imports stay inside functions: loading the extension must not import azure.mgmt.
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from azext_elastictrain import _client_factory
 
 if TYPE_CHECKING:
-    from azext_elastictrain.core.eviction import VmssInstance
+    from azext_elastictrain.core.aks.eviction import VmssInstance
 
 #: Resource Graph's GA api-version the queries are sent with (Resources_Resources, 2022-10-01).
 RESOURCE_GRAPH_API_VERSION = "2022-10-01"
@@ -182,7 +182,7 @@ class AzureArm:
         with _arm_errors():
             return client.storage_accounts.check_name_availability(_body(body), cls=_raw) or {}
 
-    # -- the region preflight (core.preflight): GETs on the compute provider -------------------------------------
+    # -- the region preflight (core.aks.preflight): GETs on the compute provider -------------------------------------
 
     def resource_skus(self, location: str) -> list[dict[str, Any]]:
         """The Resource SKUs of ``location`` (what 'az vm list-skus -l' shows), in wire format."""
@@ -266,7 +266,7 @@ class AzureArm:
     # -- the VMSS instances behind AKS nodes (backends.aks.evict's Compute) -------------------------------
 
     def simulate_eviction(self, instance: VmssInstance) -> None:
-        """POST .../virtualMachines/{id}/simulateEviction (204). ``instance``: a core.eviction.VmssInstance."""
+        """POST .../virtualMachines/{id}/simulateEviction (204). ``instance``: a core.aks.eviction.VmssInstance."""
         client = self._compute(instance.subscription)
         with _arm_errors():
             client.virtual_machine_scale_set_vms.simulate_eviction(instance.resource_group, instance.vmss,
@@ -344,7 +344,7 @@ def _json_or_empty(response: Any) -> dict[str, Any]:
     return found if isinstance(found, dict) else {}
 
 
-#: The SDK model of the kinds whose update is built from a GET (core.arm_bodies.merged_update).
+#: The SDK model of the kinds whose update is built from a GET (core.aks.arm_bodies.merged_update).
 _MODELS = {"cluster": ("azure.mgmt.containerservice.models", "ManagedCluster"),
            "agent_pool": ("azure.mgmt.containerservice.models", "AgentPool")}
 

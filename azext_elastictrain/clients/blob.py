@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
 
-from azext_elastictrain.core import events as job_events
+from azext_elastictrain.core.eventlog import events as job_events
 
 if TYPE_CHECKING:
     from azext_elastictrain.core.blobstore import BlobStore

@@ -17,7 +17,7 @@ from typing import Any, Iterable, Protocol, Sequence
 
 from azext_elastictrain.core import layout
 from azext_elastictrain.core.blobstore import BlobEntry, IntegrityError, NotFound, StoreError
-from azext_elastictrain.core.view import iso_time
+from azext_elastictrain.core.eventlog.view import iso_time
 
 COMPLETE = "complete"
 INCOMPLETE = "incomplete"  # no manifest: being written, or abandoned

@@ -6,9 +6,9 @@ the seed), and a number per eviction that picks the node among those running the
 replacements join, so the name is chosen at that moment, from the seed). One seed, one schedule.
 
 ``run_schedule(schedule, evictor, ...)`` carries it out through a backend's ``ScheduleEvictor``: at each time,
-evict; follow the job until it trains again (recovery seconds, steps lost: ``core.recovery``'s reading of
+evict; follow the job until it trains again (recovery seconds, steps lost: ``core.eventlog.recovery``'s reading of
 the events); give the capacity back after its delay and follow the job back to its size; print a line for
-each as it goes; at the end, the job's goodput from its events (``core.goodput``). A stop request (Ctrl-C:
+each as it goes; at the end, the job's goodput from its events (``core.eventlog.goodput``). A stop request (Ctrl-C:
 ``stop_on_interrupt``) ends it between steps: an eviction under way is finished, its capacity is given back
 at once, and the report so far is returned. Pure but for the clock and the evictor.
 """
@@ -200,7 +200,7 @@ def run_schedule(schedule: Schedule, evictor: ScheduleEvictor, *, stop: threadin
                  say: Callable[[str], None] = lambda line: None,
                  clock: Callable[[], float] = time.time) -> dict[str, Any]:
     """Carry the schedule out; ``say`` gets a line per eviction, recovery and replacement as they happen."""
-    from azext_elastictrain.core.goodput import goodput
+    from azext_elastictrain.core.eventlog.goodput import goodput
 
     stop = stop or threading.Event()
     start = clock()
@@ -243,7 +243,7 @@ def run_schedule(schedule: Schedule, evictor: ScheduleEvictor, *, stop: threadin
 
 def _shown(eviction: dict[str, Any]) -> dict[str, Any]:
     """The eviction as printed: epoch seconds as ISO 8601 times (they stay inside as numbers)."""
-    from azext_elastictrain.core.view import iso_time
+    from azext_elastictrain.core.eventlog.view import iso_time
 
     shown = {k: v for k, v in eviction.items() if k not in ("startedAt", "requestedAt", "pid")}
     if isinstance(shown.get("evictedAt"), (int, float)):

@@ -28,7 +28,7 @@ ENV_PREEMPTION_STATE = "ELASTICTRAIN_PREEMPTION_STATE"
 ENV_PREEMPTION_POLL_SECONDS = "ELASTICTRAIN_PREEMPTION_POLL_SECONDS"
 # The memory tier (runtime/rescue.py): on by default, each completed step kept in node-local shared memory
 # (the training thread copies the state; a thread of its own checksums and commits it); "off" turns it off.
-# Where it lives: /dev/shm by default; on AKS a memory-backed emptyDir mounted there (core/manifests.py).
+# Where it lives: /dev/shm by default; on AKS a memory-backed emptyDir mounted there (core/aks/manifests.py).
 ENV_MEMORY_RESCUE = "ELASTICTRAIN_MEMORY_RESCUE"
 ENV_MEMORY_DIR = "ELASTICTRAIN_MEMORY_DIR"
 # A file that exists once the node itself is going (its pod deleted: a preStop hook makes it; a local node
@@ -286,6 +286,6 @@ def coordinator_args(profile: LaunchProfile, *, bind: str, min_nodes: int) -> li
             f"--heartbeat-timeout-ms={profile.coordinator_heartbeat_timeout_ms}"]
 
 
-# AKS: where a worker pod mounts the memory-backed emptyDir of the memory tier (core/manifests.py).
+# AKS: where a worker pod mounts the memory-backed emptyDir of the memory tier (core/aks/manifests.py).
 MEMORY_TIER_MOUNT = "/var/run/elastictrain/memory"
 NODE_LEAVING_FILE = MEMORY_TIER_MOUNT + "/node-leaving"  # in the pod's emptyDir: a new pod starts without it

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Iterator, Protocol
 
 if TYPE_CHECKING:
-    from azext_elastictrain.core.eviction import VmssInstance
+    from azext_elastictrain.core.aks.eviction import VmssInstance
 
 
 class Compute(Protocol):
@@ -28,7 +28,7 @@ class Arm(Compute, Protocol):
     ``ref``: its names.
 
     ``get`` returns the resource in wire format (camelCase) or None if it does not exist. ``put``/``delete`` with
-    ``wait=False`` return once ARM accepted the request. Also a ``core.preflight.RegionApi``.
+    ``wait=False`` return once ARM accepted the request. Also a ``core.aks.preflight.RegionApi``.
     """
 
     subscription: str

@@ -237,7 +237,7 @@ def _money(value: float | None) -> float | str:
 
 def spot_offers(sizes: list[Any], price_of: dict[str, HourlyPrice], rates: dict[str, str], spot_vcpus_free: int | None,
                 *, latest_usd: dict[str, float] | None = None) -> list[dict[str, Any]]:
-    """One row per size (``core.preflight.VmSize``): GPUs, Spot and on-demand price per hour, the Spot price per
+    """One row per size (``core.aks.preflight.VmSize``): GPUs, Spot and on-demand price per hour, the Spot price per
     GPU-hour, the saving, the eviction-rate band, the Spot nodes the quota left allows and (``latest_usd``)
     Resource Graph's latest Spot price in USD; cheapest per GPU first, sizes of unknown price last."""
     rows = []

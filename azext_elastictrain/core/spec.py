@@ -190,7 +190,7 @@ def _at_least_one(flag: str, value: object) -> None:
 # --------------------------------------------------------------------------- clusters on Azure (AKS)
 
 #: Which GPU sizes exist, take Spot and are open to the subscription differs by region and changes as Azure adds
-#: and retires sizes: core.preflight asks the region's Resource SKUs before create; the spec checks the form only.
+#: and retires sizes: core.aks.preflight asks the region's Resource SKUs before create; the spec checks the form only.
 DEFAULT_GPU_VM_SIZE = "Standard_NC4as_T4_v3"
 DEFAULT_SYSTEM_VM_SIZE = "Standard_D4ds_v5"  # a local temp disk (150 GiB): room for an ephemeral OS disk
 EVICTION_POLICIES = ("Delete", "Deallocate")
@@ -377,7 +377,7 @@ class ClusterSpec:  # pylint: disable=too-many-instance-attributes  # one field 
         return spot_price(self.max_price)
 
     def checkpoint_url(self, blob_endpoint: str) -> str:
-        """The checkpoint container under the storage account's blob endpoint (core.arm_bodies.blob_endpoint)."""
+        """The checkpoint container under the storage account's blob endpoint (core.aks.arm_bodies.blob_endpoint)."""
         return f"{blob_endpoint.rstrip('/')}/{self.container}"
 
     @property

@@ -212,10 +212,10 @@ PICTURE_FORMATS = (".png", ".svg", ".pdf")
 def job_timeline(cmd: Any, *, name: str, local: bool = False, cluster: str | None = None,
                  output_file: str | None = None, resource_group_name: str | None = None, price_as: str | None = None,
                  location: str | None = None, currency: str | None = None) -> dict[str, Any]:
-    """The series of the job's current run (core.timeline); with --output-file, also its picture."""
+    """The series of the job's current run (core.eventlog.timeline); with --output-file, also its picture."""
     import os
 
-    from azext_elastictrain.core.timeline import series
+    from azext_elastictrain.core.eventlog.timeline import series
 
     target = resolve_target(local=local, resource_group=resource_group_name, cluster=cluster, job=name)
     if output_file is not None:

@@ -13,7 +13,7 @@ from azext_elastictrain._errors import az_errors
 
 if TYPE_CHECKING:
     from azext_elastictrain.core.ports import Arm
-    from azext_elastictrain.core.preflight import VmSize
+    from azext_elastictrain.core.aks.preflight import VmSize
 
 
 def list_skus(cmd: Any, location: str, gpu: str | None = None, currency: str | None = None) -> list[dict[str, Any]]:
@@ -24,7 +24,7 @@ def list_skus(cmd: Any, location: str, gpu: str | None = None, currency: str | N
     from azext_elastictrain.clients import prices as price_client
     from azext_elastictrain.clients.arm import AzureArm
     from azext_elastictrain.clients.spot import SpotMarket
-    from azext_elastictrain.core import preflight
+    from azext_elastictrain.core.aks import preflight
     from azext_elastictrain.core import prices as core_prices
 
     try:
@@ -50,11 +50,11 @@ def list_skus(cmd: Any, location: str, gpu: str | None = None, currency: str | N
 
 
 def _spot_gpu_sizes(arm: Arm, location: str, gpu: str | None) -> list[VmSize]:
-    """The region's Spot-capable GPU sizes open to the subscription (``core.preflight.VmSize``), ``gpu`` in their
+    """The region's Spot-capable GPU sizes open to the subscription (``core.aks.preflight.VmSize``), ``gpu`` in their
     name where given; ResourceNotFoundError where there is none, or the region lists no size at all."""
     from azure.cli.core.azclierror import ResourceNotFoundError
 
-    from azext_elastictrain.core import preflight
+    from azext_elastictrain.core.aks import preflight
 
     sizes = preflight.vm_sizes(arm.resource_skus(location), location)
     if not sizes:

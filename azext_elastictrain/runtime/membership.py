@@ -2,8 +2,8 @@
 
 The workers outlive a re-form, so no world restores and nothing else tells the CLI that one began (the restart
 mode's ``restored``). Every node follows the quorum's members step by step; the quorum's first replica writes the
-change (one writer: every node sees the same quorum), with what the outage figure needs (core/goodput.py): the old
-world's last committed step and its time, the step the new world trains from, the steps discarded in between.
+change (one writer: every node sees the same quorum), with what the outage figure needs (core/eventlog/goodput.py):
+the old world's last committed step and its time, the step the new world trains from, the steps discarded in between.
 
 A replica that takes the state from a peer loads it at the step boundary and trains that step as a participant.
 Pure: no torch, no I/O; the caller emits what ``observe`` returns.

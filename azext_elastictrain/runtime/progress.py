@@ -19,8 +19,8 @@ from typing import Any
 from azext_elastictrain.core import layout
 from azext_elastictrain.core.blobstore import BlobStore
 
-# The event kinds and the reader live in core.events, which the CLI imports without torch.
-from azext_elastictrain.core.events import (
+# The event kinds and the reader live in core.eventlog.events, which the CLI imports without torch.
+from azext_elastictrain.core.eventlog.events import (
     CHECKPOINT,
     CHECKPOINT_FAILED,
     FINISHED,

@@ -23,10 +23,10 @@ interleaved per repetition:
               is not heeded, the node goes when it runs out)
 
 Measured from each job's event log, as ``job show`` and ``evict simulate``
-read it: goodput (core.goodput: share of node-seconds on steps the final model
+read it: goodput (core.eventlog.goodput: share of node-seconds on steps the final model
 kept, the job's start included; ``goodput_running`` leaves the start out),
-steps lost per eviction without notice (core.recovery), and the outage of each
-eviction with notice, without, and each scale-up (core.goodput.outages: the
+steps lost per eviction without notice (core.eventlog.recovery), and the outage of each
+eviction with notice, without, and each scale-up (core.eventlog.goodput.outages: the
 old world's last completed step to the new world's first completed step, the
 figure `evict simulate --wait`, `job show` and `job timeline` report). Medians
 over the repetitions. Everything runs on loopback and
@@ -54,8 +54,8 @@ from azext_elastictrain.core import launch  # noqa: E402
 from azext_elastictrain.core.blobstore import BlobStore  # noqa: E402
 from azext_elastictrain.core.chaos import (  # noqa: E402
     FollowStopped, ScheduleSpec, Skipped, plan_schedule, run_schedule, sleeper)
-from azext_elastictrain.core.goodput import outages  # noqa: E402
-from azext_elastictrain.core.recovery import follow_recovery, follow_world_size, trained_again  # noqa: E402
+from azext_elastictrain.core.eventlog.goodput import outages  # noqa: E402
+from azext_elastictrain.core.eventlog.recovery import follow_recovery, follow_world_size, trained_again  # noqa: E402
 from recovery import DEFAULT_RDZV_CONF  # noqa: E402
 from harness.elastic import (  # noqa: E402
     TUNED_RDZV_CONF, Coordinator, JobConfig, Node, events_of, read_events, wait_for)
@@ -145,7 +145,7 @@ class BenchEvictor:
 
 
 def outage_seconds(events: list[dict], kind: str) -> list[float]:
-    """The outages of one kind of re-form (core.goodput.outages: last step of the old world to first step of
+    """The outages of one kind of re-form (core.eventlog.goodput.outages: last step of the old world to first step of
     the new one), the figure `evict simulate --wait`, `job show` and `job timeline` report."""
     return [o["outageSeconds"] for o in outages(events) if o["kind"] == kind and o["outageSeconds"] is not None]
 

@@ -160,7 +160,7 @@ def readme_sigkill(device: str, memory_dir: str, deadline: float) -> dict[str, A
 
     from azext_elastictrain.core import launch
     from azext_elastictrain.core.blobstore import BlobStore
-    from azext_elastictrain.core.recovery import follow_recovery
+    from azext_elastictrain.core.eventlog.recovery import follow_recovery
     # pylint: disable-next=import-error  # the checkout's harness, on sys.path
     from harness.elastic import JobConfig, Node, events_of, read_events, wait_for
     from harness.services import start_azurite, start_etcd  # pylint: disable=import-error

@@ -14,7 +14,7 @@ order, as the local cluster does them (goodput.py's BenchEvictor):
   vanish    the newest node is frozen (SIGSTOP, sockets open) until the others trained again, then killed
   scale-up  a new node joins: back to N
 
-Each event's figure is read from the job's own events (core.goodput.outages, what `evict simulate --wait`,
+Each event's figure is read from the job's own events (core.eventlog.goodput.outages, what `evict simulate --wait`,
 `job show` and `job timeline` report): the outage from the old world's last completed step to the new world's
 first completed step (for a scale-up, the survivors'), and the steps lost. Two modes, interleaved per
 repetition and rotated: ``in-process`` (goodput.py's in-process config) and ``restart`` (its ``ours``: today's
@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO / "scripts" / "bench"))
 from azext_elastictrain.backends.local.scheduled_events import ScheduledEventsServer  # noqa: E402
 from azext_elastictrain.core import launch  # noqa: E402
 from azext_elastictrain.core.blobstore import BlobStore  # noqa: E402
-from azext_elastictrain.core.goodput import outages  # noqa: E402
+from azext_elastictrain.core.eventlog.goodput import outages  # noqa: E402
 from goodput import CONFIGS, BenchEvictor, bench_job, start_coordinator  # noqa: E402
 from harness.elastic import events_of, read_events, wait_for  # noqa: E402
 from harness.services import start_azurite, start_etcd  # noqa: E402

@@ -17,7 +17,7 @@ A real 2-node job (two torchrun agents, etcd-v2 rendezvous, Azurite, DDP on
              later: what every job did before the launch set a timeout
 
 outage = the old world's last completed step -> the new world's first
-completed step (core.goodput.outages, what `evict simulate --wait`, `job show`
+completed step (core.eventlog.goodput.outages, what `evict simulate --wait`, `job show`
 and `job timeline` report); recovery = eviction (the node killed) -> that
 first step; restore = eviction -> the survivor loaded its checkpoint; steps
 lost = the old world's last completed step - the step it resumed from. Medians of the repetitions; the ratio baseline / notice is the
@@ -54,7 +54,7 @@ from azext_elastictrain.core.blobstore import BlobStore  # noqa: E402
 from azext_elastictrain.backends.local.scheduled_events import ScheduledEventsServer  # noqa: E402
 from azext_elastictrain.backends.local.evict import vanish_cap  # noqa: E402
 from azext_elastictrain.core import launch  # noqa: E402
-from azext_elastictrain.core.recovery import follow_recovery, trained_again  # noqa: E402
+from azext_elastictrain.core.eventlog.recovery import follow_recovery, trained_again  # noqa: E402
 from harness.elastic import TUNED_RDZV_CONF, JobConfig, Node, events_of, read_events, wait_for  # noqa: E402
 from harness.services import start_azurite, start_etcd  # noqa: E402
 
@@ -102,7 +102,7 @@ def run_case(case: str, blob, etcd, imds: ScheduledEventsServer, logs: Path) -> 
             evicted = time.time()
         if cfg["notice"]:
             imds.remove_event(event_id)
-        # what `evict simulate --wait` reports (core.recovery): the outage from the last step before to the
+        # what `evict simulate --wait` reports (core.eventlog.recovery): the outage from the last step before to the
         # first step after, the steps lost from the survivors' own record; also seconds from the kill
         found = follow_recovery(lambda _job: events(), name, {"node": "node-b", "evictedAt": evicted},
                                 timeout=300)

@@ -211,7 +211,7 @@ def test_subscription_argument_places_the_plan_and_every_request_in_that_subscri
 
 
 def test_a_sovereign_cloud_blob_endpoint_flows_from_arm_to_the_configmap_unchanged(az, arm, group, monkeypatch):
-    from azext_elastictrain.core.manifests import CHECKPOINT_CONFIGMAP, CHECKPOINT_URL_KEY
+    from azext_elastictrain.core.aks.manifests import CHECKPOINT_CONFIGMAP, CHECKPOINT_URL_KEY
     from azext_elastictrain.core.spec import CHECKPOINT_CONTAINER
 
     monkeypatch.setattr(arm, "blob_endpoint", "https://ckptcn01.blob.core.chinacloudapi.cn/")  # ARM's answer

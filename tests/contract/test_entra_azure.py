@@ -16,7 +16,7 @@ import uuid
 import pytest
 import requests
 
-from azext_elastictrain.core import arm_bodies
+from azext_elastictrain.core.aks import arm_bodies
 from tests.support import aks_objects as k
 from tests.support.arm_server import (
     AKS_RBAC_CLUSTER_ADMIN,

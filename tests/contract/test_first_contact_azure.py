@@ -219,7 +219,7 @@ def test_a_dry_run_whose_token_cannot_be_had_plans_signed_out_and_says_why(az, a
 
 
 def _seed_job(arm, container, name: str) -> None:
-    from azext_elastictrain.core.manifests import InClusterSpec, render_elastic_job
+    from azext_elastictrain.core.aks.manifests import InClusterSpec, render_elastic_job
     from azext_elastictrain.core.spec import JobSpec
 
     spec = JobSpec(name=name, script="/app/train.py", min_nodes=1, max_nodes=3, nodes=1)

@@ -13,7 +13,7 @@ import pytest
 
 from azext_elastictrain.clients.kube import KubeError
 from azext_elastictrain.core import launch
-from azext_elastictrain.core import manifests as m
+from azext_elastictrain.core.aks import manifests as m
 from azext_elastictrain.core.spec import JobSpec
 
 IMAGE = "myregistry.azurecr.io/elastictrain:0.1.0"

@@ -16,7 +16,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 
-from azext_elastictrain.core import manifests as m
+from azext_elastictrain.core.aks import manifests as m
 from tests.support import aks_objects as k
 from tests.support.arm_server import ACCESS_TOKEN_SECRET, KUBE_TOKEN
 
@@ -80,7 +80,7 @@ def _applied(arm) -> list:
 
 def _seed(arm, container, name: str, *, conditions=None, events=(), pods=None) -> None:
     """An ElasticJob as the operator runs it: status, worker pods on Spot nodes, and its event log in blob."""
-    from azext_elastictrain.core.manifests import InClusterSpec, render_elastic_job
+    from azext_elastictrain.core.aks.manifests import InClusterSpec, render_elastic_job
     from azext_elastictrain.core.spec import JobSpec
 
     spec = JobSpec(name=name, script="/app/train.py", min_nodes=1, max_nodes=3, nodes=2)

@@ -213,7 +213,7 @@ def test_a_job_name_kubernetes_would_refuse_is_an_az_error_before_anything_is_se
 
 def test_the_fake_api_server_rejects_what_the_real_one_does(arm):
     from azext_elastictrain.clients.kube import KubeError
-    from azext_elastictrain.core import manifests as m
+    from azext_elastictrain.core.aks import manifests as m
     from azext_elastictrain.core.spec import JobSpec
 
     cluster = m.InClusterSpec(identity_client_id=str(uuid.UUID(int=1)),
@@ -235,7 +235,7 @@ def test_the_fake_api_server_rejects_what_the_real_one_does(arm):
 def test_a_cluster_created_for_k8s_job_has_no_operator_and_runs_k8s_jobs_by_default(az, arm, azurite, container):
     """cluster create --engine k8s-job applies no operator object; show checks no operator; job run defaults
     to the cluster's engine, and --engine torchelastic there is refused before anything is sent."""
-    from azext_elastictrain.core import manifests as m
+    from azext_elastictrain.core.aks import manifests as m
 
     group = f"rg-{uuid.uuid4().hex[:10]}"
     created = az.json("elastictrain", "cluster", "create", "-g", group, "-n", "noop", "-l", "eastus",

@@ -6,7 +6,7 @@ tests/support/readme_harness.py runs it and records each committed step's slice 
 sampler moves on). Checked: the survivor's worker pid never changes (its workers outlive every re-form), every
 epoch trained each sample exactly once in the order of an uninterrupted run, the job is never Succeeded while it
 trains and is Succeeded after its last step, and `evict simulate --wait` and `job show` report each re-form's
-outage (the quorum events: core/goodput.py), the same figure in both.
+outage (the quorum events: core/eventlog/goodput.py), the same figure in both.
 
 Not compared here: the final state with a restart-mode run's. The maths of a step is the same at any world size
 (the global batch is), but the sum of the gradients is taken in another order when the world size differs (the

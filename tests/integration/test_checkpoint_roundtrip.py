@@ -313,7 +313,7 @@ def test_restore_on_an_empty_prefix_returns_none_and_leaves_the_state_untouched(
 
 def test_training_stopped_early_records_the_last_completed_step_and_a_finished_one_does_not(
         open_checkpointer, open_store) -> None:
-    from azext_elastictrain.core.events import read_events
+    from azext_elastictrain.core.eventlog.events import read_events
 
     state = {"model": nn.Linear(2, 2)}
     stopped = open_checkpointer(interval_steps=3, async_save=False)

@@ -17,7 +17,7 @@ import pytest
 
 from azext_elastictrain.core import catalog
 from azext_elastictrain.core.blobstore import BlobStore
-from azext_elastictrain.core.goodput import goodput, scale_ups
+from azext_elastictrain.core.eventlog.goodput import goodput, scale_ups
 from harness.elastic import JobConfig, Node, dump, events_of, read_events, wait_for
 
 STEPS = 2000  # never reached: each test stops the job once it has shown recovery

@@ -222,7 +222,7 @@ def durable_steps(azurite: svc.AzuriteService, container_url: str, prefix: str) 
 
 def job_events(azurite: svc.AzuriteService, container_url: str, prefix: str) -> list[dict]:
     """The job's event log as the CLI reads it."""
-    from azext_elastictrain.core.events import parse_events
+    from azext_elastictrain.core.eventlog.events import parse_events
 
     client = azurite.blob_service_client().get_container_client(container_url.rsplit("/", 1)[1])
     try:
@@ -369,7 +369,7 @@ def test_frozen_replica_is_dropped_and_the_others_go_on(job, azurite, container_
     assert_exactly_once(replicas, survivors)
     assert survivors[0].final["final"] == survivors[1].final["final"]
     # the CLI's reading: one quorum event per change (one writer), and the vanish is one outage, no step lost
-    from azext_elastictrain.core import goodput
+    from azext_elastictrain.core.eventlog import goodput
 
     events = job_events(azurite, container_url, job.prefix)
     changes = [e for e in events if e.get("event") == "quorum"]

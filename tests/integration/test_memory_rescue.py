@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from azext_elastictrain.core import events as core_events
+from azext_elastictrain.core.eventlog import events as core_events
 from azext_elastictrain.core.blobstore import BlobStore
 from azext_elastictrain.runtime import rescue
 from harness import services as svc

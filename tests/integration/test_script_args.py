@@ -20,7 +20,7 @@ import pytest
 from torch.distributed.run import get_args_parser
 
 from azext_elastictrain.core import launch
-from azext_elastictrain.core import manifests as m
+from azext_elastictrain.core.aks import manifests as m
 from azext_elastictrain.core.spec import JobSpec
 
 REPO = Path(__file__).resolve().parents[2]

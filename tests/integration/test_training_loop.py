@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from azext_elastictrain.core.blobstore import BlobStore
-from azext_elastictrain.core.events import read_events
+from azext_elastictrain.core.eventlog.events import read_events
 from azext_elastictrain.runtime import Checkpointer, ElasticSampler, TrainingStopped
 from azext_elastictrain.runtime.preemption import PreemptionWatcher
 

@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from azext_elastictrain.core import goodput, launch
+from azext_elastictrain.core import launch
+from azext_elastictrain.core.eventlog import goodput
 from azext_elastictrain.core.blobstore import BlobStore
-from azext_elastictrain.core.recovery import trained_again
+from azext_elastictrain.core.eventlog.recovery import trained_again
 from tests.e2e.test_readme import README, _check_exactly_once, _history, python_blocks
 from harness.elastic import JobConfig, Node, dump, events_of, read_events, wait_for
 

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from azext_elastictrain.core import catalog, launch
-from azext_elastictrain.core import events as core_events
+from azext_elastictrain.core.eventlog import events as core_events
 from azext_elastictrain.core.blobstore import BlobStore
 from harness import services as svc
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 
-from azext_elastictrain.core.manifests import WORKER_CONTAINER
+from azext_elastictrain.core.aks.manifests import WORKER_CONTAINER
 
 SUBSCRIPTION = "8f3a2c1e-4b5d-4e6f-9a7b-0c1d2e3f4a5b"
 NODE_RG = "MC_ml-rg_trainer_eastus"

@@ -263,7 +263,7 @@ class FakeKube:
     def with_operator_crd(self) -> "FakeKube":
         """The cluster as ``cluster create`` leaves it for the TorchElastic engine: the product's ElasticJob
         CustomResourceDefinition is there (without it, the API server serves no ElasticJob)."""
-        from azext_elastictrain.core import manifests
+        from azext_elastictrain.core.aks import manifests
 
         crd = next(o for o in manifests.load_base_objects(manifests.ENGINE_TORCHELASTIC)
                    if o["kind"] == "CustomResourceDefinition")

@@ -5,7 +5,7 @@ import pytest
 
 from azext_elastictrain._format import job_show_table
 from azext_elastictrain.backends.aks import describe as aj
-from azext_elastictrain.core import manifests as m
+from azext_elastictrain.core.aks import manifests as m
 from azext_elastictrain.core.spec import JobSpec, SpecError
 from tests.support import aks_objects as k
 from tests.support.fake_kube import FakeKube

@@ -6,7 +6,7 @@ import pytest
 from azext_elastictrain._format import aks_eviction_table, eviction_table
 from azext_elastictrain.backends.aks import evict as ae
 from azext_elastictrain.core.errors import ArmError
-from azext_elastictrain.core.eviction import EvictionPlanError, EvictionTargetNotFound
+from azext_elastictrain.core.aks.eviction import EvictionPlanError, EvictionTargetNotFound
 from tests.support import aks_objects as k
 from tests.support.fake_kube import FakeKube
 

@@ -15,7 +15,7 @@ import yaml
 
 from azext_elastictrain.backends.aks.jobs import AksJobs
 from azext_elastictrain.core import launch
-from azext_elastictrain.core import manifests as m
+from azext_elastictrain.core.aks import manifests as m
 from azext_elastictrain.core.spec import JobSpec, SpecError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""Every ARM body core/arm_bodies.py builds, compared field by field with the official x-ms-examples.
+"""Every ARM body core/aks/arm_bodies.py builds, compared field by field with the official x-ms-examples.
 
 The examples are copied verbatim under tests/data/arm-examples (README there: source paths, api-versions). Three checks:
 the security and Spot values are exactly what the issue asks; every field we send is named as in the
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from azext_elastictrain.core import arm_bodies as arm
+from azext_elastictrain.core.aks import arm_bodies as arm
 from azext_elastictrain.core.spec import ClusterSpec
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "data" / "arm-examples"

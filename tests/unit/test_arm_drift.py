@@ -1,4 +1,4 @@
-"""core.arm_bodies.differences: what AKS really answers is no drift; what a user changed is.
+"""core.aks.arm_bodies.differences: what AKS really answers is no drift; what a user changed is.
 
 The "actual" bodies are ours as AKS returns them: the Spot taint and label AKS adds, the autoscaler's count,
 ids in ARM's casing, read-only fields (AgentPoolsGet.json, AgentPoolsList.json in tests/data/arm-examples).
@@ -9,7 +9,7 @@ import copy
 import json
 from pathlib import Path
 
-from azext_elastictrain.core import arm_bodies as arm
+from azext_elastictrain.core.aks import arm_bodies as arm
 from azext_elastictrain.core.spec import ClusterSpec
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "data" / "arm-examples"

@@ -1,7 +1,7 @@
 """The ARM test server answers as AKS does, so contract tests see what a real cluster returns.
 
 Requests go to ``ArmServer.handle`` directly (the HTTP layer is the standard library's); the bodies are
-the ones core.arm_bodies builds.
+the ones core.aks.arm_bodies builds.
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from azext_elastictrain.core import arm_bodies as arm
+from azext_elastictrain.core.aks import arm_bodies as arm
 from azext_elastictrain.core.spec import ClusterSpec
 from tests.support.arm_server import API_VERSIONS, SPOT_LABEL, SPOT_TAINT, SUBSCRIPTION, ArmServer
 

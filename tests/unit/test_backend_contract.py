@@ -14,7 +14,7 @@ from azext_elastictrain.backends.base import Backend, WaitFor
 from azext_elastictrain.backends.local.backend import LocalBackend
 from azext_elastictrain.clients.kube import KubeError
 from azext_elastictrain.core.errors import ArmError, ClusterNotFound, JobNotFound, NotReached, OptionNotHere
-from azext_elastictrain.core.view import build_job_view, wait_for_job
+from azext_elastictrain.core.eventlog.view import build_job_view, wait_for_job
 from tests.support.fake_kube import FakeKube
 
 IMAGE = "myregistry.azurecr.io/elastictrain:0.1.0"
@@ -146,7 +146,7 @@ def _launched_both(recovery: str) -> tuple[dict, list[dict]]:
     with its coordinator), AKS from the spec read back from each engine's manifest."""
     from azext_elastictrain.backends.aks import describe
     from azext_elastictrain.backends.local import following, record
-    from azext_elastictrain.core import manifests as m
+    from azext_elastictrain.core.aks import manifests as m
     from azext_elastictrain.core.spec import JobSpec
 
     cluster = m.InClusterSpec(identity_client_id="3f2a1b4c-5d6e-4f70-8192-a3b4c5d6e7f8",

@@ -46,7 +46,7 @@ def test_default_storage_account_is_valid_stable_and_differs_per_cluster(group, 
 
 
 def test_a_current_gpu_size_is_accepted_without_a_list_the_region_decides():
-    ClusterSpec("c", "rg", gpu_vm_size="Standard_ND96isr_H200_v5")  # core.preflight checks the region
+    ClusterSpec("c", "rg", gpu_vm_size="Standard_ND96isr_H200_v5")  # core.aks.preflight checks the region
 
 
 @pytest.mark.parametrize("size", ["NC6", "Standard_NC4as T4", ""])

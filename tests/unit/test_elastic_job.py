@@ -5,7 +5,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 
-from azext_elastictrain.core import manifests as m
+from azext_elastictrain.core.aks import manifests as m
 from azext_elastictrain.core import launch
 from azext_elastictrain.core.spec import JobSpec, SpecError
 

@@ -1,4 +1,4 @@
-"""core.eviction: AKS nodes resolve to VMSS instances; plans pick Spot nodes only, and bad input evicts nothing."""
+"""core.aks.eviction: AKS nodes resolve to VMSS instances; plans pick Spot nodes only, and bad input evicts nothing."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from azext_elastictrain.core import eviction as ev
+from azext_elastictrain.core.aks import eviction as ev
 from tests.support import aks_objects as k
 
 SUB = k.SUBSCRIPTION

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from azext_elastictrain.backends.aks import cluster_create as aks_cluster
-from azext_elastictrain.core import arm_bodies as arm
+from azext_elastictrain.core.aks import arm_bodies as arm
 from azext_elastictrain.core.errors import ArmError
 from azext_elastictrain.core.spec import ClusterSpec, SpecError, default_storage_account, reserved_label
 

@@ -1,10 +1,11 @@
-"""Loss accounting and goodput from synthetic event logs: the arithmetic of core/goodput.py and core/recovery.py."""
+"""Loss accounting and goodput from synthetic event logs: the arithmetic of core/eventlog/goodput.py and
+core/eventlog/recovery.py."""
 from __future__ import annotations
 
 import pytest
 
-from azext_elastictrain.core import goodput, recovery
-from azext_elastictrain.core.view import build_job_view
+from azext_elastictrain.core.eventlog import goodput, recovery
+from azext_elastictrain.core.eventlog.view import build_job_view
 
 
 def ev(time: float, event: str, rank: int = 0, **fields) -> dict:
@@ -117,7 +118,7 @@ def test_show_timeline_and_replace_after_report_the_scale_up():
                           lost_nodes=lambda state: [])
     (shown,) = view.describe({}, {})["scaleUpTimes"]
     assert shown["nodeJoinedToFullSizeSeconds"] == 1.8 and shown["nodeJoined"].startswith("1970-01-01T00:00:20.")
-    from azext_elastictrain.core.timeline import series
+    from azext_elastictrain.core.eventlog.timeline import series
 
     (drawn,) = series(events)["scaleUps"]
     assert (drawn["nodeJoined"], drawn["noTrainingSeconds"], drawn["restoreSource"]) == (20.2, 1.5, "memory")
@@ -166,7 +167,7 @@ def test_without_a_survivor_line_the_old_reading_remains(reports):
 
 
 def test_timeline_series_marks_the_stop_the_loss_and_no_training_between_worlds():
-    from azext_elastictrain.core.timeline import series
+    from azext_elastictrain.core.eventlog.timeline import series
 
     shown = series(evicted_job() + [dict(evicted_job()[5])])
     assert shown["start"] == 98.0
@@ -179,7 +180,7 @@ def test_timeline_series_marks_the_stop_the_loss_and_no_training_between_worlds(
 
 
 def test_timeline_picture_is_drawn(tmp_path):
-    from azext_elastictrain.core.timeline import series
+    from azext_elastictrain.core.eventlog.timeline import series
     from azext_elastictrain.timeline_picture import draw
 
     out = tmp_path / "timeline.png"
@@ -203,7 +204,7 @@ def test_drawing_without_matplotlib_is_an_az_error_saying_how_to_get_it(monkeypa
 
 def test_timeline_table_has_a_row_per_world():
     from azext_elastictrain._format import job_timeline_table
-    from azext_elastictrain.core.timeline import series
+    from azext_elastictrain.core.eventlog.timeline import series
 
     rows = job_timeline_table(series(evicted_job()))
     assert [list(r.values()) for r in rows] == [[1, 2, 0, 37, 2.0, 39.0, 12, 6.0],
@@ -261,7 +262,7 @@ def test_the_outage_of_a_scale_up_runs_from_the_smaller_worlds_last_step_to_the_
                           lost_nodes=lambda state: [])
     (shown,) = view.describe({}, {})["outages"]
     assert shown["outageSeconds"] == 2.0 and shown["lastStepAt"] == "1970-01-01T00:00:20.000Z"
-    from azext_elastictrain.core.timeline import series
+    from azext_elastictrain.core.eventlog.timeline import series
 
     assert series(events)["stops"][0]["outageSeconds"] == 2.0
 

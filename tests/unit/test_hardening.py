@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from azext_elastictrain.core import arm_bodies as arm
-from azext_elastictrain.core import preflight
-from azext_elastictrain.core.preflight import PoolHardware, PreflightError, VmSize
+from azext_elastictrain.core.aks import arm_bodies as arm
+from azext_elastictrain.core.aks import preflight
+from azext_elastictrain.core.aks.preflight import PoolHardware, PreflightError, VmSize
 from azext_elastictrain.core.spec import ClusterSpec, SpecError
 from tests.support.sdk_schema import problems
 from tests.unit.test_arm import assert_named_like_azure, example, example_paths, paths

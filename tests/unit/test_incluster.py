@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from azext_elastictrain.backends.aks import incluster
-from azext_elastictrain.core import manifests as m
+from azext_elastictrain.core.aks import manifests as m
 from azext_elastictrain.clients.kube import KubeError
 from azext_elastictrain.core.ports import KubeClient
 from tests.support.fake_kube import FakeKube

@@ -7,10 +7,10 @@ Before the ``quorum`` event existed none of these figures could be read: the out
 """
 from __future__ import annotations
 
-from azext_elastictrain.core import events as job_events
-from azext_elastictrain.core import goodput, recovery
-from azext_elastictrain.core.timeline import series
-from azext_elastictrain.core.view import build_job_view
+from azext_elastictrain.core.eventlog import events as job_events
+from azext_elastictrain.core.eventlog import goodput, recovery
+from azext_elastictrain.core.eventlog.timeline import series
+from azext_elastictrain.core.eventlog.view import build_job_view
 from azext_elastictrain.runtime.membership import Membership
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from azext_elastictrain.backends.local import starting as local_starting
 from azext_elastictrain.core import launch
-from azext_elastictrain.core import manifests as m
+from azext_elastictrain.core.aks import manifests as m
 from azext_elastictrain.core.spec import JobSpec, SpecError
 from harness import elastic
 

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from azext_elastictrain import _format
-from azext_elastictrain.core import events
+from azext_elastictrain.core.eventlog import events
 from azext_elastictrain.core.spec import JobSpec, LocalClusterSpec, SpecError, check_local_script
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -217,7 +217,7 @@ def test_runtime_progress_re_exports_the_core_events() -> None:
     source = (REPO_ROOT / "azext_elastictrain" / "runtime" / "progress.py").read_text()
     tree = ast.parse(source)
     imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
-                and n.module == "azext_elastictrain.core.events" for a in n.names}
+                and n.module == "azext_elastictrain.core.eventlog.events" for a in n.names}
     assert {"read_events", "STARTED", "FINISHED", "PROGRESS", "CHECKPOINT", "PREEMPTED", "RESTORED"} <= imported
     assert "def read_events" not in source
 

@@ -12,7 +12,7 @@ import yaml
 from kubernetes_validate.utils import all_versions
 
 from azext_elastictrain.core import launch
-from azext_elastictrain.core import manifests as m
+from azext_elastictrain.core.aks import manifests as m
 from azext_elastictrain.core.spec import JobSpec, SpecError, check_engine_supported
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ import pytest
 
 from azext_elastictrain.clients import kube as kube_module
 from azext_elastictrain.clients.kube import AKS_SCOPE, FIELD_MANAGER, KubeError, connect
-from azext_elastictrain.core.manifests import load_base_objects
+from azext_elastictrain.core.aks.manifests import load_base_objects
 from tests.support.kube_apiserver import entra_token, serve_kube_api, token_claims
 
 TOKEN = "eyJhbGciOiJSUzI1NiJ9.c2VjcmV0LXRva2VuLWZvci10ZXN0cw.c2lnbmF0dXJl"

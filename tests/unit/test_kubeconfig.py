@@ -5,7 +5,7 @@ import stat
 
 import yaml
 
-from azext_elastictrain.core.kubeconfig import merge, merge_into_file
+from azext_elastictrain.core.aks.kubeconfig import merge, merge_into_file
 
 NEW = {"clusters": [{"name": "spot", "cluster": {"server": "https://spot"}}],
        "users": [{"name": "clusterUser_spot", "user": {"token": "t2"}}],

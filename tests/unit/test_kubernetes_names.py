@@ -7,7 +7,7 @@ import copy
 import pytest
 
 from azext_elastictrain.clients.kube import KubeError
-from azext_elastictrain.core import manifests as m
+from azext_elastictrain.core.aks import manifests as m
 from azext_elastictrain.core.spec import JobSpec, SpecError
 from tests.support.fake_kube import FakeKube, validate_name
 

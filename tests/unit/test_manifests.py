@@ -15,7 +15,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from azext_elastictrain.core import manifests as m
+from azext_elastictrain.core.aks import manifests as m
 from azext_elastictrain.core.spec import SpecError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

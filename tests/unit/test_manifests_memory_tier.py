@@ -9,7 +9,7 @@ import kubernetes_validate
 import pytest
 
 from azext_elastictrain.core import launch
-from azext_elastictrain.core import manifests as m
+from azext_elastictrain.core.aks import manifests as m
 from azext_elastictrain.core.spec import DEFAULT_MEMORY_TIER, JobSpec, SpecError
 
 CLUSTER = m.InClusterSpec(identity_client_id="3f2a1b4c-5d6e-4f70-8192-a3b4c5d6e7f8",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from azext_elastictrain.core import manifests as m
+from azext_elastictrain.core.aks import manifests as m
 from azext_elastictrain.core.spec import JobSpec
 from tests.support import aks_objects as k
 from tests.support.fake_kube import FakeKube

@@ -1,11 +1,11 @@
-"""core.preflight on the Resource SKUs and Usage answers of the official examples (tests/data/arm-examples),
+"""core.aks.preflight on the Resource SKUs and Usage answers of the official examples (tests/data/arm-examples),
 extended with GPU sizes as the ARM test server serves them (tests.support.arm_server.region_skus)."""
 from __future__ import annotations
 
 import pytest
 
-from azext_elastictrain.core import preflight
-from azext_elastictrain.core.preflight import PreflightError
+from azext_elastictrain.core.aks import preflight
+from azext_elastictrain.core.aks.preflight import PreflightError
 from tests.support.arm_server import region_skus, region_usages
 
 

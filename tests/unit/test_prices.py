@@ -54,7 +54,7 @@ def test_cloud_services_and_zero_price_meters_are_not_the_vms_price(front):
     assert zero and max(i["effectiveStartDate"] for i in items) == zero[0]["effectiveStartDate"]
     found = prices.hourly_prices(items, T4, "eastus", "USD")
     assert (found.spot, found.on_demand) == (0.0789, 0.526)
-    (row,) = prices.spot_offers([__import__("azext_elastictrain.core.preflight", fromlist=["VmSize"]).VmSize(
+    (row,) = prices.spot_offers([__import__("azext_elastictrain.core.aks.preflight", fromlist=["VmSize"]).VmSize(
         T4, 4, 1, True)], {T4.lower(): found}, {}, None)
     assert row["spotSavingPercent"] == 85.0, "not 100 % off a $0 meter"
 
@@ -178,7 +178,7 @@ def test_job_cost_with_an_unknown_price_says_unknown():
 
 def test_the_tables_put_prices_and_cost_at_a_glance():
     from azext_elastictrain._format import job_show_table, sku_list_table
-    from azext_elastictrain.core.preflight import VmSize
+    from azext_elastictrain.core.aks.preflight import VmSize
 
     sizes = [VmSize("Standard_ND96isr_H100_v5", 96, 8, True), VmSize(H200, 96, 8, True), VmSize(T4, 4, 1, True)]
     rows = prices.spot_offers(sizes, {

@@ -89,7 +89,7 @@ def test_nothing_is_recorded_after_the_end_before_any_step_or_without_an_event_l
 
 def test_a_new_world_reports_its_first_step_at_once_at_its_size_without_the_old_rate() -> None:
     """In-process: the workers outlive a re-form, so the reporter is told of the new world; its first step is the
-    end of the outage (core/goodput.py), which a report 10 s later would stretch."""
+    end of the outage (core/eventlog/goodput.py), which a report 10 s later would stretch."""
     rep, events, clock, _ = reporter(progress_seconds=10.0)
     rep.record_progress(1, samples=64, metrics=None)
     clock.now += 1.0

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from azext_elastictrain.core import launch
-from azext_elastictrain.core import manifests as m
+from azext_elastictrain.core.aks import manifests as m
 from azext_elastictrain.core.settings import DEFAULTS, RuntimeSettings, job_env
 from azext_elastictrain.core.spec import JobSpec, SpecError
 

@@ -5,7 +5,7 @@
   would rebuild the layer, most of the image, on any change to setup.py); the README names torch's and
   backends/local/starting.py torchft's in a hint. Every ``name==version`` of a package setup.py pins, anywhere in
   the tree, must be setup.py's.
-* The training image's user: core.manifests.IMAGE_USER (the coordinator pod's runAsUser). scripts/Dockerfile
+* The training image's user: core.aks.manifests.IMAGE_USER (the coordinator pod's runAsUser). scripts/Dockerfile
   creates that user and runs as it.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from azext_elastictrain.core.manifests import IMAGE_USER
+from azext_elastictrain.core.aks.manifests import IMAGE_USER
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "scripts" / "Dockerfile"
@@ -80,7 +80,7 @@ def test_the_dockerfile_runs_as_image_user():
     created, users = dockerfile_uids(DOCKERFILE.read_text(encoding="utf-8"))
     assert created and users, "scripts/Dockerfile: no `useradd --uid` or no `USER` line"
     assert set(created) == set(users) == {str(IMAGE_USER)}, (
-        f"scripts/Dockerfile creates uid {created} and runs as {users}; core.manifests.IMAGE_USER (the pods' "
+        f"scripts/Dockerfile creates uid {created} and runs as {users}; core.aks.manifests.IMAGE_USER (the pods' "
         f"runAsUser) is {IMAGE_USER}")
 
 

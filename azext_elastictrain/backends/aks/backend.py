@@ -32,9 +32,9 @@ from azext_elastictrain.backends.logs import merged_streams
 from azext_elastictrain.core.constants import AZURE_NOTICE_SECONDS
 from azext_elastictrain.core.errors import NotSupported, OptionNotHere
 from azext_elastictrain.core.ports import Arm
-from azext_elastictrain.core.eviction import EvictionPlan, check_selector
+from azext_elastictrain.core.aks.eviction import EvictionPlan, check_selector
 from azext_elastictrain.core.spec import ClusterSpec
-from azext_elastictrain.core.view import wait_for_job
+from azext_elastictrain.core.eventlog.view import wait_for_job
 
 WAIT_INTERVAL = 10.0  # a look asks Kubernetes and blob storage (ARM and the credentials only once)
 _EVICTION = ("--notice-seconds and --replace-after are for the local cluster: on AKS, Azure gives the Spot notice "

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from azext_elastictrain.backends.aks import evict as aks_evict
 from azext_elastictrain.core.chaos import ScheduledEviction, Skipped, sleeper
-from azext_elastictrain.core.eviction import EvictionPlanError
+from azext_elastictrain.core.aks.eviction import EvictionPlanError
 
 
 class AksScheduleEvictor:

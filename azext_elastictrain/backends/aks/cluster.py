@@ -14,14 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from azext_elastictrain.core import arm_bodies
+from azext_elastictrain.core.aks import arm_bodies
 from azext_elastictrain.core.errors import ArmError
 from azext_elastictrain.core.ports import Arm, KubeClient
 from azext_elastictrain.core.spec import ClusterSpec
 
 if TYPE_CHECKING:
     from azext_elastictrain.backends.aks.session import AksSession
-    from azext_elastictrain.core.manifests import InClusterSpec
+    from azext_elastictrain.core.aks.manifests import InClusterSpec
 
 IN_PROGRESS = {"creating", "updating", "upgrading", "scaling", "deleting", "accepted", "resolvingdns",
                "starting", "stopping", "migrating", "canceling"}
@@ -72,7 +72,7 @@ class ClusterClients:  # pylint: disable=too-few-public-methods  # each command'
         self._progress = progress or (lambda message: None)
 
     def _incluster_spec(self, ctx: _Context) -> InClusterSpec:
-        from azext_elastictrain.core.manifests import InClusterSpec
+        from azext_elastictrain.core.aks.manifests import InClusterSpec
 
         def guid(value: str) -> str:  # dry run: Azure assigns these ids; a zero GUID stands in for them
             return _ZERO_GUID if value.startswith("<") else value

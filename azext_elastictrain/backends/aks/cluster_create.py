@@ -3,7 +3,7 @@
 The plan is a list of steps, each able to ``check`` (GET: is it there and right?) and ``apply`` (PUT).
 ``create`` runs every step whose check fails, so a re-run after a failure half-way finishes the plan
 and changes nothing that is already right; ``plan`` (dry run) builds every body without calling anything.
-Before any write, the region preflight (core.preflight) checks the sizes and quota, and a cluster that exists
+Before any write, the region preflight (core.aks.preflight) checks the sizes and quota, and a cluster that exists
 keeps what AKS cannot change. Last, the Kubernetes components are installed (backends.aks.incluster).
 What it shows when done is a cluster's show (cluster_show.py); what the steps share with show and delete:
 cluster.py.
@@ -24,7 +24,7 @@ from azext_elastictrain.backends.aks.cluster import (
     _resource_id,
 )
 from azext_elastictrain.backends.aks.cluster_show import describe_cluster
-from azext_elastictrain.core import arm_bodies, preflight
+from azext_elastictrain.core.aks import arm_bodies, preflight
 from azext_elastictrain.core.errors import ArmError
 from azext_elastictrain.core.ports import Arm, KubeClient
 from azext_elastictrain.core.spec import ENGINE_TORCHELASTIC, GPU_POOL, SYSTEM_POOL, ClusterSpec, unknown_location
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from azext_elastictrain.backends.aks.session import AksSession
-    from azext_elastictrain.core.manifests import InClusterSpec
+    from azext_elastictrain.core.aks.manifests import InClusterSpec
 
 #: Tries of a role assignment whose principal Entra ID does not know yet, with pauses of 2, 4, ... seconds between
 #: them (azure-cli's AKS code: 10 tries, ``delay + delay * x``): at most 90 s of waiting in all.
@@ -183,7 +183,7 @@ class ClusterCreation(ClusterClients):  # pylint: disable=too-many-instance-attr
 
     def merge_kubeconfig(self, spec: ClusterSpec, path: Path | None = None) -> dict[str, Any]:
         """Write the cluster user's credentials into a kubeconfig file: only when the user asks."""
-        from azext_elastictrain.core.kubeconfig import merge_into_file
+        from azext_elastictrain.core.aks.kubeconfig import merge_into_file
 
         written, context = merge_into_file(self.arm.user_kubeconfig(spec.resource_group, spec.name), path)
         self._progress(f"Merged the credentials of {spec.name!r} into {written} (context {context!r})")
@@ -227,7 +227,7 @@ class ClusterCreation(ClusterClients):  # pylint: disable=too-many-instance-attr
         return self._summary(ctx, changes)
 
     def _preflight(self, spec: ClusterSpec) -> "preflight.PreflightResult | None":
-        """core.preflight against this region; a quota warning goes to progress, a size problem raises."""
+        """core.aks.preflight against this region; a quota warning goes to progress, a size problem raises."""
         checked = preflight.run(self.arm, spec.gpu_vm_size, spec.max_count, spec.location, spec.resource_group,
                                 system_vm_size=spec.system_vm_size, encryption_at_host=spec.encryption_at_host)
         if checked and self._spot_market:
@@ -446,7 +446,7 @@ def _check_fixed_fields(spec: ClusterSpec, cluster: dict[str, Any]) -> None:
 
 
 def _kube_objects(incluster_spec: InClusterSpec) -> list[dict[str, Any]]:
-    from azext_elastictrain.core.manifests import render_cluster_objects
+    from azext_elastictrain.core.aks.manifests import render_cluster_objects
 
     return render_cluster_objects(incluster_spec)
 

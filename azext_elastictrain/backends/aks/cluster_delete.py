@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from azext_elastictrain.backends.aks.cluster import ClusterClients, PlanFailed, _resource_id
-from azext_elastictrain.core import arm_bodies
+from azext_elastictrain.core.aks import arm_bodies
 from azext_elastictrain.core.errors import ArmError, ClusterNotFound
 from azext_elastictrain.core.spec import ClusterSpec
 

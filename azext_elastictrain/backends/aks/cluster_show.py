@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from azext_elastictrain.backends.aks.cluster import IN_PROGRESS, ClusterClients, _Context, _provisioning_state
-from azext_elastictrain.core import arm_bodies
+from azext_elastictrain.core.aks import arm_bodies
 from azext_elastictrain.core.errors import ArmError, ClusterNotFound
 from azext_elastictrain.core.spec import ENGINE_TORCHELASTIC, ClusterSpec
 

@@ -1,5 +1,5 @@
 """Elastic jobs on AKS, as `job list|show|logs|wait|delete` show them: the ElasticJob's status, its worker pods
-(where they run, Spot or not, phase, restarts) and the job's event log in blob (core.events).
+(where they run, Spot or not, phase, restarts) and the job's event log in blob (core.eventlog.events).
 
 ``describe_job`` is pure over the objects the caller fetched; ``show_job`` and
 ``list_jobs`` are thin functions over a ``clients.kube.KubeClient``. The result has the keys of the local
@@ -18,9 +18,9 @@ import time
 from dataclasses import fields
 from typing import Any, Callable
 
-from azext_elastictrain.core import events as job_events
+from azext_elastictrain.core.eventlog import events as job_events
 from azext_elastictrain.core import launch
-from azext_elastictrain.core.eviction import (
+from azext_elastictrain.core.aks.eviction import (
     holds_node,
     is_spot,
     job_workers,
@@ -31,7 +31,7 @@ from azext_elastictrain.core.eviction import (
 )
 from azext_elastictrain.core.constants import TRAINING_NAMESPACE
 from azext_elastictrain.core.ports import KubeClient
-from azext_elastictrain.core.manifests import (
+from azext_elastictrain.core.aks.manifests import (
     ELASTICJOB_API_VERSION,
     ENGINE_LABEL,
     MEMORY_TIER_VOLUME,
@@ -44,7 +44,7 @@ from azext_elastictrain.core.errors import JobNotFound
 from azext_elastictrain.core.launched import launched
 from azext_elastictrain.core.settings import DEFAULTS, RuntimeSettings
 from azext_elastictrain.core.spec import ENGINE_K8S_JOB, ENGINE_TORCHELASTIC, MEMORY_TIER_OFF, JobSpec, SpecError
-from azext_elastictrain.core.view import build_job_view, parse_iso, read_job_events
+from azext_elastictrain.core.eventlog.view import build_job_view, parse_iso, read_job_events
 
 CREATED = "Created"
 PENDING = "Pending"
@@ -61,7 +61,7 @@ _JOB_COUNTS = ("active", "ready", "succeeded", "failed", "terminating", "complet
 ReadEvents = Callable[[str], list[Any]]
 #: What only an AKS job's launched part shows (core/launched.py's ``own``): the image its workers run.
 OWN_LAUNCHED = ("image",)
-# What the launch writes into a worker's environment besides the job's --env (core/manifests.py's worker env, with
+# What the launch writes into a worker's environment besides the job's --env (core/aks/manifests.py's worker env, with
 # core/settings.py's job_env): every runtime setting, where the worker's checkpoints, memory tier and peers are.
 _LAUNCH_ENV = frozenset({*(item.metadata["env"] for item in fields(RuntimeSettings)), launch.ENV_CHECKPOINT_URL,
                          launch.ENV_CHECKPOINT_CONTAINER_URL, launch.ENV_NODE_NAME, launch.ENV_MEMORY_DIR,
@@ -404,8 +404,8 @@ def follow_recovery_aks(read_events: ReadEvents, job: str, evicted_at: float, *,
                         sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
     """After an eviction: the job's outage (its last step before to its first step after) and the steps it lost,
     and seconds from ``evicted_at`` (the node left, see ``evict.wait_node_evicted``) until it trained again.
-    The same reading of the events as on the local cluster (``core.recovery.follow_recovery``)."""
-    from azext_elastictrain.core.recovery import RECOVERY_TIMEOUT, follow_recovery
+    The same reading of the events as on the local cluster (``core.eventlog.recovery.follow_recovery``)."""
+    from azext_elastictrain.core.eventlog.recovery import RECOVERY_TIMEOUT, follow_recovery
 
     eviction = {"node": node, "evictedAt": evicted_at,
                 "startedAt": evicted_at if requested_at is None else min(requested_at, evicted_at)}

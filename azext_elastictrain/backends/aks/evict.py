@@ -3,7 +3,7 @@
 Call order (each step is the caller's to take, so it can confirm between them):
 
 1. ``plan(kube, ...)`` lists the nodes and the training namespace's pods and chooses the targets
-   (``core.eviction.plan_evictions``): nothing is asked of Azure, bad input fails here.
+   (``core.aks.eviction.plan_evictions``): nothing is asked of Azure, bad input fails here.
 2. ``evict(compute, plan)`` asks ``simulateEviction`` of each target's VMSS instance, one after the other.
    A 404 means the instance is already gone (evicted or scaled in a moment ago; its node can stay listed
    for a while): that target counts as evicted, ``state`` AlreadyGone.
@@ -22,7 +22,7 @@ import time
 from typing import Any, Callable
 
 from azext_elastictrain.backends.aks.describe import follow_recovery_aks
-from azext_elastictrain.core.eviction import (
+from azext_elastictrain.core.aks.eviction import (
     OUT_OF_SERVICE_TAINT,
     SHUTDOWN_TAINT,
     EvictionPlan,
@@ -31,7 +31,7 @@ from azext_elastictrain.core.eviction import (
 )
 from azext_elastictrain.core.constants import TRAINING_NAMESPACE
 from azext_elastictrain.core.ports import Compute, KubeClient
-from azext_elastictrain.core.view import iso_time, parse_iso
+from azext_elastictrain.core.eventlog.view import iso_time, parse_iso
 
 EVICTED = "Evicted"
 ALREADY_GONE = "AlreadyGone"
@@ -41,7 +41,7 @@ ALREADY_GONE = "AlreadyGone"
 NODE_GONE_TIMEOUT = 2400.0
 PROGRESS_EVERY = 30.0  # seconds between "still waiting" lines
 # A deallocated VM's node counts as evicted once it has the out-of-service taint: PodGC then deletes its pods and
-# the workers' replacements can start (core.eviction: the taints).
+# the workers' replacements can start (core.aks.eviction: the taints).
 DELETED, DEALLOCATED = "Deleted", "Deallocated"
 RECOVERY_TIMEOUT = 600.0  # a new Spot node may have to be allocated and the image pulled
 

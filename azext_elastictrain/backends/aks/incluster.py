@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from azext_elastictrain.core import manifests as m
+from azext_elastictrain.core.aks import manifests as m
 from azext_elastictrain.core.ports import KubeClient
 from azext_elastictrain.core.spec import ENGINE_TORCHELASTIC
 

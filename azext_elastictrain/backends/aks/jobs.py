@@ -14,11 +14,11 @@ from azext_elastictrain.backends.aks import describe
 from azext_elastictrain.backends.aks.plans import AksJob, AksJobDeletion
 from azext_elastictrain.backends.aks.session import AksSession, ClusterSite
 from azext_elastictrain.backends.base import Plan
-from azext_elastictrain.core import events as job_events
+from azext_elastictrain.core.eventlog import events as job_events
 from azext_elastictrain.core.constants import GPU_TAINT
 from azext_elastictrain.core.errors import JobNotFound
 from azext_elastictrain.core.ports import KubeClient
-from azext_elastictrain.core.manifests import (
+from azext_elastictrain.core.aks.manifests import (
     ELASTICJOB_API_VERSION,
     SPOT_TAINT,
     WORKER_LABELS,
@@ -34,15 +34,15 @@ from azext_elastictrain.core.spec import (
     check_engine_supported,
     check_script_in_image,
 )
-from azext_elastictrain.core.view import parse_iso
+from azext_elastictrain.core.eventlog.view import parse_iso
 
 # Any GUID: the ElasticJob does not carry the identity (its pods run as the cluster's service account),
 # but the cluster spec it is rendered with must be complete.
 _NO_IDENTITY = "00000000-0000-0000-0000-000000000000"
 _WORKERS = ",".join(f"{key}={value}" for key, value in WORKER_LABELS.items())
-# What core.manifests.render_coordinator makes, all named coordinator_name(job).
+# What core.aks.manifests.render_coordinator makes, all named coordinator_name(job).
 COORDINATOR_KINDS = (("apps/v1", "Deployment"), ("v1", "Service"), ("networking.k8s.io/v1", "NetworkPolicy"))
-# What guards a job's workers (core.manifests.render_worker_policy, render_job_secret), by name.
+# What guards a job's workers (core.aks.manifests.render_worker_policy, render_job_secret), by name.
 GUARD_KINDS = (("networking.k8s.io/v1", "NetworkPolicy", worker_policy_name), ("v1", "Secret", job_secret_name))
 
 
@@ -76,7 +76,7 @@ class AksJobs:
                run_id: str | None = None, engine: str = ENGINE_TORCHELASTIC) -> list[dict[str, Any]]:
         """The objects running ``job`` on ``site`` with ``engine``, in apply order (the job itself last);
         refuses a cluster without a GPU Spot pool."""
-        from azext_elastictrain.core.manifests import (
+        from azext_elastictrain.core.aks.manifests import (
             InClusterSpec,
             render_coordinator,
             render_elastic_job,
@@ -269,7 +269,7 @@ def _with_secret_made(obj: dict[str, Any]) -> dict[str, Any]:
     import copy
     import secrets
 
-    from azext_elastictrain.core.manifests import SECRET_PLACEHOLDER
+    from azext_elastictrain.core.aks.manifests import SECRET_PLACEHOLDER
 
     if obj.get("kind") != "Secret" or SECRET_PLACEHOLDER not in (obj.get("stringData") or {}).values():
         return obj

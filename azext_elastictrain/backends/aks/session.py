@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from azext_elastictrain.clients.blob import EventReader
-from azext_elastictrain.core.arm_bodies import blob_endpoint, spec_from_tags
+from azext_elastictrain.core.aks.arm_bodies import blob_endpoint, spec_from_tags
 from azext_elastictrain.core.errors import ClusterNotFound
 from azext_elastictrain.core.ports import Arm, KubeClient
 from azext_elastictrain.core.constants import GPU_TAINT
@@ -111,7 +111,7 @@ class AksSession:  # pylint: disable=too-many-instance-attributes  # clients res
     def grant_command(self) -> str:
         """The exact 'az role assignment create' that gives the login the data role the CLI's blob reads need on
         the cluster's checkpoint container (what a 403 from blob tells the user to run)."""
-        from azext_elastictrain.core.arm_bodies import container_id, role_assignment_command
+        from azext_elastictrain.core.aks.arm_bodies import container_id, role_assignment_command
 
         try:
             principal = self.arm.signed_in_principal()[0]

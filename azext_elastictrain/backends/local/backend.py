@@ -34,7 +34,7 @@ from azext_elastictrain.backends.local.plans import LocalEviction, LocalJobDelet
 from azext_elastictrain.core.constants import AZURE_NOTICE_SECONDS
 from azext_elastictrain.core.errors import NotSupported, OptionNotHere
 from azext_elastictrain.core.spec import JobSpec, LocalClusterSpec, check_local_script
-from azext_elastictrain.core.view import wait_for_job
+from azext_elastictrain.core.eventlog.view import wait_for_job
 
 WAIT_INTERVAL = 1.0  # a look reads local files and one blob
 _AKS_JOB = ("--image, --gpus-per-node and --engine are for a job on AKS (-g RG -c CLUSTER)",
@@ -108,7 +108,8 @@ class LocalBackend:  # pylint: disable=too-many-public-methods  # the Backend pr
         shown = {"dryRun": True, "type": "local", "name": spec.name, "cluster": self.cluster,
                  "nodes": list(spec.node_names()), "script": str(Path(spec.script).resolve()),
                  "scriptArgs": list(spec.script_args), "recovery": spec.recovery,
-                 **({"coordinator": "a process of the job's own on a free loopback port"} if spec.mode.coordinator else {})}
+                 **({"coordinator": "a process of the job's own on a free loopback port"}
+                    if spec.mode.coordinator else {})}
         return Plan(shown, spec)
 
     def submit_job(self, plan: Plan[JobSpec]) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """An eviction schedule on the local cluster (``core.chaos``): each eviction is ``evict simulate``'s own (a
 Scheduled Events Preempt when it has a notice, then the node's processes go), capacity comes back as a new
-node after the schedule's delay, and recovery is read from the job's events as ``core.recovery`` does.
+node after the schedule's delay, and recovery is read from the job's events as ``core.eventlog.recovery`` does.
 """
 from __future__ import annotations
 

@@ -39,7 +39,7 @@ from azext_elastictrain.backends.local.state import (
 from azext_elastictrain.core.constants import CHECKPOINT_CONTAINER
 from azext_elastictrain.core.errors import ClusterNotFound
 from azext_elastictrain.core.spec import LocalClusterSpec
-from azext_elastictrain.core.view import iso_time
+from azext_elastictrain.core.eventlog.view import iso_time
 
 COMPONENTS = ("etcd", "azurite", "scheduled-events")
 START_TIMEOUT = 30.0

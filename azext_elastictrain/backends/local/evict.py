@@ -7,7 +7,7 @@ or the notice ran out. Without one, the node vanishes (``vanish_processes``): fr
 the job's survivors noticed by a timeout of their own (the runtime's peer timeout) and trained again without it,
 then killed. Then
 Spot capacity may come back: ``replace_nodes`` starts nodes that join the job's rendezvous. How the job
-recovered is read from its events: ``core.recovery``.
+recovered is read from its events: ``core.eventlog.recovery``.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from azext_elastictrain.backends.local.home import ClusterHome
 from azext_elastictrain.backends.local.starting import start_node
 from azext_elastictrain.backends.local.state import alive, node_processes
 from azext_elastictrain.core.constants import AZURE_NOTICE_SECONDS
-from azext_elastictrain.core.recovery import trained_again
+from azext_elastictrain.core.eventlog.recovery import trained_again
 from azext_elastictrain.core.spec import SpecError
 
 # A vanished node is killed once the survivors trained again without it, or after this long: a last resort for a

@@ -1,9 +1,10 @@
 """Following and describing local jobs: `job show` and `job list`, a job's events, its recovery after an eviction
-(core.recovery) and its nodes' logs.
+(core.eventlog.recovery) and its nodes' logs.
 
-A job's progress is the event log its training runtime appends to the cluster's blob storage (core.events); what
-runs is its record's agents, each alive while its pid and start time match (state.py). Both are read through the
-cluster's home (home.py), once per look; the view of them is core.view's, the same on AKS.
+A job's progress is the event log its training runtime appends to the cluster's blob storage
+(core.eventlog.events); what runs is its record's agents, each alive while its pid and start time match
+(state.py). Both are read through the cluster's home (home.py), once per look; the view of them is
+core.eventlog.view's, the same on AKS.
 """
 from __future__ import annotations
 
@@ -15,10 +16,10 @@ from azext_elastictrain.backends.local import record
 from azext_elastictrain.backends.local.home import ClusterHome
 from azext_elastictrain.backends.local.state import alive
 from azext_elastictrain.clients.blob import EventReader
-from azext_elastictrain.core import events as job_events
+from azext_elastictrain.core.eventlog import events as job_events
 from azext_elastictrain.core.errors import JobNotFound
 from azext_elastictrain.core.launched import launched
-from azext_elastictrain.core.view import build_job_view, iso_time, read_job_events
+from azext_elastictrain.core.eventlog.view import build_job_view, iso_time, read_job_events
 
 #: What only a local job's launched part shows (core/launched.py's ``own``): an in-process job's coordinator.
 OWN_LAUNCHED = ("coordinator",)
@@ -85,7 +86,7 @@ class JobFollower:
 
     # -- following a job after an eviction (the evictions themselves: evict.py) ------
     def follow_recovery(self, job: str, eviction: dict[str, Any], sleep: Any = time.sleep) -> dict[str, Any]:
-        from azext_elastictrain.core.recovery import follow_recovery
+        from azext_elastictrain.core.eventlog.recovery import follow_recovery
 
         read = self.home.event_reader(self.home.connection())
         try:
@@ -95,7 +96,7 @@ class JobFollower:
 
     def follow_world_size(self, job: str, world_size: int, since: float,
                           sleep: Any = time.sleep) -> dict[str, Any]:
-        from azext_elastictrain.core.recovery import follow_world_size
+        from azext_elastictrain.core.eventlog.recovery import follow_world_size
 
         read = self.home.event_reader(self.home.connection())
         try:
@@ -104,7 +105,7 @@ class JobFollower:
             read.close()
 
     def job_events(self, job: str) -> list[dict[str, Any]]:
-        """The events of the job's current run, oldest first (core.events)."""
+        """The events of the job's current run, oldest first (core.eventlog.events)."""
         state, conn = self.home.open_job(job)
         read = self.home.event_reader(conn)
         try:
@@ -193,5 +194,5 @@ def launched_of(job: dict[str, Any], checkpoint_url: str) -> dict[str, Any]:
 
 
 def run_events(read: EventReader, state: dict[str, Any]) -> list[dict[str, Any]]:
-    """The events of the run of the job recorded as ``state``, oldest first (core.events)."""
+    """The events of the run of the job recorded as ``state``, oldest first (core.eventlog.events)."""
     return job_events.since(read(state["name"]), state["created"])

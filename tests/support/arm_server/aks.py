@@ -150,7 +150,7 @@ def _is_private(value: str) -> bool:
 
 
 def _elastic_job(job: str, workers: int) -> dict:
-    from azext_elastictrain.core import manifests as m
+    from azext_elastictrain.core.aks import manifests as m
     from azext_elastictrain.core.spec import JobSpec
 
     cluster = m.InClusterSpec(identity_client_id="3f2a1b4c-5d6e-4f70-8192-a3b4c5d6e7f8",

@@ -1,15 +1,15 @@
 """`job timeline`'s series, from a run's events: step and world size over time, checkpoints, notices, stops.
 
 Times are seconds since the run's first event. The step series is each world's recorded step boundaries
-(core.goodput.segments); the world size is a world's size from its restore to its last completed step,
+(core.eventlog.goodput.segments); the world size is a world's size from its restore to its last completed step,
 else 0 (no training). Pure: no clock, no I/O, no matplotlib (the picture is drawn CLI side).
 """
 from __future__ import annotations
 
 from typing import Any, Iterable
 
-from azext_elastictrain.core import events as job_events
-from azext_elastictrain.core import goodput as job_goodput
+from azext_elastictrain.core.eventlog import events as job_events
+from azext_elastictrain.core.eventlog import goodput as job_goodput
 
 
 def series(events: Iterable[dict[str, Any]]) -> dict[str, Any]:
@@ -36,7 +36,7 @@ def series(events: Iterable[dict[str, Any]]) -> dict[str, Any]:
             sizes.append([rel(seg.last_time), 0])
         if not last:
             following = worlds[i + 1]
-            outage = outages[i]  # the same figure as job show and evict simulate --wait (core.goodput.outages)
+            outage = outages[i]  # the same figure as job show and evict simulate --wait (core.eventlog.goodput.outages)
             stops.append({"time": rel(seg.last_time), "step": seg.last_step, "kind": outage["kind"],
                           "resumedFromStep": following.first_step, "stepsLost": outage["stepsLost"],
                           "outageSeconds": outage["outageSeconds"]})

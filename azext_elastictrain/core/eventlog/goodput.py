@@ -39,8 +39,8 @@ or the node joining: a user's training stopped at the last step, and only the fi
 trains again. ``stepsLost``: the old world's last completed step minus the step the new one resumed from.
 
 The in-process recovery mode (the workers outlive a re-form) writes no ``restored`` per world: its worlds begin
-at its ``quorum`` events (core/events.py), which carry the old world's last committed step and its time, and its
-first committed step after a change is reported at once. A log with ``quorum`` events is read by them
+at its ``quorum`` events (core/eventlog/events.py), which carry the old world's last committed step and its time,
+and its first committed step after a change is reported at once. A log with ``quorum`` events is read by them
 (``world_starts``), so both modes give the same figures; a node's own ``restored`` there is not a world's.
 """
 from __future__ import annotations
@@ -50,7 +50,7 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from azext_elastictrain.core import events as job_events
+from azext_elastictrain.core.eventlog import events as job_events
 
 CAUSES = ("reforming", "restoring", "stepsLost", "scaleUps", "starting")
 
@@ -128,7 +128,7 @@ def _step_point(e: dict[str, Any]) -> tuple[int, float] | None:
 
 
 def segments(events: Iterable[dict[str, Any]]) -> list[Segment]:
-    """The worlds of a run, in order (events of one run: see ``core.events.since``)."""
+    """The worlds of a run, in order (events of one run: see ``core.eventlog.events.since``)."""
     found: list[Segment] = []
     last_started: float | None = None
     ordered = unique(events)

@@ -9,7 +9,7 @@ import time
 from typing import Any, Callable
 
 from azext_elastictrain.core.errors import EvictionError
-from azext_elastictrain.core.goodput import last_completed_step, outages, scale_ups, world_starts
+from azext_elastictrain.core.eventlog.goodput import last_completed_step, outages, scale_ups, world_starts
 
 # A local node comes back in seconds; the AKS backend passes its own, longer timeout (a new Spot VM).
 RECOVERY_TIMEOUT = 240.0
@@ -24,7 +24,7 @@ def trained_again(events: list[dict[str, Any]], since: float) -> bool:
 
 def follow_recovery(read_events: Any, job: str, eviction: dict[str, Any], timeout: float = RECOVERY_TIMEOUT,
                     sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
-    """After an eviction: the job's outage (``core.goodput.outages``: from the old world's last completed step
+    """After an eviction: the job's outage (``core.eventlog.goodput.outages``: from the old world's last completed step
     to the new world's first completed step) and the steps it lost, once the new world completed a step; also
     ``restoreSeconds``/``recoverySeconds``, from the node going to the restore and to that first step. Events
     without the old world's restore (a log that begins mid-run) give no outage (None) and the steps lost from
@@ -73,11 +73,11 @@ def follow_world_size(read_events: Any, job: str, world_size: int, since: float,
         grown = [e for e in events if e.get("event") == "progress" and e["time"] > since
                  and e.get("world_size") == world_size]
         if grown:
-            # the scale-up's own measurements (core/goodput.py): from the rendezvous round the node joined
+            # the scale-up's own measurements (core/eventlog/goodput.py): from the rendezvous round the node joined
             ups = [up for up in scale_ups(events) if up["toWorldSize"] == world_size
                    and up["nodeJoined"] >= since]
             up = ups[0] if ups else {}
-            # the survivors' outage: the smaller world's last step to the grown world's first (core.goodput)
+            # the survivors' outage: the smaller world's last step to the grown world's first (core.eventlog.goodput)
             out = [o for o in outages(events) if o["toWorldSize"] == world_size and o["restoredAt"] > since
                    and o["firstStepAt"] is not None]
             return {"worldSize": world_size, "step": grown[0]["step"],

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from azext_elastictrain.core.constants import GPU_TAINT
-from azext_elastictrain.core.preflight import PoolHardware
+from azext_elastictrain.core.aks.preflight import PoolHardware
 from azext_elastictrain.core.spec import ENGINE_TORCHELASTIC, NODE_OS_UPGRADE_CHANNEL, SYSTEM_POOL, ClusterSpec
 
 #: Built-in role: read, write and delete blobs and containers (no keys, no account management).
@@ -43,7 +43,7 @@ AUTO_UPGRADE_MAINTENANCE = "aksManagedAutoUpgradeSchedule"
 
 @dataclass(frozen=True)
 class NodeHardware:
-    """What the region's Resource SKUs say each pool's size allows (core.preflight.pool_hardware); unknown (a dry
+    """What the region's Resource SKUs say each pool's size allows (core.aks.preflight.pool_hardware); unknown (a dry
     run without login): nothing sent, AKS's defaults."""
 
     system: PoolHardware = field(default_factory=PoolHardware)

@@ -2,7 +2,7 @@
 
 Both backends build it here, so a job reads the same on a laptop and on AKS: state, world size, step,
 throughput, checkpoints, evictions, recoveries, nodes, and goodput with the time lost by cause (how each is
-obtained: core/goodput.py). Also the one time formatter of `job` and `evict` output.
+obtained: core/eventlog/goodput.py). Also the one time formatter of `job` and `evict` output.
 
 Pure: no knack, no azure.cli, no SDK.
 """
@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Callable, Iterable
 
-from azext_elastictrain.core import events as job_events
-from azext_elastictrain.core import goodput as job_goodput
+from azext_elastictrain.core.eventlog import events as job_events
+from azext_elastictrain.core.eventlog import goodput as job_goodput
 
 
 def iso_time(epoch: float | None, *, millis: bool = False) -> str | None:
@@ -53,9 +53,9 @@ class JobView:  # pylint: disable=too-many-instance-attributes  # the `job show`
     worker_restarts: int
     nodes: list[Any] = field(default_factory=list)
     events_error: str | None = None
-    goodput: dict[str, Any] | None = None  # core.goodput.goodput of the run; None before it trained
-    scale_up_times: list[Any] = field(default_factory=list)  # core.goodput.scale_ups of the run
-    outages: list[Any] = field(default_factory=list)  # core.goodput.outages of the run
+    goodput: dict[str, Any] | None = None  # core.eventlog.goodput.goodput of the run; None before it trained
+    scale_up_times: list[Any] = field(default_factory=list)  # core.eventlog.goodput.scale_ups of the run
+    outages: list[Any] = field(default_factory=list)  # core.eventlog.goodput.outages of the run
 
     def describe(self, identity: dict[str, Any], launch: dict[str, Any], extra: dict[str, Any] | None = None,
                  worker_restarts: bool = False) -> dict[str, Any]:
@@ -84,7 +84,7 @@ class JobView:  # pylint: disable=too-many-instance-attributes  # the `job show`
 
 
 def shown_outage(outage: dict[str, Any]) -> dict[str, Any]:
-    """An outage (core.goodput.outages) as `job show` reports it: its times as ISO 8601."""
+    """An outage (core.eventlog.goodput.outages) as `job show` reports it: its times as ISO 8601."""
     return {**outage, **{k: iso_time(outage[k], millis=True) for k in ("lastStepAt", "restoredAt", "firstStepAt")
                          if outage.get(k) is not None}}
 

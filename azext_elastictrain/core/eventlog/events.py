@@ -32,7 +32,7 @@ REFORMING = "reforming"
 # joined or started); ``last_step``/``last_step_time``: the old world's last committed step and when;
 # ``discarded``: its steps discarded since the previous change; ``source``: "live" (the members kept their own
 # state) or "peer" (a node took it from a peer). It starts a world as ``restored`` does in the restart mode, so
-# every reading of the log (core/goodput.py) measures both modes alike.
+# every reading of the log (core/eventlog/goodput.py) measures both modes alike.
 QUORUM = "quorum"
 
 # Job states, as `job show` reports them.
