@@ -1,28 +1,25 @@
 """A job's runtime settings, each written once: its environment variable, its default and how it reads.
 
 ``RuntimeSettings`` is one frozen value. Both backends write it into every node's environment with ``to_env()``
-(through ``job_env``: a local node's agent and an AKS worker pod get the same), and the training runtime reads it
-back with ``from_env()``, its one reader. ``from_env(to_env(x)) == x`` (tests/unit/test_settings.py).
+(through core/spec.py's ``job_env``: a local node's agent and an AKS worker pod get the same), and the training
+runtime reads it back with ``from_env()``, its one reader. ``from_env(to_env(x)) == x`` (tests/unit/test_settings.py).
 
 One precedence rule, everywhere: an argument the script passes (``Checkpointer.from_env(keep=5)``) wins over the
 environment, which wins over the default here. One exception, kept for torchft's users: torchft's own
 ``TORCHFT_TIMEOUT_SEC`` wins over ours for the replica timeout (the torchft Manager reads it too).
 
 A new runtime option is its argument and help (_params.py, _help.py), a field of the job spec (core/spec.py), a
-field here and its line in ``RuntimeSettings.for_job``: nothing else names it on the way to the runtime.
+field here and its line in ``JobSpec.runtime_settings``: nothing else names it on the way to the runtime.
 
 Pure and stdlib only (the runtime imports it; so does ``az``, which must not import torch).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any, Generic, Mapping, TypeVar
+from dataclasses import dataclass, field, fields
+from typing import Any, Generic, Mapping, TypeVar
 
 from azext_elastictrain.core import launch
-
-if TYPE_CHECKING:
-    from azext_elastictrain.core.spec import JobSpec
 
 T = TypeVar("T")
 OFF = "off"
@@ -192,19 +189,6 @@ class RuntimeSettings:  # pylint: disable=too-many-instance-attributes  # one fi
         found.update((key, value) for key, value in overrides.items() if value is not None)
         return cls(**found)
 
-    @classmethod
-    def for_job(cls, job: JobSpec, profile: launch.LaunchProfile) -> RuntimeSettings:
-        """A job's settings: its options (the spec) on the backend's figures (the launch profile), and what its
-        ``--env`` gives of the settings no option sets (launch.ENV_SCRIPT_SETTINGS)."""
-        given = cls.from_env({name: value for name, value in job.env_vars.items()
-                              if name in launch.ENV_SCRIPT_SETTINGS})
-        return replace(
-            given, keep=job.keep, checkpoint_interval_steps=job.checkpoint_interval,
-            checkpoint_interval_seconds=job.checkpoint_interval_seconds, memory_tier=job.memory_tier_on,
-            recovery=job.recovery, nodes=(job.min_nodes, job.max_nodes),
-            progress_seconds=profile.progress_seconds, collective_timeout_seconds=profile.collective_timeout_seconds,
-            replica_timeout_seconds=profile.replica_timeout_seconds if job.in_process else None)
-
 
 def _check(meta: Mapping[str, Any], raw: str) -> Any:
     try:
@@ -217,14 +201,4 @@ def _check(meta: Mapping[str, Any], raw: str) -> Any:
 DEFAULTS = RuntimeSettings()
 
 
-def job_env(job: JobSpec, profile: launch.LaunchProfile, *, coordinator: str | None = None) -> dict[str, str]:
-    """The environment a job gives every node, the same on both backends (a local node's agent and an AKS worker
-    pod): its settings, where its coordinator is (in process), and its ``--env``. The one place that writes a
-    job-wide setting."""
-    return {**RuntimeSettings.for_job(job, profile).to_env(),
-            **({launch.ENV_COORDINATOR: coordinator} if job.in_process and coordinator else {}),
-            **launch.TCP_STORE_WORKAROUND, "PYTHONUNBUFFERED": "1",
-            **job.env_vars}
-
-
-__all__ = ["DEFAULTS", "RuntimeSettings", "job_env"]
+__all__ = ["DEFAULTS", "RuntimeSettings"]

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from azext_elastictrain.core.constants import (
     CHECKPOINT_CONTAINER,
@@ -10,7 +10,8 @@ from azext_elastictrain.core.constants import (
     TRAINING_SERVICE_ACCOUNT,
 )
 from azext_elastictrain.core.launch import (
-    ENV_PREFIX, ENV_SCRIPT_SETTINGS, MODES, RECOVERY_IN_PROCESS, RECOVERY_MODES, RECOVERY_RESTART, RecoveryMode)
+    ENV_COORDINATOR, ENV_PREFIX, ENV_SCRIPT_SETTINGS, MODES, RECOVERY_IN_PROCESS, RECOVERY_MODES, RECOVERY_RESTART,
+    TCP_STORE_WORKAROUND, LaunchProfile, RecoveryMode)
 from azext_elastictrain.core.settings import DEFAULTS, RuntimeSettings
 
 LOCAL_CLUSTER_DEFAULT = "local"
@@ -92,6 +93,18 @@ class JobSpec:  # pylint: disable=too-many-instance-attributes  # one field per 
         """The recovery mode as the launch sees it (core/launch.py MODES)."""
         return MODES[self.recovery]
 
+    def runtime_settings(self, profile: LaunchProfile) -> RuntimeSettings:
+        """The job's runtime settings (core/settings.py): its options on the backend's figures (the launch profile),
+        and what its ``--env`` gives of the settings no option sets (launch.ENV_SCRIPT_SETTINGS)."""
+        given = RuntimeSettings.from_env({name: value for name, value in self.env_vars.items()
+                                          if name in ENV_SCRIPT_SETTINGS})
+        return replace(
+            given, keep=self.keep, checkpoint_interval_steps=self.checkpoint_interval,
+            checkpoint_interval_seconds=self.checkpoint_interval_seconds, memory_tier=self.memory_tier_on,
+            recovery=self.recovery, nodes=(self.min_nodes, self.max_nodes),
+            progress_seconds=profile.progress_seconds, collective_timeout_seconds=profile.collective_timeout_seconds,
+            replica_timeout_seconds=profile.replica_timeout_seconds if self.in_process else None)
+
     @property
     def node_count(self) -> int:
         return self.max_nodes if self.nodes is None else self.nodes
@@ -131,6 +144,16 @@ class JobSpec:  # pylint: disable=too-many-instance-attributes  # one field per 
             raise SpecError(f"unknown recovery mode {self.recovery!r}: use {' or '.join(RECOVERY_MODES)} "
                             f"({RECOVERY_IN_PROCESS}: workers outlive a membership change; {RECOVERY_RESTART}: "
                             "torchrun restarts every worker)")
+
+
+def job_env(job: JobSpec, profile: LaunchProfile, *, coordinator: str | None = None) -> dict[str, str]:
+    """The environment a job gives every node, the same on both backends (a local node's agent and an AKS worker
+    pod): its settings, where its coordinator is (in process), and its ``--env``. The one place that writes a
+    job-wide setting."""
+    return {**job.runtime_settings(profile).to_env(),
+            **({ENV_COORDINATOR: coordinator} if job.mode.coordinator and coordinator else {}),
+            **TCP_STORE_WORKAROUND, "PYTHONUNBUFFERED": "1",
+            **job.env_vars}
 
 
 def check_local_script(script: str) -> None:

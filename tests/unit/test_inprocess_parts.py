@@ -427,7 +427,7 @@ def test_a_healing_step_waits_for_the_transfer_sized_to_the_state() -> None:
 # -- the cross-node timeout: one owner (core/launch.py), set by each backend for in-process jobs only -------------
 def test_each_backend_sets_its_replica_timeout_for_in_process_jobs_only() -> None:
     from azext_elastictrain.core import launch
-    from azext_elastictrain.core.settings import job_env
+    from azext_elastictrain.core.spec import job_env
     from azext_elastictrain.core.spec import JobSpec
 
     local = job_env(JobSpec(name="job", script="t.py", recovery=launch.RECOVERY_IN_PROCESS), launch.LOCAL)

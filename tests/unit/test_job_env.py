@@ -1,5 +1,5 @@
 """job run --env KEY=VALUE: checked as the spec is made, and in the environment of every node on both backends
-(core/settings.py's job_env is what a local agent and an AKS worker pod both get)."""
+(core/spec.py's job_env is what a local agent and an AKS worker pod both get)."""
 from __future__ import annotations
 
 import os
@@ -62,11 +62,12 @@ def test_a_bad_variable_is_refused_as_the_spec_is_made(env, message) -> None:
 @pytest.mark.parametrize("profile", [launch.LOCAL, launch.AKS], ids=lambda p: p.backend)
 @pytest.mark.parametrize("recovery", launch.RECOVERY_MODES)
 def test_the_runtime_reads_back_what_the_launch_writes(profile, recovery) -> None:
-    """settings.job_env is the one writer of a job's settings on both backends; the runtime's readers get back the
+    """spec.job_env is the one writer of a job's settings on both backends; the runtime's readers get back the
     spec's options and the backend profile's figures."""
     from datetime import timedelta
 
-    from azext_elastictrain.core.settings import RuntimeSettings, job_env
+    from azext_elastictrain.core.settings import RuntimeSettings
+    from azext_elastictrain.core.spec import job_env
     from azext_elastictrain.runtime.replicas import in_process
     from azext_elastictrain.runtime.timeouts import collective_timeout, replica_timeout
 

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from azext_elastictrain.core import launch
 from azext_elastictrain.core.aks import manifests as m
-from azext_elastictrain.core.settings import DEFAULTS, RuntimeSettings, job_env
-from azext_elastictrain.core.spec import JobSpec, SpecError
+from azext_elastictrain.core.settings import DEFAULTS, RuntimeSettings
+from azext_elastictrain.core.spec import JobSpec, SpecError, job_env
 
 seconds = st.floats(min_value=1e-3, max_value=1e6, allow_nan=False, allow_infinity=False)
 counts = st.integers(min_value=1, max_value=10**9)

@@ -81,7 +81,7 @@ def test_a_frozen_peer_fails_the_survivors_collective_within_the_timeout(tmp_pat
 def test_the_launch_sets_the_collective_timeout_the_runtime_reads():
     from datetime import timedelta
 
-    from azext_elastictrain.core.settings import job_env
+    from azext_elastictrain.core.spec import job_env
     from azext_elastictrain.core.spec import JobSpec
     from azext_elastictrain.runtime import collective_timeout
 

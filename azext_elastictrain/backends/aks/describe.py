@@ -62,7 +62,7 @@ ReadEvents = Callable[[str], list[Any]]
 #: What only an AKS job's launched part shows (core/launched.py's ``own``): the image its workers run.
 OWN_LAUNCHED = ("image",)
 # What the launch writes into a worker's environment besides the job's --env (core/aks/manifests.py's worker env, with
-# core/settings.py's job_env): every runtime setting, where the worker's checkpoints, memory tier and peers are.
+# core/spec.py's job_env): every runtime setting, where the worker's checkpoints, memory tier and peers are.
 _LAUNCH_ENV = frozenset({*(item.metadata["env"] for item in fields(RuntimeSettings)), launch.ENV_CHECKPOINT_URL,
                          launch.ENV_CHECKPOINT_CONTAINER_URL, launch.ENV_NODE_NAME, launch.ENV_MEMORY_DIR,
                          launch.ENV_NODE_LEAVING_FILE, launch.ENV_REPLICA_ID, launch.ENV_REPLICA_HOST,

@@ -10,13 +10,11 @@ import os
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import Mapping
 
 from azext_elastictrain.backends.local.state import REPO_ROOT
-from azext_elastictrain.core import launch, settings
-
-if TYPE_CHECKING:
-    from azext_elastictrain.core.spec import JobSpec
+from azext_elastictrain.core import launch
+from azext_elastictrain.core.spec import JobSpec, job_env
 
 # Every process of a local job carries this in its environment (inherited by the
 # workers), so orphans of a killed agent can still be found and stopped.
@@ -29,7 +27,7 @@ COORDINATOR_MARKER_ENV = "ELASTICTRAIN_LOCAL_COORDINATOR"
 @dataclass(frozen=True)
 class AgentLaunch:  # pylint: disable=too-many-instance-attributes  # one field per launch setting
     """What one node of a local job runs: ``argv()`` and ``env(inherited)``, from the job's spec and the local
-    backend's launch profile (core/launch.py): the spec's options reach the node through ``settings.job_env``
+    backend's launch profile (core/launch.py): the spec's options reach the node through ``spec.job_env``
     alone, as they reach an AKS pod; the fields here are the node's own."""
 
     node: str
@@ -72,12 +70,12 @@ class AgentLaunch:  # pylint: disable=too-many-instance-attributes  # one field 
 
     def env(self, inherited: Mapping[str, str]) -> dict[str, str]:
         """The node's environment: ``inherited`` (the caller's) without its ELASTICTRAIN_* settings, then the
-        job's (``settings.job_env``), then the node's own, then ``extra_env``."""
+        job's (``spec.job_env``), then the node's own, then ``extra_env``."""
         nodes_dir = self.job_dir / "nodes"
         env = {k: v for k, v in inherited.items() if not k.startswith(launch.ENV_PREFIX)}
         profile = self.profile if self.progress_seconds is None else \
             replace(self.profile, progress_seconds=self.progress_seconds)
-        env.update(settings.job_env(self.spec, profile, coordinator=self.coordinator))
+        env.update(job_env(self.spec, profile, coordinator=self.coordinator))
         env.update({
             JOB_MARKER_ENV: str(self.job_dir),
             launch.ENV_CHECKPOINT_URL: self.checkpoint_url,

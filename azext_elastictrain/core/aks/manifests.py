@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import SplitResult, urlsplit
 
-from azext_elastictrain.core import launch, settings
+from azext_elastictrain.core import launch
 from azext_elastictrain.core.constants import GPU_TAINT, TRAINING_NAMESPACE, TRAINING_SERVICE_ACCOUNT
 from azext_elastictrain.core.spec import (
     ENGINE_K8S_JOB,
@@ -21,6 +21,7 @@ from azext_elastictrain.core.spec import (
     ENGINES,
     JobSpec,
     SpecError,
+    job_env,
 )
 
 if TYPE_CHECKING:
@@ -583,5 +584,5 @@ def _worker_env(job: JobSpec, namespace: str) -> list[dict[str, Any]]:
         env.append({"name": launch.ENV_REPLICA_HOST, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
         env.append({"name": launch.ENV_JOB_SECRET, "valueFrom": {"secretKeyRef": {
             "name": job_secret_name(job.name), "key": launch.JOB_SECRET_KEY}}})
-    shared = settings.job_env(job, launch.AKS, coordinator=coordinator_url(job.name, namespace))
+    shared = job_env(job, launch.AKS, coordinator=coordinator_url(job.name, namespace))
     return env + [{"name": name, "value": value} for name, value in shared.items()]
