@@ -117,3 +117,16 @@ def test_a_new_option_reaches_the_runtime_on_both_backends(tmp_path) -> None:
         assert ckpt.interval_seconds == 90.0 and ckpt.settings.checkpoint_interval_seconds == 90.0
     finally:
         ckpt.close()
+
+
+def test_a_local_dry_run_shows_the_settings_the_runtime_will_read_and_not_the_scripts_env(tmp_path) -> None:
+    from azext_elastictrain.backends.base import JobRequest
+    from azext_elastictrain.backends.local.backend import LocalBackend
+
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    spec = JobSpec(name="job", script=str(script), checkpoint_interval_seconds=600.0, keep=5,
+                   env=("WANDB_API_KEY=secret-value",))
+    shown = LocalBackend(tmp_path / "state", "local").plan_job(JobRequest(spec=spec)).shown
+    assert RuntimeSettings.from_env(shown["settings"]) == spec.runtime_settings(launch.LOCAL)
+    assert shown["settings"][launch.ENV_CHECKPOINT_INTERVAL_SECONDS] == "600" and "secret-value" not in str(shown)

@@ -31,6 +31,7 @@ from azext_elastictrain.backends.local.home import ClusterHome
 from azext_elastictrain.backends.local.starting import run_job
 from azext_elastictrain.backends.local.stopping import JobStopper
 from azext_elastictrain.backends.local.plans import LocalEviction, LocalJobDeletion, LocalSchedule
+from azext_elastictrain.core import launch
 from azext_elastictrain.core.constants import AZURE_NOTICE_SECONDS
 from azext_elastictrain.core.errors import NotSupported, OptionNotHere
 from azext_elastictrain.core.spec import JobSpec, LocalClusterSpec, check_local_script
@@ -108,6 +109,8 @@ class LocalBackend:  # pylint: disable=too-many-public-methods  # the Backend pr
         shown = {"dryRun": True, "type": "local", "name": spec.name, "cluster": self.cluster,
                  "nodes": list(spec.node_names()), "script": str(Path(spec.script).resolve()),
                  "scriptArgs": list(spec.script_args), "recovery": spec.recovery,
+                 # what the runtime will read (core/settings.py); not --env, which may hold the script's secrets
+                 "settings": spec.runtime_settings(launch.LOCAL).to_env(),
                  **({"coordinator": "a process of the job's own on a free loopback port"}
                     if spec.mode.coordinator else {})}
         return Plan(shown, spec)
