@@ -10,28 +10,32 @@ each failing alone (its error in the JSON):
 
 * ``snapshot``: the memory tier (runtime/rescue.py ``MemoryTier``) keeps the state in node memory: the capture
   on the training thread (device-to-host copies queued into pinned buffers: the blocking time), then the commit
-  (the copies landed, checksummed, committed: the time to a committed copy), and GB/s over both. The first
+  (the copies landed, checksummed, committed: the time to a committed copy, and its two parts: the device's
+  copies landed, then the slot written and checksummed), and GB/s over both. The first
   capture allocates its pinned buffers; the next ones reuse them (``steady`` is their median).
 * ``heal``: a fresh process, from its start to its first optimizer step, with the state from this process's
   memory through the peer transfer (runtime/peer_transfer.py, as torchft's quorum drives it): per phase (imports,
   model and optimizer built on the device, the state received into them, loaded, the first step).
-* ``dcp``: a blob checkpoint of the state (the Checkpointer: DCP into a local Azurite, the suite's
-  harness/services.py) and its restore into a fresh state on the device: the training thread's stall, the
-  save to committed, the restore, GB/s, and where the restored tensors are. Needs Azurite (``bash
-  scripts/setup.sh``); without it the phase fails alone.
 * ``readme_sigkill``: the README's script (scripts/bench/readme_loop.py, the two lines for a GPU with
   ``--device cuda``) as a one-node local job (torchrun agent, etcd, Azurite); its worker SIGKILLed once it
   trains, restarted by torchrun, resumed from the node's memory: what ``evict simulate --wait`` reports (outage,
   restore and recovery seconds from the kill, steps lost) and where it restored from (memory, peer, blob). Needs etcd
   and Azurite (``bash scripts/setup.sh``).
+* ``dcp`` (last: Azurite, one node process writing to local disk, sets its pace): a blob checkpoint (the
+  Checkpointer: DCP into a local Azurite, the suite's harness/services.py) and its restore into a fresh state on
+  the device: the training thread's stall, the save to committed, the restore, GB/s, and where the restored
+  tensors are; first of a quarter of the state, then of the whole state when the quarter's pace says it ends
+  before the watchdog. Needs Azurite (``bash scripts/setup.sh``); without it the phase fails alone.
 
-A watchdog ends the script with code 124 after ``--timeout`` seconds (default 330), writing what it has.
+A watchdog ends the script with code 124 after ``--timeout`` seconds (default 330), writing what it has. On a
+GPU machine that reaches no package registry: scripts/bench/gpu_offline.py (pack here, run there).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -48,12 +52,18 @@ SECRET = "gpu-bench"
 KEY = "elastictrain"
 
 
-def build(device: str, tiny: bool, seed: int = 0, trained: bool = True) -> dict[str, Any]:
-    """Model and AdamW on ``device``; with ``trained``, one step taken (the moments exist)."""
+def full_layers(tiny: bool) -> int:
+    return 4 if tiny else round(GPT2_XL_PARAMS / 4096**2)
+
+
+def build(device: str, tiny: bool, seed: int = 0, trained: bool = True, layers: int | None = None) -> dict[str, Any]:
+    """Model and AdamW on ``device`` (``layers`` of the full state's); with ``trained``, one step taken (the
+    moments exist)."""
     import torch
 
     torch.manual_seed(seed)
-    width, layers = (128, 4) if tiny else (4096, round(GPT2_XL_PARAMS / 4096**2))
+    width = 128 if tiny else 4096
+    layers = layers or full_layers(tiny)
     model = torch.nn.Sequential(*(torch.nn.Linear(width, width, bias=False, device=device) for _ in range(layers)))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     if trained:
@@ -95,9 +105,14 @@ def snapshot(state: dict[str, Any], memory_dir: str, repeats: int) -> dict[str, 
         runs = []
         for i in range(repeats):
             blocking, capture = timed(lambda: tier.capture(i + 1, 1, flat))  # pylint: disable=cell-var-from-loop
+            # the commit's parts: the device's copies landing (the event the commit waits on first), then
+            # the rest (pinned buffers into the slot, header, checksum, commit word)
+            landed, _ = timed(capture.event.synchronize if capture.event is not None else lambda: None)
             committed, _ = timed(lambda: tier.commit(capture))  # pylint: disable=cell-var-from-loop
-            runs.append({"blocking_s": round(blocking, 4), "to_committed_s": round(blocking + committed, 4),
-                         "gb_per_s": round(size / 1e9 / (blocking + committed), 2)})
+            total = blocking + landed + committed
+            runs.append({"blocking_s": round(blocking, 6), "to_committed_s": round(total, 6),
+                         "gb_per_s": round(size / 1e9 / total, 2), "copies_landed_s": round(blocking + landed, 6),
+                         "slot_and_checksum_s": round(committed, 6)})
         copy = tier.read()
         assert copy is not None and copy.step == repeats, "the last step is not the committed copy"
         tier.discard()
@@ -111,7 +126,29 @@ def digest(state: dict[str, Any]) -> float:
     return float(sum(p.double().sum().item() for p in state["model"].parameters()))
 
 
-def dcp(state: dict[str, Any], device: str, tiny: bool) -> dict[str, Any]:  # pylint: disable=too-many-locals
+def dcp_sizes(state: dict[str, Any], device: str, tiny: bool, deadline: float,
+              done: dict[str, Any]) -> dict[str, Any]:
+    """The blob checkpoint of a quarter of the state (its first quarter of layers, trained the same way), then of
+    the whole state when the quarter's pace says it ends in the time left (Azurite's pace is no GPU's)."""
+    found: dict[str, Any] = {}
+    done["dcp"] = found  # what the watchdog writes if the whole state runs out of time
+    layers = max(1, full_layers(tiny) // 4)
+    quarter = build(device, tiny, layers=layers)
+    found["quarter"] = {"layers": layers, **dcp(quarter, device, tiny, layers)}
+    del quarter
+    pace = found["quarter"]["save_to_committed_s"] + found["quarter"]["restore_s"]
+    needed = pace * full_layers(tiny) / layers * 1.3 + 10
+    left = deadline - time.monotonic()
+    if needed < left:
+        found["full"] = {"layers": full_layers(tiny), **dcp(state, device, tiny, None)}
+    else:
+        found["full"] = {"skipped": f"the quarter's pace needs ~{needed:.0f} s for the whole state, {left:.0f} s "
+                                    "left before the watchdog"}
+    return found
+
+
+# pylint: disable-next=too-many-locals
+def dcp(state: dict[str, Any], device: str, tiny: bool, layers: int | None) -> dict[str, Any]:
     """A blob checkpoint (the Checkpointer: DCP into a local Azurite) of ``state``, restored into a fresh state on
     the device: the training thread's stall, the save to committed, the restore; where the restored tensors are."""
     import torch
@@ -133,7 +170,7 @@ def dcp(state: dict[str, Any], device: str, tiny: bool) -> dict[str, Any]:  # py
             stall, _ = timed(lambda: ckpt.save(1, state))
             waited, _ = timed(ckpt.wait)
             ckpt.close()
-            fresh = build(device, tiny, seed=2, trained=False)
+            fresh = build(device, tiny, seed=2, trained=False, layers=layers)
             reader = Checkpointer(store, "gpu", keep=1, verify=True, watcher=None, events=False)
             restore_s, step_ = timed(lambda: reader.restore(fresh))
             if device.startswith("cuda"):
@@ -196,6 +233,10 @@ def readme_sigkill(device: str, memory_dir: str, deadline: float) -> dict[str, A
             after = [e for e in events_of(events(), "restored") if e["time"] > killed]
             found["restored_from"] = after[0].get("source") if after else None  # memory, peer or blob
             return found
+        except Exception as ex:
+            # the node's log (its agent's and workers' output) with the error: the JSON is all that comes back
+            tail = node.log_path.read_text(errors="replace")[-4000:] if node.log_path.exists() else ""
+            raise RuntimeError(f"{ex}\n--- {node.log_path.name}, its end:\n{tail}") from ex
         finally:
             node.stop()
             store.close()
@@ -280,7 +321,7 @@ def main() -> int:
         return 0
     deadline = time.monotonic() + args.timeout
     result: dict[str, Any] = {"device": args.device, "tiny": args.tiny, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-                              "command": " ".join(sys.argv), "phases": {}}
+                              "command": " ".join(["scripts/bench/gpu.py", *sys.argv[1:]]), "phases": {}}
 
     def emit() -> None:
         text = json.dumps(result, indent=None)
@@ -305,13 +346,17 @@ def main() -> int:
             emit()
             return 2
         result["card"] = torch.cuda.get_device_name()
+        result["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    result["torch"] = torch.__version__
+    result["memory_dir_free_gb"] = round(shutil.disk_usage(args.memory_dir).free / 1e9, 1)
     seconds, state = timed(lambda: build(args.device, args.tiny))
     result["state"] = {"bytes": state_bytes(state), "build_s": round(seconds, 2)}
+    # The blob checkpoint last: Azurite (one node process, local disk) may take most of what is left.
     phases: dict[str, Callable[[], Any]] = {
         "snapshot": lambda: snapshot(state, args.memory_dir, args.repeats),
         "heal": lambda: heal(state, args.device, args.tiny, deadline),
-        "dcp": lambda: dcp(state, args.device, args.tiny),
         "readme_sigkill": lambda: readme_sigkill(args.device, args.memory_dir, deadline),
+        "dcp": lambda: dcp_sizes(state, args.device, args.tiny, deadline, result["phases"]),
     }
     for name, run in phases.items():
         try:

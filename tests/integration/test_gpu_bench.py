@@ -24,14 +24,18 @@ def test_the_device_script_runs_every_phase_on_cpu_with_a_tiny_state(tmp_path) -
     assert result["device"] == "cpu" and result["state"]["bytes"] > 0
     snap = result["phases"]["snapshot"]
     assert snap["bytes"] > 0 and len(snap["runs"]) == 3
-    assert all(r["to_committed_s"] >= r["blocking_s"] > 0 and r["gb_per_s"] > 0 for r in snap["runs"])
+    assert all(r["to_committed_s"] >= r["copies_landed_s"] >= r["blocking_s"] > 0 and r["gb_per_s"] > 0
+               and r["slot_and_checksum_s"] > 0 for r in snap["runs"])
     heal = result["phases"]["heal"]
     assert list(heal["phases_s"]) == ["start_and_imports", "build", "receive", "load", "first_step"]
     assert heal["parameters_on"] == ["cpu"] and heal["to_first_step_s"] >= sum(heal["phases_s"].values()) * 0.99
     assert heal["same_as_peer"] is True, "the newcomer's first step started from the peer's weights"
-    saved = result["phases"]["dcp"]
-    assert saved["restored_step"] == 1 and saved["restored_on"] == ["cpu"] and saved["same_as_saved"] is True
-    assert saved["save_to_committed_s"] >= saved["save_stall_s"] > 0 and saved["restore_s"] > 0
+    for part, layers in (("quarter", 1), ("full", 4)):  # the tiny state's 4 layers, a quarter first
+        saved = result["phases"]["dcp"][part]
+        assert saved["layers"] == layers and saved["restored_step"] == 1 and saved["restored_on"] == ["cpu"]
+        assert saved["same_as_saved"] is True, part
+        assert saved["save_to_committed_s"] >= saved["save_stall_s"] > 0 and saved["restore_s"] > 0
+    assert result["phases"]["dcp"]["quarter"]["bytes"] * 4 == result["phases"]["dcp"]["full"]["bytes"]
     killed = result["phases"]["readme_sigkill"]
     assert killed["restored_from"] == "memory" and killed["stepsLost"] <= 1, killed  # 1: killed mid-commit
     assert killed["recoverySeconds"] >= killed["restoreSeconds"] >= 0 and killed["worldSize"] == 1
