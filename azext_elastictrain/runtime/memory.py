@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from azext_elastictrain.runtime import entries, rescue
 from azext_elastictrain.runtime.errors import CheckpointError
-from azext_elastictrain.runtime.state import StateError, json_tensor, modules_in
+from azext_elastictrain.runtime.state import StateError, json_tensor, modules_in, optimizers_in
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +28,8 @@ class MemoryKeeper:
         self._keeper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="elastictrain-memory") if writer else None
         self._keeping: Future[None] | None = None
         self.memory_step: int | None = None  # the newest step this process committed to memory
+        self._aside: Any = None  # the event after the last capture's copies on the copy stream
+        self._hooked: dict[int, Any] = {}  # id(optimizer) -> its step-pre-hook's handle
 
     @property
     def writer(self) -> bool:
@@ -54,7 +56,8 @@ class MemoryKeeper:
                 return
             flat = {k: v if isinstance(v, torch.Tensor) else json_tensor(v, k) for k, v in tree.flat.items()}
             flat[entries.STEP_KEY] = json_tensor(step, entries.STEP_KEY)
-            capture = self.tier.capture(step, world_size, flat)
+            capture = self.tier.capture(step, world_size, flat, self._stepped_only(state))
+            self._aside = capture.aside
         except OSError as ex:  # no room (ENOSPC) or no shared memory: the tier is off for this worker
             log.warning("the in-memory rescue tier is off for this worker: cannot keep step %d in %s: %s",
                         step, self.tier.directory, ex)
@@ -65,6 +68,39 @@ class MemoryKeeper:
             log.warning("could not keep step %d in memory: %s", step, ex)
             return
         self._keeping = self._keeper.submit(self._commit, capture)
+
+    def _stepped_only(self, state: dict[str, Any]) -> Callable[[torch.Tensor], bool] | None:
+        """Which CUDA tensors may be copied beside the next step (PinnedCopies' copy stream): the parameters and
+        optimizer state of the state's optimizers, which only an optimizer step changes in place, and each
+        optimizer's step waits for the copies first (a step-pre-hook, on the device: the host goes on). The
+        runtime's own writes into them (a heal from a peer) wait through ``landed``. None (everything on the
+        training stream) when the state has no optimizer."""
+        optimizers = optimizers_in(state)
+        if not optimizers:
+            return None
+        storages: set[int] = set()
+        for optimizer in optimizers:
+            if id(optimizer) not in self._hooked:
+                self._hooked[id(optimizer)] = optimizer.register_step_pre_hook(self._before_optimizer_step)
+            for group in optimizer.param_groups:
+                for param in group["params"]:
+                    storages.add(param.untyped_storage().data_ptr())
+            for value in optimizer.state.values():
+                for item in value.values():
+                    if isinstance(item, torch.Tensor):
+                        storages.add(item.untyped_storage().data_ptr())
+        copies = self.tier.copies
+        return lambda tensor: copies.wanted(tensor) and tensor.untyped_storage().data_ptr() in storages
+
+    def _before_optimizer_step(self, *_: Any) -> None:
+        if self._aside is not None:
+            self.tier.copies.wait_aside(self._aside)
+
+    def landed(self) -> None:
+        """The host waits until the last capture's copies have left the live tensors: before the runtime writes
+        into them outside an optimizer step (a heal)."""
+        if self._aside is not None:
+            self._aside.synchronize()
 
     def _commit(self, capture: rescue.Capture) -> None:
         self.tier.commit(capture)
@@ -97,5 +133,8 @@ class MemoryKeeper:
             self.tier.discard()
 
     def close(self) -> None:
+        for handle in self._hooked.values():
+            handle.remove()
+        self._hooked.clear()
         if self._keeper is not None:
             self._keeper.shutdown(wait=True)

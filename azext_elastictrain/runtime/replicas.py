@@ -106,6 +106,9 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         self.node_size = dist.get_world_size() if dist.is_initialized() else 1
         self.committed: bool | None = None  # the current step's verdict, once asked
         self.healed = False  # this step loaded the state from a peer
+        # Called before a heal writes into the live tensors: the memory tier's copies of them must have left
+        # (runtime/memory.py MemoryKeeper.landed; the loop sets it where the node keeps its memory copy).
+        self.before_write: Callable[[], None] = lambda: None
         self.rank: int | None = None  # this group's rank in the current step's quorum
         self._store = None
         host = env.get(launch.ENV_REPLICA_HOST) or socket.gethostname()
@@ -354,6 +357,7 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         on the parameters' device."""
         from azext_elastictrain.runtime.peer_transfer import Destination
 
+        self.before_write()
         with self._without_grads():
             flat = entries.tree(self.state).flat  # a fresh optimizer's moments are made here, to receive into
         return Destination({"user": {STATE_KEY: {"flat": flat}}}, device=parameters_device(self.optimizer))

@@ -14,12 +14,14 @@ two parts:
 
 1. ``capture`` (the training thread, at ``step()``): clear the slot's commit
    word, then copy the tensors into the slot (CPU tensors straight into the
-   shared memory; CUDA tensors device-to-host into pinned buffers, without
-   waiting). This is the one part that must happen before the next step
-   changes the parameters in place.
-2. ``commit`` (a background thread): wait for the device copies and move them
-   into the slot, write the header (job, run, step, layout) after the data and
-   an xxh3-64 checksum of data and header, then the commit word, last.
+   shared memory; CUDA tensors device-to-host, without waiting: straight into
+   the slot, which is page-locked for the device, or where CUDA refuses that,
+   into pinned buffers). This is the one part that must happen before the next
+   step changes the parameters in place.
+2. ``commit`` (a background thread): wait for the device copies (and move
+   those in pinned buffers into the slot), write the header (job, run, step,
+   layout) after the data and an xxh3-64 checksum of data and header (over its
+   64 MiB chunks' own, hashed on several threads), then the commit word, last.
 
 A killed writer leaves, at every point: before 1, the slot's previous copy
 (older) and the other slot's newest; during 1 or 2, a slot whose commit word
@@ -53,9 +55,10 @@ import logging
 import mmap
 import os
 import struct
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, TypedDict
+from typing import TYPE_CHECKING, Any, Callable, Mapping, TypedDict
 
 import torch
 import xxhash
@@ -70,19 +73,29 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"ETRESCU3"
-FORMAT = 3
+MAGIC = b"ETRESCU4"
+FORMAT = 4  # 4: the checksum is over the chunks' checksums (CHUNK)
+CHUNK = 64 * 2**20
+_POOL: ThreadPoolExecutor | None = None
 DEFAULT_DIR = "/dev/shm/elastictrain"
 SLOTS = 2
-# The slot's preamble: magic, commit word (0: no copy), header offset, header length, xxh3-64 of data + header.
+# The slot's preamble: magic, commit word (0: no copy), header offset, header length, checksum of data + header.
 _PREAMBLE = struct.Struct("<8sQQQQ")
 _COMMIT_AT = 8
 DATA_START = 64
 _ALIGN = 64
+HEADROOM = 64 * 2**10  # a slot's room for its header to grow
+RESERVE = 2**20  # slots are sized in MiBs
 
 
 def _aligned(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def _reserved(n: int) -> int:
+    """A slot's size for ``n`` bytes of data and header: room for the header to grow (its step gains a digit at
+    10, 100, ...) without a new mapping, which for a large state means a new page-locking of every page."""
+    return (n + HEADROOM + RESERVE - 1) // RESERVE * RESERVE
 
 
 @dataclass
@@ -98,7 +111,7 @@ class MemoryCopy:
 
 
 @dataclass
-class Capture:
+class Capture:  # pylint: disable=too-many-instance-attributes  # a record: where the copy is, and its events
     """A copy whose data is in its slot (or on its way from the device) but not yet committed."""
 
     slot: int
@@ -107,7 +120,8 @@ class Capture:
     header: bytes
     end: int  # where the data ends (the header goes there)
     pending: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # (slot view, pinned buffer)
-    event: torch.cuda.Event | None = None  # the CUDA event after the device-to-host copies
+    events: list[Any] = field(default_factory=list)  # CUDA events after the device-to-host copies, per stream
+    aside: Any = None  # the event after the copies on the copy stream (PinnedCopies.wait_aside), if any
 
 
 class Entry(TypedDict):
@@ -121,43 +135,113 @@ class Entry(TypedDict):
 
 
 class PinnedCopies:
-    """The device-to-host half of a capture: each device tensor copied into a pinned buffer kept for its key
-    (reused while its shape and dtype hold: no page faults of a fresh allocation each step), queued on the current
-    stream without waiting; ``recorded()`` marks where the copies end, which the commit waits for. The one place
-    the tier touches CUDA, so the rest of the capture and commit runs the same with a fake of it on CPU."""
+    """The device-to-host half of a capture, queued without waiting: each device tensor copied straight into the
+    slot, page-locked for the device once per mapping (``register``), or where CUDA refuses that, into a pinned
+    buffer kept for its key (reused while its shape and dtype hold: no page faults of a fresh allocation each
+    step). The one place the tier touches CUDA, so the rest of the capture and commit runs the same with a fake
+    of it on CPU.
+
+    Two streams. A tensor the caller names *aside* (a parameter or optimizer state that only an optimizer step,
+    which waits for them, changes in place: runtime/memory.py) is copied on a stream of its own, after the work
+    queued so far on the current one, so the next step's forward and backward run on the training stream while
+    its copy crosses to the host; ``wait_aside`` makes the current stream wait for those copies (no host wait),
+    which the optimizer's step-pre-hook calls. Any other tensor (a BatchNorm's statistics, which the next forward
+    changes) is copied on the current stream, ahead of whatever the next step queues there. ``recorded`` marks
+    where each stream's copies end, which the commit waits for."""
 
     def __init__(self) -> None:
         self._pinned: dict[str, torch.Tensor] = {}
+        self._streams: dict[torch.device, torch.cuda.Stream] = {}
 
     def wanted(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor`` goes through a pinned buffer (a device's) rather than straight into the slot."""
         return tensor.is_cuda
 
-    def queue(self, key: str, source: torch.Tensor) -> torch.Tensor:
+    def register(self, mapped: mmap.mmap) -> bool:
+        """Page-lock a slot's mapping for the device (``cudaHostRegister``): its copies then go straight into
+        the slot, without a pinned buffer and its copy into the slot (half the host memory, a commit without
+        a copy). False where CUDA refuses (the pinned buffers then)."""
+        if not torch.cuda.is_available():
+            return False
+        address = torch.frombuffer(mapped, dtype=torch.uint8).data_ptr()
+        cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]  # torch leaves cudart() unannotated
+        code = cudart.cudaHostRegister(address, len(mapped), 0)
+        if int(code) != 0:
+            log.warning("the memory tier's slot could not be page-locked for the device (%s): the copies go "
+                        "through pinned buffers", code)
+            return False
+        return True
+
+    def unregister(self, mapped: mmap.mmap) -> None:
+        cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]  # torch leaves cudart() unannotated
+        cudart.cudaHostUnregister(torch.frombuffer(mapped, dtype=torch.uint8).data_ptr())
+
+    def queue(self, key: str, source: torch.Tensor, aside: bool = False) -> torch.Tensor:
         """``source`` queued for copying into ``key``'s pinned buffer, which is returned (not yet written)."""
         pinned = self._pinned.get(key)
         if pinned is None or pinned.shape != source.shape or pinned.dtype != source.dtype:
             pinned = self._pinned[key] = self.allocate(source)
-        self.copy(pinned, source)
+        self.copy(pinned, source, aside)
         return pinned
 
     def allocate(self, source: torch.Tensor) -> torch.Tensor:
         """A host buffer for ``source``: page-locked, so the copy from the device runs without waiting."""
         return torch.empty(source.shape, dtype=source.dtype, pin_memory=True)
 
-    def copy(self, pinned: torch.Tensor, source: torch.Tensor) -> None:
-        """The copy queued on the current stream, ahead of whatever the next step queues there."""
-        pinned.copy_(source, non_blocking=True)
+    def side(self, device: torch.device) -> torch.cuda.Stream:
+        """The copy stream of ``device`` (one per device, kept)."""
+        stream = self._streams.get(device)
+        if stream is None:
+            stream = self._streams[device] = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+        return stream
 
-    def recorded(self) -> torch.cuda.Event:
-        """An event after every copy queued so far (``synchronize()``: they have landed)."""
+    def start_aside(self, device: torch.device) -> None:
+        """The copy stream waits for what the current stream queued so far (the step's optimizer update)."""
+        self.side(device).wait_stream(torch.cuda.current_stream(device))
+
+    def copy(self, pinned: torch.Tensor, source: torch.Tensor, aside: bool = False) -> None:
+        """The copy queued on the copy stream (``aside``) or on the current one."""
+        if not aside:
+            pinned.copy_(source, non_blocking=True)
+            return
+        stream = self.side(source.device)
+        with torch.cuda.stream(stream):
+            pinned.copy_(source, non_blocking=True)
+        source.record_stream(stream)  # the allocator keeps its memory until the copy ran
+
+    def recorded(self, device: torch.device | None = None) -> torch.cuda.Event:
+        """An event after every copy queued so far on the current stream, or on ``device``'s copy stream
+        (``synchronize()``: they have landed)."""
         event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch leaves Event.__init__ unannotated
-        event.record()
+        event.record(self.side(device) if device is not None else None)
         return event
+
+    def wait_aside(self, event: torch.cuda.Event) -> None:
+        """The current stream waits (on the device; the host goes on) for the copies before ``event``."""
+        torch.cuda.current_stream().wait_event(event)
+
+
+def _threads() -> ThreadPoolExecutor:
+    """The threads that copy a commit's pieces and checksum its chunks (xxhash and copy_ leave the GIL)."""
+    global _POOL  # pylint: disable=global-statement  # one pool per process, made at its first use
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1)),
+                                   thread_name_prefix="elastictrain-memory-io")
+    return _POOL
+
+
+def _digest(chunk: memoryview) -> int:
+    hasher = xxhash.xxh3_64()
+    hasher.update(chunk)  # update(), not the one-shot function: it leaves the GIL for large inputs
+    return hasher.intdigest()
 
 
 def _checksum(data: memoryview) -> int:
-    return xxhash.xxh3_64_intdigest(data)
+    """xxh3-64 over the xxh3-64s of ``data``'s CHUNK-byte chunks, the chunks hashed on several threads: a 19 GB
+    state is checksummed at the memory's pace, not one core's."""
+    chunks = [data[lo:lo + CHUNK] for lo in range(0, len(data), CHUNK)]
+    digests = list(_threads().map(_digest, chunks)) if len(chunks) > 1 else [_digest(data)]
+    return xxhash.xxh3_64_intdigest(struct.pack(f"<{len(digests)}Q", *digests))
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -200,6 +284,7 @@ class MemoryTier:
         digest = hashlib.sha256(f"{job_prefix}\n{node}".encode()).hexdigest()[:24]
         self.paths = [self.directory / f"{digest}.{slot}.state" for slot in range(SLOTS)]
         self._maps: dict[int, mmap.mmap] = {}
+        self._locked: dict[int, bool] = {}  # slot -> its mapping page-locked for the device (PinnedCopies.register)
         self.copies = PinnedCopies()  # a device's tensors on their way to the slot
 
     @classmethod
@@ -216,11 +301,14 @@ class MemoryTier:
         """Replace this node's copy with ``tensors`` as the state of ``step``, at once; its checksum."""
         return self.commit(self.capture(step, world_size, tensors))
 
-    def capture(self, step: int, world_size: int, tensors: dict[str, torch.Tensor]) -> Capture:
+    def capture(self, step: int, world_size: int, tensors: dict[str, torch.Tensor],
+                aside: Callable[[torch.Tensor], bool] | None = None) -> Capture:
         """The training thread's part: the slot's commit word cleared, then the tensors copied into it.
 
         After this returns the live tensors may change (CUDA: the copies are queued on the current
-        stream, ahead of anything the next step queues). Call ``commit`` before the next ``capture``.
+        stream, ahead of anything the next step queues), except those ``aside`` names: they are copied on
+        the copy stream, and must not change before ``Capture.aside`` (``PinnedCopies.wait_aside``).
+        Call ``commit`` before the next ``capture``.
         """
         entries: list[Entry] = []
         offset = DATA_START
@@ -234,30 +322,47 @@ class MemoryTier:
             "world_size": world_size, "replicated": True, "entries": entries,
         }, separators=(",", ":")).encode()
         slot = self._target(step)
-        mapped = self._map(slot, offset + len(header))
+        mapped = self._map(slot, _reserved(offset + len(header)))
         mapped[_COMMIT_AT:_COMMIT_AT + 8] = bytes(8)  # from here on this slot is no copy, until its commit
         capture = Capture(slot=slot, step=step, world_size=world_size, header=header, end=offset)
+        started: set[torch.device] = set()  # the devices whose copy stream waits for the current one
+        direct: bool | None = None  # the slot page-locked for the device: its copies straight into it
         for entry, tensor in zip(entries, tensors.values()):
             if not entry["nbytes"]:
                 continue
             source = tensor.detach()
             target = torch.frombuffer(mapped, dtype=torch.uint8, count=entry["nbytes"], offset=entry["offset"])
             if self.copies.wanted(source):
-                capture.pending.append((target, self.copies.queue(entry["key"], source)))
+                beside = aside is not None and aside(tensor)
+                if beside and source.device not in started:
+                    self.copies.start_aside(source.device)
+                    started.add(source.device)
+                if direct is None:
+                    direct = self._registered(slot, mapped)
+                if direct:
+                    self.copies.copy(target.view(source.dtype).view(source.shape), source, beside)
+                else:
+                    capture.pending.append((target, self.copies.queue(entry["key"], source, beside)))
             else:
                 target.view(source.dtype).view(source.shape).copy_(source)
-        if capture.pending:
-            capture.event = self.copies.recorded()
+        if direct is not None:  # device tensors were copied
+            capture.events.append(self.copies.recorded())
+            for device in started:  # one device in practice: a worker trains on its own GPU
+                capture.aside = self.copies.recorded(device)
+                capture.events.append(capture.aside)
         return capture
 
     def commit(self, capture: Capture) -> int:
         """The background part: device copies landed, header and checksum written, then the commit word;
         the checksum."""
         mapped = self._maps[capture.slot]
-        if capture.event is not None:
-            capture.event.synchronize()
-        for target, pinned in capture.pending:
-            target.copy_(pinned.reshape(-1).view(torch.uint8))
+        for event in capture.events:
+            event.synchronize()
+        # The pinned buffers into the slot, in pieces across threads (each copy_ leaves the GIL).
+        pieces = [(target[lo:lo + CHUNK], flat[lo:lo + CHUNK]) for target, pinned in capture.pending
+                  for flat in [pinned.reshape(-1).view(torch.uint8)] for lo in range(0, flat.numel(), CHUNK)]
+        list(_threads().map(lambda piece: piece[0].copy_(piece[1]), pieces))
+        del pieces
         capture.pending.clear()  # drop the views into the mapping
         header = capture.header
         mapped[capture.end:capture.end + len(header)] = header
@@ -267,6 +372,21 @@ class MemoryTier:
         # Last, one aligned 8-byte store: the copy exists from here on (steps count from 0, hence + 1).
         mapped[_COMMIT_AT:_COMMIT_AT + 8] = struct.pack("<Q", capture.step + 1)
         return crc
+
+    def _registered(self, slot: int, mapped: mmap.mmap) -> bool:
+        """Whether ``slot``'s mapping is page-locked for the device; tried once per mapping."""
+        if slot not in self._locked:
+            self._locked[slot] = self.copies.register(mapped)
+        return self._locked[slot]
+
+    def _release(self, slot: int, mapped: mmap.mmap) -> None:
+        """``slot``'s old mapping unlocked (the device no longer copies into it) and closed."""
+        if self._locked.pop(slot, False):
+            self.copies.unregister(mapped)
+        try:
+            mapped.close()
+        except BufferError:  # a tensor still views it; it is unmapped when that goes
+            pass
 
     def _target(self, step: int) -> int:
         """The slot to write: not the one holding the newest committed copy. A slot at ``step`` or past it
@@ -308,19 +428,13 @@ class MemoryTier:
             os.close(fd)
         old = self._maps.pop(slot, None)
         if old is not None:
-            try:
-                old.close()
-            except BufferError:  # a tensor still views it; it is unmapped when that goes
-                pass
+            self._release(slot, old)
         self._maps[slot] = mapped
         return mapped
 
     def discard(self) -> None:
         for slot in list(self._maps):
-            try:
-                self._maps.pop(slot).close()
-            except BufferError:
-                pass
+            self._release(slot, self._maps.pop(slot))
         for path in self.paths:
             path.unlink(missing_ok=True)
 

@@ -112,6 +112,17 @@ def modules_in(state: dict[str, Any]) -> list[torch.nn.Module]:
     return modules
 
 
+def optimizers_in(state: dict[str, Any]) -> list[torch.optim.Optimizer]:
+    """Every optimizer of a state dict, TrainingState's included."""
+    found: list[tuple[str, Any]] = []
+    _walk_objects(state, "", found)
+    optimizers = [v for _, v in found if isinstance(v, torch.optim.Optimizer)]
+    for value in state.values():
+        if isinstance(value, TrainingState) and value.optimizer is not None:
+            optimizers.append(value.optimizer)
+    return optimizers
+
+
 def schedulers_in(value: Any) -> list[Any]:
     """The LR schedulers of a state: its values, those of nested dicts, lists and tuples, and TrainingState's."""
     if isinstance(value, torch.optim.lr_scheduler.LRScheduler):

@@ -5,6 +5,7 @@ test_peer_transfer.py, the cross-node backend's choice in test_replica_backend.p
 from __future__ import annotations
 
 import io
+import threading
 import time
 from typing import Any, Callable
 
@@ -16,6 +17,7 @@ from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkSt
                                                    TensorStorageMetadata)
 
 from azext_elastictrain.runtime import rescue
+from azext_elastictrain.runtime.memory import MemoryKeeper
 from azext_elastictrain.runtime.planners import CheckingLoadPlanner, placeholder
 from azext_elastictrain.runtime.state import cuda_rng_states
 
@@ -26,33 +28,43 @@ class FakeStream:
     def __init__(self) -> None:
         self.queued: list[Callable[[], Any]] = []
         self.ran = 0
+        self._lock = threading.RLock()  # the commit thread and the training thread both wait on it
 
     def enqueue(self, work: Callable[[], Any]) -> None:
         self.queued.append(work)
 
     def run_until(self, position: int) -> None:
-        while self.ran < position:
-            self.queued[self.ran]()
-            self.ran += 1
+        with self._lock:
+            while self.ran < position:
+                self.queued[self.ran]()
+                self.ran += 1
 
 
 class FakeEvent:  # pylint: disable=too-few-public-methods  # torch.cuda.Event's one call the tier makes
-    def __init__(self, stream: FakeStream) -> None:
+    def __init__(self, stream: FakeStream, gate: threading.Event | None = None) -> None:
         self.stream, self.position, self.waited = stream, len(stream.queued), False
+        self.gate = gate  # a host wait (the commit's) returns only once it is open
 
     def synchronize(self) -> None:
+        if self.gate is not None:
+            assert self.gate.wait(30)
         self.waited = True
         self.stream.run_until(self.position)
 
 
 class StreamCopies(rescue.PinnedCopies):
-    """Every tensor treated as a device's; copies queued on a FakeStream; plain host buffers, counted."""
+    """Every tensor treated as a device's; copies queued on a FakeStream (the training stream) or on a second
+    one (the copy stream, ``aside``); plain host buffers, counted. Work the test does at once on the host stands
+    for work queued after everything so far: ``wait_aside`` runs the copy stream up to the event at once."""
 
     def __init__(self, stream: FakeStream) -> None:
         super().__init__()
         self.stream = stream
+        self.side_stream = FakeStream()
         self.allocated = 0
         self.events: list[FakeEvent] = []
+        self.gate = threading.Event()  # the host's waits (the commit thread's) proceed while it is set
+        self.gate.set()
 
     def wanted(self, tensor: torch.Tensor) -> bool:
         return True
@@ -61,12 +73,56 @@ class StreamCopies(rescue.PinnedCopies):
         self.allocated += 1
         return torch.full(source.shape, -1, dtype=source.dtype)  # what a copy that has not landed leaves
 
-    def copy(self, pinned: torch.Tensor, source: torch.Tensor) -> None:
-        self.stream.enqueue(lambda: pinned.copy_(source))
+    def start_aside(self, device: torch.device) -> None:
+        position = len(self.stream.queued)  # the copy stream waits for the training stream's work so far
+        self.side_stream.enqueue(lambda: self.stream.run_until(position))
 
-    def recorded(self) -> FakeEvent:
-        self.events.append(FakeEvent(self.stream))
+    def copy(self, pinned: torch.Tensor, source: torch.Tensor, aside: bool = False) -> None:
+        (self.side_stream if aside else self.stream).enqueue(lambda: pinned.copy_(source))
+
+    def recorded(self, device: torch.device | None = None) -> FakeEvent:  # type: ignore[override]
+        self.events.append(FakeEvent(self.side_stream if device is not None else self.stream, self.gate))
         return self.events[-1]
+
+    def wait_aside(self, event: Any) -> None:
+        event.stream.run_until(event.position)
+
+
+class LockedCopies(StreamCopies):
+    """The slot page-locked for the device: copies queued straight into it."""
+
+    def __init__(self, stream: FakeStream) -> None:
+        super().__init__(stream)
+        self.locked: list[int] = []  # ids of the mappings page-locked now
+
+    def register(self, mapped: Any) -> bool:
+        self.locked.append(id(mapped))
+        return True
+
+    def unregister(self, mapped: Any) -> None:
+        self.locked.remove(id(mapped))
+
+
+def test_a_locked_slot_takes_the_copies_straight_in_without_pinned_buffers(tmp_path) -> None:
+    tier = rescue.MemoryTier("job", "run", tmp_path, node="n0")
+    stream = FakeStream()
+    tier.copies = copies = LockedCopies(stream)
+    live = {"w": torch.arange(8, dtype=torch.float32), "b": torch.ones(3, dtype=torch.bfloat16)}
+    for step in (1, 2, 3):
+        live["w"].add_(1)
+        before = live["w"].clone()
+        capture = tier.capture(step, 1, live)
+        assert not capture.pending and stream.ran < len(stream.queued), "queued into the slot, not landed"
+        stream.enqueue(lambda: live["w"].add_(100))  # the next step's in-place update, after the copies
+        tier.commit(capture)
+        copy = tier.read()
+        assert copy is not None and copy.step == step and torch.equal(copy.tensors["w"], before)
+        stream.run_until(len(stream.queued))  # the next step's update ran
+        live["w"].sub_(100)
+    assert copies.allocated == 0, "no pinned buffer"
+    assert len(copies.locked) == 2, "each slot's mapping locked once"
+    tier.discard()
+    assert not copies.locked, "unlocked before the mappings go"
 
 
 def make_tier(tmp_path) -> tuple[rescue.MemoryTier, FakeStream, StreamCopies]:
@@ -107,10 +163,82 @@ def test_the_pinned_buffers_are_kept_from_one_capture_to_the_next_until_a_shape_
 def test_a_commit_without_device_tensors_waits_for_nothing(tmp_path) -> None:
     tier = rescue.MemoryTier("job", "run", tmp_path, node="n0")
     capture = tier.capture(1, 1, {"w": torch.ones(2)})
-    assert capture.event is None and not capture.pending
+    assert not capture.events and capture.aside is None and not capture.pending
     tier.commit(capture)
     copy = tier.read()
     assert copy is not None and torch.equal(copy.tensors["w"], torch.ones(2))
+
+
+def kept_state() -> dict[str, Any]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.BatchNorm1d(2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(8, 4)).square().mean().backward()
+    optimizer.step()  # the moments exist
+    model(torch.randn(8, 4)).square().mean().backward()  # the next step's gradients
+    return {"model": model, "optimizer": optimizer}
+
+
+def test_parameters_and_moments_cross_beside_the_next_forward_and_the_optimizer_step_waits_for_them(
+        tmp_path) -> None:
+    tier, stream, copies = make_tier(tmp_path)
+    state = kept_state()
+    model, optimizer = state["model"], state["optimizer"]
+    stepped = [p.detach().clone() for p in model.parameters()]
+    moments = [optimizer.state[p]["exp_avg"].clone() for p in model.parameters()]
+    statistics = model[1].running_mean.clone()
+    keeper = MemoryKeeper(tier, writer=True)
+    copies.gate.clear()  # the commit thread waits: what runs the copies here is the optimizer step alone
+    try:
+        keeper.keep(1, state, 1)
+        on_the_side = len(copies.side_stream.queued)
+        assert on_the_side == 1 + 4 * len(stepped), "its start; each parameter, its two moments and its step count"
+        # the next step's forward on the training stream changes the BatchNorm statistics: not waiting for the copies
+        stream.enqueue(lambda: model[1].running_mean.add_(100))
+        assert copies.side_stream.ran == 0
+        optimizer.step()  # its step-pre-hook: the training stream waits for the copy stream first
+        assert copies.side_stream.ran == on_the_side
+        assert not torch.equal(next(model.parameters()), stepped[0]), "the update ran after the copies"
+        copies.gate.set()
+        assert keeper.kept() == 1
+    finally:
+        copies.gate.set()
+        keeper.close()
+    copy = tier.read()
+    assert copy is not None
+    assert torch.equal(copy.tensors["model.0.weight"], stepped[0]), "the step's values, not the next's"
+    assert torch.equal(copy.tensors["optimizer.state.0.weight.exp_avg"], moments[0])
+    assert torch.equal(copy.tensors["model.1.running_mean"], statistics), \
+        "a buffer is copied on the training stream, before the next forward changes it"
+
+
+def test_a_heal_waits_for_the_copies_and_a_state_without_optimizer_copies_all_on_the_training_stream(
+        tmp_path) -> None:
+    tier, _, copies = make_tier(tmp_path)
+    state = kept_state()
+    keeper = MemoryKeeper(tier, writer=True)
+    copies.gate.clear()
+    try:
+        keeper.keep(1, state, 1)
+        assert copies.side_stream.ran == 0
+        copies.gate.set()
+        keeper.landed()  # before a heal writes into the parameters
+        assert copies.side_stream.ran == len(copies.side_stream.queued) > 0
+        keeper.keep(2, {"model": state["model"]}, 1)
+        assert len(copies.side_stream.queued) == copies.side_stream.ran, "no optimizer: nothing beside the step"
+        assert keeper.kept() == 2
+        keeper.keep(3, state, 1)  # copies aside again, when the keeper closes
+        assert keeper.kept() == 3
+    finally:
+        copies.gate.set()
+        keeper.close()
+
+    def no_wait(event: Any) -> None:
+        raise AssertionError("a closed keeper's hook still made the optimizer step wait")
+
+    copies.wait_aside = no_wait  # type: ignore[method-assign]
+    state["model"](torch.randn(8, 4)).square().mean().backward()
+    state["optimizer"].step()  # closing removed its step-pre-hook
 
 
 def test_a_free_tensor_is_restored_onto_its_own_device_not_onto_cpu() -> None:

@@ -1,6 +1,7 @@
 """The memory tier's slots: a copy is read back only if it is committed, whole, of this job and this run."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,11 @@ def state(step: int) -> dict[str, torch.Tensor]:
 
 def tier(directory: Path, job: str = JOB, run: str = "run-1") -> rescue.MemoryTier:
     return rescue.MemoryTier(job, run, directory)
+
+
+def at(raw: bytes | bytearray, where: int) -> int:
+    """``where`` in a slot's bytes; a negative one from the end of its header (the room after it is no copy's)."""
+    return where if where >= 0 else len(bytes(raw).rstrip(b"\0")) + where
 
 
 def newest(memory: rescue.MemoryTier) -> Path:
@@ -112,7 +118,22 @@ def test_a_corrupted_copy_is_refused(tmp_path: Path, where: int) -> None:
     memory.keep(7, 2, state(7))
     path = newest(memory)
     raw = bytearray(path.read_bytes())
-    raw[where] ^= 0x40
+    raw[at(raw, where)] ^= 0x40
+    path.write_bytes(raw)
+    assert memory.read() is None
+
+
+@pytest.mark.parametrize("where", [100, 700, -200])
+def test_a_corrupted_chunk_is_refused_whichever_chunk_it_is(
+        tmp_path: Path, where: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rescue, "CHUNK", 256)  # the copy in several chunks, hashed on several threads
+    memory = tier(tmp_path)
+    memory.keep(7, 2, state(7))
+    assert memory.read() is not None
+    path = newest(memory)
+    raw = bytearray(path.read_bytes())
+    assert len(raw) > 3 * rescue.CHUNK
+    raw[at(raw, where)] ^= 0x40
     path.write_bytes(raw)
     assert memory.read() is None
 
@@ -121,8 +142,21 @@ def test_a_truncated_copy_is_refused(tmp_path: Path) -> None:
     memory = tier(tmp_path)
     memory.keep(7, 2, state(7))
     path = newest(memory)
-    path.write_bytes(path.read_bytes()[:-100])
+    raw = path.read_bytes()
+    path.write_bytes(raw[:raw.rindex(b'{"format"') + 10])  # its end within the header
     assert memory.read() is None
+
+
+def test_a_slot_is_mapped_once_while_its_step_gains_digits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    memory = tier(tmp_path)
+    sized: list[int] = []
+    fallocate = os.posix_fallocate
+    monkeypatch.setattr(os, "posix_fallocate", lambda fd, at, n: (sized.append(n), fallocate(fd, at, n))[1])
+    for step in (8, 9, 10, 11, 99, 100, 101, 1000, 1001):
+        memory.keep(step, 2, state(8))
+    assert len(sized) == 2, "each slot sized (and page-locked for a device) once, not again at 10, 100, 1000"
+    copy = memory.read()
+    assert copy is not None and copy.step == 1001
 
 
 def test_a_copy_from_another_job_is_refused(tmp_path: Path) -> None:

@@ -91,6 +91,8 @@ class InProcessLoop(TrainingLoop):
 
         parts = self.parts
         replicas = self.replicas = ReplicaGroup(state, step=step)
+        if parts.memory is not None:
+            replicas.before_write = parts.memory.landed
         members = Membership(parts.ranks.world_size)
         try:
             while not (step >= total if total is not None else data is None or data.finished()):
