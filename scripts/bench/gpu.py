@@ -9,10 +9,13 @@ moments after one step: 18.7 GB, on ``--device``. ``--tiny``: a few MB. Phases, 
 each failing alone (its error in the JSON):
 
 * ``snapshot``: the memory tier (runtime/rescue.py ``MemoryTier``) keeps the state in node memory: the capture
-  on the training thread (device-to-host copies queued into pinned buffers: the blocking time), then the commit
-  (the copies landed, checksummed, committed: the time to a committed copy, and its two parts: the device's
-  copies landed, then the slot written and checksummed), and GB/s over both. The first
-  capture allocates its pinned buffers; the next ones reuse them (``steady`` is their median).
+  on the training thread (device-to-host copies queued on the copy stream, straight into the slot that CUDA
+  page-locked, or into pinned buffers where it refuses: the blocking time), then the commit (the copies landed,
+  checksummed, committed: the time to a committed copy, and its two parts: the device's copies landed, then the
+  slot written and checksummed), and GB/s over both. The first capture makes and page-locks the first slot (or
+  allocates the pinned buffers), the second the second slot; ``steady`` is the median of the rest.
+* ``overhead``: training steps of the state's model (~1.2 s each on the device) with and without the memory
+  tier keeping every step, interleaved: the median step each way and the overhead.
 * ``heal``: a fresh process, from its start to its first optimizer step, with the state from this process's
   memory through the peer transfer (runtime/peer_transfer.py, as torchft's quorum drives it): per phase (imports,
   model and optimizer built on the device, the state received into them, loaded, the first step).
@@ -104,10 +107,12 @@ def snapshot(state: dict[str, Any], memory_dir: str, repeats: int) -> dict[str, 
         tier = rescue.MemoryTier("gpu-bench", "run", directory)
         runs = []
         for i in range(repeats):
-            blocking, capture = timed(lambda: tier.capture(i + 1, 1, flat))  # pylint: disable=cell-var-from-loop
-            # the commit's parts: the device's copies landing (the event the commit waits on first), then
+            # every tensor is a parameter or a moment: copied on the copy stream (runtime/memory.py decides so)
+            # pylint: disable-next=cell-var-from-loop
+            blocking, capture = timed(lambda: tier.capture(i + 1, 1, flat, aside=lambda t: t.is_cuda))
+            # the commit's parts: the device's copies landing (the events the commit waits on first), then
             # the rest (pinned buffers into the slot, header, checksum, commit word)
-            landed, _ = timed(capture.event.synchronize if capture.event is not None else lambda: None)
+            landed, _ = timed(lambda: [e.synchronize() for e in capture.events])  # pylint: disable=cell-var-from-loop
             committed, _ = timed(lambda: tier.commit(capture))  # pylint: disable=cell-var-from-loop
             total = blocking + landed + committed
             runs.append({"blocking_s": round(blocking, 6), "to_committed_s": round(total, 6),
@@ -116,9 +121,68 @@ def snapshot(state: dict[str, Any], memory_dir: str, repeats: int) -> dict[str, 
         copy = tier.read()
         assert copy is not None and copy.step == repeats, "the last step is not the committed copy"
         tier.discard()
-    steady = runs[1:] or runs
+    steady = runs[2:] or runs[1:] or runs  # the first capture allocates the pinned buffers, the second its slot
     return {"bytes": size, "first": runs[0], "runs": runs,
             "steady": {k: statistics.median(r[k] for r in steady) for k in runs[0]}}
+
+
+# pylint: disable-next=too-many-locals
+def overhead(state: dict[str, Any], device: str, tiny: bool, memory_dir: str, repeats: int) -> dict[str, Any]:
+    """Training steps of the state's model (forward, backward, AdamW), the batch sized for a step of ~1.2 s, with
+    and without the memory tier keeping every step (runtime/memory.py MemoryKeeper, as the Checkpointer drives
+    it: captured on the training thread, committed by its thread), in interleaved blocks: the step's median
+    each way. A step is timed to the training stream's end (its copy stream is not waited for)."""
+    import torch
+
+    from azext_elastictrain.runtime import rescue
+    from azext_elastictrain.runtime.memory import MemoryKeeper
+
+    model, optimizer = state["model"], state["optimizer"]
+    width = model[0].in_features
+    cuda = device.startswith("cuda")
+
+    def train(rows: int) -> None:
+        model(torch.randn(rows, width, device=device)).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    def settle() -> None:
+        if cuda:
+            torch.cuda.current_stream().synchronize()
+
+    rows = 64 if tiny else 2048
+    train(rows)
+    settle()
+    probe, _ = timed(lambda: (train(rows), settle()))
+    if not tiny:
+        rows = max(2048, min(65536, int(rows * 1.2 / probe)))
+    times: dict[str, list[float]] = {"plain": [], "kept": []}
+    with tempfile.TemporaryDirectory(dir=memory_dir) as directory:
+        keeper = MemoryKeeper(rescue.MemoryTier("gpu-bench", "overhead", directory), writer=True)
+        try:
+            step = 0
+            for _ in range(2):  # both slots made, the pinned buffers allocated
+                step += 1
+                train(rows)
+                keeper.keep(step, state, 1)
+            keeper.kept()
+            for _ in range(repeats):
+                for mode in ("plain", "kept"):
+                    for _ in range(3):
+                        step += 1
+                        start = time.perf_counter()
+                        train(rows)
+                        if mode == "kept":
+                            keeper.keep(step, state, 1)
+                        settle()
+                        times[mode].append(time.perf_counter() - start)
+            keeper.kept()
+        finally:
+            keeper.close()
+            keeper.tier.discard()
+    plain, kept = statistics.median(times["plain"]), statistics.median(times["kept"])
+    return {"rows": rows, "step_s": round(plain, 4), "step_kept_s": round(kept, 4),
+            "overhead": round(kept / plain - 1, 4), "steps": {k: [round(t, 4) for t in v] for k, v in times.items()}}
 
 
 def digest(state: dict[str, Any]) -> float:
@@ -278,12 +342,14 @@ def newcomer(url: str, device: str, tiny: bool, started: float) -> None:  # pyli
         phases[name] = round(now - mark, 4)
         mark = now
 
+    phase("start")  # the interpreter up, this script read
     import torch
+    phase("import_torch")
 
     from azext_elastictrain.runtime import entries
     from azext_elastictrain.runtime.peer_transfer import Destination, PeerTransport
     from azext_elastictrain.runtime.replicas import parameters_device
-    phase("start_and_imports")
+    phase("import_runtime")
     state = build(device, tiny, seed=1, trained=False)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -312,7 +378,8 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="also write the result here")
     parser.add_argument("--timeout", type=float, default=330.0, help="seconds before the watchdog ends it (124)")
     parser.add_argument("--memory-dir", default="/dev/shm" if Path("/dev/shm").is_dir() else tempfile.gettempdir())
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=4, help="snapshots (the first two make buffers and slots)")
+    parser.add_argument("--phases", help="only these, comma-separated (default: every phase)")
     parser.add_argument("--newcomer", help=argparse.SUPPRESS)
     parser.add_argument("--started", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -354,11 +421,14 @@ def main() -> int:
     # The blob checkpoint last: Azurite (one node process, local disk) may take most of what is left.
     phases: dict[str, Callable[[], Any]] = {
         "snapshot": lambda: snapshot(state, args.memory_dir, args.repeats),
+        "overhead": lambda: overhead(state, args.device, args.tiny, args.memory_dir, 2),
         "heal": lambda: heal(state, args.device, args.tiny, deadline),
         "readme_sigkill": lambda: readme_sigkill(args.device, args.memory_dir, deadline),
         "dcp": lambda: dcp_sizes(state, args.device, args.tiny, deadline, result["phases"]),
     }
     for name, run in phases.items():
+        if args.phases and name not in args.phases.split(","):
+            continue
         try:
             result["phases"][name] = run()
         except Exception as ex:  # pylint: disable=broad-exception-caught  # each phase fails alone, in the JSON

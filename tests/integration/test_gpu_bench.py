@@ -23,11 +23,15 @@ def test_the_device_script_runs_every_phase_on_cpu_with_a_tiny_state(tmp_path) -
     assert json.loads(done.stdout.strip().splitlines()[-1]) == result, "the JSON on stdout is the file's"
     assert result["device"] == "cpu" and result["state"]["bytes"] > 0
     snap = result["phases"]["snapshot"]
-    assert snap["bytes"] > 0 and len(snap["runs"]) == 3
+    assert snap["bytes"] > 0 and len(snap["runs"]) == 4
     assert all(r["to_committed_s"] >= r["copies_landed_s"] >= r["blocking_s"] > 0 and r["gb_per_s"] > 0
                and r["slot_and_checksum_s"] > 0 for r in snap["runs"])
+    steps = result["phases"]["overhead"]
+    assert steps["rows"] == 64 and len(steps["steps"]["plain"]) == len(steps["steps"]["kept"]) == 6
+    assert steps["step_s"] > 0 and steps["step_kept_s"] > 0 and steps["overhead"] > -1
     heal = result["phases"]["heal"]
-    assert list(heal["phases_s"]) == ["start_and_imports", "build", "receive", "load", "first_step"]
+    assert list(heal["phases_s"]) == ["start", "import_torch", "import_runtime", "build", "receive", "load",
+                                      "first_step"]
     assert heal["parameters_on"] == ["cpu"] and heal["to_first_step_s"] >= sum(heal["phases_s"].values()) * 0.99
     assert heal["same_as_peer"] is True, "the newcomer's first step started from the peer's weights"
     for part, layers in (("quarter", 1), ("full", 4)):  # the tiny state's 4 layers, a quarter first
