@@ -18,9 +18,22 @@ the other backend is refused before anything is asked, saying where it belongs.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Callable, Generic, Iterator, Mapping, Protocol, TypeVar
+from typing import Any, Callable, Generic, Iterator, Mapping, Protocol, Sequence, TypeVar
 
+from azext_elastictrain.backends.views import (
+    ClusterCreated,
+    ClusterDeleted,
+    ClusterShown,
+    ClusterState,
+    Evicted,
+    JobDeleted,
+    JobEvent,
+    JobPool,
+    Kubeconfig,
+    ScheduleRun,
+)
 from azext_elastictrain.core.errors import OptionNotHere
+from azext_elastictrain.core.eventlog.view import AksJobShown, LocalJobShown
 from azext_elastictrain.core.spec import JobSpec
 
 R = TypeVar("R")
@@ -31,7 +44,7 @@ class Plan(Generic[R]):
     """What a command would do: ``shown`` is what ``--dry-run`` prints, ``request`` what the send step takes (the
     backend's own type), ``prompt`` what a destructive command asks before doing it (None: nothing to ask)."""
 
-    shown: dict[str, Any]
+    shown: Mapping[str, Any]  # the dry run's own object, as each backend builds it
     request: R
     prompt: str | None = None
 
@@ -133,6 +146,9 @@ def refuse_options(request: object, not_here: NotHere) -> None:
             raise OptionNotHere(why, fix)
 
 
+#: `job show|list|wait` of either backend (core/eventlog/view.py): each has its own nodes.
+JobShown = LocalJobShown | AksJobShown
+
 ClusterSpecT_contra = TypeVar("ClusterSpecT_contra", contravariant=True)
 ClusterDeletionT = TypeVar("ClusterDeletionT")
 JobT = TypeVar("JobT")
@@ -156,71 +172,71 @@ class Backend(Protocol[ClusterSpecT_contra, ClusterDeletionT, JobT, JobDeletionT
     def plan_cluster(self, spec: ClusterSpecT_contra) -> Plan[None]:
         ...
 
-    def create_cluster(self, spec: ClusterSpecT_contra, *, no_wait: bool = False) -> dict[str, Any]:
+    def create_cluster(self, spec: ClusterSpecT_contra, *, no_wait: bool = False) -> ClusterCreated:
         ...
 
-    def merge_kubeconfig(self, spec: ClusterSpecT_contra) -> dict[str, Any]:
+    def merge_kubeconfig(self, spec: ClusterSpecT_contra) -> Kubeconfig:
         ...  # the cluster's credentials into the user's kubeconfig (AKS); a local cluster has none
 
-    def show_cluster(self) -> dict[str, Any]:
+    def show_cluster(self) -> ClusterShown:
         ...
 
-    def cluster_state(self) -> dict[str, Any]:
+    def cluster_state(self) -> ClusterState:
         ...  # `cluster wait`'s getter: the provisioning state (AKS); a local cluster is up when create returns
 
-    def list_clusters(self) -> list[dict[str, Any]]:
+    def list_clusters(self) -> Sequence[ClusterShown]:
         ...
 
     def plan_cluster_delete(self, *, delete_storage: bool = False,
                             storage_account: str | None = None) -> Plan[ClusterDeletionT]:
         ...
 
-    def delete_cluster(self, plan: Plan[ClusterDeletionT], *, no_wait: bool = False) -> dict[str, Any]:
+    def delete_cluster(self, plan: Plan[ClusterDeletionT], *, no_wait: bool = False) -> ClusterDeleted:
         ...
 
     # -- jobs
     def plan_job(self, request: JobRequest) -> Plan[JobT]:
         ...
 
-    def submit_job(self, plan: Plan[JobT]) -> dict[str, Any]:
+    def submit_job(self, plan: Plan[JobT]) -> JobShown:
         ...
 
-    def describe_job(self, name: str) -> dict[str, Any]:
+    def describe_job(self, name: str) -> JobShown:
         ...
 
-    def job_events(self, name: str) -> list[dict[str, Any]]:
+    def job_events(self, name: str) -> list[JobEvent]:
         ...  # its current run's, oldest first
 
-    def job_pool(self) -> dict[str, Any] | None:
+    def job_pool(self) -> JobPool | None:
         ...  # the pool jobs' workers run on: {"vmSize", "priority" (Spot|Regular), "location"}; None: local
 
-    def list_jobs(self) -> list[dict[str, Any]]:
+    def list_jobs(self) -> Sequence[JobShown]:
         ...
 
     def job_logs(self, name: str, request: LogRequest) -> JobLogs:
         ...
 
-    def wait_job(self, name: str, until: WaitFor) -> dict[str, Any]:
+    def wait_job(self, name: str, until: WaitFor) -> JobShown:
         ...
 
     def plan_job_delete(self, name: str, *, delete_checkpoints: bool = False) -> Plan[JobDeletionT]:
         ...
 
-    def delete_job(self, plan: Plan[JobDeletionT]) -> dict[str, Any]:
+    def delete_job(self, plan: Plan[JobDeletionT]) -> JobDeleted:
         ...
 
     # -- evictions
     def plan_eviction(self, request: EvictionRequest) -> Plan[EvictionT]:
         ...
 
-    def evict(self, plan: Plan[EvictionT], *, wait: bool = False) -> dict[str, Any]:
+    def evict(self, plan: Plan[EvictionT], *, wait: bool = False) -> Evicted:
         ...
 
     def plan_schedule(self, request: ScheduleRequest) -> Plan[ScheduleT]:
         ...  # shown: the schedule (core.chaos)
 
     def run_schedule(self, plan: Plan[ScheduleT], *, stop: Any = None,
-                     say: Callable[[str], None] | None = None) -> dict[str, Any]:
+                     say: Callable[[str], None] | None = None) -> ScheduleRun:
         ...
 
     # -- checkpoints

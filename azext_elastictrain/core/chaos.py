@@ -21,7 +21,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Iterator, Mapping, NotRequired, Protocol, TypedDict
 
 from azext_elastictrain.core.constants import AZURE_NOTICE_SECONDS
 from azext_elastictrain.core.spec import SpecError
@@ -196,9 +196,26 @@ def stop_on_interrupt() -> Iterator[threading.Event]:
         signal.signal(signal.SIGINT, previous)
 
 
+class ScheduleReport(TypedDict):
+    """What a schedule that ran shows: the schedule, whether it was stopped, each eviction as done, the job's
+    goodput after (None, with why, where its events could not be read) and a summary per kind of eviction."""
+
+    schedule: dict[str, Any]  # Schedule.to_dict
+    stopped: bool
+    ranSeconds: float
+    evictions: list[dict[str, Any]]
+    goodput: dict[str, Any] | None  # core.eventlog.goodput.goodput
+    goodputError: NotRequired[str]
+    summary: dict[str, Any]  # summarize
+
+
+class _GoodputError(TypedDict, total=False):
+    goodputError: str
+
+
 def run_schedule(schedule: Schedule, evictor: ScheduleEvictor, *, stop: threading.Event | None = None,
                  say: Callable[[str], None] = lambda line: None,
-                 clock: Callable[[], float] = time.time) -> dict[str, Any]:
+                 clock: Callable[[], float] = time.time) -> ScheduleReport:
     """Carry the schedule out; ``say`` gets a line per eviction, recovery and replacement as they happen."""
     from azext_elastictrain.core.eventlog.goodput import goodput
 
@@ -230,13 +247,14 @@ def run_schedule(schedule: Schedule, evictor: ScheduleEvictor, *, stop: threadin
             say(f"  {_capacity_line(back)}")
     if not stop.is_set():
         stop.wait(max(0.0, start + schedule.spec.duration - clock()))
-    result = {"schedule": schedule.to_dict(), "stopped": stop.is_set(),
-              "ranSeconds": round(clock() - start, 2), "evictions": done}
+    stopped, ran = stop.is_set(), round(clock() - start, 2)
+    error = _GoodputError()
     try:
-        result["goodput"] = goodput(evictor.events())
+        found = goodput(evictor.events())
     except Exception as ex:  # pylint: disable=broad-exception-caught  # evicted: say why the goodput is unknown
-        result["goodput"], result["goodputError"] = None, f"the job's events cannot be read: {ex}"
-    result["summary"] = summarize(done)
+        found, error = None, _GoodputError(goodputError=f"the job's events cannot be read: {ex}")
+    result: ScheduleReport = {"schedule": schedule.to_dict(), "stopped": stopped, "ranSeconds": ran,
+                              "evictions": done, "goodput": found, **error, "summary": summarize(done)}
     say(goodput_line(result))
     return result
 
@@ -313,7 +331,7 @@ def summarize(done: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def goodput_line(result: dict[str, Any]) -> str:
+def goodput_line(result: Mapping[str, Any]) -> str:
     found = result.get("goodput")
     head = "stopped: " if result.get("stopped") else ""
     if not found or found.get("goodput") is None:

@@ -3,7 +3,8 @@ rendezvous, made here for both backends so that a job shows the same keys on eit
 test_backend_contract.py).
 
 Every field of ``JobSpec`` is shown under its camelCase name (``nodes`` as ``nodeCount``, the count it started
-with), so an option added to the spec is shown on both backends with no change here. The local backend records a
+with), so an option added to the spec is shown on both backends alike; ``Launched`` lists the keys for the type
+checker, and a test holds it to the spec's fields, so a new option is added there. The local backend records a
 job under the same names (backends/local/record.py) and shows the spec it reads back; the AKS backend reads the
 spec back from the job's manifest, as far as it can (backends/aks/describe.py). What only one backend has (local:
 an in-process job's coordinator; AKS: the image) it adds as its ``own``.
@@ -13,7 +14,7 @@ Pure and stdlib only.
 from __future__ import annotations
 
 from dataclasses import fields
-from typing import Any, Mapping
+from typing import Any, Mapping, TypedDict
 
 from azext_elastictrain.core.launch import RECOVERY_IN_PROCESS
 from azext_elastictrain.core.spec import JobSpec
@@ -43,12 +44,55 @@ def spec_fields(spec: JobSpec | Mapping[str, Any]) -> dict[str, Any]:
     return {key(name): plain(value) for name, value in values.items()}
 
 
+class Coordinator(TypedDict):
+    """A local in-process job's coordinator process."""
+
+    address: str | None
+    pid: int
+    alive: bool
+    log: str
+
+
+class LaunchedOwn(TypedDict, total=False):
+    """What only one backend's launched part shows: a local in-process job's coordinator; an AKS job's image."""
+
+    coordinator: Coordinator
+    image: str | None
+
+
+class Launched(LaunchedOwn):
+    """The launched part of `job show`: one key per field of ``JobSpec`` but its name (``key``), in the spec's
+    order (a field the spec could not be read back with is None), between when it was created and where it
+    checkpoints. tests/unit/test_backend_contract.py holds it to ``JobSpec``'s fields."""
+
+    created: str | None
+    script: str | None
+    minNodes: int | None
+    maxNodes: int | None
+    nodeCount: int | None
+    nprocPerNode: int | None
+    scriptArgs: list[str] | None
+    checkpointInterval: int | None
+    checkpointIntervalSeconds: float | None
+    keep: int | None
+    memoryTier: str | None
+    warmStart: bool | None
+    recovery: str | None
+    env: list[str] | None
+    checkpointUrl: str | None
+    rdzvId: str | None
+
+
 def launched(spec: JobSpec | Mapping[str, Any], *, created: str | None, checkpoint_url: str | None,
-             rdzv_id: str | None, own: Mapping[str, Any] | None = None) -> dict[str, Any]:
+             rdzv_id: str | None, own: LaunchedOwn | None = None) -> Launched:
     """The launched part of `job show`: when the job was created, every option of ``spec`` but its name, where it
     checkpoints, its rendezvous (none in process: each node is a world of its own), then the backend's ``own``."""
     shown = spec_fields(spec)
-    del shown["name"]
     in_process = shown["recovery"] == RECOVERY_IN_PROCESS
-    return {"created": created, **shown, "checkpointUrl": checkpoint_url, "rdzvId": None if in_process else rdzv_id,
-            **(own or {})}
+    return {"created": created, "script": shown["script"], "minNodes": shown["minNodes"],
+            "maxNodes": shown["maxNodes"], "nodeCount": shown["nodeCount"], "nprocPerNode": shown["nprocPerNode"],
+            "scriptArgs": shown["scriptArgs"], "checkpointInterval": shown["checkpointInterval"],
+            "checkpointIntervalSeconds": shown["checkpointIntervalSeconds"], "keep": shown["keep"],
+            "memoryTier": shown["memoryTier"], "warmStart": shown["warmStart"], "recovery": shown["recovery"],
+            "env": shown["env"], "checkpointUrl": checkpoint_url, "rdzvId": None if in_process else rdzv_id,
+            **(own or LaunchedOwn())}

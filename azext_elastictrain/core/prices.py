@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 #: The Retail Prices API's endpoint; ``ELASTICTRAIN_PRICES_URL`` replaces it (a local front in tests).
 RETAIL_PRICES_URL = "https://prices.azure.com/api/retail/prices"
@@ -260,7 +260,7 @@ def spot_offers(sizes: list[Any], price_of: dict[str, HourlyPrice], rates: dict[
     return [row for *_, row in sorted(rows, key=lambda r: r[:3])]
 
 
-def node_hours(shown: dict[str, Any], priority: str) -> tuple[dict[str, float], float | None]:
+def node_hours(shown: Mapping[str, Any], priority: str) -> tuple[dict[str, float], float | None]:
     """A described job's node-hours (``job show``'s ``rankSeconds`` / ``nprocPerNode`` ranks a node), all of
     ``priority`` (the pool its workers run on), and the useful ones; ({}, None) before it trained."""
     ranks = shown.get("rankSeconds") or {}

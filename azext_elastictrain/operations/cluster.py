@@ -5,7 +5,7 @@ One function per command: build the spec, resolve where the cluster is (``_valid
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from azext_elastictrain._errors import az_errors
 from azext_elastictrain._validators import resolve_cluster
@@ -13,6 +13,7 @@ from azext_elastictrain._validators import resolve_cluster
 if TYPE_CHECKING:
     from azext_elastictrain._validators import Target
     from azext_elastictrain.backends.base import AnyBackend
+    from azext_elastictrain.backends.views import ClusterCreated, ClusterDeleted, ClusterShown, ClusterState, Kubeconfig
     from azext_elastictrain.core.spec import ClusterSpec, LocalClusterSpec
 
 
@@ -27,7 +28,7 @@ def create_cluster(cmd: Any, *, local: bool = False, name: str | None = None, re
                    vnet_subnet: str | None = None, api_server_authorized_ips: list[str] | None = None,
                    encryption_at_host: bool | None = None, merge_kubeconfig: bool = False,
                    local_accounts: bool = False, admin_principal: str | None = None, dry_run: bool = False,
-                   no_wait: bool = False) -> dict[str, Any]:
+                   no_wait: bool = False) -> Mapping[str, Any] | ClusterCreated:
     target = resolve_cluster(local=local, resource_group=resource_group_name, name=name)
     azure_only = {"--location": location, "--storage-account": storage_account, "--storage-sku": storage_sku,
                   "--kubernetes-version": kubernetes_version, "--node-vm-size": node_vm_size,
@@ -74,7 +75,7 @@ def create_cluster(cmd: Any, *, local: bool = False, name: str | None = None, re
             if dry_run:
                 return backend.plan_cluster(spec).shown
             result = backend.create_cluster(spec, no_wait=no_wait)
-            if merge_kubeconfig and target.kind == "aks" and not result.get("pending"):
+            if merge_kubeconfig and result["type"] == "aks" and not result.get("pending"):
                 result["kubeconfig"] = _merge_kubeconfig(backend, spec)
             return result
 
@@ -134,7 +135,7 @@ def _node_labels(labels: list[str] | None) -> tuple[tuple[str, str], ...]:
     return tuple(pairs)
 
 
-def _merge_kubeconfig(backend: AnyBackend, spec: LocalClusterSpec | ClusterSpec) -> dict[str, Any]:
+def _merge_kubeconfig(backend: AnyBackend, spec: LocalClusterSpec | ClusterSpec) -> Kubeconfig:
     try:
         return backend.merge_kubeconfig(spec)
     except (ValueError, OSError) as ex:
@@ -146,13 +147,13 @@ def _merge_kubeconfig(backend: AnyBackend, spec: LocalClusterSpec | ClusterSpec)
 
 
 def show_cluster(cmd: Any, local: bool = False, name: str | None = None,
-                 resource_group_name: str | None = None) -> dict[str, Any]:
+                 resource_group_name: str | None = None) -> ClusterShown:
     target = resolve_cluster(local=local, resource_group=resource_group_name, name=name)
     with az_errors(target), target.opened(cmd) as backend:
         return backend.show_cluster()
 
 
-def cluster_state(cmd: Any, name: str, resource_group_name: str) -> dict[str, Any]:
+def cluster_state(cmd: Any, name: str, resource_group_name: str) -> ClusterState:
     """The getter of 'cluster wait': the AKS provisioning state (a missing cluster is a 404, as wait expects)."""
     from azure.core.exceptions import ResourceNotFoundError as SdkNotFound
 
@@ -170,7 +171,7 @@ def cluster_state(cmd: Any, name: str, resource_group_name: str) -> dict[str, An
         raise
 
 
-def list_clusters(cmd: Any, local: bool = False, resource_group_name: str | None = None) -> list[dict[str, Any]]:
+def list_clusters(cmd: Any, local: bool = False, resource_group_name: str | None = None) -> Sequence[ClusterShown]:
     target = resolve_cluster(local=local, resource_group=resource_group_name, needs_name=False)
     with az_errors(target), target.opened(cmd) as backend:
         return backend.list_clusters()
@@ -178,7 +179,7 @@ def list_clusters(cmd: Any, local: bool = False, resource_group_name: str | None
 
 def delete_cluster(cmd: Any, *, local: bool = False, name: str | None = None, resource_group_name: str | None = None,
                    delete_storage: bool = False, storage_account: str | None = None, dry_run: bool = False,
-                   yes: bool = False, no_wait: bool = False) -> dict[str, Any]:
+                   yes: bool = False, no_wait: bool = False) -> Mapping[str, Any] | ClusterDeleted:
     """Local: stop the processes this cluster started (by pid, checked) and remove its state.
     Azure: delete the AKS cluster, its identity, credential and role assignment; keep the storage account
     (and every checkpoint) unless --delete-storage."""

@@ -8,7 +8,7 @@ One function: resolve the cluster (``_validators``), plan, confirm, evict throug
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from azext_elastictrain._errors import az_errors
 from azext_elastictrain._validators import resolve_eviction, resolve_schedule
@@ -16,6 +16,7 @@ from azext_elastictrain._validators import resolve_eviction, resolve_schedule
 if TYPE_CHECKING:
     from azext_elastictrain._validators import Target
     from azext_elastictrain.backends.base import ScheduleRequest
+    from azext_elastictrain.backends.views import Evicted, ScheduleRun
 
 
 # pylint: disable-next=too-many-locals  # one parameter per option of the command
@@ -25,7 +26,7 @@ def simulate_eviction(cmd: Any, *, job: str | None = None, local: bool = False, 
                       yes: bool = False, resource_group_name: str | None = None, rank: int | None = None,
                       pool: str | None = None, schedule: bool = False, rate: float | None = None,
                       duration: float | None = None, notice_share: float | None = None,
-                      seed: int | None = None) -> dict[str, Any]:
+                      seed: int | None = None) -> Mapping[str, Any] | Evicted | ScheduleRun:
     """Evict nodes of a running job; with --wait follow its recovery; with --replace-after (local) bring
     the capacity back (after the recovery, when following it) and, with --wait, follow the job
     back to its full world size."""
@@ -50,7 +51,8 @@ def simulate_eviction(cmd: Any, *, job: str | None = None, local: bool = False, 
         return backend.evict(plan, wait=wait)
 
 
-def _run_schedule(cmd: Any, target: Target, request: ScheduleRequest, *, dry_run: bool, yes: bool) -> dict[str, Any]:
+def _run_schedule(cmd: Any, target: Target, request: ScheduleRequest, *, dry_run: bool,
+                  yes: bool) -> Mapping[str, Any] | ScheduleRun:
     """Plan the schedule, confirm, carry it out; Ctrl-C ends it between steps with the report so far."""
     import sys
 

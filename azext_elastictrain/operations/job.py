@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shlex
 import sys
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from azure.cli.core.azclierror import InvalidArgumentValueError
 
@@ -18,7 +18,8 @@ from azext_elastictrain.core import launch
 
 if TYPE_CHECKING:
     from azext_elastictrain._validators import Target
-    from azext_elastictrain.backends.base import AnyBackend
+    from azext_elastictrain.backends.base import AnyBackend, JobShown
+    from azext_elastictrain.backends.views import JobDeleted
     from azext_elastictrain.clients.prices import RetailPrices
     from azext_elastictrain.core.spec import JobSpec
 
@@ -29,7 +30,8 @@ def run_job(cmd: Any, *, name: str, script: str, min_nodes: int, max_nodes: int,
             checkpoint_interval_seconds: float | None = None, keep: int | None = None,
             resource_group_name: str | None = None, image: str | None = None, gpus_per_node: int | None = None,
             dry_run: bool = False, engine: str | None = None, memory_tier: str | None = None,
-            warm_start: bool = True, recovery: str | None = None, env: list[str] | None = None) -> dict[str, Any]:
+            warm_start: bool = True, recovery: str | None = None,
+            env: list[str] | None = None) -> Mapping[str, Any] | JobShown:
     """Validate everything, then start the job: torchrun agents here (--local), or on AKS an ElasticJob
     (--engine torchelastic, the default) or a batch/v1 Indexed Job (--engine k8s-job)."""
     target = resolve_target(local=local, resource_group=resource_group_name, cluster=cluster, job=name)
@@ -111,7 +113,7 @@ def _warn_default_group_timeout(spec: JobSpec) -> None:
 
 
 def _plan_and_submit(cmd: Any, target: Target, spec: JobSpec, *, image: str | None, gpus_per_node: int | None,
-                     engine: str | None, dry_run: bool) -> dict[str, Any]:
+                     engine: str | None, dry_run: bool) -> Mapping[str, Any] | JobShown:
     """The backend's plan (what --dry-run prints), then, unless a dry run, the submit that takes it."""
     from azext_elastictrain.backends.base import JobRequest
 
@@ -147,7 +149,7 @@ def _job_spec(target: Target, *, script_args: str | None, gpus_per_node: int | N
 
 
 def list_jobs(cmd: Any, local: bool = False, cluster: str | None = None,
-              resource_group_name: str | None = None) -> list[dict[str, Any]]:
+              resource_group_name: str | None = None) -> Sequence[JobShown]:
     target = resolve_target(local=local, resource_group=resource_group_name, cluster=cluster)
     with az_errors(target), target.opened(cmd) as backend:
         return backend.list_jobs()
@@ -155,7 +157,7 @@ def list_jobs(cmd: Any, local: bool = False, cluster: str | None = None,
 
 def show_job(cmd: Any, name: str, local: bool = False, cluster: str | None = None,
              resource_group_name: str | None = None, *, price_as: str | None = None, location: str | None = None,
-             currency: str | None = None) -> dict[str, Any]:
+             currency: str | None = None) -> JobShown:
     target = resolve_target(local=local, resource_group=resource_group_name, cluster=cluster, job=name)
     retail = _retail_prices(cmd, target, price_as, location, currency)
     with az_errors(target, job=name), target.opened(cmd) as backend:
@@ -184,7 +186,7 @@ def _retail_prices(cmd: Any, target: Target, price_as: str | None, location: str
         raise InvalidArgumentValueError(f"--currency: {ex}", recommendation=ex.recommendation) from ex
 
 
-def _job_cost(backend: AnyBackend, shown: dict[str, Any], retail: RetailPrices, price_as: str | None,
+def _job_cost(backend: AnyBackend, shown: JobShown, retail: RetailPrices, price_as: str | None,
               location: str | None) -> dict[str, Any] | None:
     """What the job's node-hours cost (core.prices.job_cost) on the pool its workers run on (AKS), or as Spot
     nodes of ``price_as`` in ``location`` (what a local job would cost on Azure); None for a local job without
@@ -193,11 +195,11 @@ def _job_cost(backend: AnyBackend, shown: dict[str, Any], retail: RetailPrices, 
 
     pool = backend.job_pool()
     if price_as:
-        size, region, priority = price_as, location or (pool or {}).get("location") or "", "Spot"
+        size, region, priority = price_as, location or (pool["location"] if pool else None) or "", "Spot"
         priced_as = "asked (--price-as)"
-    elif pool and pool.get("vmSize") and pool.get("location"):
-        size, region, priority = pool["vmSize"], location or pool["location"], pool.get("priority") or "Spot"
-        priced_as = f"pool {pool.get('name')}"
+    elif pool and pool["vmSize"] and pool["location"]:
+        size, region, priority = pool["vmSize"], location or pool["location"], pool["priority"] or "Spot"
+        priced_as = f"pool {pool['name']}"
     else:
         return None
     hours, useful = core_prices.node_hours(shown, priority)
@@ -295,7 +297,7 @@ def _print(lines: Iterable[tuple[str, str]], *, prefix: bool, follow: bool) -> N
 
 def wait_job(cmd: Any, *, name: str, local: bool = False, cluster: str | None = None, state: str | None = None,
              step: int | None = None, world_size: int | None = None, timeout: int = 600,
-             resource_group_name: str | None = None) -> dict[str, Any]:
+             resource_group_name: str | None = None) -> JobShown:
     """Poll the job until it is in ``state`` (default Succeeded), reached ``step`` and/or trains at
     ``world_size``; fail when it ends without getting there or time runs out."""
     from azext_elastictrain.backends.base import WaitFor
@@ -315,7 +317,7 @@ def wait_job(cmd: Any, *, name: str, local: bool = False, cluster: str | None = 
 
 def delete_job(cmd: Any, *, name: str, local: bool = False, cluster: str | None = None, yes: bool = False,
                dry_run: bool = False, delete_checkpoints: bool = False,
-               resource_group_name: str | None = None) -> dict[str, Any]:
+               resource_group_name: str | None = None) -> Mapping[str, Any] | JobDeleted:
     """Stop the job's nodes (local: every agent and descendant, checked by pid; AKS: the ElasticJob and its
     pods). Checkpoints stay unless --delete-checkpoints (local only): losing them by accident is the worst
     outcome."""

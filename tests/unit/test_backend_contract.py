@@ -183,6 +183,22 @@ def test_both_backends_show_how_a_job_was_launched_with_the_same_keys_and_values
     assert elastic["rdzvId"] == (None if recovery == "in-process" else "cifar-1a2b3c4d")
 
 
+def test_the_launched_type_has_a_key_for_every_field_of_the_spec_in_its_order() -> None:
+    """core/launched.py's ``Launched`` names each key for the type checker: an option added to ``JobSpec`` is shown
+    (and checked) only once it has a key there, in the spec's order, as ``launched`` writes them."""
+    from dataclasses import fields
+
+    from azext_elastictrain.core.launched import Launched, LaunchedOwn, key, launched
+    from azext_elastictrain.core.spec import JobSpec
+
+    spec_keys = [key(f.name) for f in fields(JobSpec) if f.name != "name"]
+    typed = set(Launched.__annotations__) - set(LaunchedOwn.__annotations__)
+    assert typed == {"created", *spec_keys, "checkpointUrl", "rdzvId"}
+    shown = launched(JobSpec(name="cifar", script="/app/train.py", min_nodes=1, max_nodes=2), created=None,
+                     checkpoint_url=None, rdzv_id="r")
+    assert list(shown) == ["created", *spec_keys, "checkpointUrl", "rdzvId"]
+
+
 def test_a_job_whose_manifest_is_not_ours_still_shows_every_key_with_what_could_be_read() -> None:
     """A manifest made by another tool or an older version: a setting this version cannot read (the runtime's
     reader refuses it) and a missing script do not fail `job show`; what was not read is None."""

@@ -29,12 +29,24 @@ from azext_elastictrain.backends.base import (
     refuse_options,
 )
 from azext_elastictrain.backends.logs import merged_streams
+from azext_elastictrain.backends.views import (
+    AksCluster,
+    AksClusterCreated,
+    AksClusterDeleted,
+    AksEvictionShown,
+    AksJobDeleted,
+    ClusterState,
+    JobEvent,
+    JobPool,
+    Kubeconfig,
+    AksScheduleRun,
+)
 from azext_elastictrain.core.constants import AZURE_NOTICE_SECONDS
 from azext_elastictrain.core.errors import NotSupported, OptionNotHere
 from azext_elastictrain.core.ports import Arm
 from azext_elastictrain.core.aks.eviction import EvictionPlan, check_selector
 from azext_elastictrain.core.spec import ClusterSpec
-from azext_elastictrain.core.eventlog.view import wait_for_job
+from azext_elastictrain.core.eventlog.view import AksJobShown, wait_for_job
 
 WAIT_INTERVAL = 10.0  # a look asks Kubernetes and blob storage (ARM and the credentials only once)
 _EVICTION = ("--notice-seconds and --replace-after are for the local cluster: on AKS, Azure gives the Spot notice "
@@ -89,19 +101,19 @@ class AksBackend:
     def plan_cluster(self, spec: ClusterSpec) -> Plan[None]:
         return Plan(self.creation.plan(spec), None)
 
-    def create_cluster(self, spec: ClusterSpec, *, no_wait: bool = False) -> dict[str, Any]:
+    def create_cluster(self, spec: ClusterSpec, *, no_wait: bool = False) -> AksClusterCreated:
         return self.creation.create(spec, no_wait=no_wait)
 
-    def merge_kubeconfig(self, spec: ClusterSpec) -> dict[str, Any]:
+    def merge_kubeconfig(self, spec: ClusterSpec) -> Kubeconfig:
         return self.creation.merge_kubeconfig(spec)
 
-    def show_cluster(self) -> dict[str, Any]:
+    def show_cluster(self) -> AksCluster:
         return self.views.show(self._spec())
 
-    def cluster_state(self) -> dict[str, Any]:
+    def cluster_state(self) -> ClusterState:
         return self.views.state(self._spec())
 
-    def list_clusters(self) -> list[dict[str, Any]]:
+    def list_clusters(self) -> list[AksCluster]:
         return self.views.list(self.resource_group)
 
     def plan_cluster_delete(self, *, delete_storage: bool = False,
@@ -116,7 +128,7 @@ class AksBackend:
         prompt = f"Delete {what} of cluster {self.cluster!r} in resource group {self.resource_group!r}?{keep}{warn}"
         return Plan(shown, AksClusterDeletion(plan), prompt)
 
-    def delete_cluster(self, plan: Plan[AksClusterDeletion], *, no_wait: bool = False) -> dict[str, Any]:
+    def delete_cluster(self, plan: Plan[AksClusterDeletion], *, no_wait: bool = False) -> AksClusterDeleted:
         return self.deletion.delete(plan.request.steps, no_wait=no_wait)
 
     # -- jobs --------------------------------------------------------------------------------------------------
@@ -128,19 +140,19 @@ class AksBackend:
         gpus = 1 if request.gpus_per_node is None else request.gpus_per_node
         return self.jobs.plan_job(request.spec, request.image, gpus_per_node=gpus, engine=request.engine)
 
-    def submit_job(self, plan: Plan[AksJob]) -> dict[str, Any]:
+    def submit_job(self, plan: Plan[AksJob]) -> AksJobShown:
         return self.jobs.submit_job(plan.request)
 
-    def describe_job(self, name: str) -> dict[str, Any]:
+    def describe_job(self, name: str) -> AksJobShown:
         return self.jobs.describe_job(name)
 
-    def list_jobs(self) -> list[dict[str, Any]]:
+    def list_jobs(self) -> list[AksJobShown]:
         return self.jobs.list_jobs()
 
-    def job_events(self, name: str) -> list[dict[str, Any]]:
+    def job_events(self, name: str) -> list[JobEvent]:
         return self.jobs.job_events(name)
 
-    def job_pool(self) -> dict[str, Any] | None:
+    def job_pool(self) -> JobPool | None:
         """The GPU Spot pool the workers are scheduled on (the cluster asked once per command)."""
         found = self.session.managed_cluster()
         pool = gpu_spot_pool(found)
@@ -157,7 +169,7 @@ class AksBackend:
                                         tail=request.tail)
         return JobLogs(merged_streams(streams, request.follow, request.timeout), len(streams) > 1)
 
-    def wait_job(self, name: str, until: WaitFor) -> dict[str, Any]:
+    def wait_job(self, name: str, until: WaitFor) -> AksJobShown:
         return wait_for_job(lambda: self.describe_job(name), name, state=until.state, step=until.step,
                             world_size=until.world_size, timeout=until.timeout, interval=WAIT_INTERVAL,
                             sleep=lambda seconds: self.jobs.wait_for_change(name, seconds),
@@ -178,9 +190,14 @@ class AksBackend:
                                               f"{'; its coordinator (' + coordinator + ')' if coordinator else ''}; "
                                               "its checkpoints stay?")
 
-    def delete_job(self, plan: Plan[AksJobDeletion]) -> dict[str, Any]:
+    def delete_job(self, plan: Plan[AksJobDeletion]) -> AksJobDeleted:
         self.jobs.delete(plan.request)
-        return {**plan.shown, "dryRun": False, "deleted": True}
+        shown = plan.shown  # the dry run's (AksJobs.plan_delete), as it was confirmed
+        return {"name": shown["name"], "namespace": shown["namespace"], "object": shown["object"],
+                "engine": shown["engine"], "stopped": shown["stopped"], "checkpoints": shown["checkpoints"],
+                "type": "aks", "cluster": shown["cluster"], "resourceGroup": shown["resourceGroup"], "dryRun": False,
+                "checkpointUrl": shown["checkpointUrl"], "coordinator": shown["coordinator"],
+                "guards": shown["guards"], "deleted": True}
 
     # -- evictions ---------------------------------------------------------------------------------------------
     def plan_eviction(self, request: EvictionRequest) -> Plan[EvictionPlan]:
@@ -203,7 +220,7 @@ class AksBackend:
                                f"-n {self.cluster}' again.")
         return names
 
-    def evict(self, plan: Plan[EvictionPlan], *, wait: bool = False) -> dict[str, Any]:
+    def evict(self, plan: Plan[EvictionPlan], *, wait: bool = False) -> AksEvictionShown:
         arm = self.session.arm
         evictions = aks_evict.evict(arm, plan.request, progress=self._progress)
         if wait:
@@ -241,7 +258,7 @@ class AksBackend:
         return Plan(shown, AksSchedule(request.job, schedule, least, tuple(pools)), prompt)
 
     def run_schedule(self, plan: Plan[AksSchedule], *, stop: Any = None,
-                     say: Callable[[str], None] | None = None) -> dict[str, Any]:
+                     say: Callable[[str], None] | None = None) -> AksScheduleRun:
         from azext_elastictrain.backends.aks.chaos import AksScheduleEvictor
         from azext_elastictrain.core.chaos import run_schedule
 

@@ -24,6 +24,7 @@ from azext_elastictrain.backends.aks.cluster import (
     _resource_id,
 )
 from azext_elastictrain.backends.aks.cluster_show import describe_cluster
+from azext_elastictrain.backends.views import AksClusterCreated, CreateFollowUp, Kubeconfig
 from azext_elastictrain.core.aks import arm_bodies, preflight
 from azext_elastictrain.core.errors import ArmError
 from azext_elastictrain.core.ports import Arm, KubeClient
@@ -181,7 +182,7 @@ class ClusterCreation(ClusterClients):  # pylint: disable=too-many-instance-attr
                         + ("" if live_checks else " Signed out, the default storage account name ends in 00000000: "
                            "its last 8 characters hash the subscription.")}
 
-    def merge_kubeconfig(self, spec: ClusterSpec, path: Path | None = None) -> dict[str, Any]:
+    def merge_kubeconfig(self, spec: ClusterSpec, path: Path | None = None) -> Kubeconfig:
         """Write the cluster user's credentials into a kubeconfig file: only when the user asks."""
         from azext_elastictrain.core.aks.kubeconfig import merge_into_file
 
@@ -189,7 +190,7 @@ class ClusterCreation(ClusterClients):  # pylint: disable=too-many-instance-attr
         self._progress(f"Merged the credentials of {spec.name!r} into {written} (context {context!r})")
         return {"path": str(written), "context": context}
 
-    def create(self, spec: ClusterSpec, *, no_wait: bool = False, install: bool = True) -> dict[str, Any]:
+    def create(self, spec: ClusterSpec, *, no_wait: bool = False, install: bool = True) -> AksClusterCreated:
         """Run the plan: every step whose resource is missing or not right; stop at the first failure."""
         spec = self._before_writes(replace(spec, subscription=self.arm.subscription))
         checked = self._preflight(spec)  # before anything is created
@@ -385,19 +386,19 @@ class ClusterCreation(ClusterClients):  # pylint: disable=too-many-instance-attr
                                "to 5 minutes): trying again")
                 time.sleep(self._poll_seconds)
 
-    def _summary(self, ctx: _Context, changes: list[Any], pending: list[str] | None = None) -> dict[str, Any]:
+    def _summary(self, ctx: _Context, changes: list[Any], pending: list[str] | None = None) -> AksClusterCreated:
         if not pending:  # the GPU pool came after the cluster was read: read it again, pools and all
             ctx.found["cluster"] = self.arm.get("cluster", {"resource_group": ctx.spec.resource_group,
                                                             "name": ctx.spec.name})
         shown = describe_cluster(ctx.spec, ctx.found.get("cluster"), ctx.found,
                                  self._checkpoint_url(ctx.spec, ctx.found.get("storage_account")))
-        shown["changes"] = changes
+        follow_up = CreateFollowUp()
         if pending:
-            shown["pending"] = pending
-            shown["next"] = (f"az elastictrain cluster wait -g {ctx.spec.resource_group} -n {ctx.spec.name} "
-                             f"--created, then run the same create again to finish: {', '.join(pending)}")
-            self._progress(f"Not waiting (--no-wait). Next: {shown['next']}")
-        return shown
+            wait = f"az elastictrain cluster wait -g {ctx.spec.resource_group} -n {ctx.spec.name} --created"
+            follow_up = CreateFollowUp(
+                pending=pending, next=f"{wait}, then run the same create again to finish: {', '.join(pending)}")
+            self._progress(f"Not waiting (--no-wait). Next: {follow_up['next']}")
+        return {**shown, "changes": changes, **follow_up}
 
 
 _PREFLIGHT_SKIPPED = ("not logged in: the region checks (GPU size offered, Spot-capable, not restricted; Spot vCPU "

@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from azext_elastictrain.backends.aks.cluster import ClusterClients, PlanFailed, _resource_id
+from azext_elastictrain.backends.views import AksClusterDeleted, DeletedResource
 from azext_elastictrain.core.aks import arm_bodies
 from azext_elastictrain.core.errors import ArmError, ClusterNotFound
 from azext_elastictrain.core.spec import ClusterSpec
@@ -53,8 +54,8 @@ class ClusterDeletion(ClusterClients):
             {"step": title, "kind": kind, "ref": ref, "id": _resource_id(kind, ref, None, self.arm.subscription)}
             for title, kind, ref in items], "keep": kept}
 
-    def delete(self, plan: dict[str, Any], *, no_wait: bool = False) -> dict[str, Any]:
-        deleted: list[dict[str, Any]] = []
+    def delete(self, plan: dict[str, Any], *, no_wait: bool = False) -> AksClusterDeleted:
+        deleted: list[DeletedResource] = []
         for item in plan["delete"]:
             self._progress(f"deleting {item['step']}" + (" - this takes several minutes" if item["kind"] == "cluster"
                                                          and not no_wait else ""))

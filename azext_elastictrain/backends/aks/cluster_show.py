@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from azext_elastictrain.backends.aks.cluster import IN_PROGRESS, ClusterClients, _Context, _provisioning_state
+from azext_elastictrain.backends.views import AksCluster, AksPool, ClusterState
 from azext_elastictrain.core.aks import arm_bodies
 from azext_elastictrain.core.errors import ArmError, ClusterNotFound
 from azext_elastictrain.core.spec import ENGINE_TORCHELASTIC, ClusterSpec
@@ -18,7 +19,7 @@ _HEALTH = {"ok": "Healthy", "degraded": "Degraded", "missing": "Missing", "unkno
 class ClusterViews(ClusterClients):
     """Show, list and poll the elastic-training clusters on AKS."""
 
-    def show(self, spec: ClusterSpec, *, health: bool = True) -> dict[str, Any]:
+    def show(self, spec: ClusterSpec, *, health: bool = True) -> AksCluster:
         spec = replace(spec, subscription=spec.subscription or self.arm.subscription)
         ctx = _Context(spec, self.arm.subscription, self.arm.tenant)
         cluster = self.arm.get("cluster", {"resource_group": spec.resource_group, "name": spec.name})
@@ -32,7 +33,7 @@ class ClusterViews(ClusterClients):
             ctx.found[kind] = self.arm.get(kind, ref)
         return self._describe(spec, cluster, ctx, health=health)
 
-    def state(self, spec: ClusterSpec) -> dict[str, Any]:
+    def state(self, spec: ClusterSpec) -> ClusterState:
         """What ``cluster wait`` polls: the cluster's provisioning state, Succeeded only once its pools are."""
         cluster = self.arm.get("cluster", {"resource_group": spec.resource_group, "name": spec.name})
         if cluster is None:
@@ -43,7 +44,7 @@ class ClusterViews(ClusterClients):
         combined = next((s for s in states if s in IN_PROGRESS or s == "failed"), states[0])
         return {"name": spec.name, "resourceGroup": spec.resource_group, "provisioningState": combined.title()}
 
-    def list(self, resource_group: str | None) -> list[dict[str, Any]]:
+    def list(self, resource_group: str | None) -> list[AksCluster]:
         rows = []
         for cluster in self.arm.list_clusters(resource_group):
             if arm_bodies.TAG not in (cluster.get("tags") or {}):
@@ -54,7 +55,7 @@ class ClusterViews(ClusterClients):
         return rows
 
     def _describe(self, spec: ClusterSpec, cluster: dict[str, Any] | None, ctx: _Context | None,
-                  health: bool | None) -> dict[str, Any]:
+                  health: bool | None) -> AksCluster:
         found = ctx.found if ctx else {}
         shown = describe_cluster(spec, cluster, found, self._checkpoint_url(spec, found.get("storage_account")))
         if health and ctx:
@@ -85,14 +86,14 @@ class ClusterViews(ClusterClients):
 
 
 def describe_cluster(spec: ClusterSpec, cluster: dict[str, Any] | None, found: dict[str, Any],
-                     checkpoint_url: str) -> dict[str, Any]:
+                     checkpoint_url: str) -> AksCluster:
     """The Azure side of `cluster show`: the cluster's ARM resource and those of ``found`` (storage account and
     identity, by kind), as far as they were read."""
     cluster = cluster or {}
     props = cluster.get("properties") or {}
     account = found.get("storage_account")
     identity = found.get("identity")
-    shown: dict[str, Any] = {
+    shown: AksCluster = {
         "name": spec.name,
         "type": "aks",
         "resourceGroup": spec.resource_group,
@@ -115,9 +116,12 @@ def describe_cluster(spec: ClusterSpec, cluster: dict[str, Any] | None, found: d
     }
     if account:
         aprops = account.get("properties") or {}
-        shown["storage"].update({key: aprops.get(key) for key in (
-            "provisioningState", "minimumTlsVersion", "supportsHttpsTrafficOnly", "allowBlobPublicAccess",
-            "allowSharedKeyAccess")})
+        storage = shown["storage"]
+        storage["provisioningState"] = aprops.get("provisioningState")
+        storage["minimumTlsVersion"] = aprops.get("minimumTlsVersion")
+        storage["supportsHttpsTrafficOnly"] = aprops.get("supportsHttpsTrafficOnly")
+        storage["allowBlobPublicAccess"] = aprops.get("allowBlobPublicAccess")
+        storage["allowSharedKeyAccess"] = aprops.get("allowSharedKeyAccess")
         shown["storage"]["sku"] = (account.get("sku") or {}).get("name")
         shown["storage"]["networkDefaultAction"] = (aprops.get("networkAcls") or {}).get("defaultAction")
     if identity:
@@ -126,7 +130,7 @@ def describe_cluster(spec: ClusterSpec, cluster: dict[str, Any] | None, found: d
     return shown
 
 
-def _pool(profile: dict[str, Any]) -> dict[str, Any]:
+def _pool(profile: dict[str, Any]) -> AksPool:
     spot = (profile.get("scaleSetPriority") or "Regular") == "Spot"
     return {
         "name": profile.get("name"), "mode": profile.get("mode"), "vmSize": profile.get("vmSize"),

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from azext_elastictrain.core.eventlog import events as job_events
 from azext_elastictrain.core import launch
+from azext_elastictrain.backends.views import AksJobStops
 from azext_elastictrain.core.aks.eviction import (
     holds_node,
     is_spot,
@@ -41,10 +42,18 @@ from azext_elastictrain.core.aks.manifests import (
     WORKER_LABELS,
 )
 from azext_elastictrain.core.errors import JobNotFound
-from azext_elastictrain.core.launched import launched
+from azext_elastictrain.core.launched import Launched, LaunchedOwn, launched
 from azext_elastictrain.core.settings import DEFAULTS, RuntimeSettings
 from azext_elastictrain.core.spec import ENGINE_K8S_JOB, ENGINE_TORCHELASTIC, MEMORY_TIER_OFF, JobSpec, SpecError
-from azext_elastictrain.core.eventlog.view import build_job_view, parse_iso, read_job_events
+from azext_elastictrain.core.eventlog.view import (
+    AksWorker,
+    JobIdentity,
+    JobOwn,
+    AksJobShown,
+    build_job_view,
+    parse_iso,
+    read_job_events,
+)
 
 CREATED = "Created"
 PENDING = "Pending"
@@ -74,7 +83,7 @@ _LAUNCH_DEFAULTS = {**{name: value for name, value in DEFAULTS.to_env().items() 
 
 def describe_job(elastic_job: dict[str, Any], pods: list[dict[str, Any]], nodes: list[dict[str, Any]],
                  events: list[dict[str, Any]], *, cluster: str | None = None, events_error: str | None = None,
-                 checkpoint_url: str | None = None) -> dict[str, Any]:
+                 checkpoint_url: str | None = None) -> AksJobShown:
     """`job show` of one ElasticJob from its object, the namespace's pods, the cluster's nodes and its events
     (all of them: those of an earlier job of the same name are dropped here by the job's creation time), and
     where it checkpoints (the blob URL of its prefix)."""
@@ -89,10 +98,10 @@ def describe_job(elastic_job: dict[str, Any], pods: list[dict[str, Any]], nodes:
         events, created=parse_iso(meta.get("creationTimestamp")), nodes=workers, events_error=events_error,
         state_of=lambda summary: job_state(conditions, summary["finished"], workers, events_error is not None),
         lost_nodes=lambda _state: [w["node"] for w in workers if w["status"] == NODE_LOST])
-    identity = {"name": name, "cluster": cluster, "type": "aks", "namespace": meta.get("namespace"),
-                "engine": shape["engine"]}
+    identity = JobIdentity(name=name, cluster=cluster, type="aks", namespace=meta.get("namespace"),
+                           engine=shape["engine"])
     shown = launched_of(elastic_job, checkpoint_url=checkpoint_url)
-    operator = {
+    operator: dict[str, Any] = {
         "conditions": [_condition(c) for c in status.get("conditions") or []],
         "startTime": status.get("startTime"),
         "completionTime": status.get("completionTime"),
@@ -101,17 +110,17 @@ def describe_job(elastic_job: dict[str, Any], pods: list[dict[str, Any]], nodes:
         operator.update({key: status.get(key) for key in _JOB_COUNTS})
     else:
         operator["replicaStatuses"] = status.get("replicaStatuses") or {}
-    return view.describe(identity, shown, {"operator": operator}, worker_restarts=True)
+    return view.describe(identity, shown, JobOwn(operator=operator), worker_restarts=True)
 
 
-def launched_of(job: dict[str, Any], *, checkpoint_url: str | None = None) -> dict[str, Any]:
+def launched_of(job: dict[str, Any], *, checkpoint_url: str | None = None) -> Launched:
     """How the job was launched, as `job show` prints it (core/launched.py, as a local job's): the spec read back
     from its manifest (``spec_of``), where it checkpoints, its rendezvous, and ``OWN_LAUNCHED``."""
     meta = job.get("metadata") or {}
     container = _container(_shape(job)["template"])
     rdzv_id = _script_args(container.get("args") or [])["rdzvId"] or object_name(job)
     return launched(spec_of(job), created=meta.get("creationTimestamp"), checkpoint_url=checkpoint_url,
-                    rdzv_id=rdzv_id, own={"image": container.get("image")})
+                    rdzv_id=rdzv_id, own=LaunchedOwn(image=container.get("image")))
 
 
 def spec_of(job: dict[str, Any]) -> JobSpec | dict[str, Any]:
@@ -170,7 +179,7 @@ def _script_env(env: dict[str, str]) -> tuple[str, ...]:
                  if (value != _LAUNCH_DEFAULTS[name] if name in _LAUNCH_DEFAULTS else name not in _LAUNCH_ENV))
 
 
-def job_state(conditions: list[dict[str, Any]], finished: bool, workers: list[dict[str, Any]],
+def job_state(conditions: list[dict[str, Any]], finished: bool, workers: list[AksWorker],
               events_unread: bool = False) -> str:
     """Succeeded once training wrote its final event; else the operator's strongest true condition; a job
     the operator has not reconciled yet is Pending (or Running, where a worker already runs).
@@ -190,7 +199,7 @@ def job_state(conditions: list[dict[str, Any]], finished: bool, workers: list[di
     return state or PENDING
 
 
-def _worker(rank: int, pod: dict[str, Any], node_by_name: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def _worker(rank: int, pod: dict[str, Any], node_by_name: dict[str, dict[str, Any]]) -> AksWorker:
     meta, status = pod.get("metadata") or {}, pod.get("status") or {}
     node_name = pod_node(pod)
     node = node_by_name.get(node_name) if node_name else None
@@ -326,7 +335,7 @@ def plan_logs(elastic_job: dict[str, Any], pods: list[dict[str, Any]], rank: int
     return plan
 
 
-def plan_delete(elastic_job: dict[str, Any], pods: list[dict[str, Any]]) -> dict[str, Any]:
+def plan_delete(elastic_job: dict[str, Any], pods: list[dict[str, Any]]) -> AksJobStops:
     """What deleting the ElasticJob stops: the operator owns the worker pods, so they go with it (background
     propagation); the checkpoints and events in blob stay for a later job of the same name."""
     meta = elastic_job.get("metadata") or {}
@@ -370,7 +379,7 @@ def find_job(kube: KubeClient, name: str, namespace: str) -> dict[str, Any]:
 
 
 def show_job(kube: KubeClient, name: str, read_events: ReadEvents, *, namespace: str = TRAINING_NAMESPACE,
-             cluster: str | None = None, job_url: Callable[[str], str] | None = None) -> dict[str, Any]:
+             cluster: str | None = None, job_url: Callable[[str], str] | None = None) -> AksJobShown:
     """`job show` for ElasticJob ``name``; raises JobNotFound (naming the jobs there are). ``job_url``: the blob URL
     of a job's checkpoints."""
     job = find_job(kube, name, namespace)
@@ -382,7 +391,7 @@ def show_job(kube: KubeClient, name: str, read_events: ReadEvents, *, namespace:
 
 
 def list_jobs(kube: KubeClient, read_events: ReadEvents, *, namespace: str = TRAINING_NAMESPACE,
-              cluster: str | None = None, job_url: Callable[[str], str] | None = None) -> list[dict[str, Any]]:
+              cluster: str | None = None, job_url: Callable[[str], str] | None = None) -> list[AksJobShown]:
     """`job list`: every ElasticJob of the namespace, described; one pod and one node list for all."""
     jobs = all_jobs(kube, namespace)
     if not jobs:

@@ -22,6 +22,7 @@ import time
 from typing import Any, Callable
 
 from azext_elastictrain.backends.aks.describe import follow_recovery_aks
+from azext_elastictrain.backends.views import AksEvictionShown
 from azext_elastictrain.core.aks.eviction import (
     OUT_OF_SERVICE_TAINT,
     SHUTDOWN_TAINT,
@@ -178,9 +179,10 @@ def _minutes(seconds: float) -> str:
 
 
 def report(cluster: str, resource_group: str, eviction_plan: EvictionPlan, evictions: list[dict[str,
-           Any]] | None) -> dict[str, Any]:
+           Any]] | None) -> AksEvictionShown:
     """What the command prints: the plan (dry run) or the evictions; epoch times stay inside."""
-    result = {"type": "aks", "cluster": cluster, "resourceGroup": resource_group, "by": dict(eviction_plan.by)}
+    result: AksEvictionShown = {"type": "aks", "cluster": cluster, "resourceGroup": resource_group,
+                                "by": dict(eviction_plan.by)}
     if evictions is None:
         return {**result, "dryRun": True, "targets": [t.to_dict() for t in eviction_plan.targets]}
     return {**result, "evictions": [{k: v for k, v in e.items() if k != "requestedAt"} for e in evictions]}

@@ -14,6 +14,7 @@ from azext_elastictrain.backends.aks import describe
 from azext_elastictrain.backends.aks.plans import AksJob, AksJobDeletion
 from azext_elastictrain.backends.aks.session import AksSession, ClusterSite
 from azext_elastictrain.backends.base import Plan
+from azext_elastictrain.backends.views import AksJobDeletionShown, JobEvent
 from azext_elastictrain.core.eventlog import events as job_events
 from azext_elastictrain.core.constants import GPU_TAINT
 from azext_elastictrain.core.errors import JobNotFound
@@ -34,7 +35,7 @@ from azext_elastictrain.core.spec import (
     check_engine_supported,
     check_script_in_image,
 )
-from azext_elastictrain.core.eventlog.view import parse_iso
+from azext_elastictrain.core.eventlog.view import AksJobShown, parse_iso
 
 # Any GUID: the ElasticJob does not carry the identity (its pods run as the cluster's service account),
 # but the cluster spec it is rendered with must be complete.
@@ -125,7 +126,7 @@ class AksJobs:
                  **({"objects": [*others, obj]} if others else {})}
         return Plan(shown, AksJob((*others, obj)))
 
-    def submit_job(self, job: AksJob) -> dict[str, Any]:
+    def submit_job(self, job: AksJob) -> AksJobShown:
         """Create the planned objects (the job last); refuses a name any job of either engine has."""
         site, kube, obj = self.session.site(), self.session.kube(), job.job_object
         name, namespace = obj["metadata"]["name"], obj["metadata"]["namespace"]
@@ -160,18 +161,18 @@ class AksJobs:
 
     # ------------------------------------------------------------------ show, list
 
-    def describe_job(self, name: str) -> dict[str, Any]:
+    def describe_job(self, name: str) -> AksJobShown:
         site = self.session.site()
         return describe.show_job(self.session.kube(), name, self.session.events(), namespace=site.spec.namespace,
                                  cluster=site.spec.name, job_url=site.job_url)
 
-    def job_events(self, name: str) -> list[dict[str, Any]]:
+    def job_events(self, name: str) -> list[JobEvent]:
         """The events of the job's current run (since its ElasticJob was created), from the cluster's storage."""
         created = parse_iso((self._elastic_job(name).get("metadata") or {}).get("creationTimestamp"))
         events = list(self.session.events()(name))
         return job_events.since(events, created) if created is not None else events
 
-    def list_jobs(self) -> list[dict[str, Any]]:
+    def list_jobs(self) -> list[AksJobShown]:
         site = self.session.site()
         return describe.list_jobs(self.session.kube(), self.session.events(), namespace=site.spec.namespace,
                                   cluster=site.spec.name, job_url=site.job_url)
@@ -229,20 +230,21 @@ class AksJobs:
         blobs stay."""
         site, kube = self.session.site(), self.session.kube()
         obj = self._elastic_job(name)
-        shown = describe.plan_delete(obj, kube.list("v1", "Pod", site.spec.namespace, _WORKERS))
-        shown.update(type="aks", cluster=site.spec.name, resourceGroup=site.spec.resource_group, dryRun=True,
-                     checkpointUrl=site.job_url(name))
-        # an in-process job's coordinator, looked up by name whatever the job says: none is left behind
-        shown["coordinator"] = [{"apiVersion": v, "kind": k, "name": found["metadata"]["name"]}
-                                for v, k in COORDINATOR_KINDS
-                                if (found := kube.get(v, k, coordinator_name(name), site.spec.namespace))]
-        # the workers' NetworkPolicy and an in-process job's Secret, deleted last
-        shown["guards"] = [{"apiVersion": v, "kind": k, "name": found["metadata"]["name"]}
-                           for v, k, named in GUARD_KINDS
-                           if (found := kube.get(v, k, named(name), site.spec.namespace))]
-        target = shown["object"]
+        stops = describe.plan_delete(obj, kube.list("v1", "Pod", site.spec.namespace, _WORKERS))
+        shown: AksJobDeletionShown = {
+            **stops, "type": "aks", "cluster": site.spec.name, "resourceGroup": site.spec.resource_group,
+            "dryRun": True, "checkpointUrl": site.job_url(name),
+            # an in-process job's coordinator, looked up by name whatever the job says: none is left behind
+            "coordinator": [{"apiVersion": v, "kind": k, "name": found["metadata"]["name"]}
+                            for v, k in COORDINATOR_KINDS
+                            if (found := kube.get(v, k, coordinator_name(name), site.spec.namespace))],
+            # the workers' NetworkPolicy and an in-process job's Secret, deleted last
+            "guards": [{"apiVersion": v, "kind": k, "name": found["metadata"]["name"]}
+                       for v, k, named in GUARD_KINDS
+                       if (found := kube.get(v, k, named(name), site.spec.namespace))]}
+        target = shown["object"]  # found by name in the namespace: its metadata names it so
         return Plan(shown, AksJobDeletion(
-            target["apiVersion"], target["kind"], target["name"], target["namespace"],
+            target["apiVersion"], target["kind"], target["name"] or name, target["namespace"] or site.spec.namespace,
             with_service=shown.get("engine") == ENGINE_K8S_JOB,
             coordinator=tuple((c["apiVersion"], c["kind"], c["name"]) for c in shown["coordinator"]),
             guards=tuple((g["apiVersion"], g["kind"], g["name"]) for g in shown["guards"])))

@@ -31,11 +31,22 @@ from azext_elastictrain.backends.local.home import ClusterHome
 from azext_elastictrain.backends.local.starting import run_job
 from azext_elastictrain.backends.local.stopping import JobStopper
 from azext_elastictrain.backends.local.plans import LocalEviction, LocalJobDeletion, LocalSchedule
+from azext_elastictrain.backends.views import (
+    ClusterState,
+    JobEvent,
+    JobPool,
+    Kubeconfig,
+    LocalCluster,
+    LocalClusterDeleted,
+    LocalEvicted,
+    LocalJobDeleted,
+    LocalScheduleRun,
+)
 from azext_elastictrain.core import launch
 from azext_elastictrain.core.constants import AZURE_NOTICE_SECONDS
 from azext_elastictrain.core.errors import NotSupported, OptionNotHere
 from azext_elastictrain.core.spec import JobSpec, LocalClusterSpec, check_local_script
-from azext_elastictrain.core.eventlog.view import wait_for_job
+from azext_elastictrain.core.eventlog.view import LocalJobShown, wait_for_job
 
 WAIT_INTERVAL = 1.0  # a look reads local files and one blob
 _AKS_JOB = ("--image, --gpus-per-node and --engine are for a job on AKS (-g RG -c CLUSTER)",
@@ -70,23 +81,23 @@ class LocalBackend:  # pylint: disable=too-many-public-methods  # the Backend pr
     def plan_cluster(self, spec: LocalClusterSpec) -> Plan[None]:
         return Plan({"dryRun": True, "type": "local", "name": spec.name, "start": list(COMPONENTS)}, None)
 
-    def create_cluster(self, spec: LocalClusterSpec, *, no_wait: bool = False) -> dict[str, Any]:
+    def create_cluster(self, spec: LocalClusterSpec, *, no_wait: bool = False) -> LocalCluster:
         del no_wait  # local processes are up (or refused) when create returns: nothing to wait for
         return self.clusters.create_cluster(spec)
 
-    def merge_kubeconfig(self, spec: LocalClusterSpec) -> dict[str, Any]:
+    def merge_kubeconfig(self, spec: LocalClusterSpec) -> Kubeconfig:
         raise NotSupported(f"local cluster {spec.name!r} runs no Kubernetes: it has no credentials to merge",
                            "Drop --merge-kubeconfig.")
 
-    def show_cluster(self) -> dict[str, Any]:
+    def show_cluster(self) -> LocalCluster:
         return self.clusters.show_cluster(self.cluster)
 
-    def cluster_state(self) -> dict[str, Any]:
+    def cluster_state(self) -> ClusterState:
         """Up, or refused, when create returns: its health is its state."""
         shown = self.show_cluster()
         return {"name": self.cluster, "provisioningState": "Succeeded" if shown["health"] == "Healthy" else "Failed"}
 
-    def list_clusters(self) -> list[dict[str, Any]]:
+    def list_clusters(self) -> list[LocalCluster]:
         return self.clusters.list_clusters()
 
     def plan_cluster_delete(self, *, delete_storage: bool = False,
@@ -97,7 +108,7 @@ class LocalBackend:  # pylint: disable=too-many-public-methods  # the Backend pr
         return Plan(shown, None, f"Delete local cluster {self.cluster!r}: stop {pids} and remove {shown['removed']} "
                                  "with its checkpoints?")
 
-    def delete_cluster(self, plan: Plan[None], *, no_wait: bool = False) -> dict[str, Any]:
+    def delete_cluster(self, plan: Plan[None], *, no_wait: bool = False) -> LocalClusterDeleted:
         del plan, no_wait  # its processes are looked up again at delete time; stopping them is quick
         return self.clusters.delete_cluster(self.cluster, self.stopper)
 
@@ -115,19 +126,19 @@ class LocalBackend:  # pylint: disable=too-many-public-methods  # the Backend pr
                     if spec.mode.coordinator else {})}
         return Plan(shown, spec)
 
-    def submit_job(self, plan: Plan[JobSpec]) -> dict[str, Any]:
+    def submit_job(self, plan: Plan[JobSpec]) -> LocalJobShown:
         return run_job(self.home, plan.request)
 
-    def describe_job(self, name: str) -> dict[str, Any]:
+    def describe_job(self, name: str) -> LocalJobShown:
         return self.follower.show_job(name)
 
-    def list_jobs(self) -> list[dict[str, Any]]:
+    def list_jobs(self) -> list[LocalJobShown]:
         return self.follower.list_jobs()
 
-    def job_events(self, name: str) -> list[dict[str, Any]]:
+    def job_events(self, name: str) -> list[JobEvent]:
         return self.follower.job_events(name)
 
-    def job_pool(self) -> dict[str, Any] | None:
+    def job_pool(self) -> JobPool | None:
         return None  # the nodes are processes here: no VM size, no price (job show --price-as names one)
 
     def job_logs(self, name: str, request: LogRequest) -> JobLogs:
@@ -137,7 +148,7 @@ class LocalBackend:  # pylint: disable=too-many-public-methods  # the Backend pr
                                        timeout=request.timeout)
         return JobLogs(lines, prefixed)
 
-    def wait_job(self, name: str, until: WaitFor) -> dict[str, Any]:
+    def wait_job(self, name: str, until: WaitFor) -> LocalJobShown:
         return wait_for_job(lambda: self.describe_job(name), name, state=until.state, step=until.step,
                             world_size=until.world_size, timeout=until.timeout, interval=WAIT_INTERVAL,
                             logs_hint=f"az elastictrain job logs --local --cluster {self.cluster} --name {name} "
@@ -153,7 +164,7 @@ class LocalBackend:  # pylint: disable=too-many-public-methods  # the Backend pr
                     f"Delete job {name!r} of local cluster {self.cluster!r}: stop {pids}, remove its state and "
                     f"{checkpoints}?")
 
-    def delete_job(self, plan: Plan[LocalJobDeletion]) -> dict[str, Any]:
+    def delete_job(self, plan: Plan[LocalJobDeletion]) -> LocalJobDeleted:
         return self.stopper.delete_job(plan.request.name, delete_checkpoints=plan.request.delete_checkpoints)
 
     # -- evictions ---------------------------------------------------------------------------------------------
@@ -170,7 +181,7 @@ class LocalBackend:  # pylint: disable=too-many-public-methods  # the Backend pr
         how = f"after a {notice:g}s Preempt notice" if notice else "without notice"
         return Plan(shown, eviction, f"Evict {nodes} of job {eviction.job!r} {how}?")
 
-    def evict(self, plan: Plan[LocalEviction], *, wait: bool = False) -> dict[str, Any]:
+    def evict(self, plan: Plan[LocalEviction], *, wait: bool = False) -> LocalEvicted:
         eviction = plan.request
         job = eviction.job
         world_before = self.describe_job(job).get("worldSize")
@@ -208,7 +219,7 @@ class LocalBackend:  # pylint: disable=too-many-public-methods  # the Backend pr
                      "runningNodes": running, **schedule.to_dict()}, LocalSchedule(request.job, schedule), prompt)
 
     def run_schedule(self, plan: Plan[LocalSchedule], *, stop: Any = None,
-                     say: Callable[[str], None] | None = None) -> dict[str, Any]:
+                     say: Callable[[str], None] | None = None) -> LocalScheduleRun:
         from azext_elastictrain.backends.local.chaos import LocalScheduleEvictor
         from azext_elastictrain.core.chaos import run_schedule
 

@@ -8,13 +8,15 @@ import threading
 import time
 from typing import Any, Callable, Protocol
 
+from azext_elastictrain.backends.views import LocalEvicted, Replacement
 from azext_elastictrain.core.chaos import FollowStopped, ScheduledEviction, Skipped, sleeper
+from azext_elastictrain.core.eventlog.view import LocalJobShown
 
 
 class Jobs(Protocol):
     """What the evictor reads of the job (``following.JobFollower``, bound to its cluster)."""
 
-    def show_job(self, job: str) -> dict[str, Any]:
+    def show_job(self, job: str) -> LocalJobShown:
         ...
 
     def follow_recovery(self, job: str, eviction: dict[str, Any], sleep: Callable[[float], None]) -> dict[str, Any]:
@@ -31,10 +33,10 @@ class Jobs(Protocol):
 class Evictions(Protocol):
     """How it evicts and gives capacity back (``evict.NodeEvictions``, bound to the cluster)."""
 
-    def evict(self, job: str, **options: Any) -> dict[str, Any]:
+    def evict(self, job: str, **options: Any) -> LocalEvicted:
         ...
 
-    def replace_nodes(self, job: str, count: int) -> list[dict[str, Any]]:
+    def replace_nodes(self, job: str, count: int) -> list[Replacement]:
         ...
 
 
@@ -55,7 +57,7 @@ class LocalScheduleEvictor:
         node = item.choose(running)
         world = shown.get("worldSize") or len(running) * int(shown.get("nprocPerNode") or 1)
         result = self.evictions.evict(self.job, node=node, notice_seconds=item.notice_seconds, replace_after=None)
-        eviction: dict[str, Any] = result["evictions"][0]
+        eviction: dict[str, Any] = {**result["evictions"][0]}
         self._world_before[node] = world
         return eviction
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from azext_elastictrain.backends.local.components import azurite_argv, azurite_binary, etcd_argv, etcd_binary, etcd_env
+from azext_elastictrain.backends.views import LocalCluster, LocalClusterDeleted, LocalComponent, StoppedComponent
 from azext_elastictrain.backends.local.state import (
     AZURITE_ACCOUNT,
     REPO_ROOT,
@@ -49,7 +50,7 @@ class ClusterJobs(Protocol):
     """What deleting a cluster needs of its jobs (``stopping.JobStopper``, bound to it): their live nodes, and
     stopping them."""
 
-    def running_nodes(self) -> list[dict[str, Any]]:
+    def running_nodes(self) -> list[StoppedComponent]:
         ...  # [{"component": "job JOB NODE", "pid"}]
 
     def stop_all(self) -> None:
@@ -166,7 +167,7 @@ class LocalClusters:
         return component
 
     # -- the backend interface: clusters ----------------------------------------------
-    def create_cluster(self, spec: LocalClusterSpec) -> dict[str, Any]:
+    def create_cluster(self, spec: LocalClusterSpec) -> LocalCluster:
         existing = self.load(spec.name)
         fresh = existing is None
         state = existing or {"name": spec.name, "created": time.time(), "components": {}}
@@ -204,11 +205,11 @@ class LocalClusters:
         }[key]
         return http_ok(probe)
 
-    def show_cluster(self, name: str) -> dict[str, Any]:
+    def show_cluster(self, name: str) -> LocalCluster:
         state = self.load(name)
         if state is None:
             raise ClusterNotFound(f"no local cluster named {name!r}")
-        components = {}
+        components: dict[str, LocalComponent] = {}
         for key in COMPONENTS:
             c = state["components"].get(key)
             healthy = bool(c) and self._healthy(key, c)
@@ -239,20 +240,21 @@ class LocalClusters:
             "scheduled-events": f"http://127.0.0.1:{port}/metadata/scheduledevents?api-version=2020-07-01",
         }[key]
 
-    def list_clusters(self) -> list[dict[str, Any]]:
+    def list_clusters(self) -> list[LocalCluster]:
         if not self.state_root.is_dir():
             return []
         return [self.show_cluster(p.name) for p in sorted(self.state_root.iterdir()) if (p / "cluster.json").exists()]
 
-    def delete_cluster(self, name: str, jobs: ClusterJobs, dry_run: bool = False) -> dict[str, Any]:
+    def delete_cluster(self, name: str, jobs: ClusterJobs, dry_run: bool = False) -> LocalClusterDeleted:
         state = self.load(name)
         if state is None:
             raise ClusterNotFound(f"no local cluster named {name!r}")
-        stopping = jobs.running_nodes() + [
+        stopping: list[StoppedComponent] = jobs.running_nodes() + [
             {"component": key, "pid": c["pid"]}
             for key, c in state["components"].items() if self._alive(c)
         ]
-        result = {"name": name, "dryRun": dry_run, "stopped": stopping, "removed": str(self.cluster_dir(name))}
+        result: LocalClusterDeleted = {"name": name, "dryRun": dry_run, "stopped": stopping,
+                                       "removed": str(self.cluster_dir(name))}
         if dry_run:
             return result
         jobs.stop_all()  # first the jobs: their agents would retry a vanished etcd for minutes

@@ -23,6 +23,7 @@ from azext_elastictrain.backends.local.following import run_events
 from azext_elastictrain.backends.local.home import ClusterHome
 from azext_elastictrain.backends.local.starting import start_node
 from azext_elastictrain.backends.local.state import alive, node_processes
+from azext_elastictrain.backends.views import LocalEvicted, LocalNodeEviction, Replacement
 from azext_elastictrain.core.constants import AZURE_NOTICE_SECONDS
 from azext_elastictrain.core.eventlog.recovery import trained_again
 from azext_elastictrain.core.spec import SpecError
@@ -135,7 +136,7 @@ def choose_nodes(job: dict[str, Any], running: list[dict[str, Any]], node: str |
 
 def evict_nodes(home: ClusterHome, job_name: str, *, node: str | None = None, count: int | None = None,
                 notice_seconds: float = AZURE_NOTICE_SECONDS, replace_after: float | None = None,
-                dry_run: bool = False, vanish: bool = True) -> dict[str, Any]:
+                dry_run: bool = False, vanish: bool = True) -> LocalEvicted:
     """Evict the chosen nodes, one after the other. Replacements are the caller's next step
     (``replace_nodes``), so it can follow the recovery at the smaller world size first. One job-changing command
     at a time: job starts wait.
@@ -154,10 +155,10 @@ def evict_nodes(home: ClusterHome, job_name: str, *, node: str | None = None, co
         job, conn = home.open_job(job_name)
         running = [n for n in job["nodes"] if alive(n)]
         targets = choose_nodes(job, running, node, count=count)
-        evictions: list[dict[str, Any]] = []
-        plan = {"job": job_name, "dryRun": dry_run, "noticeSeconds": notice_seconds,
-                "nodes": [{"node": n["name"], "pid": n["pid"]} for n in targets], "evictions": evictions,
-                "replaceAfterSeconds": replace_after, "replacements": []}
+        evictions: list[LocalNodeEviction] = []
+        plan: LocalEvicted = {"job": job_name, "dryRun": dry_run, "noticeSeconds": notice_seconds,
+                              "nodes": [{"node": n["name"], "pid": n["pid"]} for n in targets],
+                              "evictions": evictions, "replaceAfterSeconds": replace_after, "replacements": []}
         if dry_run:
             return plan
         for target in targets:
@@ -165,7 +166,7 @@ def evict_nodes(home: ClusterHome, job_name: str, *, node: str | None = None, co
         return plan
 
 
-def replace_nodes(home: ClusterHome, job_name: str, count: int) -> list[dict[str, Any]]:
+def replace_nodes(home: ClusterHome, job_name: str, count: int) -> list[Replacement]:
     """Spot capacity is back: ``count`` new nodes join the job's rendezvous."""
     with home.lock():
         job, conn = home.open_job(job_name)
@@ -173,7 +174,7 @@ def replace_nodes(home: ClusterHome, job_name: str, count: int) -> list[dict[str
 
 
 def _evict_one(home: ClusterHome, job: dict[str, Any], target: dict[str, Any], *, conn: dict[str, Any],
-               notice_seconds: float, vanish: bool = True) -> dict[str, Any]:
+               notice_seconds: float, vanish: bool = True) -> LocalNodeEviction:
     started = time.time()
     acked_after = None
     event_id = None
@@ -212,7 +213,7 @@ def _evict_one(home: ClusterHome, job: dict[str, Any], target: dict[str, Any], *
             "evictedAt": evicted_at, "startedAt": started}
 
 
-def _replace(home: ClusterHome, job: dict[str, Any], conn: dict[str, Any]) -> dict[str, Any]:
+def _replace(home: ClusterHome, job: dict[str, Any], conn: dict[str, Any]) -> Replacement:
     """Spot capacity is back: a new node joins the job's rendezvous, started as the job's first nodes were."""
     name = f"{job['name']}-node-{len(job['nodes'])}"
     node = start_node(record.spec_of(job), job["script"], name, conn, job_dir=home.job_dir(job["name"]),
@@ -229,8 +230,8 @@ class NodeEvictions:
     def __init__(self, home: ClusterHome) -> None:
         self.home = home
 
-    def evict(self, job: str, **options: Any) -> dict[str, Any]:
+    def evict(self, job: str, **options: Any) -> LocalEvicted:
         return evict_nodes(self.home, job, **options)
 
-    def replace_nodes(self, job: str, count: int) -> list[dict[str, Any]]:
+    def replace_nodes(self, job: str, count: int) -> list[Replacement]:
         return replace_nodes(self.home, job, count)

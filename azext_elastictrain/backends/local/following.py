@@ -10,16 +10,24 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 from azext_elastictrain.backends.local import record
 from azext_elastictrain.backends.local.home import ClusterHome
 from azext_elastictrain.backends.local.state import alive
+from azext_elastictrain.backends.views import JobEvent
 from azext_elastictrain.clients.blob import EventReader
 from azext_elastictrain.core.eventlog import events as job_events
 from azext_elastictrain.core.errors import JobNotFound
-from azext_elastictrain.core.launched import launched
-from azext_elastictrain.core.eventlog.view import build_job_view, iso_time, read_job_events
+from azext_elastictrain.core.launched import Launched, LaunchedOwn, launched
+from azext_elastictrain.core.eventlog.view import (
+    JobIdentity,
+    LocalJobShown,
+    LocalJobNode,
+    build_job_view,
+    iso_time,
+    read_job_events,
+)
 
 #: What only a local job's launched part shows (core/launched.py's ``own``): an in-process job's coordinator.
 OWN_LAUNCHED = ("coordinator",)
@@ -31,10 +39,10 @@ class JobFollower:
     def __init__(self, home: ClusterHome) -> None:
         self.home = home
 
-    def show_job(self, job: str) -> dict[str, Any]:
+    def show_job(self, job: str) -> LocalJobShown:
         return self.describe_now(*self.home.open_job(job))
 
-    def describe_now(self, state: dict[str, Any], conn: dict[str, Any]) -> dict[str, Any]:
+    def describe_now(self, state: dict[str, Any], conn: dict[str, Any]) -> LocalJobShown:
         """`job show` of the job recorded as ``state``, its events read through ``conn`` (both in hand)."""
         read = self.home.event_reader(conn)
         try:
@@ -42,7 +50,7 @@ class JobFollower:
         finally:
             read.close()
 
-    def list_jobs(self) -> list[dict[str, Any]]:
+    def list_jobs(self) -> list[LocalJobShown]:
         conn = self.home.connection()  # ClusterNotFound
         read = self.home.event_reader(conn)
         try:
@@ -50,8 +58,8 @@ class JobFollower:
         finally:
             read.close()
 
-    def _describe(self, job: dict[str, Any], read: EventReader, conn: dict[str, Any]) -> dict[str, Any]:
-        nodes = []
+    def _describe(self, job: dict[str, Any], read: EventReader, conn: dict[str, Any]) -> LocalJobShown:
+        nodes: list[LocalJobNode] = []
         for node in job["nodes"]:
             node_alive = alive(node)
             nodes.append({
@@ -76,7 +84,7 @@ class JobFollower:
 
         view = build_job_view(events, created=job["created"], nodes=nodes, state_of=state_of,
                               lost_nodes=lost_nodes, events_error=events_error)
-        identity = {"name": job["name"], "cluster": self.home.name, "type": "local"}
+        identity = JobIdentity(name=job["name"], cluster=self.home.name, type="local")
         shown = launched_of(job, self.home.checkpoint_url(job["name"], conn))
         return view.describe(identity, shown, {"stateDir": str(self.home.job_dir(job["name"]))})
 
@@ -85,7 +93,7 @@ class JobFollower:
         return state is not None and any(alive(n) for n in state["nodes"])
 
     # -- following a job after an eviction (the evictions themselves: evict.py) ------
-    def follow_recovery(self, job: str, eviction: dict[str, Any], sleep: Any = time.sleep) -> dict[str, Any]:
+    def follow_recovery(self, job: str, eviction: Mapping[str, Any], sleep: Any = time.sleep) -> dict[str, Any]:
         from azext_elastictrain.core.eventlog.recovery import follow_recovery
 
         read = self.home.event_reader(self.home.connection())
@@ -104,7 +112,7 @@ class JobFollower:
         finally:
             read.close()
 
-    def job_events(self, job: str) -> list[dict[str, Any]]:
+    def job_events(self, job: str) -> list[JobEvent]:
         """The events of the job's current run, oldest first (core.eventlog.events)."""
         state, conn = self.home.open_job(job)
         read = self.home.event_reader(conn)
@@ -183,12 +191,12 @@ class JobFollower:
             time.sleep(poll)
 
 
-def launched_of(job: dict[str, Any], checkpoint_url: str) -> dict[str, Any]:
+def launched_of(job: dict[str, Any], checkpoint_url: str) -> Launched:
     """How the job recorded as ``job`` was launched, as `job show` prints it (core/launched.py): the spec its record
     holds, where it checkpoints (the cluster's storage as it is reached now), its rendezvous, and ``OWN_LAUNCHED``."""
     coordinator = job.get("coordinator")
-    own = {"coordinator": {"address": coordinator.get("address"), "pid": coordinator["pid"],
-                           "alive": alive(coordinator), "log": coordinator["log"]}} if coordinator else {}
+    own = LaunchedOwn(coordinator={"address": coordinator.get("address"), "pid": coordinator["pid"],
+                                   "alive": alive(coordinator), "log": coordinator["log"]}) if coordinator else None
     return launched(record.spec_of(job), created=iso_time(job["created"]), checkpoint_url=checkpoint_url,
                     rdzv_id=job.get("rdzvId"), own=own)
 

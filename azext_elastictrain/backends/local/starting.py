@@ -25,13 +25,14 @@ from azext_elastictrain.backends.local.home import ClusterHome
 from azext_elastictrain.backends.local.state import ClusterError, ClusterUnhealthy, JobConflict, ToolMissing, alive
 from azext_elastictrain.backends.local.stopping import stop_job_processes
 from azext_elastictrain.core import launch
+from azext_elastictrain.core.eventlog.view import LocalJobShown
 from azext_elastictrain.core.spec import JobSpec, check_local_script
 
 # An in-process job's coordinator imports torch before it listens: seconds on a busy machine.
 COORDINATOR_START_TIMEOUT = 60.0
 
 
-def run_job(home: ClusterHome, spec: JobSpec) -> dict[str, Any]:
+def run_job(home: ClusterHome, spec: JobSpec) -> LocalJobShown:
     """`job run` on the cluster of ``home``: start ``spec.node_count`` torchrun agents, detached; all or nothing."""
     check_local_script(spec.script)
     cluster = home.name

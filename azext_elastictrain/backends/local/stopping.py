@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from azext_elastictrain.backends.local.agent import COORDINATOR_MARKER_ENV, JOB_MARKER_ENV
 from azext_elastictrain.backends.local.home import ClusterHome
 from azext_elastictrain.backends.local.state import STOP_TIMEOUT, ClusterError, alive
+from azext_elastictrain.backends.views import LocalJobDeleted, StoppedComponent
 
 if TYPE_CHECKING:
     from azext_elastictrain.core.blobstore import BlobEntry
@@ -32,7 +33,7 @@ class JobStopper:
     def __init__(self, home: ClusterHome) -> None:
         self.home = home
 
-    def delete_job(self, job: str, dry_run: bool = False, delete_checkpoints: bool = False) -> dict[str, Any]:
+    def delete_job(self, job: str, dry_run: bool = False, delete_checkpoints: bool = False) -> LocalJobDeleted:
         """Stop every node (agent and descendants) and remove the job's state; its checkpoints and
         event log stay unless ``delete_checkpoints``."""
         state, conn = self.home.open_job(job)
@@ -44,7 +45,7 @@ class JobStopper:
         blobs: list[Any] = []
         if delete_checkpoints:
             blobs = self._job_blobs(job, conn)
-        result = {
+        result: LocalJobDeleted = {
             "name": job,
             "cluster": self.home.name,
             "dryRun": dry_run,
@@ -84,7 +85,7 @@ class JobStopper:
         finally:
             store.close()
 
-    def running_nodes(self) -> list[dict[str, Any]]:
+    def running_nodes(self) -> list[StoppedComponent]:
         """The live nodes (and in-process coordinators) of every job of the cluster: what deleting the cluster
         stops first."""
         jobs = self.home.jobs()

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from azext_elastictrain.core.errors import EvictionError
 from azext_elastictrain.core.eventlog.goodput import last_completed_step, outages, scale_ups, world_starts
@@ -22,7 +22,7 @@ def trained_again(events: list[dict[str, Any]], since: float) -> bool:
     return bool(restored) and any(e.get("event") == "progress" and e["time"] > restored[0] for e in events)
 
 
-def follow_recovery(read_events: Any, job: str, eviction: dict[str, Any], timeout: float = RECOVERY_TIMEOUT,
+def follow_recovery(read_events: Any, job: str, eviction: Mapping[str, Any], timeout: float = RECOVERY_TIMEOUT,
                     sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
     """After an eviction: the job's outage (``core.eventlog.goodput.outages``: from the old world's last completed step
     to the new world's first completed step) and the steps it lost, once the new world completed a step; also

@@ -11,10 +11,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Generic, Iterable, Literal, Mapping, NotRequired, TypedDict, TypeVar
 
 from azext_elastictrain.core.eventlog import events as job_events
 from azext_elastictrain.core.eventlog import goodput as job_goodput
+from azext_elastictrain.core.launched import Launched
 
 
 def iso_time(epoch: float | None, *, millis: bool = False) -> str | None:
@@ -35,8 +36,93 @@ def parse_iso(timestamp: str | None) -> float | None:
         return None
 
 
+class LocalJobNode(TypedDict):
+    """A node of a local job: its torchrun agent."""
+
+    name: str
+    pid: int
+    alive: bool
+    status: str  # Running | Evicted | Exited
+    log: str
+
+
+class AksWorker(TypedDict):
+    """A worker pod of a job on AKS, and the node it runs on (None: gone, or not scheduled yet)."""
+
+    pod: str | None
+    rank: int
+    node: str | None
+    pool: str | None
+    spot: bool | None
+    phase: str
+    status: str
+    alive: bool
+    restarts: int
+    reason: str | None
+    started: str | None
+
+
+#: A job's nodes, as its backend shows them: a local job's agents, or an AKS job's worker pods.
+Node = TypeVar("Node", LocalJobNode, AksWorker)
+
+
+class JobIdentity(TypedDict):
+    """Who a job is: the first keys of `job show`."""
+
+    name: str
+    cluster: str | None
+    type: Literal["local", "aks"]
+    namespace: NotRequired[str | None]  # AKS
+    engine: NotRequired[str]  # AKS
+
+
+class JobOwn(TypedDict, total=False):
+    """What only some `job show`s end with: a local job's folder; the AKS controller's status; what the job cost,
+    where the command prices it (operations/job.py, last)."""
+
+    stateDir: str
+    operator: dict[str, Any]  # the ElasticJob's (or batch/v1 Job's) conditions and counts (backends/aks/describe.py)
+    cost: dict[str, Any]  # core.prices.job_cost
+
+
+class _WorkerRestarts(TypedDict, total=False):
+    workerRestarts: int
+
+
+class _EventsError(TypedDict, total=False):
+    eventsError: str
+
+
+class JobShown(JobIdentity, Launched, _WorkerRestarts, JobOwn, _EventsError, Generic[Node]):
+    """`job show|list|wait` on either backend: who the job is (``JobIdentity``), its state, how it was launched
+    (core/launched.py), its progress and goodput, its nodes, then its backend's own keys."""
+
+    state: str
+    worldSize: int | None
+    step: int | None
+    samplesPerSecond: float | None
+    loss: float | None
+    lastCheckpointStep: int | None
+    lastCheckpointTime: str | None
+    failedCheckpoints: int
+    evictions: int
+    recoveries: int
+    scaleUps: int
+    goodput: float | None
+    stepsLost: int | None
+    timeLost: dict[str, float] | None  # rank-seconds lost, by cause
+    rankSeconds: dict[str, Any] | None
+    scaleUpTimes: list[dict[str, Any]]
+    outages: list[dict[str, Any]]
+    nodes: list[Node]
+
+
+LocalJobShown = JobShown[LocalJobNode]
+AksJobShown = JobShown[AksWorker]
+
+
 @dataclass(frozen=True)
-class JobView:  # pylint: disable=too-many-instance-attributes  # the `job show` fields
+class JobView(Generic[Node]):  # pylint: disable=too-many-instance-attributes  # the `job show` fields
     """What a job is doing, as `job show|list|wait` report it."""
 
     state: str
@@ -51,36 +137,33 @@ class JobView:  # pylint: disable=too-many-instance-attributes  # the `job show`
     recoveries: int
     scale_ups: int
     worker_restarts: int
-    nodes: list[Any] = field(default_factory=list)
+    nodes: list[Node] = field(default_factory=list)
     events_error: str | None = None
     goodput: dict[str, Any] | None = None  # core.eventlog.goodput.goodput of the run; None before it trained
     scale_up_times: list[Any] = field(default_factory=list)  # core.eventlog.goodput.scale_ups of the run
     outages: list[Any] = field(default_factory=list)  # core.eventlog.goodput.outages of the run
 
-    def describe(self, identity: dict[str, Any], launch: dict[str, Any], extra: dict[str, Any] | None = None,
-                 worker_restarts: bool = False) -> dict[str, Any]:
+    def describe(self, identity: JobIdentity, launch: Launched, extra: JobOwn | None = None,
+                 worker_restarts: bool = False) -> JobShown[Node]:
         """The `job show` object: who the job is, its state, how it was launched, its progress, its nodes,
         then whatever else its backend shows (``extra``)."""
-        shown = {**identity, "state": self.state, **launch,
-                 "worldSize": self.world_size, "step": self.step, "samplesPerSecond": self.samples_per_second,
-                 "loss": self.loss, "lastCheckpointStep": self.last_checkpoint_step,
-                 "lastCheckpointTime": iso_time(self.last_checkpoint_time),
-                 "failedCheckpoints": self.failed_checkpoints, "evictions": self.evictions,
-                 "recoveries": self.recoveries, "scaleUps": self.scale_ups,
-                 "goodput": self.goodput and self.goodput["goodput"],
-                 "stepsLost": self.goodput and self.goodput["stepsLost"],
-                 "timeLost": self.goodput and self.goodput["lostRankSeconds"],
-                 "rankSeconds": self.goodput and rank_seconds(self.goodput),
-                 "scaleUpTimes": [{**up, "nodeJoined": iso_time(up["nodeJoined"], millis=True)}
-                                  for up in self.scale_up_times],
-                 "outages": [shown_outage(o) for o in self.outages]}
-        if worker_restarts:
-            shown["workerRestarts"] = self.worker_restarts
-        shown["nodes"] = self.nodes
-        shown.update(extra or {})
-        if self.events_error:
-            shown["eventsError"] = self.events_error
-        return shown
+        restarts = _WorkerRestarts(workerRestarts=self.worker_restarts) if worker_restarts else _WorkerRestarts()
+        error = _EventsError(eventsError=self.events_error) if self.events_error else _EventsError()
+        goodput = self.goodput  # core.eventlog.goodput.goodput: None before the job trained, else every key
+        return {**identity, "state": self.state, **launch,
+                "worldSize": self.world_size, "step": self.step, "samplesPerSecond": self.samples_per_second,
+                "loss": self.loss, "lastCheckpointStep": self.last_checkpoint_step,
+                "lastCheckpointTime": iso_time(self.last_checkpoint_time),
+                "failedCheckpoints": self.failed_checkpoints, "evictions": self.evictions,
+                "recoveries": self.recoveries, "scaleUps": self.scale_ups,
+                "goodput": goodput["goodput"] if goodput else None,
+                "stepsLost": goodput["stepsLost"] if goodput else None,
+                "timeLost": goodput["lostRankSeconds"] if goodput else None,
+                "rankSeconds": rank_seconds(goodput) if goodput else None,
+                "scaleUpTimes": [{**up, "nodeJoined": iso_time(up["nodeJoined"], millis=True)}
+                                 for up in self.scale_up_times],
+                "outages": [shown_outage(o) for o in self.outages],
+                **restarts, "nodes": self.nodes, **(extra or JobOwn()), **error}
 
 
 def shown_outage(outage: dict[str, Any]) -> dict[str, Any]:
@@ -96,9 +179,9 @@ def rank_seconds(goodput: dict[str, Any]) -> dict[str, Any]:
     return {"useful": useful, "total": round(useful + sum(goodput["lostRankSeconds"].values()), 2)}
 
 
-def build_job_view(events: Iterable[dict[str, Any]], *, created: float | None, nodes: list[Any],
+def build_job_view(events: Iterable[dict[str, Any]], *, created: float | None, nodes: list[Node],
                    state_of: Callable[[dict[str, Any]], str], lost_nodes: Callable[[str], Iterable[Any]],
-                   events_error: str | None = None) -> JobView:
+                   events_error: str | None = None) -> JobView[Node]:
     """The view of the run that began at ``created`` (an earlier run of the same name kept its log).
 
     ``state_of(summary)``: the backend's state from the events' summary and what it sees running.
@@ -137,10 +220,13 @@ def read_job_events(read: Callable[[str], Iterable[dict[str, Any]]],
         return [], f"cannot read the job's events from the cluster's blob storage: {ex}"
 
 
-def wait_for_job(describe: Callable[[], dict[str, Any]], name: str, *, state: str | None, step: int | None,
+Shown = TypeVar("Shown", bound=Mapping[str, Any])
+
+
+def wait_for_job(describe: Callable[[], Shown], name: str, *, state: str | None, step: int | None,
                  world_size: int | None, timeout: float, interval: float, logs_hint: str,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float],
-                 None] = time.sleep) -> dict[str, Any]:
+                 None] = time.sleep) -> Shown:
     """Describe the job every ``interval`` seconds until it is in ``state`` (default Succeeded), reached
     ``step`` and/or trains at ``world_size``; ``NotReached`` when it ends without getting there or time runs out.
     ``logs_hint`` is the command that shows its logs."""
