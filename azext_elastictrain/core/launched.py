@@ -3,8 +3,8 @@ rendezvous, made here for both backends so that a job shows the same keys on eit
 test_backend_contract.py).
 
 Every field of ``JobSpec`` is shown under its camelCase name (``nodes`` as ``nodeCount``, the count it started
-with), so an option added to the spec is shown on both backends alike; ``Launched`` lists the keys for the type
-checker, and a test holds it to the spec's fields, so a new option is added there. The local backend records a
+with), so an option added to the spec is shown on both backends with no change here but its key in ``Launched``
+(for the type checker; a test holds that type to the spec's fields). The local backend records a
 job under the same names (backends/local/record.py) and shows the spec it reads back; the AKS backend reads the
 spec back from the job's manifest, as far as it can (backends/aks/describe.py). What only one backend has (local:
 an in-process job's coordinator; AKS: the image) it adds as its ``own``.
@@ -14,7 +14,7 @@ Pure and stdlib only.
 from __future__ import annotations
 
 from dataclasses import fields
-from typing import Any, Mapping, TypedDict
+from typing import Any, Mapping, TypedDict, cast
 
 from azext_elastictrain.core.launch import RECOVERY_IN_PROCESS
 from azext_elastictrain.core.spec import JobSpec
@@ -89,10 +89,8 @@ def launched(spec: JobSpec | Mapping[str, Any], *, created: str | None, checkpoi
     checkpoints, its rendezvous (none in process: each node is a world of its own), then the backend's ``own``."""
     shown = spec_fields(spec)
     in_process = shown["recovery"] == RECOVERY_IN_PROCESS
-    return {"created": created, "script": shown["script"], "minNodes": shown["minNodes"],
-            "maxNodes": shown["maxNodes"], "nodeCount": shown["nodeCount"], "nprocPerNode": shown["nprocPerNode"],
-            "scriptArgs": shown["scriptArgs"], "checkpointInterval": shown["checkpointInterval"],
-            "checkpointIntervalSeconds": shown["checkpointIntervalSeconds"], "keep": shown["keep"],
-            "memoryTier": shown["memoryTier"], "warmStart": shown["warmStart"], "recovery": shown["recovery"],
-            "env": shown["env"], "checkpointUrl": checkpoint_url, "rdzvId": None if in_process else rdzv_id,
-            **(own or LaunchedOwn())}
+    del shown["name"]
+    # One key per spec field, by the loop (an option added to the spec is shown with no change here); the type
+    # names them for the checker, and tests/unit/test_backend_contract.py holds it to the spec's fields.
+    return cast(Launched, {"created": created, **shown, "checkpointUrl": checkpoint_url,
+                           "rdzvId": None if in_process else rdzv_id, **(own or {})})
