@@ -23,7 +23,7 @@ EXTRAS = {
         "azure-storage-blob>=12.19",
         "azure-identity>=1.15",
         "python-etcd>=0.4.5",  # torchrun's etcd-v2 rendezvous backend
-        "xxhash>=3.0",  # the memory tier's checksum (runtime/rescue.py): xxh3-64, ~3x zlib's CRC32 here
+        "xxhash>=3.0",  # the memory tier's checksum (runtime/memory_tier.py): xxh3-64, ~3x zlib's CRC32 here
         "numpy",
         "scikit-learn",
         "torchft==0.2.0",  # the in-process recovery mode (runtime/replicas.py): quorum, in-place re-form, peer healing

@@ -198,7 +198,7 @@ def load_arguments(self: ElasticTrainCommandsLoader, _: str) -> None:
         c.argument("keep", type=int, options_list=["--keep"],
                    help="Complete checkpoints to keep (default 3); older ones go once a newer one is committed.")
         c.argument("memory_tier", options_list=["--memory-tier"],
-                   help="Node memory for the in-memory rescue tier (each node keeps the last completed step, "
+                   help="Node memory for the memory tier (each node keeps the last completed step, "
                         "twice: give twice the model + optimizer state or more), as a Kubernetes quantity, "
                         "e.g. 8Gi; or 'off'. On AKS the sizeLimit of a memory-backed emptyDir, which counts "
                         "against the pod's memory. Locally the tier uses /dev/shm; only 'off' matters there.")

@@ -26,10 +26,11 @@ ENV_VM_NAME = "ELASTICTRAIN_VM_NAME"
 ENV_NODE_NAME = "ELASTICTRAIN_NODE_NAME"
 ENV_PREEMPTION_STATE = "ELASTICTRAIN_PREEMPTION_STATE"
 ENV_PREEMPTION_POLL_SECONDS = "ELASTICTRAIN_PREEMPTION_POLL_SECONDS"
-# The memory tier (runtime/rescue.py): on by default, each completed step kept in node-local shared memory
+# The memory tier (runtime/memory_tier.py): on by default, each completed step kept in node-local shared memory
 # (the training thread copies the state; a thread of its own checksums and commits it); "off" turns it off.
 # Where it lives: /dev/shm by default; on AKS a memory-backed emptyDir mounted there (core/aks/manifests.py).
-ENV_MEMORY_RESCUE = "ELASTICTRAIN_MEMORY_RESCUE"
+ENV_MEMORY_TIER = "ELASTICTRAIN_MEMORY_TIER"
+ENV_MEMORY_TIER_FORMER = "ELASTICTRAIN_MEMORY_RESCUE"  # its former name: still read, after the new one
 ENV_MEMORY_DIR = "ELASTICTRAIN_MEMORY_DIR"
 # A file that exists once the node itself is going (its pod deleted: a preStop hook makes it; a local node
 # stopped: the backend does). A SIGTERM then is not a re-form the node survives, so the step is saved to blob

@@ -105,11 +105,13 @@ class NodeRange(Codec[tuple[int, int]]):
 
 
 def _setting(env: str, default: Any, codec: Codec[Any], *, can_be_off: bool = False,
-             aliases: tuple[str, ...] = ()) -> Any:
-    """A field of RuntimeSettings: read from ``env`` (an alias first, where one is set); ``can_be_off``: the
-    value ``off`` turns a setting that is on by default off (None). A None default means unset (not written)."""
+             aliases: tuple[str, ...] = (), former: tuple[str, ...] = ()) -> Any:
+    """A field of RuntimeSettings: read from ``env`` (an alias first, where one is set; a ``former`` name of
+    ``env`` after it); ``can_be_off``: the value ``off`` turns a setting that is on by default off (None). A None
+    default means unset (not written)."""
     # pylint: disable-next=invalid-field-call  # a field made for RuntimeSettings' class body, where it is used
-    return field(default=default, metadata={"env": env, "codec": codec, "off": can_be_off, "aliases": aliases})
+    return field(default=default, metadata={"env": env, "codec": codec, "off": can_be_off, "aliases": aliases,
+                                            "former": former})
 
 
 @dataclass(frozen=True)
@@ -126,8 +128,8 @@ class RuntimeSettings:  # pylint: disable=too-many-instance-attributes  # one fi
     progress_seconds: float = _setting(launch.ENV_PROGRESS_SECONDS, 10.0, Seconds(zero=True))
     # After acknowledging a preemption notice, how long a node waits for its VM to go before training on.
     hold_seconds: float = _setting(launch.ENV_PREEMPTION_HOLD_SECONDS, 60.0, Seconds(zero=True))
-    # The node-memory tier (runtime/rescue.py).
-    memory_tier: bool = _setting(launch.ENV_MEMORY_RESCUE, True, Switch())
+    # The node-memory tier (runtime/memory_tier.py).
+    memory_tier: bool = _setting(launch.ENV_MEMORY_TIER, True, Switch(), former=(launch.ENV_MEMORY_TIER_FORMER,))
     # How a job survives a membership change (launch.RECOVERY_MODES).
     recovery: str = _setting(launch.ENV_RECOVERY, launch.RECOVERY_RESTART, Choice(launch.RECOVERY_MODES))
     # The job's nodes range: the data layout is checked against every world it may run at (None: unknown).
@@ -180,7 +182,7 @@ class RuntimeSettings:  # pylint: disable=too-many-instance-attributes  # one fi
         arguments; None there means "not given"). Raises ValueError naming the variable and what to give."""
         found: dict[str, Any] = {}
         for item in fields(cls):
-            for name in (*item.metadata["aliases"], item.metadata["env"]):
+            for name in (*item.metadata["aliases"], item.metadata["env"], *item.metadata["former"]):
                 raw = str(environ.get(name) or "").strip()
                 if raw:
                     meta = dict(item.metadata, env=name)

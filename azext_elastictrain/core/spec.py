@@ -15,7 +15,7 @@ from azext_elastictrain.core.launch import (
 from azext_elastictrain.core.settings import DEFAULTS, RuntimeSettings
 
 LOCAL_CLUSTER_DEFAULT = "local"
-# The in-memory rescue tier keeps two copies of each node's state (runtime/rescue.py): the default leaves room
+# The memory tier keeps two copies of each node's state (runtime/memory_tier.py): the default leaves room
 # for a 4 GiB model + optimizer state. On AKS it is the sizeLimit of a memory-backed emptyDir, which counts
 # against the pod's memory; a tier that does not fit turns itself off (the runtime logs it), blob stands.
 DEFAULT_MEMORY_TIER = "8Gi"
@@ -64,7 +64,7 @@ class JobSpec:  # pylint: disable=too-many-instance-attributes  # one field per 
     checkpoint_interval: int | None = None
     checkpoint_interval_seconds: float | None = None
     keep: int = DEFAULTS.keep
-    # The in-memory rescue tier: "off", or the node memory it may use (a Kubernetes quantity: on AKS the
+    # The memory tier: "off", or the node memory it may use (a Kubernetes quantity: on AKS the
     # sizeLimit of the memory-backed emptyDir it lives in).
     memory_tier: str = DEFAULT_MEMORY_TIER
     # Workers fork from the node's warm server, which imported torch once (runtime/warm.py); False: each
@@ -200,8 +200,8 @@ def validate_memory_tier(value: str) -> None:
         return
     match = _QUANTITY.fullmatch(value or "")
     if not match or float(match[1]) <= 0:
-        raise SpecError(f"--memory-tier {value!r} is neither 'off' nor a size: give the node memory the in-memory "
-                        "rescue tier may use as a Kubernetes quantity, twice the model and optimizer state or more "
+        raise SpecError(f"--memory-tier {value!r} is neither 'off' nor a size: give the node memory the memory "
+                        "tier may use as a Kubernetes quantity, twice the model and optimizer state or more "
                         "(e.g. 8Gi, 512Mi), or 'off'")
 
 

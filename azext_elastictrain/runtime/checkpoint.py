@@ -38,7 +38,7 @@ newcomer can read (and test) alone. None imports this module or another's caller
 - runtime/saving.py       the blob save: snapshot on the training thread, upload and commit in the background,
                           retention;
 - runtime/restoring.py    restore: the newest provable state from memory, a peer or blob, on every rank;
-- runtime/memory.py       the node's memory tier (runtime/rescue.py) kept at each step;
+- runtime/memory.py       the node's memory tier (runtime/memory_tier.py) kept at each step;
 - runtime/reporting.py    the event log's events, progress and the step the job got to (runtime/progress.py);
 - runtime/loops/          the recovery mode's loop of ``steps()``/``batches()``, chosen once as the Checkpointer is
                           made: restart.py (torchrun restarts the workers), in_process.py (a per-step quorum);
@@ -57,13 +57,14 @@ from typing import Any, Generic, Iterable, Iterator, Mapping, TypeVar, cast, ove
 from azext_elastictrain.core import catalog, launch
 from azext_elastictrain.core.blobstore import BlobStore
 from azext_elastictrain.core.settings import DEFAULTS, RuntimeSettings
-from azext_elastictrain.runtime import progress, rescue
+from azext_elastictrain.runtime import progress
 from azext_elastictrain.runtime.collectives import Collectives
 from azext_elastictrain.runtime.data import ElasticSampler
 from azext_elastictrain.runtime.errors import CheckpointError, FencedError
 from azext_elastictrain.runtime.loop import samplers_in
 from azext_elastictrain.runtime.loops import LoopParts, TrainingLoop, for_mode
 from azext_elastictrain.runtime.memory import MemoryKeeper
+from azext_elastictrain.runtime.memory_tier import MemoryTier
 from azext_elastictrain.runtime.reporting import Reporter
 from azext_elastictrain.runtime.restoring import Restorer
 from azext_elastictrain.runtime.saving import BlobSaver
@@ -136,7 +137,8 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
         thread_count: int = 1,
         grace_seconds: float = catalog.DEFAULT_GRACE_SECONDS,
         hold_seconds: float = DEFAULTS.hold_seconds,
-        memory_rescue: bool = True,
+        memory_tier: bool = True,
+        memory_rescue: bool | None = None,  # memory_tier's former name, still taken
         sigterm_wait_seconds: float = 5.0,
         settings: RuntimeSettings | None = None,
     ):
@@ -167,7 +169,8 @@ class Checkpointer:  # pylint: disable=too-many-instance-attributes  # the facad
                                   progress_seconds=progress_seconds)
         self._saver = BlobSaver(store, self.job_prefix, self._ranks, self._reporter, keep=keep,
                                 thread_count=thread_count, grace_seconds=grace_seconds)
-        tier = rescue.MemoryTier.from_env(self.job_prefix) if memory_rescue else None
+        keeps = memory_tier if memory_rescue is None else memory_rescue
+        tier = MemoryTier.from_env(self.job_prefix) if keeps else None
         self._memory = MemoryKeeper(tier, writer=self.local_rank == 0) if tier is not None else None
         self._restorer = Restorer(store, self.job_prefix, self._ranks, self._reporter, memory=self._memory,
                                   verify=verify)

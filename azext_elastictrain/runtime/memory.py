@@ -1,4 +1,4 @@
-"""The Checkpointer's driver of the memory tier (runtime/rescue.py): keep each completed step in node memory.
+"""The Checkpointer's driver of the memory tier (runtime/memory_tier.py): keep each completed step in node memory.
 
 One writer per node (local rank 0) keeps the state of the last completed step in node-local shared memory:
 captured on the training thread at ``step()``, committed by a thread of its own, at most one commit in flight.
@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import torch
 
-from azext_elastictrain.runtime import entries, rescue
+from azext_elastictrain.runtime import entries, memory_tier
 from azext_elastictrain.runtime.errors import CheckpointError
 from azext_elastictrain.runtime.state import StateError, json_tensor, modules_in, optimizers_in
 
@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 class MemoryKeeper:
     """This worker's side of its node's memory tier: the writer (local rank 0) keeps steps, every rank reads."""
 
-    def __init__(self, tier: rescue.MemoryTier, *, writer: bool):
+    def __init__(self, tier: memory_tier.MemoryTier, *, writer: bool):
         self.tier = tier
         self._keeper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="elastictrain-memory") if writer else None
         self._keeping: Future[None] | None = None
@@ -52,14 +52,14 @@ class MemoryKeeper:
         self.kept()
         try:
             tree = entries.tree(state)
-            if not rescue.is_replicated(tree.flat):
+            if not memory_tier.is_replicated(tree.flat):
                 return
             flat = {k: v if isinstance(v, torch.Tensor) else json_tensor(v, k) for k, v in tree.flat.items()}
             flat[entries.STEP_KEY] = json_tensor(step, entries.STEP_KEY)
             capture = self.tier.capture(step, world_size, flat, self._stepped_only(state))
             self._aside = capture.aside
         except OSError as ex:  # no room (ENOSPC) or no shared memory: the tier is off for this worker
-            log.warning("the in-memory rescue tier is off for this worker: cannot keep step %d in %s: %s",
+            log.warning("the memory tier is off for this worker: cannot keep step %d in %s: %s",
                         step, self.tier.directory, ex)
             self._keeper.shutdown(wait=False)
             self._keeper = None
@@ -102,7 +102,7 @@ class MemoryKeeper:
         if self._aside is not None:
             self._aside.synchronize()
 
-    def _commit(self, capture: rescue.Capture) -> None:
+    def _commit(self, capture: memory_tier.Capture) -> None:
         self.tier.commit(capture)
         self.memory_step = capture.step
 
@@ -118,12 +118,12 @@ class MemoryKeeper:
                 log.warning("could not keep a step in memory: %s", ex)
         return self.memory_step
 
-    def read(self) -> "rescue.MemoryCopy | None":
+    def read(self) -> "memory_tier.MemoryCopy | None":
         """The node's newest whole copy (the commit in flight finished first), or None."""
         self.kept()
         return self.tier.read()
 
-    def parse(self, raw: Any) -> rescue.MemoryCopy:
+    def parse(self, raw: Any) -> memory_tier.MemoryCopy:
         return self.tier.parse(raw)
 
     def discard(self) -> None:

@@ -18,7 +18,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from azext_elastictrain.core import catalog, layout
 from azext_elastictrain.core.blobstore import BlobStore
-from azext_elastictrain.runtime import entries, progress, rescue
+from azext_elastictrain.runtime import entries, memory_tier, progress
 from azext_elastictrain.runtime.collectives import Collectives
 from azext_elastictrain.runtime.errors import CheckpointError, cause, failure_text
 from azext_elastictrain.runtime.memory import MemoryKeeper
@@ -161,7 +161,7 @@ class Restorer:  # pylint: disable=too-few-public-methods  # one job: restore
         copy = self.memory.read()
         # Only with a copy to load: looking at a fresh optimizer's state initialises it.
         tree = entries.tree(state) if copy is not None else None
-        if tree is not None and not rescue.is_replicated(tree.flat):
+        if tree is not None and not memory_tier.is_replicated(tree.flat):
             copy = None  # sharded: one node's copy is not the whole state
         offers: list[tuple[int, int]] = self.ranks.all_gather((copy.step, copy.checksum) if copy else (-1, 0))
         best = max(step for step, _ in offers)
@@ -181,7 +181,7 @@ class Restorer:  # pylint: disable=too-few-public-methods  # one job: restore
         if self.ranks.all_reduce_max([outcome])[0] != LOADED:
             log.warning("the in-memory state of step %d is not usable on every rank; restoring from blob", best)
             return None
-        shared = cast(rescue.MemoryCopy, shared)  # every rank loaded it: this one's share did not fail
+        shared = cast(memory_tier.MemoryCopy, shared)  # every rank loaded it: this one's share did not fail
         seconds = time.monotonic() - started
         if self.ranks.rank == 0:
             log.info("restored step %d from memory (holder rank %d) in %.2fs", best, holder, seconds)
@@ -191,20 +191,20 @@ class Restorer:  # pylint: disable=too-few-public-methods  # one job: restore
                                world_size=self.ranks.world_size, saved_world_size=shared.world_size)
         return best
 
-    def _share(self, own: "rescue.MemoryCopy | None", holder: int) -> rescue.MemoryCopy:
+    def _share(self, own: "memory_tier.MemoryCopy | None", holder: int) -> memory_tier.MemoryCopy:
         """The holder's copy on every rank: sent as bytes, parsed (checksum checked) where it arrives."""
         raw = self.ranks.broadcast_bytes(own.raw if own is not None else None, holder)
         if own is not None and raw is own.raw:
             return own  # this node holds the same bytes (its checksum was the one agreed on)
         return cast(MemoryKeeper, self.memory).parse(raw)  # _from_memory shares only with a memory tier
 
-    def _load_memory(self, copy: rescue.MemoryCopy, tree: StateTree, wanted: tuple[int, int]) -> int:
-        if not rescue.is_replicated(tree.flat):
+    def _load_memory(self, copy: memory_tier.MemoryCopy, tree: StateTree, wanted: tuple[int, int]) -> int:
+        if not memory_tier.is_replicated(tree.flat):
             return UNREADABLE
         if (copy.step, copy.checksum) != wanted:
             log.warning("the in-memory state received is not the one agreed on")
             return UNREADABLE
-        reader = rescue.MemoryStateReader(copy.tensors)
+        reader = memory_tier.MemoryStateReader(copy.tensors)
         forget_absent_optimizer_states(tree, reader)
         flat = dict(tree.flat)
         mine = entries.rng_prefix(self.ranks.rank)

@@ -63,7 +63,7 @@ BASE_IMPORTS = (
     "torch", "torch.nn", "torch.nn.functional", "torch.optim", "torch.utils.data", "torch.distributed",
     "torch.distributed.checkpoint.state_dict", "torch.nn.parallel",
     "azext_elastictrain.runtime.checkpoint", "azext_elastictrain.runtime.state",
-    "azext_elastictrain.runtime.data", "azext_elastictrain.runtime.rescue",
+    "azext_elastictrain.runtime.data", "azext_elastictrain.runtime.memory_tier",
     "azext_elastictrain.runtime.preemption", "azext_elastictrain.runtime.progress",
 )
 # Set by torchrun for one round of one worker: never in the server's environment while it imports.

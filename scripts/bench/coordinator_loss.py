@@ -74,7 +74,7 @@ def run(mode: str, args: argparse.Namespace, azurite, container: str, logs: Path
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("ELASTICTRAIN_")},
            "ELASTICTRAIN_RECOVERY": "in-process", "TORCHFT_LIGHTHOUSE": coordinator.address,
            "ELASTICTRAIN_REPLICA_HOST": "127.0.0.1", "ELASTICTRAIN_SCHEDULED_EVENTS_URL": "off",
-           launch.ENV_JOB_SECRET: uuid.uuid4().hex, "ELASTICTRAIN_MEMORY_RESCUE": "off",
+           launch.ENV_JOB_SECRET: uuid.uuid4().hex, "ELASTICTRAIN_MEMORY_TIER": "off",
            "ELASTICTRAIN_WARM_START": "off", launch.ENV_REPLICA_TIMEOUT: f"{launch.LOCAL.replica_timeout_seconds:g}",
            "ELASTICTRAIN_CHECKPOINT_URL": f"{azurite.blob_endpoint}/{container}/{mode}-{uuid.uuid4().hex[:6]}",
            "AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string, "OMP_NUM_THREADS": "1",

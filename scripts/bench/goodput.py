@@ -14,8 +14,8 @@ interleaved per repetition:
               in-process: each node a torchrun --standalone world, the job's
               coordinator started as job run --local starts it)
   ours        our runtime, tuned rendezvous, checkpoint every 25 steps,
-              in-memory rescue on (ELASTICTRAIN_MEMORY_RESCUE=on)
-  rescue-off  the same with ELASTICTRAIN_MEMORY_RESCUE=off (blob only)
+              memory tier on (ELASTICTRAIN_MEMORY_TIER=on)
+  tier-off  the same with ELASTICTRAIN_MEMORY_TIER=off (blob only)
   cold        (only with --configs) ours with workers started cold, not
               forked from the node's warm server (runtime/warm.py)
   baseline    plain torchrun: default rendezvous settings, a checkpoint once
@@ -68,7 +68,7 @@ WORKLOAD_ARGS = ["--step-delay", "0.05"]
 STEPS_PER_EPOCH = 4096 // 64  # readme_loop.py's defaults: samples // global batch
 CONFIGS = {
     "ours": {"notice": True, "rdzv": TUNED_RDZV_CONF, "every": 25, "memory_tier": True, "warm": True},
-    "rescue-off": {"notice": True, "rdzv": TUNED_RDZV_CONF, "every": 25, "memory_tier": False, "warm": True},
+    "tier-off": {"notice": True, "rdzv": TUNED_RDZV_CONF, "every": 25, "memory_tier": False, "warm": True},
     "baseline": {"notice": False, "rdzv": DEFAULT_RDZV_CONF, "every": STEPS_PER_EPOCH, "memory_tier": False,
                  "warm": False},
 }
@@ -77,7 +77,7 @@ CONFIGS["cold"] = dict(CONFIGS["ours"], warm=False)
 # Workers that outlive a re-form (job run --recovery in-process): each node a torchrun --standalone world, a
 # coordinator per job (started as job run --local starts it); the same checkpoints, memory tier and notice.
 CONFIGS["in-process"] = dict(CONFIGS["ours"], recovery=launch.RECOVERY_IN_PROCESS)
-DEFAULT_CONFIGS = ("in-process", "ours", "rescue-off", "baseline")
+DEFAULT_CONFIGS = ("in-process", "ours", "tier-off", "baseline")
 # The ratio of every figure is to this config's in the same run: today's restart mode.
 REFERENCE = "ours"
 FULL_SIZE = 2

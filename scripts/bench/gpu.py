@@ -8,7 +8,7 @@ The state: 1.56 billion fp32 parameters (GPT-2 XL's count, as square bias-free l
 moments after one step: 18.7 GB, on ``--device``. ``--tiny``: a few MB. Phases, each timed on its own and
 each failing alone (its error in the JSON):
 
-* ``snapshot``: the memory tier (runtime/rescue.py ``MemoryTier``) keeps the state in node memory: the capture
+* ``snapshot``: the memory tier (runtime/memory_tier.py ``MemoryTier``) keeps the state in node memory: the capture
   on the training thread (device-to-host copies queued on the copy stream, straight into the slot that CUDA
   page-locked, or into pinned buffers where it refuses: the blocking time), then the commit (the copies landed,
   checksummed, committed: the time to a committed copy, and its two parts: the device's copies landed, then the
@@ -99,12 +99,12 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
 def snapshot(state: dict[str, Any], memory_dir: str, repeats: int) -> dict[str, Any]:  # pylint: disable=too-many-locals
     import torch
 
-    from azext_elastictrain.runtime import entries, rescue
+    from azext_elastictrain.runtime import entries, memory_tier
 
     flat = {k: v for k, v in entries.tree(state).flat.items() if isinstance(v, torch.Tensor)}
     size = sum(t.numel() * t.element_size() for t in flat.values())
     with tempfile.TemporaryDirectory(dir=memory_dir) as directory:
-        tier = rescue.MemoryTier("gpu-bench", "run", directory)
+        tier = memory_tier.MemoryTier("gpu-bench", "run", directory)
         runs = []
         for i in range(repeats):
             # every tensor is a parameter or a moment: copied on the copy stream (runtime/memory.py decides so)
@@ -134,7 +134,7 @@ def overhead(state: dict[str, Any], device: str, tiny: bool, memory_dir: str, re
     each way. A step is timed to the training stream's end (its copy stream is not waited for)."""
     import torch
 
-    from azext_elastictrain.runtime import rescue
+    from azext_elastictrain.runtime import memory_tier
     from azext_elastictrain.runtime.memory import MemoryKeeper
 
     model, optimizer = state["model"], state["optimizer"]
@@ -158,7 +158,7 @@ def overhead(state: dict[str, Any], device: str, tiny: bool, memory_dir: str, re
         rows = max(2048, min(65536, int(rows * 1.2 / probe)))
     times: dict[str, list[float]] = {"plain": [], "kept": []}
     with tempfile.TemporaryDirectory(dir=memory_dir) as directory:
-        keeper = MemoryKeeper(rescue.MemoryTier("gpu-bench", "overhead", directory), writer=True)
+        keeper = MemoryKeeper(memory_tier.MemoryTier("gpu-bench", "overhead", directory), writer=True)
         try:
             step = 0
             for _ in range(2):  # both slots made, the pinned buffers allocated

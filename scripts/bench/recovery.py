@@ -158,12 +158,12 @@ def memory_vs_blob(mib: int, repeats: int, steps: int = 6) -> dict:
     checksum and commit all on the training thread: how the tier ran when it was opt-in) and ``async`` (the
     default: the training thread copies, a thread of its own checksums and commits)."""
     from azext_elastictrain.runtime.checkpoint import Checkpointer
-    from azext_elastictrain.runtime.rescue import MemoryTier
+    from azext_elastictrain.runtime.memory_tier import MemoryTier
 
     samples: dict[str, list[float]] = {"memory": [], "blob": []}
     for case in ("off", "sync", "async"):
         samples[f"hook_{case}"], samples[f"iteration_{case}"] = [], []
-    with tempfile.TemporaryDirectory(prefix="elastictrain-rescue-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="elastictrain-memory-tier-") as tmp:
         work = Path(tmp)
         memory_dir = Path("/dev/shm") if Path("/dev/shm").is_dir() else work
         memory_dir = Path(tempfile.mkdtemp(prefix="elastictrain-bench-", dir=memory_dir))
@@ -171,18 +171,18 @@ def memory_vs_blob(mib: int, repeats: int, steps: int = 6) -> dict:
         try:
             with start_azurite(work / "azurite") as blob:
                 blob.blob_service_client().create_container("bench")
-                url = f"{blob.blob_endpoint}/bench/rescue"
+                url = f"{blob.blob_endpoint}/bench/memory-tier"
                 store = BlobStore.from_url(url, connection_string=blob.connection_string)
                 state, train_step = state_of(mib)
                 tier = MemoryTier.from_env(store.prefix, env)
-                with Checkpointer(store, watcher=None, events=False, memory_rescue=False) as ckpt:
+                with Checkpointer(store, watcher=None, events=False, memory_tier=False) as ckpt:
                     ckpt.save(1, state, blocking=True)
                 for rep in range(repeats):
                     cases = ["off", "sync", "async"]
                     cases = cases[rep % 3:] + cases[:rep % 3]  # rotate: spread drift
                     for case in cases:
                         with _env(env), Checkpointer(store, watcher=None, events=False,
-                                                     memory_rescue=case != "off") as ckpt:
+                                                     memory_tier=case != "off") as ckpt:
                             for i in range(steps):
                                 started = time.perf_counter()
                                 train_step()
@@ -196,7 +196,7 @@ def memory_vs_blob(mib: int, repeats: int, steps: int = 6) -> dict:
                                     samples[f"iteration_{case}"].append(done - started)
                     for source in ("memory", "blob"):
                         with _env(env), Checkpointer(store, watcher=None, events=False,
-                                                     memory_rescue=source == "memory") as ckpt:
+                                                     memory_tier=source == "memory") as ckpt:
                             if source == "memory":  # the step's hook keeps the copy; no blob save is due
                                 ckpt.step(1, state)
                                 assert ckpt.kept_in_memory() == 1

@@ -32,7 +32,7 @@ def _config(azurite, etcd, container_url, final_path, name):
         # The blob path is what this proves (its checkpoint carries every rank's RNG state), and the second run
         # is another node: with the memory tier on, a SIGTERM whose step every node holds in memory saves
         # nothing to blob (a re-form resumes from memory), so a restart elsewhere would resume from step 30.
-        extra_env={"ELASTICTRAIN_MEMORY_RESCUE": "off"},
+        extra_env={"ELASTICTRAIN_MEMORY_TIER": "off"},
     )
 
 

@@ -72,8 +72,8 @@ def test_every_sample_is_trained_once_per_epoch_when_a_node_is_lost_without_noti
                      "--checkpoint-every", str(CHECKPOINT_EVERY), "--step-delay", "0.15", "--log-every", "50",
                      "--loader-workers", "2", "--sample-log", str(samples)],
         # From blob only: the steps past the checkpoint are lost and trained again, which is what this test
-        # needs (the memory tier would keep them: test_memory_rescue.py and the demo show that).
-        extra_env={"ELASTICTRAIN_MEMORY_RESCUE": "off"},
+        # needs (the memory tier would keep them: test_memory_tier_restore.py and the demo show that).
+        extra_env={"ELASTICTRAIN_MEMORY_TIER": "off"},
     )
     store = BlobStore.from_url(config.checkpoint_url, connection_string=azurite.connection_string)
     events = lambda: read_events(store, store.prefix)  # noqa: E731

@@ -75,7 +75,7 @@ def _restored_after(events, since: int) -> list[dict]:
 
 def test_survivor_resumes_from_last_committed_step_after_losing_a_node_without_notice(job):
     config, store, start = job
-    config.extra_env["ELASTICTRAIN_MEMORY_RESCUE"] = "off"  # blob is the fallback tested here
+    config.extra_env["ELASTICTRAIN_MEMORY_TIER"] = "off"  # blob is the fallback tested here
     a, b, events = _start_two(store, start)
     restored_before = len(events_of(events(), "restored"))
     committed_at_kill = max(_committed_steps(store))

@@ -105,7 +105,7 @@ def job(azurite: svc.AzuriteService, container_url: str, tmp_path: Path):
     env = {**base, "ELASTICTRAIN_RECOVERY": "in-process", "TORCHFT_LIGHTHOUSE": coordinator.address,
            "ELASTICTRAIN_REPLICA_HOST": "127.0.0.1", "ELASTICTRAIN_SCHEDULED_EVENTS_URL": "off",
            launch.ENV_JOB_SECRET: uuid.uuid4().hex,  # the state server's guard, as job run gives it
-           "ELASTICTRAIN_MEMORY_RESCUE": "off", "ELASTICTRAIN_WARM_START": "off",
+           "ELASTICTRAIN_MEMORY_TIER": "off", "ELASTICTRAIN_WARM_START": "off",
            launch.ENV_REPLICA_TIMEOUT: f"{launch.LOCAL.replica_timeout_seconds:g}",  # what a local job's nodes get
            "ELASTICTRAIN_CHECKPOINT_URL": f"{container_url}/job-{uuid.uuid4().hex[:6]}",
            "AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string, "OMP_NUM_THREADS": "1",
@@ -551,14 +551,14 @@ def test_steps_loop_alone_in_this_process(azurite, container_url, monkeypatch, t
     monkeypatch.setenv("TORCHFT_LIGHTHOUSE", coordinator.address)
     monkeypatch.setenv("ELASTICTRAIN_REPLICA_HOST", "127.0.0.1")
     monkeypatch.setenv(launch.ENV_JOB_SECRET, uuid.uuid4().hex)
-    monkeypatch.setenv("ELASTICTRAIN_MEMORY_RESCUE", "off")
+    monkeypatch.setenv("ELASTICTRAIN_MEMORY_TIER", "off")
     store = BlobStore.from_url(f"{container_url}/steps-{uuid.uuid4().hex[:6]}",
                                connection_string=azurite.connection_string)
     try:
         model = torch.nn.Linear(4, 2)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         state = {"model": model, "optimizer": optimizer}
-        ckpt = Checkpointer(store, watcher=None, memory_rescue=False)
+        ckpt = Checkpointer(store, watcher=None, memory_tier=False)
         seen = []
         for step in ckpt.steps(state, total=5):
             seen.append(step)

@@ -36,7 +36,7 @@ RANK_SCRIPT = textwrap.dedent(f"""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     state = {{"model": model, "optimizer": optimizer}}
     store = BlobStore.from_url(sys.argv[1], connection_string=sys.argv[2])
-    ckpt = Checkpointer(store, watcher=None, interval_steps=1, async_save=False, memory_rescue=False)
+    ckpt = Checkpointer(store, watcher=None, interval_steps=1, async_save=False, memory_tier=False)
     for step in ckpt.steps(state, total=10):
         if rank == 1 and step == {FREEZE_AT}:
             os.kill(os.getpid(), signal.SIGSTOP)  # vanished: frozen with its sockets open

@@ -26,7 +26,7 @@ class NoContainer:
 def _checkpointer(recovery: str = launch.RECOVERY_RESTART) -> Checkpointer:
     return Checkpointer(BlobStore(NoContainer(), prefix="facade-job"), keep=4, interval_steps=5,
                         interval_seconds=None, hold_seconds=7.0, verify=False, watcher=None, events=False,
-                        memory_rescue=False, sigterm_wait_seconds=2.0, progress_seconds=3.0, thread_count=2,
+                        memory_tier=False, sigterm_wait_seconds=2.0, progress_seconds=3.0, thread_count=2,
                         grace_seconds=11.0, settings=RuntimeSettings(recovery=recovery))
 
 
@@ -68,7 +68,7 @@ def test_the_step_hook_records_the_step_and_trains_on(ckpt: Checkpointer) -> Non
 
 def test_a_keep_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="keep must be at least 1"):
-        Checkpointer(BlobStore(NoContainer(), prefix="x"), keep=0, watcher=None, events=False, memory_rescue=False)
+        Checkpointer(BlobStore(NoContainer(), prefix="x"), keep=0, watcher=None, events=False, memory_tier=False)
 
 
 def test_a_hand_written_loop_is_refused_in_the_in_process_mode(in_process_ckpt: Checkpointer) -> None:
@@ -126,7 +126,7 @@ def test_batches_refuses_a_sampler_some_world_of_the_job_cannot_serve(monkeypatc
     world, and a scale-up would hand a rank an empty slice of the epoch's last batch, or an uneven one."""
     monkeypatch.setenv(launch.ENV_NODES, nodes)  # the job's settings are read as the Checkpointer is made
     monkeypatch.setenv("LOCAL_WORLD_SIZE", workers)
-    ckpt = Checkpointer(BlobStore(NoContainer(), prefix="x"), watcher=None, events=False, memory_rescue=False)
+    ckpt = Checkpointer(BlobStore(NoContainer(), prefix="x"), watcher=None, events=False, memory_tier=False)
     data = _Rows(size)
     sampler = ElasticSampler(data, global_batch_size=64)
     loader = torch.utils.data.DataLoader(data, batch_sampler=sampler)

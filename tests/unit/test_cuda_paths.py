@@ -1,5 +1,5 @@
 """The runtime's CUDA-aware paths, run on CPU where their logic needs no device: the memory tier's
-device-to-host copies through a fake of the copy stream (``rescue.PinnedCopies``, our own seam), and a free
+device-to-host copies through a fake of the copy stream (``memory_tier.PinnedCopies``, our own seam), and a free
 tensor restored onto its own device (DCP's placeholders). The peer transfer's device mapping is in
 test_peer_transfer.py, the cross-node backend's choice in test_replica_backend.py."""
 from __future__ import annotations
@@ -16,7 +16,7 @@ from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkStorageMetadata, TensorProperties,
                                                    TensorStorageMetadata)
 
-from azext_elastictrain.runtime import rescue
+from azext_elastictrain.runtime import memory_tier
 from azext_elastictrain.runtime.memory import MemoryKeeper
 from azext_elastictrain.runtime.planners import CheckingLoadPlanner, placeholder
 from azext_elastictrain.runtime.state import cuda_rng_states
@@ -52,7 +52,7 @@ class FakeEvent:  # pylint: disable=too-few-public-methods  # torch.cuda.Event's
         self.stream.run_until(self.position)
 
 
-class StreamCopies(rescue.PinnedCopies):
+class StreamCopies(memory_tier.PinnedCopies):
     """Every tensor treated as a device's; copies queued on a FakeStream (the training stream) or on a second
     one (the copy stream, ``aside``); plain host buffers, counted. Work the test does at once on the host stands
     for work queued after everything so far: ``wait_aside`` runs the copy stream up to the event at once."""
@@ -104,7 +104,7 @@ class LockedCopies(StreamCopies):
 
 
 def test_a_locked_slot_takes_the_copies_straight_in_without_pinned_buffers(tmp_path) -> None:
-    tier = rescue.MemoryTier("job", "run", tmp_path, node="n0")
+    tier = memory_tier.MemoryTier("job", "run", tmp_path, node="n0")
     stream = FakeStream()
     tier.copies = copies = LockedCopies(stream)
     live = {"w": torch.arange(8, dtype=torch.float32), "b": torch.ones(3, dtype=torch.bfloat16)}
@@ -125,8 +125,8 @@ def test_a_locked_slot_takes_the_copies_straight_in_without_pinned_buffers(tmp_p
     assert not copies.locked, "unlocked before the mappings go"
 
 
-def make_tier(tmp_path) -> tuple[rescue.MemoryTier, FakeStream, StreamCopies]:
-    tier = rescue.MemoryTier("job", "run", tmp_path, node="n0")
+def make_tier(tmp_path) -> tuple[memory_tier.MemoryTier, FakeStream, StreamCopies]:
+    tier = memory_tier.MemoryTier("job", "run", tmp_path, node="n0")
     stream = FakeStream()
     tier.copies = copies = StreamCopies(stream)
     return tier, stream, copies
@@ -161,7 +161,7 @@ def test_the_pinned_buffers_are_kept_from_one_capture_to_the_next_until_a_shape_
 
 
 def test_a_commit_without_device_tensors_waits_for_nothing(tmp_path) -> None:
-    tier = rescue.MemoryTier("job", "run", tmp_path, node="n0")
+    tier = memory_tier.MemoryTier("job", "run", tmp_path, node="n0")
     capture = tier.capture(1, 1, {"w": torch.ones(2)})
     assert not capture.events and capture.aside is None and not capture.pending
     tier.commit(capture)

@@ -45,7 +45,7 @@ def test_the_memory_tier_is_a_memory_backed_emptydir_with_a_size_limit_where_the
     mounts = {v["name"]: v["mountPath"] for v in container["volumeMounts"]}
     env = env_of(template)
     assert mounts[m.MEMORY_TIER_VOLUME] == env[launch.ENV_MEMORY_DIR] == launch.MEMORY_TIER_MOUNT
-    assert env[launch.ENV_MEMORY_RESCUE] == "on"
+    assert env[launch.ENV_MEMORY_TIER] == "on"
     validate(template)
 
 
@@ -74,7 +74,7 @@ def test_off_renders_no_volume_and_turns_the_runtime_tier_off(engine) -> None:
     template = pod_template(replace(JOB, memory_tier="off"), engine)
     assert m.MEMORY_TIER_VOLUME not in {v["name"] for v in template["spec"]["volumes"]}
     env = env_of(template)
-    assert env[launch.ENV_MEMORY_RESCUE] == "off" and launch.ENV_MEMORY_DIR not in env
+    assert env[launch.ENV_MEMORY_TIER] == "off" and launch.ENV_MEMORY_DIR not in env
     validate(template)
 
 

@@ -1,4 +1,4 @@
-"""The memory tier's driver alone, over the real tier (runtime/rescue.py) in a temporary directory."""
+"""The memory tier's driver alone, over the real tier (runtime/memory_tier.py) in a temporary directory."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from azext_elastictrain.runtime import entries, rescue
+from azext_elastictrain.runtime import entries, memory_tier
 from azext_elastictrain.runtime.memory import MemoryKeeper
 
 
@@ -18,8 +18,8 @@ def state(value: float) -> dict:
     return {"model": model, "meta": {"epoch": 2}}
 
 
-def tier(directory: Path) -> rescue.MemoryTier:
-    return rescue.MemoryTier("job-a", "run-1", directory, node="node-0")
+def tier(directory: Path) -> memory_tier.MemoryTier:
+    return memory_tier.MemoryTier("job-a", "run-1", directory, node="node-0")
 
 
 def test_the_writer_keeps_each_completed_step_and_the_node_reads_the_newest(tmp_path: Path) -> None:

@@ -59,7 +59,7 @@ def test_an_argument_wins_over_the_environment_which_wins_over_the_default() -> 
     (launch.ENV_PROGRESS_SECONDS, "nan", "a number of seconds, at least 0"),
     (launch.ENV_COLLECTIVE_TIMEOUT, "inf", "a number of seconds, more than 0"),
     (launch.ENV_PEER_TIMEOUT, "0", "a number of seconds, more than 0, or off"),
-    (launch.ENV_MEMORY_RESCUE, "maybe", "on or off"),
+    (launch.ENV_MEMORY_TIER, "maybe", "on or off"),
     (launch.ENV_RECOVERY, "restart-ish", "restart or in-process"),
     (launch.ENV_NODES, "4:2", "MIN:MAX nodes"),
     (launch.ENV_REPLICA_CHECK_STEPS, "-3", "a whole number, at least 1, or off"),
@@ -72,7 +72,7 @@ def test_a_bad_value_is_refused_naming_the_variable_and_what_to_give(name, raw, 
 
 def test_off_turns_off_only_what_is_on_by_default() -> None:
     off = RuntimeSettings.from_env({launch.ENV_PEER_TIMEOUT: "off", launch.ENV_REPLICA_CHECK_STEPS: "OFF",
-                                    launch.ENV_MEMORY_RESCUE: "off", launch.ENV_COORDINATOR_COAST: "off"})
+                                    launch.ENV_MEMORY_TIER: "off", launch.ENV_COORDINATOR_COAST: "off"})
     assert (off.peer_timeout_seconds, off.replica_check_steps, off.memory_tier, off.coordinator_coast) == \
         (None, None, False, False)
     with pytest.raises(ValueError, match=launch.ENV_CHECKPOINT_INTERVAL_STEPS):
@@ -112,7 +112,7 @@ def test_a_new_option_reaches_the_runtime_on_both_backends(tmp_path) -> None:
                        rdzv_id="job-1", job_dir=tmp_path).env({})
     assert pod[launch.ENV_CHECKPOINT_INTERVAL_SECONDS] == node[launch.ENV_CHECKPOINT_INTERVAL_SECONDS] == "90"
 
-    ckpt = Checkpointer.from_env(node, watcher=None, events=False, memory_rescue=False)
+    ckpt = Checkpointer.from_env(node, watcher=None, events=False, memory_tier=False)
     try:
         assert ckpt.interval_seconds == 90.0 and ckpt.settings.checkpoint_interval_seconds == 90.0
     finally:
@@ -130,3 +130,10 @@ def test_a_local_dry_run_shows_the_settings_the_runtime_will_read_and_not_the_sc
     shown = LocalBackend(tmp_path / "state", "local").plan_job(JobRequest(spec=spec)).shown
     assert RuntimeSettings.from_env(shown["settings"]) == spec.runtime_settings(launch.LOCAL)
     assert shown["settings"][launch.ENV_CHECKPOINT_INTERVAL_SECONDS] == "600" and "secret-value" not in str(shown)
+
+
+def test_the_memory_tiers_former_variable_is_still_read_after_its_name() -> None:
+    assert RuntimeSettings.from_env({"ELASTICTRAIN_MEMORY_RESCUE": "off"}).memory_tier is False
+    both = {"ELASTICTRAIN_MEMORY_TIER": "on", "ELASTICTRAIN_MEMORY_RESCUE": "off"}
+    assert RuntimeSettings.from_env(both).memory_tier is True, "the new name wins"
+    assert "ELASTICTRAIN_MEMORY_RESCUE" not in RuntimeSettings(memory_tier=False).to_env(), "written by its name"

@@ -152,7 +152,7 @@ def spec_of(job: dict[str, Any]) -> JobSpec | dict[str, Any]:
         "checkpoint_interval": setting(launch.ENV_CHECKPOINT_INTERVAL_STEPS, "checkpoint_interval_steps"),
         "checkpoint_interval_seconds": setting(launch.ENV_CHECKPOINT_INTERVAL_SECONDS, "checkpoint_interval_seconds"),
         "keep": setting(launch.ENV_KEEP, "keep"),
-        "memory_tier": _memory_tier(shape["template"], setting(launch.ENV_MEMORY_RESCUE, "memory_tier")),
+        "memory_tier": _memory_tier(shape["template"], setting(launch.ENV_MEMORY_TIER, "memory_tier")),
         "warm_start": args["warmStart"], "recovery": shape["recovery"], "env": _script_env(env),
     }
     try:

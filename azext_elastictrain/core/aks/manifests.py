@@ -535,7 +535,7 @@ def _memory_tier_on(job: JobSpec) -> bool:
 
 
 def _memory_tier_volumes(job: JobSpec) -> list[dict[str, Any]]:
-    """The memory tier's own memory-backed emptyDir (runtime/rescue.py: two copies of the node's state).
+    """The memory tier's own memory-backed emptyDir (runtime/memory_tier.py: two copies of the node's state).
 
     It outlives a worker process (torchrun restarts them in place), not the pod. Its pages count against the
     pod's memory; the sizeLimit bounds them (the kubelet evicts a pod whose emptyDir outgrows it, so the

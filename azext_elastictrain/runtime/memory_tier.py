@@ -268,7 +268,7 @@ def is_replicated(flat: dict[str, Any]) -> bool:
 
 
 def enabled(environ: Mapping[str, str] | None = None) -> bool:
-    """The memory tier is on unless ``ELASTICTRAIN_MEMORY_RESCUE`` says off."""
+    """The memory tier is on unless ``ELASTICTRAIN_MEMORY_TIER`` says off."""
     return RuntimeSettings.from_env(os.environ if environ is None else environ).memory_tier
 
 
@@ -289,7 +289,7 @@ class MemoryTier:
 
     @classmethod
     def from_env(cls, job_prefix: str, environ: Mapping[str, str] | None = None) -> "MemoryTier | None":
-        """The node's tier, or None if ``ELASTICTRAIN_MEMORY_RESCUE`` is off (it is on by default)."""
+        """The node's tier, or None if ``ELASTICTRAIN_MEMORY_TIER`` is off (it is on by default)."""
         env = os.environ if environ is None else environ
         if not enabled(env):
             return None

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from azext_elastictrain.runtime import rescue
+from azext_elastictrain.runtime import memory_tier
 from azext_elastictrain.runtime.state import json_tensor
 
 JOB = "jobs/alpha"
@@ -24,8 +24,8 @@ def state(step: int) -> dict[str, torch.Tensor]:
     }
 
 
-def tier(directory: Path, job: str = JOB, run: str = "run-1") -> rescue.MemoryTier:
-    return rescue.MemoryTier(job, run, directory)
+def tier(directory: Path, job: str = JOB, run: str = "run-1") -> memory_tier.MemoryTier:
+    return memory_tier.MemoryTier(job, run, directory)
 
 
 def at(raw: bytes | bytearray, where: int) -> int:
@@ -33,7 +33,7 @@ def at(raw: bytes | bytearray, where: int) -> int:
     return where if where >= 0 else len(bytes(raw).rstrip(b"\0")) + where
 
 
-def newest(memory: rescue.MemoryTier) -> Path:
+def newest(memory: memory_tier.MemoryTier) -> Path:
     path = memory.newest_path()
     assert path is not None
     return path
@@ -126,13 +126,13 @@ def test_a_corrupted_copy_is_refused(tmp_path: Path, where: int) -> None:
 @pytest.mark.parametrize("where", [100, 700, -200])
 def test_a_corrupted_chunk_is_refused_whichever_chunk_it_is(
         tmp_path: Path, where: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(rescue, "CHUNK", 256)  # the copy in several chunks, hashed on several threads
+    monkeypatch.setattr(memory_tier, "CHUNK", 256)  # the copy in several chunks, hashed on several threads
     memory = tier(tmp_path)
     memory.keep(7, 2, state(7))
     assert memory.read() is not None
     path = newest(memory)
     raw = bytearray(path.read_bytes())
-    assert len(raw) > 3 * rescue.CHUNK
+    assert len(raw) > 3 * memory_tier.CHUNK
     raw[at(raw, where)] ^= 0x40
     path.write_bytes(raw)
     assert memory.read() is None
@@ -174,17 +174,17 @@ def test_a_copy_from_an_earlier_run_of_the_same_job_is_refused(tmp_path: Path) -
 
 
 def test_sharded_tensors_are_not_replicated() -> None:
-    assert rescue.is_replicated({"a": torch.zeros(2), "b": 3})
+    assert memory_tier.is_replicated({"a": torch.zeros(2), "b": 3})
 
     class Shard(torch.Tensor):  # stands for a tensor subclass (DTensor, ShardedTensor): one rank's part
         pass
 
-    assert not rescue.is_replicated({"a": torch.zeros(2).as_subclass(Shard)})
+    assert not memory_tier.is_replicated({"a": torch.zeros(2).as_subclass(Shard)})
 
 
-def test_memory_rescue_is_on_by_default_and_can_be_turned_off() -> None:
-    memory = rescue.MemoryTier.from_env(JOB, {"TORCHELASTIC_RUN_ID": "r", "ELASTICTRAIN_MEMORY_DIR": "/x"})
+def test_the_memory_tier_is_on_by_default_and_can_be_turned_off() -> None:
+    memory = memory_tier.MemoryTier.from_env(JOB, {"TORCHELASTIC_RUN_ID": "r", "ELASTICTRAIN_MEMORY_DIR": "/x"})
     assert memory is not None and memory.run_id == "r" and all(str(p.parent) == "/x" for p in memory.paths)
-    assert rescue.MemoryTier.from_env(JOB, {"ELASTICTRAIN_MEMORY_RESCUE": "on"}) is not None
+    assert memory_tier.MemoryTier.from_env(JOB, {"ELASTICTRAIN_MEMORY_TIER": "on"}) is not None
     for off in ("off", "OFF", "0", "false"):
-        assert rescue.MemoryTier.from_env(JOB, {"ELASTICTRAIN_MEMORY_RESCUE": off}) is None
+        assert memory_tier.MemoryTier.from_env(JOB, {"ELASTICTRAIN_MEMORY_TIER": off}) is None

@@ -20,7 +20,7 @@ import torch.multiprocessing as mp
 
 from azext_elastictrain.core.eventlog import events as core_events
 from azext_elastictrain.core.blobstore import BlobStore
-from azext_elastictrain.runtime import rescue
+from azext_elastictrain.runtime import memory_tier
 from harness import services as svc
 from tests.support.states import assert_identical
 
@@ -48,7 +48,7 @@ def train(ckpt: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer, s
         optimizer.step()
         ckpt.step(step, state)
         assert ckpt.kept_in_memory() == step  # committed by the keeper thread
-        shutil.copy(rescue.MemoryTier(PREFIX, RUN, memory).newest_path(), out / f"rank{rank}-step{step}.state")
+        shutil.copy(memory_tier.MemoryTier(PREFIX, RUN, memory).newest_path(), out / f"rank{rank}-step{step}.state")
         if rank == 0 and step in (INTERVAL, STEPS):
             torch.save(full_state(model, optimizer), out / f"full-{step}.pt")
     ckpt.wait()
@@ -65,7 +65,7 @@ def worker(rank: int, port: int, url: str, connection_string: str, dirs: list[st
     os.environ.pop("ELASTICTRAIN_NODE_NAME", None)
     os.environ.update({"GLOO_SOCKET_IFNAME": "lo", "ELASTICTRAIN_SCHEDULED_EVENTS_URL": "off", "LOCAL_RANK": "0",
                        "ELASTICTRAIN_MEMORY_DIR": dirs[rank], "TORCHELASTIC_RUN_ID": run_id})
-    os.environ.pop("ELASTICTRAIN_MEMORY_RESCUE", None)  # on by default
+    os.environ.pop("ELASTICTRAIN_MEMORY_TIER", None)  # on by default
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=len(dirs))
     torch.manual_seed(0 if action == "train" else 999)  # a restore starts from other weights
     from torch import nn
@@ -117,7 +117,7 @@ def node(tmp_path: Path, name: str, copy: Path | None) -> Path:
     directory = tmp_path / name
     directory.mkdir()
     if copy is not None:
-        shutil.copy(copy, rescue.MemoryTier(PREFIX, RUN, directory).paths[0])
+        shutil.copy(copy, memory_tier.MemoryTier(PREFIX, RUN, directory).paths[0])
     return directory
 
 
@@ -182,9 +182,9 @@ def test_a_corrupted_copy_is_not_loaded(trained, azurite, tmp_path) -> None:
 
 def test_a_copy_from_another_job_is_not_loaded(trained, azurite, tmp_path) -> None:
     url, out = trained
-    copy = rescue.MemoryTier(PREFIX, RUN, out / "node0").read()
+    copy = memory_tier.MemoryTier(PREFIX, RUN, out / "node0").read()
     assert copy is not None
-    other = rescue.MemoryTier("other-job", RUN, tmp_path / "other")
+    other = memory_tier.MemoryTier("other-job", RUN, tmp_path / "other")
     other.keep(copy.step, copy.world_size, copy.tensors)
     result, event = restore(trained, azurite, tmp_path, [str(other.newest_path())] * 2)
     expect(result, trained, INTERVAL)
