@@ -97,7 +97,8 @@ def main() -> int:
                 next(model.parameters()).add_(1e-3)
             os.remove(perturb)
             print(json.dumps({"perturbed": step}), flush=True)
-        print(json.dumps({"verdict": step, "committed": committed}), flush=True)
+        after = torch.cat([p.detach().reshape(-1) for p in model.parameters()])  # (a comparison's first difference)
+        print(json.dumps({"verdict": step, "committed": committed, "params": after.tolist()}), flush=True)
     params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     print(json.dumps({"final": params.tolist(), "step": ckpt.last_step, "pid": os.getpid()}), flush=True)
     return 0

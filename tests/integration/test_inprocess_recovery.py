@@ -63,6 +63,7 @@ class Replica:
                 mine = self.records[-1] if self.records else {}
                 if mine.get("step") == record["verdict"]:
                     mine["committed"] = record["committed"]
+                    mine["params"] = record.get("params")  # after the step's optimizer step
                 else:  # read by assert_exactly_once: an assertion here would only end this thread
                     self.unmatched.append(record)
             else:
@@ -190,8 +191,28 @@ def test_replicas_train_every_sample_once_and_end_identical(job) -> None:
     # equal up to the order floats are summed in.
     alone = job.start("alone", ELASTICTRAIN_CHECKPOINT_URL=job.url + "-alone")
     assert alone.proc.wait(timeout=240) == 0
-    assert torch.allclose(torch.tensor(alone.final["final"]), torch.tensor(replicas[0].final["final"]), atol=1e-5)
+    assert torch.allclose(torch.tensor(alone.final["final"]), torch.tensor(replicas[0].final["final"]), atol=1e-5), \
+        first_difference(alone, replicas)
     assert {r["ranks"] for r in alone.records} == {1}
+
+
+def first_difference(alone: Replica, replicas: list[Replica]) -> str:
+    """Where the replicas' committed steps first left the lone run's: that step's records on each side."""
+    def committed(replica: Replica) -> dict[int, dict]:
+        return {r["step"]: r for r in replica.records if r.get("committed")}
+
+    mine, theirs = committed(alone), [committed(r) for r in replicas]
+    for step in sorted(mine):
+        others = [t[step] for t in theirs if step in t]
+        if others and not all(torch.allclose(torch.tensor(mine[step]["params"]), torch.tensor(o["params"]), atol=1e-5)
+                              for o in others):
+            keys = ("step", "ids", "lr", "epoch", "consumed", "rank", "replica_rank", "params")
+            return (f"the replicas first differ from the lone run after step {step}: alone "
+                    f"{ {k: mine[step].get(k) for k in keys} }, replicas "
+                    f"{[{k: o.get(k) for k in keys} for o in others]}, the step before: alone "
+                    f"{mine.get(step - 1, {}).get('params')}, replicas "
+                    f"{[t.get(step - 1, {}).get('params') for t in theirs]}")
+    return f"no committed step differs: alone committed {sorted(mine)}, replicas {[sorted(t) for t in theirs]}"
 
 
 def test_no_replica_ends_before_the_final_checkpoint_is_committed(job, azurite, container_url) -> None:
