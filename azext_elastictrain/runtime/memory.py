@@ -19,6 +19,9 @@ from azext_elastictrain.runtime.state import StateError, json_tensor, modules_in
 
 log = logging.getLogger(__name__)
 
+# A device state this large has the tier's slots made beside training rather than by its first two captures.
+PREPARE_AHEAD_BYTES = 2**30
+
 
 class MemoryKeeper:
     """This worker's side of its node's memory tier: the writer (local rank 0) keeps steps, every rank reads."""
@@ -29,6 +32,8 @@ class MemoryKeeper:
         self._keeping: Future[None] | None = None
         self.memory_step: int | None = None  # the newest step this process committed to memory
         self._aside: Any = None  # the event after the last capture's copies on the copy stream
+        self._preparing: Future[None] | None = None  # the slots being made on the keeper thread
+        self._prepared = False  # the slots are made (or the first capture makes them)
         self._hooked: dict[int, Any] = {}  # id(optimizer) -> its step-pre-hook's handle
 
     @property
@@ -56,6 +61,8 @@ class MemoryKeeper:
                 return
             flat = {k: v if isinstance(v, torch.Tensor) else json_tensor(v, k) for k, v in tree.flat.items()}
             flat[entries.STEP_KEY] = json_tensor(step, entries.STEP_KEY)
+            if not self._slots_ready(flat, step):
+                return
             capture = self.tier.capture(step, world_size, flat, self._stepped_only(state))
             self._aside = capture.aside
         except OSError as ex:  # no room (ENOSPC) or no shared memory: the tier is off for this worker
@@ -68,6 +75,33 @@ class MemoryKeeper:
             log.warning("could not keep step %d in memory: %s", step, ex)
             return
         self._keeping = self._keeper.submit(self._commit, capture)
+
+    def _slots_ready(self, flat: dict[str, torch.Tensor], step: int) -> bool:
+        """Whether the tier's slots are made for this state. A device state of PREPARE_AHEAD_BYTES or more has
+        them made and page-locked on the keeper thread while training goes on (for 19 GB that is ~20 s, which
+        the first two captures paid on the training thread); its steps until then are not kept in memory (blob,
+        or a peer, stands). A smaller one's first capture makes its slot, at once."""
+        if self._prepared:
+            return True
+        assert self._keeper is not None
+        if self._preparing is None:
+            if self.tier.size(flat) < PREPARE_AHEAD_BYTES or not any(map(self.tier.copies.wanted, flat.values())):
+                self._prepared = True
+                return True
+            log.info("the memory tier makes its slots (2 x %.1f GB) beside training, from step %d: until they are "
+                     "ready steps are not kept in memory", self.tier.size(flat) / 1e9, step)
+            self._preparing = self._keeper.submit(self.tier.prepare, flat)
+            return False
+        if not self._preparing.done():
+            return False
+        self._settle_preparing()  # its OSError (no room) turns the tier off, as a capture's would
+        self._prepared = True
+        return True
+
+    def _settle_preparing(self) -> None:
+        preparing, self._preparing = self._preparing, None
+        if preparing is not None:
+            preparing.result()
 
     def _stepped_only(self, state: dict[str, Any]) -> Callable[[torch.Tensor], bool] | None:
         """Which CUDA tensors may be copied beside the next step (PinnedCopies' copy stream): the parameters and
@@ -121,6 +155,7 @@ class MemoryKeeper:
     def read(self) -> "memory_tier.MemoryCopy | None":
         """The node's newest whole copy (the commit in flight finished first), or None."""
         self.kept()
+        self._quietly_settle()
         return self.tier.read()
 
     def parse(self, raw: Any) -> memory_tier.MemoryCopy:
@@ -130,9 +165,18 @@ class MemoryKeeper:
         """The job is over: free the node's memory (the writer only, after its last commit)."""
         if self._keeper is not None:
             self.kept()
+            self._quietly_settle()
             self.tier.discard()
 
+    def _quietly_settle(self) -> None:
+        """The slots' making finished (or failed: then there is nothing to read or free beyond what exists)."""
+        try:
+            self._settle_preparing()
+        except OSError as ex:
+            log.warning("the memory tier could not make its slots: %s", ex)
+
     def close(self) -> None:
+        self._quietly_settle()
         for handle in self._hooked.values():
             handle.remove()
         self._hooked.clear()

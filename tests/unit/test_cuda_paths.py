@@ -16,7 +16,7 @@ from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkStorageMetadata, TensorProperties,
                                                    TensorStorageMetadata)
 
-from azext_elastictrain.runtime import memory_tier
+from azext_elastictrain.runtime import memory, memory_tier
 from azext_elastictrain.runtime.memory import MemoryKeeper
 from azext_elastictrain.runtime.planners import CheckingLoadPlanner, placeholder
 from azext_elastictrain.runtime.state import cuda_rng_states
@@ -94,9 +94,11 @@ class LockedCopies(StreamCopies):
     def __init__(self, stream: FakeStream) -> None:
         super().__init__(stream)
         self.locked: list[int] = []  # ids of the mappings page-locked now
+        self.locking_threads: list[str] = []
 
     def register(self, mapped: Any) -> bool:
         self.locked.append(id(mapped))
+        self.locking_threads.append(threading.current_thread().name)
         return True
 
     def unregister(self, mapped: Any) -> None:
@@ -123,6 +125,33 @@ def test_a_locked_slot_takes_the_copies_straight_in_without_pinned_buffers(tmp_p
     assert len(copies.locked) == 2, "each slot's mapping locked once"
     tier.discard()
     assert not copies.locked, "unlocked before the mappings go"
+
+
+def test_a_large_device_state_has_its_slots_made_beside_training_and_is_kept_once_they_are(
+        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(memory, "PREPARE_AHEAD_BYTES", 1)  # every device state is large here
+    tier = memory_tier.MemoryTier("job", "run", tmp_path, node="n0")
+    stream = FakeStream()
+    tier.copies = copies = LockedCopies(stream)
+    state = kept_state()
+    keeper = MemoryKeeper(tier, writer=True)
+    try:
+        keeper.keep(1, state, 1)  # the slots are being made: step 1 is not kept
+        assert not stream.queued and not copies.side_stream.queued, "no copy queued while the slots are made"
+        deadline = time.monotonic() + 30
+        while len(copies.locked) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(copies.locked) == 2 and all(t.startswith("elastictrain-memory") for t in copies.locking_threads), \
+            "both slots made and page-locked on the keeper thread, not the training thread"
+        step = 1
+        while keeper.kept() is None and step < 1000:  # kept from the first step after the making ended
+            step += 1
+            keeper.keep(step, state, 1)
+        assert keeper.kept() == step and len(copies.locked) == 2, "the captures used the slots made ahead"
+    finally:
+        keeper.close()
+    copy = tier.read()
+    assert copy is not None and copy.step == step
 
 
 def make_tier(tmp_path) -> tuple[memory_tier.MemoryTier, FakeStream, StreamCopies]:
