@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 PREPARE_AHEAD_BYTES = 2**30
 
 
-class MemoryKeeper:
+class MemoryKeeper:  # pylint: disable=too-many-instance-attributes  # the keeper thread, its copies and hooks
     """This worker's side of its node's memory tier: the writer (local rank 0) keeps steps, every rank reads."""
 
     def __init__(self, tier: memory_tier.MemoryTier, *, writer: bool):
