@@ -112,27 +112,18 @@ def test_a_copy_from_an_abandoned_history_is_cleared_by_the_next_write(tmp_path:
     assert tier(tmp_path).read() is None  # never step 20 of the abandoned history
 
 
-@pytest.mark.parametrize("where", [0, 20, 100, -200, -1])
-def test_a_corrupted_copy_is_refused(tmp_path: Path, where: int) -> None:
-    memory = tier(tmp_path)
-    memory.keep(7, 2, state(7))
-    path = newest(memory)
-    raw = bytearray(path.read_bytes())
-    raw[at(raw, where)] ^= 0x40
-    path.write_bytes(raw)
-    assert memory.read() is None
-
-
-@pytest.mark.parametrize("where", [100, 700, -200])
-def test_a_corrupted_chunk_is_refused_whichever_chunk_it_is(
-        tmp_path: Path, where: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(memory_tier, "CHUNK", 256)  # the copy in several chunks, hashed on several threads
+@pytest.mark.parametrize("chunk", [None, 256])  # 256: the copy in several chunks, hashed on several threads
+@pytest.mark.parametrize("where", [0, 20, 100, 700, -200, -1])
+def test_a_corrupted_copy_is_refused_whichever_chunk_it_is_in(
+        tmp_path: Path, where: int, chunk: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    if chunk is not None:
+        monkeypatch.setattr(memory_tier, "CHUNK", chunk)
     memory = tier(tmp_path)
     memory.keep(7, 2, state(7))
     assert memory.read() is not None
     path = newest(memory)
     raw = bytearray(path.read_bytes())
-    assert len(raw) > 3 * memory_tier.CHUNK
+    assert chunk is None or at(raw, -1) > 3 * chunk
     raw[at(raw, where)] ^= 0x40
     path.write_bytes(raw)
     assert memory.read() is None
