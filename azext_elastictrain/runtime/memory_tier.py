@@ -157,24 +157,27 @@ class PinnedCopies:
         """Whether ``tensor`` goes through a pinned buffer (a device's) rather than straight into the slot."""
         return tensor.is_cuda
 
-    def register(self, mapped: mmap.mmap) -> bool:
-        """Page-lock a slot's mapping for the device (``cudaHostRegister``): its copies then go straight into
+    def register(self, mapped: mmap.mmap, device: torch.device) -> bool:
+        """Page-lock a slot's mapping for ``device`` (``cudaHostRegister``): its copies then go straight into
         the slot, without a pinned buffer and its copy into the slot (half the host memory, a commit without
-        a copy). False where CUDA refuses (the pinned buffers then)."""
+        a copy). False where CUDA refuses (the pinned buffers then). Made with ``device`` current, from
+        whichever thread: on another thread the current device would be the first GPU, not the worker's."""
         if not torch.cuda.is_available():
             return False
         address = torch.frombuffer(mapped, dtype=torch.uint8).data_ptr()
         cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]  # torch leaves cudart() unannotated
-        code = cudart.cudaHostRegister(address, len(mapped), 0)
+        with torch.cuda.device(device):
+            code = cudart.cudaHostRegister(address, len(mapped), 0)
         if int(code) != 0:
             log.warning("the memory tier's slot could not be page-locked for the device (%s): the copies go "
                         "through pinned buffers", code)
             return False
         return True
 
-    def unregister(self, mapped: mmap.mmap) -> None:
+    def unregister(self, mapped: mmap.mmap, device: torch.device) -> None:
         cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]  # torch leaves cudart() unannotated
-        cudart.cudaHostUnregister(torch.frombuffer(mapped, dtype=torch.uint8).data_ptr())
+        with torch.cuda.device(device):
+            cudart.cudaHostUnregister(torch.frombuffer(mapped, dtype=torch.uint8).data_ptr())
 
     def queue(self, key: str, source: torch.Tensor, aside: bool = False) -> torch.Tensor:
         """``source`` queued for copying into ``key``'s pinned buffer, which is returned (not yet written)."""
@@ -284,7 +287,7 @@ class MemoryTier:
         digest = hashlib.sha256(f"{job_prefix}\n{node}".encode()).hexdigest()[:24]
         self.paths = [self.directory / f"{digest}.{slot}.state" for slot in range(SLOTS)]
         self._maps: dict[int, mmap.mmap] = {}
-        self._locked: dict[int, bool] = {}  # slot -> its mapping page-locked for the device (PinnedCopies.register)
+        self._locked: dict[int, torch.device | None] = {}  # slot -> the device its mapping is page-locked for
         self.copies = PinnedCopies()  # a device's tensors on their way to the slot
 
     @classmethod
@@ -326,11 +329,11 @@ class MemoryTier:
         first capture into each slot does otherwise, on the training thread (for 19 GB: ~3 s to make a slot,
         ~6-10 s to page-lock it). No copy is written."""
         size = self.size(tensors)
-        device = any(self.copies.wanted(t) for t in tensors.values())
+        device = next((t.device for t in tensors.values() if self.copies.wanted(t)), None)
         for slot in range(SLOTS):
             mapped = self._map(slot, size)
-            if device:
-                self._registered(slot, mapped)
+            if device is not None:
+                self._registered(slot, mapped, device)
 
     def capture(self, step: int, world_size: int, tensors: dict[str, torch.Tensor],
                 aside: Callable[[torch.Tensor], bool] | None = None) -> Capture:
@@ -359,7 +362,7 @@ class MemoryTier:
                     self.copies.start_aside(source.device)
                     started.add(source.device)
                 if direct is None:
-                    direct = self._registered(slot, mapped)
+                    direct = self._registered(slot, mapped, source.device)
                 if direct:
                     self.copies.copy(target.view(source.dtype).view(source.shape), source, beside)
                 else:
@@ -394,16 +397,17 @@ class MemoryTier:
         mapped[_COMMIT_AT:_COMMIT_AT + 8] = struct.pack("<Q", capture.step + 1)
         return crc
 
-    def _registered(self, slot: int, mapped: mmap.mmap) -> bool:
-        """Whether ``slot``'s mapping is page-locked for the device; tried once per mapping."""
+    def _registered(self, slot: int, mapped: mmap.mmap, device: torch.device) -> bool:
+        """Whether ``slot``'s mapping is page-locked for ``device``; tried once per mapping."""
         if slot not in self._locked:
-            self._locked[slot] = self.copies.register(mapped)
-        return self._locked[slot]
+            self._locked[slot] = device if self.copies.register(mapped, device) else None
+        return self._locked[slot] is not None
 
     def _release(self, slot: int, mapped: mmap.mmap) -> None:
         """``slot``'s old mapping unlocked (the device no longer copies into it) and closed."""
-        if self._locked.pop(slot, False):
-            self.copies.unregister(mapped)
+        device = self._locked.pop(slot, None)
+        if device is not None:
+            self.copies.unregister(mapped, device)
         try:
             mapped.close()
         except BufferError:  # a tensor still views it; it is unmapped when that goes

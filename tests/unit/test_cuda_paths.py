@@ -96,12 +96,13 @@ class LockedCopies(StreamCopies):
         self.locked: list[int] = []  # ids of the mappings page-locked now
         self.locking_threads: list[str] = []
 
-    def register(self, mapped: Any) -> bool:
+    def register(self, mapped: Any, device: torch.device) -> bool:
+        assert device == torch.device("cpu"), "the device of the tensors the slot receives (here CPU's stand-in)"
         self.locked.append(id(mapped))
         self.locking_threads.append(threading.current_thread().name)
         return True
 
-    def unregister(self, mapped: Any) -> None:
+    def unregister(self, mapped: Any, device: torch.device) -> None:
         self.locked.remove(id(mapped))
 
 
