@@ -20,7 +20,7 @@ each failing alone (its error in the JSON):
   memory through the peer transfer (runtime/peer_transfer.py, as torchft's quorum drives it): per phase (imports,
   model and optimizer built on the device, the state received into them, loaded, the first step).
 * ``readme_sigkill``: the README's script (scripts/bench/readme_loop.py, the two lines for a GPU with
-  ``--device cuda``) as a one-node local job (torchrun agent, etcd, Azurite); its worker SIGKILLed once it
+  ``--device cuda``) as a one-node local job (torchrun agent, etcd, Azurite, warm starts); its worker SIGKILLed once it
   trains, restarted by torchrun, resumed from the node's memory: what ``evict simulate --wait`` reports (outage,
   restore and recovery seconds from the kill, steps lost) and where it restored from (memory, peer, blob). Needs etcd
   and Azurite (``bash scripts/setup.sh``).
@@ -279,7 +279,7 @@ def readme_sigkill(device: str, memory_dir: str, deadline: float) -> dict[str, A
             container.create_container()
         job = JobConfig(name="gpu-readme", checkpoint_url=f"{blob.blob_endpoint}/bench/gpu-readme",
                         connection_string=blob.connection_string, etcd_endpoint=etcd.endpoint, min_nodes=1,
-                        max_nodes=1, warm_start=False, progress_seconds=0.2, script=script,
+                        max_nodes=1, warm_start=True, progress_seconds=0.2, script=script,
                         script_args=["--device", device, "--step-delay", "0.02"],
                         extra_env={launch.ENV_MEMORY_DIR: memory})
         store = BlobStore.from_url(job.checkpoint_url, connection_string=blob.connection_string)
@@ -290,9 +290,11 @@ def readme_sigkill(device: str, memory_dir: str, deadline: float) -> dict[str, A
 
             wait_for(lambda: [e for e in events_of(events(), "progress") if e["step"] >= 20],
                      max(5.0, deadline - time.monotonic() - 30), "the README's script training")
+            # the worker torchrun watches: with warm starts (the local default) its launcher, which the worker
+            # forked from the node's warm server follows (runtime/warm.py), not that server
             workers = [p for p in node.tree() if p.pid != node.proc.pid
                        and any(part.endswith("readme_loop.py") for part in p.cmdline())
-                       and not any(c.pid != p.pid for c in p.children())]
+                       and "--serve" not in p.cmdline() and not any(c.pid != p.pid for c in p.children())]
             if len(workers) != 1:
                 raise RuntimeError(f"expected one worker, found {[w.cmdline() for w in workers]}")
             killed = time.time()
