@@ -55,6 +55,7 @@ import logging
 import mmap
 import os
 import struct
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,6 +78,7 @@ MAGIC = b"ETRESCU4"
 FORMAT = 4  # 4: the checksum is over the chunks' checksums (CHUNK)
 CHUNK = 64 * 2**20
 _POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
 DEFAULT_DIR = "/dev/shm/elastictrain"
 SLOTS = 2
 # The slot's preamble: magic, commit word (0: no copy), header offset, header length, checksum of data + header.
@@ -227,9 +229,10 @@ class PinnedCopies:
 def _threads() -> ThreadPoolExecutor:
     """The threads that copy a commit's pieces and checksum its chunks (xxhash and copy_ leave the GIL)."""
     global _POOL  # pylint: disable=global-statement  # one pool per process, made at its first use
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1)),
-                                   thread_name_prefix="elastictrain-memory-io")
+    with _POOL_LOCK:  # the keeper thread and a reader may both be first
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1)),
+                                       thread_name_prefix="elastictrain-memory-io")
     return _POOL
 
 

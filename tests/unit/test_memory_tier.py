@@ -84,26 +84,6 @@ def test_a_crash_after_the_copy_overwrote_an_older_slot_leaves_the_newest(tmp_pa
     assert fresh_copy is not None and fresh_copy.step == 7
 
 
-def test_a_slot_cleared_but_its_data_untouched_is_not_a_copy(tmp_path: Path) -> None:
-    memory = tier(tmp_path)
-    memory.keep(7, 2, state(7))
-    path = newest(memory)
-    raw = bytearray(path.read_bytes())
-    raw[8:16] = bytes(8)  # the commit word, as a capture clears it first
-    path.write_bytes(raw)
-    assert memory.read() is None
-
-
-def test_a_commit_word_that_does_not_match_its_header_is_refused(tmp_path: Path) -> None:
-    memory = tier(tmp_path)
-    memory.keep(7, 2, state(7))
-    path = newest(memory)
-    raw = bytearray(path.read_bytes())
-    raw[8] ^= 0x10  # a torn commit word
-    path.write_bytes(raw)
-    assert memory.read() is None
-
-
 def test_a_copy_from_an_abandoned_history_is_cleared_by_the_next_write(tmp_path: Path) -> None:
     memory = tier(tmp_path)
     memory.keep(20, 2, state(20))  # a history that went on to step 20, then restored from blob at step 10
@@ -112,10 +92,27 @@ def test_a_copy_from_an_abandoned_history_is_cleared_by_the_next_write(tmp_path:
     assert tier(tmp_path).read() is None  # never step 20 of the abandoned history
 
 
+def clear_commit_word(raw: bytearray, _: int | None) -> None:
+    raw[8:16] = bytes(8)  # as a capture clears it first: the data untouched, no copy
+
+
+def tear_commit_word(raw: bytearray, _: int | None) -> None:
+    raw[8] ^= 0x10  # it no longer matches its header's step
+
+
+def flipper(where: int):  # type: ignore[no-untyped-def]
+    def flip(raw: bytearray, chunk: int | None) -> None:
+        assert chunk is None or at(raw, -1) > 3 * chunk, "the copy spans several chunks"
+        raw[at(raw, where)] ^= 0x40
+    flip.__name__ = f"flip_at_{where}"
+    return flip
+
+
 @pytest.mark.parametrize("chunk", [None, 256])  # 256: the copy in several chunks, hashed on several threads
-@pytest.mark.parametrize("where", [0, 20, 100, 700, -200, -1])
-def test_a_corrupted_copy_is_refused_whichever_chunk_it_is_in(
-        tmp_path: Path, where: int, chunk: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("damage", [clear_commit_word, tear_commit_word,
+                                    *(flipper(w) for w in (0, 20, 100, 700, -200, -1))], ids=lambda d: d.__name__)
+def test_a_damaged_copy_is_refused(tmp_path: Path, damage, chunk: int | None,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
     if chunk is not None:
         monkeypatch.setattr(memory_tier, "CHUNK", chunk)
     memory = tier(tmp_path)
@@ -123,8 +120,7 @@ def test_a_corrupted_copy_is_refused_whichever_chunk_it_is_in(
     assert memory.read() is not None
     path = newest(memory)
     raw = bytearray(path.read_bytes())
-    assert chunk is None or at(raw, -1) > 3 * chunk
-    raw[at(raw, where)] ^= 0x40
+    damage(raw, chunk)
     path.write_bytes(raw)
     assert memory.read() is None
 
