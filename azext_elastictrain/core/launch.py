@@ -146,14 +146,20 @@ AKS_COLLECTIVE_TIMEOUT_SECONDS = 60.0
 DEFAULT_COLLECTIVE_TIMEOUT_SECONDS = LOCAL_COLLECTIVE_TIMEOUT_SECONDS  # a script run outside a job
 # In-process recovery mode: how long the cross-node collective (the gradients averaged across the nodes, each
 # step) and the commit wait for a peer, set by the backend for in-process jobs only; torchft's TORCHFT_TIMEOUT_SEC
-# overrides it. A vanished node costs this plus one step (measured by docs/runtime.md's benchmark: 10.08 s at
-# 10 s, 3.08 s at 3 s). A false timeout here costs one discarded step, not a re-form (the slow node keeps its
+# overrides it. A vanished node costed this plus one step (10.08 s at 10 s, 3.08 s at 3 s) until the quorum's
+# watch (ENV_REPLICA_HEARTBEAT_TIMEOUT below) gave the collective up on its silence; it now bounds a peer that is
+# there but slow. A false timeout here costs one discarded step, not a re-form (the slow node keeps its
 # heartbeats and stays in the quorum), so it can be far shorter than the restart mode's collective timeout.
 # It also bounds a newcomer's admission: the others wait for it in the step it takes the state in, so a state
 # that takes longer than this to send is not admitted (docs/runtime.md).
 # Local: 2 s, so that a vanish costs under 3 s; measured: a soak under two CPU hogs on this 2-core machine
 # (docs/runtime.md). AKS: 30 s, not measured here: real models' states cross a real network to a newcomer.
 ENV_REPLICA_TIMEOUT = "ELASTICTRAIN_REPLICA_TIMEOUT_SECONDS"
+# In-process mode: how long a participant of a quorum may go unheard by the others before they give up the step's
+# collective on it (runtime/replica_watch.py), so that a vanished node costs this rather than the replica timeout,
+# which stays long for a slow one. The coordinator's heartbeat timeout (the profile's), so the coordinator has
+# dropped the node as the survivors give the step up, and their next quorum is ready.
+ENV_REPLICA_HEARTBEAT_TIMEOUT = "ELASTICTRAIN_REPLICA_HEARTBEAT_TIMEOUT_SECONDS"
 LOCAL_REPLICA_TIMEOUT_SECONDS = 2.0
 AKS_REPLICA_TIMEOUT_SECONDS = 30.0
 

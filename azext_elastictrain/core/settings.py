@@ -143,6 +143,9 @@ class RuntimeSettings:  # pylint: disable=too-many-instance-attributes  # one fi
     # In-process mode: how long the cross-node collective and commit wait for a peer (None: the collective timeout).
     replica_timeout_seconds: float | None = _setting(launch.ENV_REPLICA_TIMEOUT, None, Seconds(),
                                                      aliases=("TORCHFT_TIMEOUT_SEC",))
+    # In-process mode: a participant unheard this long is gone, and the step's collective given up on it (None: the
+    # local coordinator's heartbeat timeout).
+    replica_heartbeat_timeout_seconds: float | None = _setting(launch.ENV_REPLICA_HEARTBEAT_TIMEOUT, None, Seconds())
     # In-process mode: steps between two checks that the replicas are one, besides the changes of members (None:
     # at those only). A check costs one pass over the parameters and the optimizer's state (memory-bound: ~10 ms
     # for a 19 GB state on a GPU).
@@ -164,6 +167,11 @@ class RuntimeSettings:  # pylint: disable=too-many-instance-attributes  # one fi
     def replica_timeout(self) -> float:
         """The in-process cross-node collective's timeout, in seconds: its own, else the collective timeout."""
         return self.replica_timeout_seconds or self.collective_timeout_seconds
+
+    @property
+    def replica_heartbeat_timeout(self) -> float:
+        """Seconds a participant of an in-process quorum may go unheard: its own, else the local coordinator's."""
+        return self.replica_heartbeat_timeout_seconds or launch.LOCAL_COORDINATOR_HEARTBEAT_TIMEOUT_MS / 1000
 
     def to_env(self) -> dict[str, str]:
         """Every setting as the runtime reads it back; an unset one (None by default) is left out."""

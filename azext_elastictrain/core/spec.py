@@ -103,7 +103,9 @@ class JobSpec:  # pylint: disable=too-many-instance-attributes  # one field per 
             checkpoint_interval_seconds=self.checkpoint_interval_seconds, memory_tier=self.memory_tier_on,
             recovery=self.recovery, nodes=(self.min_nodes, self.max_nodes),
             progress_seconds=profile.progress_seconds, collective_timeout_seconds=profile.collective_timeout_seconds,
-            replica_timeout_seconds=profile.replica_timeout_seconds if self.in_process else None)
+            replica_timeout_seconds=profile.replica_timeout_seconds if self.in_process else None,
+            replica_heartbeat_timeout_seconds=(profile.coordinator_heartbeat_timeout_ms / 1000 if self.in_process
+                                               else None))
 
     @property
     def node_count(self) -> int:

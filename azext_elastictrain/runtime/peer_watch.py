@@ -46,11 +46,22 @@ class StoreClient:
     """The few calls the watch makes, over a TCP store client of its own (so a call that never returns blocks
     only the watch's beat thread, never a collective)."""
 
-    def __init__(self, host: str, port: int, timeout: float):
-        import torch.distributed as dist
+    def __init__(self, host: str, port: int, timeout: float, *, store: Any = None):
+        if store is None:
+            import torch.distributed as dist
 
-        self._store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout),
-                                    wait_for_workers=False)
+            store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout),
+                                  wait_for_workers=False)
+        self._store = store
+
+    @classmethod
+    def over(cls, store: Any) -> "StoreClient":
+        """The calls over a torch store client made elsewhere (a ``PrefixStore``: the in-process mode's quorum)."""
+        return cls("", 0, 0.0, store=store)
+
+    def get(self, key: str) -> bytes | None:
+        """``key``'s value, or None where it is not set."""
+        return bytes(self._store.get(key)) if self._store.check([key]) else None
 
     def add(self, key: str, amount: int) -> int:
         return int(self._store.add(key, amount))
@@ -67,9 +78,12 @@ class PeerWatch:  # pylint: disable=too-many-instance-attributes  # the beat's s
     peer (or the store) is gone. ``connect()`` gives the store client (called on the beat thread)."""
 
     def __init__(self, connect: Callable[[], Any], *, rank: int, world_size: int, timeout: float,
-                 on_gone: Callable[[str], None], clock: Callable[[], float] = time.monotonic):
+                 on_gone: Callable[[str], None], clock: Callable[[], float] = time.monotonic,
+                 on_beat: Callable[[Any], None] | None = None):
+        """``on_beat(client)``: called on the beat thread after each beat, as a timed store call (its hang is the
+        store's)."""
         self._connect, self.rank, self.world_size, self.timeout = connect, rank, world_size, timeout
-        self._on_gone, self._clock = on_gone, clock
+        self._on_gone, self._clock, self._on_beat = on_gone, clock, on_beat
         self.interval = timeout / BEATS_PER_TIMEOUT
         self._keys = [f"{KEY_PREFIX}{r}" for r in range(world_size)]
         self._client: Any = None
@@ -86,12 +100,15 @@ class PeerWatch:  # pylint: disable=too-many-instance-attributes  # the beat's s
             thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, *, leave: bool = True) -> None:
         """This worker leaves on purpose: no verdict from here on, and the peers stop watching it. Bounded: the
-        mark is left to the beat thread, which is skipped if the store does not answer."""
+        mark is left to the beat thread, which is skipped if the store does not answer. ``leave=False``: no mark
+        (every peer stops its own watch too: the in-process mode's next quorum)."""
         if self._stop.is_set():
             return
         self._stop.set()
+        if not leave:
+            return
         mark = threading.Thread(target=self._mark_left, name="elastictrain-peer-leave", daemon=True)
         mark.start()
         mark.join(min(self.interval, 1.0))
@@ -129,6 +146,8 @@ class PeerWatch:  # pylint: disable=too-many-instance-attributes  # the beat's s
                 if self._stop.is_set():
                     return
                 self._judge_peers(counters, self._clock())
+                if self._on_beat is not None and not self._stop.is_set():
+                    self._call(self._on_beat, self._client)
                 self._stop.wait(self.interval)
         except Exception as exc:  # pylint: disable=broad-except  # the store failed the call
             if "timed out" in str(exc) or "timeout" in str(exc).lower():

@@ -55,8 +55,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # How long the cross-node collective waits for a peer: the backend's replica timeout (runtime/timeouts.py,
-# core/launch.py: local 2 s, AKS 30 s), torchft's TORCHFT_TIMEOUT_SEC overriding it. A silent peer's collective
-# fails after it and the step is discarded, so it is the figure of a node that vanishes. Except in a step where a
+# core/launch.py: local 2 s, AKS 30 s), torchft's TORCHFT_TIMEOUT_SEC overriding it. A peer that is there but does
+# not come fails it, and the step is discarded; a peer gone (unheard for the heartbeat timeout) makes every
+# participant give the collective up at once (runtime/replica_watch.py). Except in a step where a
 # replica heals: it joins the collective only once it has the state, so there the others wait as long as the state
 # takes to send (transfer_timeout). With the replica timeout there, a state slower to send than it was never
 # admitted: the others discarded the step, trained on without the newcomer, and it was behind again.
@@ -97,6 +98,7 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
 
         from azext_elastictrain.runtime.peer_transfer import PeerTransport, job_secret
         from azext_elastictrain.runtime.replica_grads import replica_backend, replica_process_group
+        from azext_elastictrain.runtime.replica_watch import WatchedGroup
 
         env = os.environ if environ is None else environ
         settings = RuntimeSettings.from_env(env)
@@ -128,7 +130,10 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
                                         bind=env.get(launch.ENV_REPLICA_HOST) or "0.0.0.0",
                                         destination=self._destination)
         self._served = 0
-        self._pg = replica_process_group(self.device, self.timeout)
+        # torchft's group for the device, watched: a participant gone gives the step's collective up on every
+        # participant at once (runtime/replica_watch.py), not at the replica timeout
+        self._pg = WatchedGroup(lambda: replica_process_group(self.device, self.timeout),
+                                heartbeat_timeout=settings.replica_heartbeat_timeout)
         # Synchronous quorum: a replica behind loads the peer's state inside start_quorum, before its body (with
         # torchft's asynchronous one it loads in should_commit, after a body run on its own stale state and batch).
         self.manager: ReplicaManager = Manager(
@@ -190,6 +195,7 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         stops (TrainingStopped): torchrun restarts it and it resumes from its node's memory, a peer or blob.
         """
         self.committed, self.healed = None, False
+        self._pg.next_step()
         if self._in_backward is not None:
             self._in_backward.reset()
         self.undo.keep()  # before a healing load: a failed heal discards the step back to this state
@@ -272,8 +278,9 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         options.timeout = self.transfer_timeout()
         try:
             on_device = flat.to(self.device)
-            self._pg.allreduce([on_device], options).wait()
+            self._pg.wait(self._pg.allreduce([on_device], options))
             flat = on_device.cpu()  # the host waits here (a GPU collective's wait() orders the stream only)
+            self._pg.agree()  # every participant completed it, or gives it up with this one
         except Exception as ex:  # pylint: disable=broad-exception-caught  # the step's verdict carries it
             log.warning("the step's start failed: %s; discarding the step", ex)
             manager.report_error(ex)
@@ -296,12 +303,29 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
     def _should_commit(self) -> bool:
         if self.excluded and not self.manager.errored():  # behind after this step: it heals at the next quorum
             self.manager.report_error(RuntimeError("this replica differs from the others'"))
+        self._agree()
         try:
             return bool(self.manager.should_commit())
         except Exception as ex:  # pylint: disable=broad-exception-caught
             log.error("the step's commit could not be agreed: %s; restarting this worker", ex)
             self.close()
             raise TrainingStopped(self.manager.current_step(), f"in-process recovery: no commit ({ex})") from ex
+
+    def _agree(self) -> None:
+        """The step's collectives completed on every participant, or the step is discarded on each: a step that
+        one gave up on a participant it took for gone (runtime/replica_watch.py) is not committed elsewhere."""
+        from azext_elastictrain.runtime.replica_watch import PeerGone
+
+        if self.manager.errored():  # discarded here for a reason of this node's own: it heals at the next quorum
+            self._pg.forget()
+            return
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()  # the collectives done (torchft syncs here too)
+        try:
+            self._pg.agree()
+        except PeerGone as ex:
+            log.warning("the step's collective was given up: %s; discarding the step", ex)
+            self.manager.report_error(ex)
 
     def _before_optimizer_step(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
         """Average the gradients across the replicas, then step only if the quorum commits the step."""
@@ -336,7 +360,7 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         options.reduceOp = dist.ReduceOp.SUM  # type: ignore[assignment]  # torch's stub: the option takes the RedOpType
         options.timeout = self.timeout  # every participant holds the state already (_start_together)
         try:
-            self._pg.allreduce([flat], options).wait()
+            self._pg.wait(self._pg.allreduce([flat], options))
         except Exception as ex:  # pylint: disable=broad-exception-caught  # the step's verdict carries it
             log.warning("the step's collective failed: %s; discarding the step", ex)
             manager.report_error(ex)
@@ -417,6 +441,7 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
             return
         self.left = True
         self._hook.remove()
+        self._pg.stop_watch(leave=True)
         try:
             self.manager.shutdown(wait=False)
         except Exception as ex:  # pylint: disable=broad-exception-caught  # leaving must not fail the exit

@@ -369,9 +369,13 @@ def test_notice_is_a_planned_departure_the_others_do_not_stop(job) -> None:
     assert survivors[0].records[-1]["ranks"] == 2 and left_at < survivors[0].final["step"]
 
 
-@pytest.mark.torchrun  # the replica timeout tells a frozen node from a slow one
+@pytest.mark.torchrun  # the heartbeat timeout tells a frozen node from a slow one
 def test_frozen_replica_is_dropped_and_the_others_go_on(job, azurite, container_url) -> None:
-    replicas = [job.start(f"node-{i}", REPLICA_EPOCHS="8") for i in range(3)]
+    """A node frozen (a Spot VM that vanished: sockets open, no FIN) with AKS's 30 s replica timeout: the survivors
+    give the step's collective up once its beats stop (runtime/replica_watch.py), in seconds, not at the timeout."""
+    aks = {launch.ENV_REPLICA_TIMEOUT: f"{launch.AKS.replica_timeout_seconds:g}"}
+    assert launch.AKS.replica_timeout_seconds >= 30
+    replicas = [job.start(f"node-{i}", REPLICA_EPOCHS="8", **aks) for i in range(3)]
     wait_for(lambda: training_together(replicas), 120, f"{len(replicas)} replicas training together")
     # a few steps of the world of 3 first: a node that started late heals into it a step before the freeze, and
     # the world of 3 then has no step of its own reported for the outage to start from
@@ -401,6 +405,10 @@ def test_frozen_replica_is_dropped_and_the_others_go_on(job, azurite, container_
     (outage,) = [o for o in goodput.outages(events) if o["restoredAt"] == changes[-1]["time"]]
     assert outage["stepsLost"] == 0 and outage["outageSeconds"] > 0 and changes[-1]["discarded"] >= 1, outage
     assert outage["lastStep"] >= frozen_at - 1 and outage["firstStep"] == outage["lastStep"] + 1, outage
+    # given up on the frozen node's silence (0.5 s here), not at the 30 s timeout; every survivor says why
+    assert outage["outageSeconds"] < launch.AKS.replica_timeout_seconds / 3, outage
+    for r in survivors:
+        assert "a participant of the quorum is gone" in (job.log_dir / f"{r.name}.log").read_text(encoding="utf-8")
 
 
 @pytest.mark.torchrun  # the replicas must still train when it is back

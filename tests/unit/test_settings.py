@@ -21,7 +21,8 @@ FIELD_VALUES = dict(
     progress_seconds=st.just(0.0) | seconds, hold_seconds=st.just(0.0) | seconds, memory_tier=st.booleans(),
     recovery=st.sampled_from(launch.RECOVERY_MODES), nodes=st.none() | node_ranges,
     collective_timeout_seconds=seconds, peer_timeout_seconds=st.none() | seconds,
-    replica_timeout_seconds=st.none() | seconds, replica_check_steps=st.none() | counts,
+    replica_timeout_seconds=st.none() | seconds, replica_heartbeat_timeout_seconds=st.none() | seconds,
+    replica_check_steps=st.none() | counts,
     coordinator_coast=st.booleans())
 settings_values = st.builds(RuntimeSettings, **FIELD_VALUES)
 
@@ -88,7 +89,8 @@ def test_a_jobs_settings_are_its_options_on_its_backends_figures(profile) -> Non
         keep=5, checkpoint_interval_steps=50, checkpoint_interval_seconds=600.0, memory_tier=False,
         recovery=launch.RECOVERY_IN_PROCESS, nodes=(2, 4), progress_seconds=profile.progress_seconds,
         collective_timeout_seconds=profile.collective_timeout_seconds,
-        replica_timeout_seconds=profile.replica_timeout_seconds, replica_check_steps=None)
+        replica_timeout_seconds=profile.replica_timeout_seconds,
+        replica_heartbeat_timeout_seconds=profile.coordinator_heartbeat_timeout_ms / 1000, replica_check_steps=None)
 
 
 def test_a_bad_runtime_setting_in_env_is_refused_as_the_spec_is_made() -> None:

@@ -1,0 +1,146 @@
+"""The in-process mode's watched collectives (runtime/replica_watch.py) over real gloo groups of torchft and a real
+TCP store on loopback, two participants as two threads of this process: a participant that goes silent mid-
+collective is given up in about the heartbeat timeout although the collective's own timeout is 30 s; a slow one that
+beats is waited for; a collective one participant gave up is discarded by the other even where it completed there;
+and the next quorum meets on a new group at once (gloo's abort would wait for the collective left waiting).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+from torchft.process_group import ProcessGroupGloo
+
+from azext_elastictrain.runtime.replica_watch import PeerGone, WatchedGroup
+
+HEARTBEAT = 0.3
+TIMEOUT = timedelta(seconds=30)  # AKS's replica timeout: nothing here may wait for it
+
+pytestmark = [pytest.mark.timeout(60), pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+
+@pytest.fixture
+def store():
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    yield server
+
+
+def pair(store, quorum: int) -> list[WatchedGroup]:
+    """Two participants of quorum ``quorum``, configured as torchft's Manager does (each in its own thread)."""
+    groups = [WatchedGroup(lambda: ProcessGroupGloo(timeout=TIMEOUT), heartbeat_timeout=HEARTBEAT)
+              for _ in range(2)]
+    configure(store, groups, quorum)
+    return groups
+
+
+def configure(store, groups: list[WatchedGroup], quorum: int) -> None:
+    threads = [threading.Thread(target=g.configure, args=(f"127.0.0.1:{store.port}/torchft/{quorum}/0", f"r{i}", i,
+                                                          len(groups), quorum))
+               for i, g in enumerate(groups)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+
+
+def average(group: WatchedGroup, value: float, outcome: dict, *, agree: bool = True) -> None:
+    """One step's collective on ``group``, its outcome (the sum, or the error's type) in ``outcome``."""
+    group.next_step()
+    tensor = torch.tensor([value])
+    options = dist.AllreduceOptions()
+    options.reduceOp = dist.ReduceOp.SUM
+    started = time.monotonic()
+    try:
+        group.wait(group.allreduce([tensor], options))
+        if agree:
+            group.agree()
+        outcome["sum"] = tensor.item()
+    except PeerGone as ex:
+        outcome["gone"] = str(ex)
+    outcome["seconds"] = time.monotonic() - started
+
+
+def frozen(group: WatchedGroup) -> None:
+    """A participant whose process stops: its beats end (after a few, so that it is not one that never beat)."""
+    time.sleep(2 * HEARTBEAT)
+    group.stop_watch()
+
+
+def thaw(group: WatchedGroup) -> None:
+    """The frozen participant's collective, at last: it pairs with the one the other left waiting, which ends (a
+    collective left waiting when the process ends takes the process down with it)."""
+    options = dist.AllreduceOptions()
+    options.reduceOp = dist.ReduceOp.SUM
+    group.allreduce([torch.zeros(1)], options).wait()
+
+
+def close(groups: list[WatchedGroup]) -> None:
+    for g in groups:
+        g.stop_watch()
+
+
+def test_a_participant_silent_mid_collective_is_given_up_in_the_heartbeat_timeout_not_the_collectives(store):
+    groups = pair(store, 1)
+    try:
+        frozen(groups[1])  # no beat, and it never enters the collective
+        outcome: dict = {}
+        average(groups[0], 1.0, outcome)
+        assert "has not beaten" in outcome["gone"], outcome
+        assert outcome["seconds"] < 10 * HEARTBEAT < TIMEOUT.total_seconds(), outcome
+        thaw(groups[1])
+    finally:
+        close(groups)
+
+
+def test_a_slow_participant_that_beats_is_waited_for(store):
+    groups = pair(store, 2)
+    try:
+        outcomes: list[dict] = [{}, {}]
+        first = threading.Thread(target=average, args=(groups[0], 1.0, outcomes[0]))
+        first.start()
+        time.sleep(4 * HEARTBEAT)  # a long step on the other node: it still beats
+        average(groups[1], 2.0, outcomes[1])
+        first.join(30)
+        assert [o.get("sum") for o in outcomes] == [3.0, 3.0], outcomes
+    finally:
+        close(groups)
+
+
+def test_a_collective_one_participant_gave_up_is_discarded_by_every_participant(store):
+    """A participant taken for gone wrongly (its process starved past the heartbeat timeout): the other gave the
+    collective up, so this one, whose collective then completed (it pairs with the one left waiting), must not
+    commit the step either."""
+    groups = pair(store, 3)
+    try:
+        outcomes: list[dict] = [{}, {}]
+        first = threading.Thread(target=average, args=(groups[0], 1.0, outcomes[0]))
+        first.start()
+        time.sleep(HEARTBEAT)
+        groups[0]._on_gone("rank 1 has not beaten (a test's verdict)")  # pylint: disable=protected-access
+        first.join(30)
+        assert "rank 1" in outcomes[0]["gone"], outcomes
+        average(groups[1], 2.0, outcomes[1])
+        assert "gave the step's collective up" in outcomes[1]["gone"], outcomes
+    finally:
+        close(groups)
+
+
+def test_the_next_quorum_meets_on_a_new_group_without_waiting_for_the_one_given_up(store):
+    groups = pair(store, 4)
+    try:
+        frozen(groups[1])
+        given_up: dict = {}
+        average(groups[0], 1.0, given_up)
+        assert "gone" in given_up, given_up
+        started = time.monotonic()
+        configure(store, groups[:1], 5)  # the survivor alone (gloo's abort of the old group: the 30 s timeout)
+        outcome: dict = {}
+        average(groups[0], 1.0, outcome)
+        assert outcome.get("sum") == 1.0 and time.monotonic() - started < 10, outcome
+        thaw(groups[1])
+    finally:
+        close(groups)
