@@ -157,7 +157,7 @@ def bench_job(name: str, cfg: dict, blob, etcd, imds: ScheduledEventsServer, scr
         name=name, checkpoint_url=f"{blob.blob_endpoint}/bench/{name}", connection_string=blob.connection_string,
         etcd_endpoint=etcd.endpoint, scheduled_events_url=imds.url if cfg["notice"] else "off",
         rdzv_conf=cfg["rdzv"], max_nodes=max_nodes, progress_seconds=0.2, memory_tier=cfg["memory_tier"],
-        extra_env={launch.ENV_CHECKPOINT_INTERVAL_STEPS: str(cfg["every"])},
+        extra_env={launch.ENV_CHECKPOINT_INTERVAL_STEPS: str(cfg["every"]), **cfg.get("env", {})},
         warm_start=cfg["warm"], recovery=cfg.get("recovery", launch.RECOVERY_RESTART), script=WORKLOAD,
         coordinator=coordinator.address if coordinator else None,
         script_args=script_args,

@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/bench/outage.py [--nodes 2 4 8] [--repeats 1] [--modes in-process,restart]
     .venv/bin/python scripts/bench/outage.py --nodes 2 --repeats 3 --modes in-process@1000,in-process@500
+    .venv/bin/python scripts/bench/outage.py --nodes 2 --repeats 3 --modes in-process/aks,in-process/aks-unwatched
 
 A real N-node job (the product's launch: harness/elastic.py over backends/local/agent.py; an in-process
 job's coordinator started as ``job run --local`` starts it) of a tiny model (``scripts/bench/readme_loop.py``,
@@ -47,6 +48,17 @@ from harness.elastic import events_of, read_events, wait_for  # noqa: E402
 from harness.services import start_azurite, start_etcd  # noqa: E402
 
 MODES = {"in-process": CONFIGS["in-process"], "restart": CONFIGS["ours"]}
+# in-process/aks: AKS's figures where a vanish is concerned (the replica timeout, 30 s, and the heartbeat timeout of
+# the coordinator and of the quorum's watch, 1 s: core/launch.py), on this machine; /aks-unwatched: the same with
+# the watch at an hour, so the survivors wait in the step's collective for the replica timeout (before the watch).
+FIGURES = {
+    "aks": {launch.ENV_REPLICA_TIMEOUT: f"{launch.AKS.replica_timeout_seconds:g}",
+            launch.ENV_REPLICA_HEARTBEAT_TIMEOUT: f"{launch.AKS.coordinator_heartbeat_timeout_ms / 1000:g}"},
+    "aks-unwatched": {launch.ENV_REPLICA_TIMEOUT: f"{launch.AKS.replica_timeout_seconds:g}",
+                      launch.ENV_REPLICA_HEARTBEAT_TIMEOUT: "3600"},
+}
+HEARTBEAT_MS = {"aks": launch.AKS.coordinator_heartbeat_timeout_ms,
+                "aks-unwatched": launch.AKS.coordinator_heartbeat_timeout_ms}
 # Tiny: a step is the coordination's, not the model's. 168 = 8 x 7 x 3: worlds of 1-4, 7 and 8 divide it.
 SCRIPT_ARGS = ["--width", "16", "--global-batch", "168", "--samples", "1680",
                "--step-delay", "0.05"]
@@ -69,10 +81,11 @@ class Event:
 
 def run_job(mode: str, nodes: int, blob, etcd, imds: ScheduledEventsServer, logs: Path) -> dict:
     base, _, heartbeat_ms = mode.partition("@")  # in-process@500: its coordinator's heartbeat timeout, in ms
-    cfg = MODES[base]
+    base, _, figures = base.partition("/")  # in-process/aks: FIGURES
+    cfg = dict(MODES[base], env=FIGURES[figures]) if figures else MODES[base]
     name = f"out-{base}-{nodes}-{uuid.uuid4().hex[:6]}"
-    coordinator = start_coordinator(cfg, logs / name, name,
-                                    int(heartbeat_ms or launch.LOCAL.coordinator_heartbeat_timeout_ms))
+    coordinator = start_coordinator(cfg, logs / name, name, int(
+        heartbeat_ms or HEARTBEAT_MS.get(figures, launch.LOCAL.coordinator_heartbeat_timeout_ms)))
     job = bench_job(name, cfg, blob, etcd, imds, SCRIPT_ARGS, coordinator, max_nodes=nodes)
     store = BlobStore.from_url(job.checkpoint_url, connection_string=blob.connection_string)
     evictor = BenchEvictor(job, imds, lambda: read_events(store, store.prefix), logs / name, full_size=nodes)
@@ -117,7 +130,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--modes", default=",".join(MODES),
                         help="which of " + ", ".join(MODES) + "; in-process@MS: with the coordinator's heartbeat "
-                        "timeout at MS milliseconds (the product's: core/launch.py)")
+                        "timeout at MS milliseconds (the product's: core/launch.py); in-process/" + "|".join(FIGURES)
+                        + ": with AKS's replica and heartbeat timeouts (see FIGURES)")
     parser.add_argument("--json", help="write every sample here")
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]
@@ -134,10 +148,10 @@ def main() -> int:
                         sample = run_job(mode, nodes, blob, etcd, imds, work / "logs")
                         sample["rep"] = rep + 1
                         samples.append(sample)
-                        print(f"  {nodes} nodes rep {rep + 1} {mode:15s} " + "  ".join(
+                        print(f"  {nodes} nodes rep {rep + 1} {mode:24s} " + "  ".join(
                             f"{e} {sample[f'{e}_outage_s']} s lost {sample[f'{e}_lost']}" for e in KINDS)
                             + f"  ({time.time() - started:.0f}s)", flush=True)
-    print(f"\n{'nodes':>5s} {'mode':15s} {'n':>2s} " + " ".join(f"{e + ' s':>11s} {'lost':>5s}" for e in KINDS))
+    print(f"\n{'nodes':>5s} {'mode':24s} {'n':>2s} " + " ".join(f"{e + ' s':>11s} {'lost':>5s}" for e in KINDS))
     medians: dict = {}
     for nodes in args.nodes:
         for mode in modes:
@@ -145,7 +159,7 @@ def main() -> int:
             m = medians.setdefault(str(nodes), {})[mode] = {
                 key: _median(x for r in rows for x in r[key])
                 for e in KINDS for key in (f"{e}_outage_s", f"{e}_lost")}
-            print(f"{nodes:5d} {mode:15s} {len(rows):2d} " + " ".join(
+            print(f"{nodes:5d} {mode:24s} {len(rows):2d} " + " ".join(
                 f"{m[f'{e}_outage_s']!s:>11s} {m[f'{e}_lost']!s:>5s}" for e in KINDS))
         if {"in-process", "restart"} <= set(modes):
             ours, ref = medians[str(nodes)]["in-process"], medians[str(nodes)]["restart"]

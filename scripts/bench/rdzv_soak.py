@@ -80,7 +80,9 @@ def soak(conf: str, seconds: float, blob, etcd, logs: Path, timeout: float | Non
 
 def soak_in_process(heartbeat_ms: int, seconds: float, blob, logs: Path) -> dict:
     """A healthy 2-node in-process job (goodput.py's config, its coordinator at ``heartbeat_ms``): every quorum
-    change after both nodes train is a live node taken for dead (its heartbeats late) and dropped for nothing."""
+    change after both nodes train is a live node taken for dead (its heartbeats late) and dropped for nothing; the
+    quorum's watch (runtime/replica_watch.py) beats at the same timeout, and each step it gave up on a live node is
+    a needless discard (counted from the nodes' logs, as is every discarded step)."""
     from goodput import CONFIGS, WORKLOAD, WORKLOAD_ARGS, start_coordinator  # pylint: disable=import-outside-toplevel
 
     cfg = CONFIGS["in-process"]
@@ -89,11 +91,15 @@ def soak_in_process(heartbeat_ms: int, seconds: float, blob, logs: Path) -> dict
     job = JobConfig(name=name, checkpoint_url=f"{blob.blob_endpoint}/bench/{name}",
                     connection_string=blob.connection_string, etcd_endpoint="unused:0", progress_seconds=0.2,
                     recovery=launch.RECOVERY_IN_PROCESS, coordinator=coordinator.address,
-                    extra_env={launch.ENV_CHECKPOINT_INTERVAL_STEPS: str(cfg["every"])},
+                    extra_env={launch.ENV_CHECKPOINT_INTERVAL_STEPS: str(cfg["every"]),
+                               launch.ENV_REPLICA_HEARTBEAT_TIMEOUT: f"{heartbeat_ms / 1000:g}"},
                     script=WORKLOAD, script_args=WORKLOAD_ARGS)
     store = BlobStore.from_url(job.checkpoint_url, connection_string=blob.connection_string)
     try:
-        return train_healthy(job, seconds, store, logs, "quorum")
+        result = train_healthy(job, seconds, store, logs / name, "quorum")
+        text = "".join(path.read_text(errors="replace") for path in (logs / name).glob("*.log"))
+        return {**result, "given_up": text.count("giving up the step's collective"),
+                "discarded": text.count("discarding the step")}
     finally:
         coordinator.stop()
         store.close()
@@ -124,8 +130,9 @@ def main() -> int:
                 for heartbeat_ms in args.in_process_heartbeat_ms or []:
                     r = soak_in_process(heartbeat_ms, args.seconds, blob, work / "logs")
                     print(f"{r['reforms']} needless re-form(s) in {r['seconds']:.0f}s ({r['steps']} steps, "
-                          f"{args.hogs} CPU hogs): in-process, coordinator heartbeat timeout {heartbeat_ms} ms",
-                          flush=True)
+                          f"{args.hogs} CPU hogs): in-process, coordinator heartbeat timeout {heartbeat_ms} ms; "
+                          f"the quorum's watch gave up {r['given_up']} collective(s) on a live node, "
+                          f"{r['discarded']} step(s) discarded", flush=True)
                 for peer in [] if args.in_process_heartbeat_ms else args.peer_timeout or []:
                     r = soak(TUNED_RDZV_CONF, args.seconds, blob, etcd, work / "logs",
                              launch.AKS.collective_timeout_seconds, args.checkpoint_every, peer_timeout=peer)
