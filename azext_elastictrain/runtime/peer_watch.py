@@ -79,13 +79,14 @@ class PeerWatch:  # pylint: disable=too-many-instance-attributes  # the beat's s
 
     def __init__(self, connect: Callable[[], Any], *, rank: int, world_size: int, timeout: float,
                  on_gone: Callable[[str], None], clock: Callable[[], float] = time.monotonic,
-                 on_beat: Callable[[Any], None] | None = None):
+                 on_beat: Callable[[Any], None] | None = None, watched: Sequence[int] | None = None):
         """``on_beat(client)``: called on the beat thread after each beat, as a timed store call (its hang is the
-        store's)."""
+        store's). ``watched``: the ranks whose beats this one reads (default: every other)."""
         self._connect, self.rank, self.world_size, self.timeout = connect, rank, world_size, timeout
         self._on_gone, self._clock, self._on_beat = on_gone, clock, on_beat
         self.interval = timeout / BEATS_PER_TIMEOUT
         self._keys = [f"{KEY_PREFIX}{r}" for r in range(world_size)]
+        self._watched = [r for r in (range(world_size) if watched is None else watched) if r != rank]
         self._client: Any = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -142,7 +143,7 @@ class PeerWatch:  # pylint: disable=too-many-instance-attributes  # the beat's s
         try:
             while not self._stop.is_set():
                 self._call(self._client.add, self._keys[self.rank], 1)
-                counters = self._call(self._client.counters, self._keys)
+                counters = self._call(self._client.counters, [self._keys[r] for r in self._watched])
                 if self._stop.is_set():
                     return
                 self._judge_peers(counters, self._clock())
@@ -157,8 +158,8 @@ class PeerWatch:  # pylint: disable=too-many-instance-attributes  # the beat's s
                          "collectives by itself", exc)
 
     def _judge_peers(self, counters: list[int], now: float) -> None:
-        for rank, count in enumerate(counters):
-            if rank == self.rank or count >= LEFT:
+        for rank, count in zip(self._watched, counters):
+            if count >= LEFT:
                 continue
             last = self._seen.get(rank)
             if last is None or last[0] != count:

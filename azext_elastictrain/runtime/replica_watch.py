@@ -4,10 +4,10 @@ timeout, and given up by every participant or by none.
 A Spot VM evicted without notice vanishes: its sockets stay open and no FIN comes, so a survivor waiting for it in
 the step's collective learned only at the replica timeout (AKS: 30 s, long so that a slow peer is not taken for a
 dead one). Now each participant of a quorum beats in the quorum's store (the one torchft's process group meets in,
-on the quorum's first node) from a thread of its own, and watches the others' beats (runtime/peer_watch.py): a peer
-unheard for the heartbeat timeout (the coordinator's own: core/launch.py, so the next quorum, which waits for the
-coordinator to drop the node, is ready as the step is given up), or a store whose calls stop returning (the first
-node gone), is gone. A slow peer is not: its beat has a thread of its own, so a long step, an upload or a GIL-bound
+on the quorum's first node) from a thread of its own, and watches the next one's beats, in a ring
+(runtime/peer_watch.py): a peer unheard for the heartbeat timeout (the coordinator's own: core/launch.py, so the
+next quorum, which waits for the coordinator to drop the node, is ready as the step is given up), or a store whose
+calls stop returning (the first node gone), is gone. A slow peer is not: its beat has a thread of its own, so a long step, an upload or a GIL-bound
 stretch of Python does not stop it; only a process that is not scheduled at all for the timeout is taken for gone.
 
 Giving up must be the same on every participant: if one node discarded the step while another committed it, the
@@ -94,9 +94,13 @@ class WatchedGroup(ProcessGroup):  # type: ignore[misc]  # torchft ships no py.t
         call_timeout = timedelta(seconds=max(STORE_CALL_FLOOR_SECONDS, STORE_CALL_TIMEOUTS * self.heartbeat_timeout))
         self._claims = create_store_client(
             store_addr, timeout=timedelta(seconds=max(CLAIM_FLOOR_SECONDS, self.heartbeat_timeout)))
+        # a ring: each participant reads its successor's beat only (a store call per beat, not one per participant:
+        # 256 nodes would read 65,536 counters a beat); a gone one's predecessor gives the collective up, and the
+        # others read its claim at their next beat
         self._watch = PeerWatch(lambda: StoreClient.over(create_store_client(store_addr, timeout=call_timeout)),
                                 rank=rank, world_size=world_size, timeout=self.heartbeat_timeout,
-                                on_gone=self._on_gone, on_beat=self._read_claim).start()
+                                on_gone=self._on_gone, on_beat=self._read_claim,
+                                watched=[(rank + 1) % world_size]).start()
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:
         return self.inner.allreduce(tensors, opts)
