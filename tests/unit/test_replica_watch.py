@@ -29,10 +29,10 @@ def store():
     yield server
 
 
-def pair(store, quorum: int) -> list[WatchedGroup]:
-    """Two participants of quorum ``quorum``, configured as torchft's Manager does (each in its own thread)."""
+def pair(store, quorum: int, size: int = 2) -> list[WatchedGroup]:
+    """``size`` participants of quorum ``quorum``, configured as torchft's Manager does (each in its own thread)."""
     groups = [WatchedGroup(lambda: ProcessGroupGloo(timeout=TIMEOUT), heartbeat_timeout=HEARTBEAT)
-              for _ in range(2)]
+              for _ in range(size)]
     configure(store, groups, quorum)
     return groups
 
@@ -92,6 +92,26 @@ def test_a_participant_silent_mid_collective_is_given_up_in_the_heartbeat_timeou
         assert "has not beaten" in outcome["gone"], outcome
         assert outcome["seconds"] < 10 * HEARTBEAT < TIMEOUT.total_seconds(), outcome
         thaw(groups[1])
+    finally:
+        close(groups)
+
+
+def test_in_a_ring_of_three_the_node_that_does_not_watch_the_gone_one_gives_up_too(store):
+    """Each participant reads its successor's beats only: rank 1 finds rank 2 gone; rank 0, which watches rank 1,
+    learns from the claim rank 1 made, at its next beat."""
+    groups = pair(store, 6, size=3)
+    try:
+        frozen(groups[2])
+        outcomes: list[dict] = [{}, {}]
+        threads = [threading.Thread(target=average, args=(groups[i], 1.0, outcomes[i])) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert "rank 2 has not beaten" in outcomes[1]["gone"], outcomes
+        assert "another participant gave up" in outcomes[0]["gone"], outcomes
+        assert max(o["seconds"] for o in outcomes) < 10 * HEARTBEAT, outcomes
+        thaw(groups[2])
     finally:
         close(groups)
 
