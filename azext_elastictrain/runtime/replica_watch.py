@@ -7,8 +7,9 @@ dead one). Now each participant of a quorum beats in the quorum's store (the one
 on the quorum's first node) from a thread of its own, and watches the next one's beats, in a ring
 (runtime/peer_watch.py): a peer unheard for the heartbeat timeout (the coordinator's own: core/launch.py, so the
 next quorum, which waits for the coordinator to drop the node, is ready as the step is given up), or a store whose
-calls stop returning (the first node gone), is gone. A slow peer is not: its beat has a thread of its own, so a long step, an upload or a GIL-bound
-stretch of Python does not stop it; only a process that is not scheduled at all for the timeout is taken for gone.
+calls stop returning (the first node gone), is gone. A slow peer is not: its beat has a thread of its own, so a
+long step, an upload or a GIL-bound stretch of Python does not stop it; only a process that is not scheduled at
+all for the timeout is taken for gone.
 
 Giving up must be the same on every participant: if one node discarded the step while another committed it, the
 replicas would part. So each collective has a claim in the quorum's store (``compare_set`` on a key of its own,
@@ -75,7 +76,8 @@ class WatchedGroup(ProcessGroup):  # type: ignore[misc]  # torchft ships no py.t
         self._abandoned = False  # a collective of the current group was given up while it waited (gloo)
 
     # -- torchft's calls -----------------------------------------------------------------------------------------
-    def configure(self, store_addr: str, replica_id: str, rank: int, world_size: int,  # pylint: disable=too-many-arguments,too-many-positional-arguments  # torchft's signature
+    # pylint: disable-next=too-many-arguments,too-many-positional-arguments  # torchft's signature
+    def configure(self, store_addr: str, replica_id: str, rank: int, world_size: int,
                   quorum_id: int | None = None, group_rank: int | None = None, group_world_size: int | None = None,
                   global_ranks: list[int] | None = None) -> None:
         self.stop_watch()
