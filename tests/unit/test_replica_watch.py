@@ -164,3 +164,86 @@ def test_the_next_quorum_meets_on_a_new_group_without_waiting_for_the_one_given_
         thaw(groups[1])
     finally:
         close(groups)
+
+
+# -- NCCL: the communicator is aborted, and only once the claim is this participant's (fakes: no GPU here) -----------
+class PendingWork:
+    """A collective on the GPU that a gone peer holds up: its future ends only when its communicator is aborted."""
+
+    def __init__(self) -> None:
+        self.future: torch.futures.Future = torch.futures.Future()
+
+    def get_future(self) -> torch.futures.Future:
+        return self.future
+
+    def wait(self) -> bool:
+        self.future.wait()
+        return True
+
+
+class FakeProcessGroupNCCL(ProcessGroupGloo):
+    """torchft's ProcessGroupNCCL as the watch sees it (its class name says NCCL): configured on the real store,
+    its collectives pending until ``abort()``, which fails them as ncclCommAbort does."""
+
+    def __init__(self) -> None:
+        super().__init__(timeout=TIMEOUT)
+        self.pending: list[PendingWork] = []
+        self.aborted = threading.Event()
+
+    def configure(self, *args, **kwargs) -> None:
+        super().configure(*args, **kwargs)  # torchft's configure aborts the group it replaces: not a give-up
+        self.aborted.clear()
+
+    def allreduce(self, tensors, opts):
+        self.pending.append(PendingWork())
+        return self.pending[-1]
+
+    def abort(self, errored: bool = True) -> None:
+        self.aborted.set()
+        for work in self.pending:
+            if not work.future.done():
+                work.future.set_exception(RuntimeError("NCCL communicator was aborted"))
+
+
+def nccl_pair(store, quorum: int) -> list[WatchedGroup]:
+    groups = [WatchedGroup(FakeProcessGroupNCCL, heartbeat_timeout=HEARTBEAT) for _ in range(2)]
+    configure(store, groups, quorum)
+    return groups
+
+
+def test_a_cuda_collective_held_by_a_gone_peer_has_its_communicator_aborted(store):
+    groups = nccl_pair(store, 7)
+    try:
+        frozen(groups[1])
+        outcome: dict = {}
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match="aborted"):
+            groups[0].next_step()
+            groups[0].wait(groups[0].allreduce([torch.zeros(1)], None))
+        assert groups[0].inner.aborted.is_set() and time.monotonic() - started < 10 * HEARTBEAT, outcome
+    finally:
+        close(groups)
+
+
+def test_a_cuda_collective_another_participant_completed_is_not_aborted(store):
+    """The verdict comes after the other participant claimed the collective done: this one's completes too (the
+    other got its part), so aborting the communicator would lose a step the other commits."""
+    groups = nccl_pair(store, 8)
+    try:
+        for g in groups:
+            g.next_step()
+        works = [g.allreduce([torch.zeros(1)], None) for g in groups]
+        waiter = threading.Thread(target=groups[0].wait, args=(works[0],))
+        waiter.start()
+        works[1].future.set_result(None)
+        groups[1].wait(works[1])
+        groups[1].agree()  # claimed done
+        groups[0]._on_gone("rank 1 has not beaten (a test's verdict)")  # pylint: disable=protected-access
+        time.sleep(2 * HEARTBEAT)
+        assert not groups[0].inner.aborted.is_set()
+        works[0].future.set_result(None)  # it completes after all
+        waiter.join(10)
+        assert not waiter.is_alive()
+        groups[0].agree()  # and agrees: done
+    finally:
+        close(groups)
