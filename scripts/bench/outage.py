@@ -133,6 +133,7 @@ def main() -> int:
                         "timeout at MS milliseconds (the product's: core/launch.py); in-process/" + "|".join(FIGURES)
                         + ": with AKS's replica and heartbeat timeouts (see FIGURES)")
     parser.add_argument("--json", help="write every sample here")
+    parser.add_argument("--logs", type=Path, help="keep every job's logs here (default: a temporary folder)")
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]
     samples: list[dict] = []
@@ -145,7 +146,7 @@ def main() -> int:
                 for rep in range(args.repeats):
                     for mode in modes[rep % len(modes):] + modes[:rep % len(modes)]:  # rotate: spread drift
                         started = time.time()
-                        sample = run_job(mode, nodes, blob, etcd, imds, work / "logs")
+                        sample = run_job(mode, nodes, blob, etcd, imds, args.logs or work / "logs")
                         sample["rep"] = rep + 1
                         samples.append(sample)
                         print(f"  {nodes} nodes rep {rep + 1} {mode:24s} " + "  ".join(
