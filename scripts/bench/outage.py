@@ -170,7 +170,7 @@ def main() -> int:
           "scale-up <= 0.5 s (ratio: in-process / restart)")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "samples": samples, "medians": medians},
-                                              indent=1))
+                                              indent=1, default=str))
     return 0
 
 
