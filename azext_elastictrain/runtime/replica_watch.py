@@ -68,6 +68,7 @@ class WatchedGroup(ProcessGroup):  # type: ignore[misc]  # torchft ships no py.t
         self.gone: str | None = None  # the verdict of this quorum's watch: who is gone
         self._watch: PeerWatch | None = None
         self._claims: Any = None  # the quorum's store, for the claims made on the training thread
+        self._claim_timeout = CLAIM_FLOOR_SECONDS
         self._wake = threading.Event()  # a collective's end, or a verdict, while the training thread waits
         self._lock = threading.Lock()
         self._key: str | None = None  # the claim of the collective in flight
@@ -94,8 +95,8 @@ class WatchedGroup(ProcessGroup):  # type: ignore[misc]  # torchft ships no py.t
             self._claims = None
             return
         call_timeout = timedelta(seconds=max(STORE_CALL_FLOOR_SECONDS, STORE_CALL_TIMEOUTS * self.heartbeat_timeout))
-        self._claims = create_store_client(
-            store_addr, timeout=timedelta(seconds=max(CLAIM_FLOOR_SECONDS, self.heartbeat_timeout)))
+        self._claim_timeout = max(CLAIM_FLOOR_SECONDS, self.heartbeat_timeout)
+        self._claims = create_store_client(store_addr, timeout=timedelta(seconds=self._claim_timeout))
         # a ring: each participant reads its successor's beat only (a store call per beat, not one per participant:
         # 256 nodes would read 65,536 counters a beat); a gone one's predecessor gives the collective up, and the
         # others read its claim at their next beat
@@ -177,7 +178,7 @@ class WatchedGroup(ProcessGroup):  # type: ignore[misc]  # torchft ships no py.t
             self._key = None
         for key in pending:
             try:
-                claim = bytes(self._claims.compare_set(key, "", DONE))
+                claim = self._claim(key, DONE)
             except Exception as ex:  # the quorum's store is gone with its node: its verdict is the watch's
                 raise PeerGone(f"the quorum's store did not answer the claim of a collective ({ex})") from ex
             if claim != DONE:
@@ -205,7 +206,7 @@ class WatchedGroup(ProcessGroup):  # type: ignore[misc]  # torchft ships no py.t
         if key is None:
             return True
         try:
-            mine = bytes(self._claims.compare_set(key, "", GIVEN_UP)) == GIVEN_UP
+            mine = self._claim(key, GIVEN_UP) == GIVEN_UP
         except Exception:  # pylint: disable=broad-exception-caught  # the store's node is gone: nobody completes it
             mine = True
         if not mine:
@@ -215,6 +216,31 @@ class WatchedGroup(ProcessGroup):  # type: ignore[misc]  # torchft ships no py.t
             log.warning("aborting the cross-node communicator: %s", reason)
             threading.Thread(target=_abort, args=(self.inner,), name="elastictrain-abort", daemon=True).start()
         return True
+
+    def _claim(self, key: str, value: bytes) -> bytes:
+        """The claim of ``key`` (``value`` unless another participant's came first), waited for at most the claim
+        timeout. torch's TCP store client bounds its connects and waits, not a call to a server that does not
+        answer: a call to the store of a node that vanished (SIGSTOP, a VM gone) never returned. So the call runs on
+        a thread of its own, left there if it hangs (a daemon: it cannot hold the process's exit)."""
+        answer: list[Any] = []
+        done = threading.Event()
+        claims = self._claims
+
+        def call() -> None:
+            try:
+                answer.append(bytes(claims.compare_set(key, "", value)))
+            except Exception as ex:  # pylint: disable=broad-exception-caught  # handed to the caller
+                answer.append(ex)
+            finally:
+                done.set()
+
+        threading.Thread(target=call, name="elastictrain-claim", daemon=True).start()
+        if not done.wait(self._claim_timeout):
+            raise TimeoutError(f"the quorum's store has not answered a claim for {self._claim_timeout:g} s")
+        if isinstance(answer[0], Exception):
+            raise answer[0]
+        result: bytes = answer[0]
+        return result
 
     def stop_watch(self, *, leave: bool = False) -> None:
         """No more beats or verdicts for this quorum (``leave``: this node leaves the job on purpose, so the others
