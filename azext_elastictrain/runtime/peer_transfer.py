@@ -27,6 +27,12 @@ start timed out) ends with a trailer that says so, and the receiver fails the he
 began writing into the receiver's tensors leaves them part one state, part the other: ``torn`` says so until a
 heal completes (runtime/replicas.py restarts the worker if the next quorum does not heal it).
 
+**Connections.** The receiver may fetch the state over several connections at once (``connections``), each
+carrying a part: the header and a run of the tensors (the runs split the bytes about evenly, computed by both
+sides from the header). One connection's copy is bound by one thread reading the socket and copying each chunk
+on (3.8 GB/s into an H100 over loopback, docs/benchmarks.md); several overlap their reads and copies. The default
+stays one (``CONNECTIONS``) until a GPU measures the difference.
+
 The sender serves the state when the quorum asks for it; the receiver polls until the peer has it or the
 transfer's timeout passes. That timeout is the transport's own (runtime/replicas.py sizes it to the state):
 torchft passes its Manager's, which knows nothing of the state's size.
@@ -45,7 +51,9 @@ import struct
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -63,6 +71,12 @@ MAGIC = b"elastictrain-peer-state/1\n"
 COMPLETE, TORN = b"COMPLETE", b"TORN\0\0\0\0"  # the trailer: whether the sender's state stayed as it was offered
 CHUNK_BYTES = 16 * 2**20  # a socket read or write, and the pinned staging buffer of a CUDA tensor
 MAX_HEADER_BYTES = 64 * 2**20
+# Parts of a state fetched at once. 1 until measured where it should pay: on this 2-core machine 300 MiB over
+# loopback took the same over 1 and 4 (0.08-0.16 s, heal_memory.py --connections, five runs each: a memory copy
+# either way); on a GPU one thread also copies each chunk to the device between its socket reads (gpu.py's heal
+# runs 1 and 4 side by side).
+CONNECTIONS = 1
+MAX_PARTS = 64
 JSON_SCALARS = (bool, int, float, str, type(None))
 
 
@@ -148,10 +162,26 @@ class Offer:
     tensors: list[torch.Tensor]
     generation: int
 
-    @property
-    def length(self) -> int:
-        data = sum(t.numel() * t.element_size() for t in self.tensors)
-        return len(MAGIC) + 8 + len(self.header) + data + len(COMPLETE)
+    def length(self, part: int = 0, parts: int = 1) -> int:
+        """The bytes of part ``part`` of ``parts`` (the header, its run of the tensors, the trailer)."""
+        run = split([_nbytes(t) for t in self.tensors], parts)[part]
+        return len(MAGIC) + 8 + len(self.header) + sum(_nbytes(self.tensors[i]) for i in run) + len(COMPLETE)
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def split(sizes: list[int], parts: int) -> list[range]:
+    """The tensors (by their bytes, in wire order) in ``parts`` consecutive runs of about equal bytes; both sides
+    compute it, the sender from its tensors and the receiver from the header. A run may be empty."""
+    total, cuts, done = sum(sizes), [0], 0
+    for index, size in enumerate(sizes):
+        done += size
+        while len(cuts) < parts and done * parts >= total * len(cuts) and index + 1 > cuts[-1]:
+            cuts.append(index + 1)
+    cuts += [len(sizes)] * (parts + 1 - len(cuts))
+    return [range(cuts[i], cuts[i + 1]) for i in range(parts)]
 
 
 def _plain_tensor(value: torch.Tensor) -> tuple[torch.Tensor, bool]:
@@ -229,13 +259,15 @@ def write_tensor(out: Writable, tensor: torch.Tensor, staging: torch.Tensor | No
         out.write(_memory(part))
 
 
-def write_offer(out: Writable, offer: Offer, intact: Callable[[], bool]) -> None:
-    """The whole stream of ``offer``; the trailer says whether ``intact()`` still holds once every byte is out."""
+def write_offer(out: Writable, offer: Offer, intact: Callable[[], bool], part: int = 0, parts: int = 1) -> None:
+    """The stream of part ``part`` of ``parts`` of ``offer`` (the whole state by default); the trailer says whether
+    ``intact()`` still holds once every byte is out."""
     out.write(MAGIC)
     out.write(struct.pack("<Q", len(offer.header)))
     out.write(offer.header)
-    staging = _staging(offer.tensors)
-    for tensor in offer.tensors:
+    run = [offer.tensors[i] for i in split([_nbytes(t) for t in offer.tensors], parts)[part]]
+    staging = _staging(run)
+    for tensor in run:
         write_tensor(out, tensor, None if tensor.device.type == "cpu" else staging)
     out.write(COMPLETE if intact() else TORN)
 
@@ -344,26 +376,30 @@ class Decoder:  # pylint: disable=too-few-public-methods  # a header's tree and 
         return tensor
 
 
-def read_state(stream: Readable, length: int | None, destination: Destination, deadline: float,
-               on_write: Callable[[], None] = lambda: None) -> Any:
-    """A state from ``stream`` (``write_offer``'s format), its tensors received into ``destination``'s.
-    ``on_write`` is called before the first byte goes into one of the destination's own tensors."""
-    reader = _Reader(stream, deadline)
+def read_header(reader: _Reader, length: int | None) -> bytes:
+    """The header of a part (its raw JSON), after checking the stream's format."""
     if reader.exactly(len(MAGIC)) != MAGIC:
         raise PeerStateError("the peer's answer is not a state in elastictrain's format")
     (size,) = struct.unpack("<Q", reader.exactly(8))
     if size > MAX_HEADER_BYTES or (length is not None and size > length):
         raise PeerStateError(f"the peer's state header claims {size} bytes")
+    return reader.exactly(size)
+
+
+def decode_header(raw: bytes, destination: Destination) -> Decoder:
     try:
-        header = json.loads(reader.exactly(size))
+        header = json.loads(raw)
     except ValueError as ex:
         raise PeerStateError(f"the peer's state header is no JSON: {ex}") from ex
     if not isinstance(header, dict):
         raise PeerStateError("the peer's state header is no JSON object")
-    decoder = Decoder(header, destination)
-    if length is not None and length != len(MAGIC) + 8 + size + decoder.data_bytes() + len(COMPLETE):
-        raise PeerStateError("the peer's answer is not as long as its header says")
-    targets = [slot for slot in decoder.slots if slot is not None]
+    return Decoder(header, destination)
+
+
+def read_part(reader: _Reader, decoder: Decoder, run: range, on_write: Callable[[], None]) -> None:
+    """Part ``run`` of the tensors into the decoder's slots, then the trailer. ``on_write`` is called before the
+    first byte goes into one of the destination's own tensors."""
+    targets = [slot for slot in (decoder.slots[i] for i in run) if slot is not None]
     staging = _staging([t for t, _ in targets])
     written = False
     for target, into_local in targets:
@@ -374,10 +410,79 @@ def read_state(stream: Readable, length: int | None, destination: Destination, d
     trailer = reader.exactly(len(COMPLETE))
     if trailer != COMPLETE:
         raise PeerStateError("the peer's state changed while it was sent (its step went on without this replica)")
+
+
+def part_length(raw_header: bytes, decoder: Decoder, run: range) -> int:
+    return len(MAGIC) + 8 + len(raw_header) + sum(_shape(decoder.metas[i])[2] for i in run) + len(COMPLETE)
+
+
+def read_state(stream: Readable, length: int | None, destination: Destination, deadline: float,
+               on_write: Callable[[], None] = lambda: None) -> Any:
+    """A state from ``stream`` (``write_offer``'s format, one part), its tensors received into ``destination``'s.
+    ``on_write`` is called before the first byte goes into one of the destination's own tensors."""
+    reader = _Reader(stream, deadline)
+    raw = read_header(reader, length)
+    decoder = decode_header(raw, destination)
+    run = range(len(decoder.metas))
+    if length is not None and length != part_length(raw, decoder, run):
+        raise PeerStateError("the peer's answer is not as long as its header says")
+    read_part(reader, decoder, run, on_write)
     return decoder.tree
 
 
+class PartsReader:  # pylint: disable=too-few-public-methods  # one state over several connections
+    """A state from ``parts`` streams of one offer, read at once on threads of their own: the first header read
+    builds the decoder (every part's header must be the same), each part reads its run into it."""
+
+    def __init__(self, parts: int, destination: Destination, deadline: float, on_write: Callable[[], None]):
+        self.parts, self.destination, self.deadline, self._on_write = parts, destination, deadline, on_write
+        self._lock = threading.Lock()
+        self._decoded_from: tuple[bytes, Decoder] | None = None  # the first header read, and its decoder
+        self._written = False
+
+    def _decoded(self, raw: bytes) -> Decoder:
+        with self._lock:
+            if self._decoded_from is None:
+                self._decoded_from = raw, decode_header(raw, self.destination)
+            elif raw != self._decoded_from[0]:
+                raise PeerStateError("the peer sent parts of different states")
+            return self._decoded_from[1]
+
+    def on_write(self) -> None:
+        with self._lock:
+            if not self._written:
+                self._written = True
+                self._on_write()
+
+    def read(self, part: int, stream: Readable, length: int | None) -> None:
+        reader = _Reader(stream, self.deadline)
+        raw = read_header(reader, length)
+        decoder = self._decoded(raw)
+        run = split([_shape(meta)[2] for meta in decoder.metas], self.parts)[part]
+        if length is not None and length != part_length(raw, decoder, run):
+            raise PeerStateError("the peer's answer is not as long as its header says")
+        read_part(reader, decoder, run, self.on_write)
+
+    @property
+    def tree(self) -> Any:
+        assert self._decoded_from is not None
+        return self._decoded_from[1].tree
+
+
 # --------------------------------------------------------------------------- the transport
+
+
+def parse_part(query: str) -> tuple[int, int] | None:
+    """``part=I&of=N`` (0 <= I < N <= MAX_PARTS) as (I, N); no query: the whole state, (0, 1); else None."""
+    if not query:
+        return 0, 1
+    fields = urllib.parse.parse_qs(query, strict_parsing=False)
+    try:
+        (part,), (parts,) = fields.pop("part"), fields.pop("of")
+        found = int(part), int(parts)
+    except (KeyError, ValueError):
+        return None
+    return found if not fields and 0 <= found[0] < found[1] <= MAX_PARTS else None
 
 
 # torchft ships no types (no py.typed): its CheckpointTransport reads as Any
@@ -385,10 +490,13 @@ class PeerTransport(CheckpointTransport):  # type: ignore[misc]  # pylint: disab
     """Serves this replica's state for one step over HTTP; fetches a peer's into this replica's tensors."""
 
     def __init__(self, host: str, *, timeout: Callable[[], timedelta], secret: str, bind: str,
-                 destination: Callable[[], Destination] = Destination) -> None:
+                 destination: Callable[[], Destination] = Destination, connections: int = CONNECTIONS) -> None:
         if not secret:
             raise JobSecretMissing("the state server needs the job's secret")
+        if not 1 <= connections <= MAX_PARTS:
+            raise ValueError(f"connections must be 1 to {MAX_PARTS}, not {connections}")
         self._host = host
+        self.connections = connections
         self._timeout = timeout
         self._destination = destination
         self._authorization = f"Bearer {secret}".encode()
@@ -404,15 +512,20 @@ class PeerTransport(CheckpointTransport):  # type: ignore[misc]  # pylint: disab
                 if not transport.admits(self.headers.get("Authorization", "")):
                     self.send_error(403, "the job's secret is required")
                     return
-                offer = transport.served(self.path)
+                path, _, query = self.path.partition("?")
+                part = parse_part(query)
+                if part is None:
+                    self.send_error(400, f"a part is ?part=I&of=N with 0 <= I < N <= {MAX_PARTS}")
+                    return
+                offer = transport.served(path)
                 if offer is None:
                     self.send_error(503, "no state for this step yet")
                     return
                 self.send_response(200)
                 self.send_header("Content-Type", "application/octet-stream")
-                self.send_header("Content-Length", str(offer.length))
+                self.send_header("Content-Length", str(offer.length(*part)))
                 self.end_headers()
-                write_offer(self.wfile, offer, lambda: transport.still_offered(offer))
+                write_offer(self.wfile, offer, lambda: transport.still_offered(offer), *part)
 
             def log_message(self, *args: Any) -> None:  # one line per request on stderr is noise here
                 pass
@@ -456,18 +569,6 @@ class PeerTransport(CheckpointTransport):  # type: ignore[misc]  # pylint: disab
     def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> Any:
         deadline = time.monotonic() + self._timeout().total_seconds()  # not torchft's timeout: see the docstring
         url = f"{metadata}{PATH}{step}"
-        while True:
-            try:
-                request = urllib.request.Request(url, headers={"Authorization": self._authorization.decode()})
-                with urllib.request.urlopen(request, timeout=max(0.1, deadline - time.monotonic())) as response:
-                    length = response.headers.get("Content-Length")
-                    return self._receive(response, None if length is None else int(length), deadline)
-            except urllib.error.HTTPError as ex:
-                if ex.code != 503 or time.monotonic() >= deadline:
-                    raise
-            time.sleep(0.02)
-
-    def _receive(self, response: Readable, length: int | None, deadline: float) -> Any:
         writing = False
 
         def on_write() -> None:
@@ -475,13 +576,44 @@ class PeerTransport(CheckpointTransport):  # type: ignore[misc]  # pylint: disab
             writing = True
 
         try:
-            tree = read_state(response, length, self._destination(), deadline, on_write)
+            tree = self._fetch(url, deadline, on_write)
         except BaseException:
             if writing:
                 self.torn = True
             raise
         self.torn = False
         return tree
+
+    def _fetch(self, url: str, deadline: float, on_write: Callable[[], None]) -> Any:
+        """The state at ``url``, over one connection or ``connections`` parts at once."""
+        if self.connections == 1:
+            return self._get(url, deadline, lambda response, length: read_state(
+                response, length, self._destination(), deadline, on_write))
+        parts = PartsReader(self.connections, self._destination(), deadline, on_write)
+
+        def read(part: int) -> Callable[[Readable, int | None], None]:
+            return lambda response, length: parts.read(part, response, length)
+
+        with ThreadPoolExecutor(self.connections, thread_name_prefix="elastictrain-heal") as pool:
+            reads = [pool.submit(self._get, f"{url}?part={i}&of={self.connections}", deadline, read(i))
+                     for i in range(self.connections)]
+            for pending in reads:
+                pending.result()  # the first failure raises (the others end with their streams)
+        return parts.tree
+
+    def _get(self, url: str, deadline: float, handle: Callable[[Readable, int | None], Any]) -> Any:
+        """``handle(response, length)`` of ``url``'s answer, asked again while the peer does not have the state yet
+        (503) until ``deadline``."""
+        while True:
+            try:
+                request = urllib.request.Request(url, headers={"Authorization": self._authorization.decode()})
+                with urllib.request.urlopen(request, timeout=max(0.1, deadline - time.monotonic())) as response:
+                    length = response.headers.get("Content-Length")
+                    return handle(response, None if length is None else int(length))
+            except urllib.error.HTTPError as ex:
+                if ex.code != 503 or time.monotonic() >= deadline:
+                    raise
+            time.sleep(0.02)
 
     def shutdown(self, wait: bool = True) -> None:
         self._server.shutdown()

@@ -3,6 +3,7 @@
 
     .venv/bin/python scripts/bench/heal_memory.py                 # a ~300 MiB state (model + AdamW moments)
     .venv/bin/python scripts/bench/heal_memory.py --mib 100 --json out.json
+    .venv/bin/python scripts/bench/heal_memory.py --connections 1   # the state over one connection (default: 4)
 
 Two processes on loopback, each with the same model and AdamW (moments made by one step: a newcomer restores
 from memory or blob before it heals; ``--fresh``: the receiver's optimizer without moments, which a heal makes,
@@ -80,7 +81,7 @@ def sender(mib: int) -> None:
     print(json.dumps({"peak_mib": (rss_kib("VmHWM") - base) / 1024}), flush=True)
 
 
-def receiver(mib: int, url: str, fresh: bool) -> dict[str, Any]:
+def receiver(mib: int, url: str, fresh: bool, connections: int | None = None) -> dict[str, Any]:
     import torch
 
     from azext_elastictrain.runtime import entries
@@ -94,7 +95,7 @@ def receiver(mib: int, url: str, fresh: bool) -> dict[str, Any]:
 
         return Destination({"user": {KEY: {"flat": entries.tree(state).flat}}}, torch.device("cpu"))
 
-    client = transport(destination=destination)
+    client = transport(destination=destination, **({} if connections is None else {"connections": connections}))
     start = time.monotonic()
     payload = client.recv_checkpoint(0, url, 1, timedelta(seconds=300))
     received = time.monotonic() - start
@@ -111,6 +112,7 @@ def main() -> None:
     parser.add_argument("--fresh", action="store_true",
                         help="the receiver's optimizer without moments (a newcomer that restored nothing first)")
     parser.add_argument("--json", type=Path, help="also write the result here")
+    parser.add_argument("--connections", type=int, help="the receiver's connections (default: the transport's)")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the sender's process
     args = parser.parse_args()
     if args.serve:
@@ -121,7 +123,8 @@ def main() -> None:
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         url = json.loads(proc.stdout.readline())["url"]
-        result = receiver(args.mib, url, args.fresh)
+        result = receiver(args.mib, url, args.fresh, args.connections)
+        result["connections"] = getattr(args, "connections", None) or "default"
         proc.stdin.write("done\n")
         proc.stdin.flush()
         result["sender_peak_mib"] = round(json.loads(proc.stdout.readline())["peak_mib"], 1)

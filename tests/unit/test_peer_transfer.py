@@ -178,8 +178,8 @@ def test_a_heal_cut_short_after_writing_leaves_the_receiver_torn_until_one_compl
     try:
         header, tensors = encode({"w": torch.ones(4 * 2**20)})
 
-        def torn_offer(out, offer, _intact):  # the sender's body started while the bytes were on their way
-            write_offer(out, offer, lambda: False)
+        def torn_offer(out, offer, _intact, *part):  # the sender's body started while the bytes were on their way
+            write_offer(out, offer, lambda: False, *part)
 
         with monkeypatch.context() as patch:
             patch.setattr(peer_transfer, "write_offer", torn_offer)
@@ -193,3 +193,60 @@ def test_a_heal_cut_short_after_writing_leaves_the_receiver_torn_until_one_compl
     finally:
         sender.shutdown()
         receiver.shutdown()
+
+
+# -- several connections at once (CONNECTIONS parts) -----------------------------------------------------------------
+@pytest.mark.parametrize("sizes, parts", [([10, 10, 10, 10], 2), ([100, 1, 1, 1], 4), ([1, 1, 100], 4), ([], 3),
+                                          ([5], 4), ([7, 0, 3, 9, 2, 8, 4], 3)])
+def test_the_parts_are_consecutive_runs_of_every_tensor_once_of_about_equal_bytes(sizes, parts) -> None:
+    runs = peer_transfer.split(sizes, parts)
+    assert len(runs) == parts and [i for run in runs for i in run] == list(range(len(sizes)))
+    biggest = max(sizes, default=0)
+    for run in runs:  # no run exceeds its share by more than one tensor
+        assert sum(sizes[i] for i in run) <= sum(sizes) / parts + biggest
+
+
+@pytest.mark.parametrize("connections", [1, 3, 4])
+def test_a_heal_over_several_connections_lands_the_same_state_in_the_local_tensors(connections) -> None:
+    sent = {f"layer{i}": torch.randn(1000 + 37 * i) for i in range(9)} | {"step": 4, "empty": torch.zeros(0)}
+    local = {key: torch.zeros_like(value) for key, value in sent.items() if isinstance(value, torch.Tensor)}
+    mine = dict(local)
+    sender, receiver = make_pair(destination=lambda: Destination(local, torch.device("cpu")),
+                                 connections=connections)
+    try:
+        sender.send_checkpoint([1], 2, sent, timedelta(seconds=1))
+        got = receiver.recv_checkpoint(0, sender.metadata(), 2, timedelta(seconds=1))
+        assert got["step"] == 4 and not receiver.torn
+        for key, tensor in mine.items():
+            assert got[key] is tensor and torch.equal(tensor, sent[key]), key
+    finally:
+        sender.shutdown()
+        receiver.shutdown()
+
+
+@pytest.mark.parametrize("query", ["part=4&of=4", "part=0&of=65", "part=-1&of=2", "part=x&of=2", "part=0",
+                                   "part=0&of=2&extra=1"])
+def test_a_part_that_is_not_one_is_refused(query) -> None:
+    import urllib.error
+    import urllib.request
+
+    sender, receiver = make_pair()
+    try:
+        sender.send_checkpoint([1], 1, {"w": torch.ones(4)}, timedelta(seconds=1))
+        request = urllib.request.Request(f"{sender.metadata()}{peer_transfer.PATH}1?{query}",
+                                         headers={"Authorization": f"Bearer {SECRET}"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=5)  # pylint: disable=consider-using-with
+        assert refused.value.code == 400
+        refused.value.close()
+    finally:
+        sender.shutdown()
+        receiver.shutdown()
+
+
+def test_parts_of_different_states_are_refused() -> None:
+    reader = peer_transfer.PartsReader(2, Destination(), time.monotonic() + 10, lambda: None)
+    one, other = stream_of({"w": torch.ones(4)}), stream_of({"w": torch.ones(5)})
+    reader.read(0, io.BytesIO(one), None)
+    with pytest.raises(PeerStateError, match="different states"):
+        reader.read(1, io.BytesIO(other), None)
