@@ -165,6 +165,12 @@ def nccl_version() -> Optional[Tuple[int, ...]]:
     return tuple(torch.cuda.nccl.version())  # type: ignore[no-untyped-call]  # torch leaves it unannotated
 
 
+def abortable(device: torch.device) -> bool:
+    """Whether the cross-node backend for ``device`` aborts a collective in flight (NCCL's communicator), rather than
+    gloo's, which cannot be aborted while one waits."""
+    return replica_backend(device, nccl_version() if device.type == "cuda" else None) != "gloo"
+
+
 def replica_process_group(device: torch.device, timeout: timedelta) -> Any:
     """torchft's reconfigurable process group for the cross-node average of tensors on ``device``."""
     import torchft

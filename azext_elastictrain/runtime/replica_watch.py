@@ -58,11 +58,14 @@ class WatchedGroup(ProcessGroup):  # type: ignore[misc]  # torchft ships no py.t
     """torchft's reconfigurable process group (``make()``: a ProcessGroupGloo or ProcessGroupNCCL, ``inner``) for the
     Manager, which calls ``configure``, ``allreduce`` and ``errored``; with a watch of the quorum's participants at
     each configure, and ``wait``/``agree`` for each collective (see the module's docstring). ``heartbeat_timeout``:
-    seconds a participant may go unheard (None: no watch, every collective waits its own timeout)."""
+    seconds a participant may go unheard (None: no watch, every collective waits its own timeout). ``abortable``:
+    the backend aborts a collective in flight (NCCL's communicator; gloo's cannot be, even with CUDA tensors)."""
 
-    def __init__(self, make: Callable[[], ProcessGroup], *, heartbeat_timeout: float | None) -> None:
+    def __init__(self, make: Callable[[], ProcessGroup], *, heartbeat_timeout: float | None,
+                 abortable: bool = False) -> None:
         super().__init__(0, 1)
         self._make = make
+        self.abortable = abortable
         self.inner: Any = make()
         self.heartbeat_timeout = heartbeat_timeout
         self.gone: str | None = None  # the verdict of this quorum's watch: who is gone
@@ -189,7 +192,7 @@ class WatchedGroup(ProcessGroup):  # type: ignore[misc]  # torchft ships no py.t
         log.warning("a participant of the quorum is gone: %s; giving up the step's collective", reason)
         with self._lock:
             self.gone = reason
-        if self._key is not None and _device_of(self.inner) != torch.device("cpu"):
+        if self._key is not None and self.abortable:
             self._give_up(reason)  # NCCL: abort the communicator the kernels wait on, once the claim is ours
         self._wake.set()
 
@@ -212,7 +215,7 @@ class WatchedGroup(ProcessGroup):  # type: ignore[misc]  # torchft ships no py.t
         if not mine:
             return False
         self._abandoned = True  # the next quorum meets on a new group
-        if _device_of(self.inner) != torch.device("cpu"):
+        if self.abortable:
             log.warning("aborting the cross-node communicator: %s", reason)
             threading.Thread(target=_abort, args=(self.inner,), name="elastictrain-abort", daemon=True).start()
         return True
@@ -248,11 +251,6 @@ class WatchedGroup(ProcessGroup):  # type: ignore[misc]  # torchft ships no py.t
         if self._watch is not None:
             self._watch.stop(leave=leave)
             self._watch = None
-
-
-def _device_of(group: Any) -> torch.device:
-    """The device a torchft group's collectives run on: CUDA for NCCL, CPU for gloo."""
-    return torch.device("cuda") if "nccl" in type(group).__name__.lower() else torch.device("cpu")
 
 
 def _abort(group: Any) -> None:

@@ -97,7 +97,7 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         from torchft import Manager
 
         from azext_elastictrain.runtime.peer_transfer import PeerTransport, job_secret
-        from azext_elastictrain.runtime.replica_grads import replica_backend, replica_process_group
+        from azext_elastictrain.runtime.replica_grads import abortable, replica_backend, replica_process_group
         from azext_elastictrain.runtime.replica_watch import WatchedGroup
 
         env = os.environ if environ is None else environ
@@ -133,7 +133,7 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         # torchft's group for the device, watched: a participant gone gives the step's collective up on every
         # participant at once (runtime/replica_watch.py), not at the replica timeout
         self._pg = WatchedGroup(lambda: replica_process_group(self.device, self.timeout),
-                                heartbeat_timeout=settings.replica_heartbeat_timeout)
+                                heartbeat_timeout=settings.replica_heartbeat_timeout, abortable=abortable(self.device))
         # Synchronous quorum: a replica behind loads the peer's state inside start_quorum, before its body (with
         # torchft's asynchronous one it loads in should_commit, after a body run on its own stale state and batch).
         self.manager: ReplicaManager = Manager(

@@ -51,3 +51,14 @@ def test_a_replica_group_with_parameters_on_a_device_no_backend_serves_is_refuse
     state = {"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=0.1)}
     with pytest.raises(ValueError, match="parameters are on meta"):
         ReplicaGroup(state, step=0, environ={})
+
+
+@pytest.mark.parametrize("device, nccl, aborts", [
+    ("cpu", None, False),
+    ("cuda:0", (2, 27, 3), True),  # ncclCommAbort
+    ("cuda:0", (2, 20, 0), True),  # NCCL in a child process, which is killed
+    ("cuda:0", None, False),  # gloo with CUDA tensors: it cannot be aborted while it waits
+])
+def test_a_collective_is_aborted_only_on_a_backend_that_can_abort_it(monkeypatch, device, nccl, aborts) -> None:
+    monkeypatch.setattr(replica_grads, "nccl_version", lambda: nccl)  # our own seam: no GPU here
+    assert replica_grads.abortable(torch.device(device)) is aborts

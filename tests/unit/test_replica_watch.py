@@ -245,8 +245,8 @@ class PendingWork:
 
 
 class FakeProcessGroupNCCL(ProcessGroupGloo):
-    """torchft's ProcessGroupNCCL as the watch sees it (its class name says NCCL): configured on the real store,
-    its collectives pending until ``abort()``, which fails them as ncclCommAbort does."""
+    """torchft's ProcessGroupNCCL as the watch sees it (an abortable backend): configured on the real store, its
+    collectives pending until ``abort()``, which fails them as ncclCommAbort does."""
 
     def __init__(self) -> None:
         super().__init__(timeout=TIMEOUT)
@@ -269,7 +269,7 @@ class FakeProcessGroupNCCL(ProcessGroupGloo):
 
 
 def nccl_pair(store, quorum: int) -> list[WatchedGroup]:
-    groups = [WatchedGroup(FakeProcessGroupNCCL, heartbeat_timeout=HEARTBEAT) for _ in range(2)]
+    groups = [WatchedGroup(FakeProcessGroupNCCL, heartbeat_timeout=HEARTBEAT, abortable=True) for _ in range(2)]
     configure(store, groups, quorum)
     return groups
 
