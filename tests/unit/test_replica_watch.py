@@ -135,6 +135,23 @@ def remote_store():
         server.stdout.close()
 
 
+def freeze(process) -> None:
+    """SIGSTOP ``process`` and wait until each of its threads has stopped: a thread stops itself when it next runs,
+    so on a loaded machine the store could still answer a call sent just after the signal."""
+    import signal
+    from pathlib import Path
+
+    process.send_signal(signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while True:
+        states = [stat.read_text().rsplit(")", 1)[1].split()[0]
+                  for stat in Path(f"/proc/{process.pid}/task").glob("*/stat")]
+        if states and all(s in "tT" for s in states):
+            return
+        assert time.monotonic() < deadline, f"the store's process did not stop: {states}"
+        time.sleep(0.01)
+
+
 def test_a_store_whose_node_vanished_is_given_up_on_and_no_claim_hangs(remote_store):
     """The quorum's store lives on its first node: when that node vanishes (its process stopped, sockets open), a
     call to the store never returns (torch's client bounds connects and waits, not calls). The others give the
@@ -144,7 +161,7 @@ def test_a_store_whose_node_vanished_is_given_up_on_and_no_claim_hangs(remote_st
     groups = pair(remote_store, 9)
     try:
         frozen(groups[1])  # the first node's participant: no beat, never in the collective
-        remote_store.send_signal(signal.SIGSTOP)  # and its store with it
+        freeze(remote_store)  # and its store with it
         outcome: dict = {}
         average(groups[0], 1.0, outcome)
         assert "gone" in outcome and outcome["seconds"] < 10 * HEARTBEAT, outcome
@@ -169,7 +186,7 @@ def test_a_claim_on_a_store_that_stopped_answering_fails_the_step_in_bounded_tim
         for t in threads:
             t.join(30)
         assert [o.get("sum") for o in outcomes] == [2.0, 2.0], outcomes
-        remote_store.send_signal(signal.SIGSTOP)
+        freeze(remote_store)
         started = time.monotonic()
         with pytest.raises(PeerGone, match="did not answer"):
             groups[0].agree()
