@@ -211,8 +211,8 @@ def load_arguments(self: ElasticTrainCommandsLoader, _: str) -> None:
                         "on every node, the same on AKS and locally, e.g. --env NCCL_DEBUG=INFO WANDB_MODE=offline. "
                         "Not for secrets: the values are kept in the job's record and its Kubernetes object. Names "
                         "starting with ELASTICTRAIN_ are the job's own settings and are refused, but for the "
-                        "in-process mode's ELASTICTRAIN_REPLICA_CHECK_STEPS and ELASTICTRAIN_COORDINATOR_COAST "
-                        "(docs/runtime.md).")
+                        "in-process mode's ELASTICTRAIN_REPLICA_CHECK_STEPS, ELASTICTRAIN_COORDINATOR_COAST and "
+                        "ELASTICTRAIN_SALVAGE (docs/runtime.md).")
         c.argument("recovery", arg_type=get_enum_type(RECOVERY_MODES), options_list=["--recovery"],
                    help="How the job survives a node lost or added. in-process (the default of local jobs): the "
                         "workers keep running; a coordinator of the job's own (locally a process, on AKS a "

@@ -115,10 +115,13 @@ ENV_PREFIX = "ELASTICTRAIN_"  # a local node starts without the caller's ELASTIC
 # The runtime's settings that no option of `job run` sets: a job's --env may give them (every other ELASTICTRAIN_
 # name is the job's own, written from its options, and refused there). In-process mode: steps between two checks
 # that the replicas are one (runtime/replica_check.py; a number, or "off": at changes of members only), and "off"
-# to wait for a coordinator that does not answer instead of training on with the last quorum (runtime/replicas.py).
+# to wait for a coordinator that does not answer instead of training on with the last quorum (runtime/replicas.py),
+# and "on" to commit a step a node vanished from with the others' gradients instead of discarding it
+# (runtime/salvage.py).
 ENV_REPLICA_CHECK_STEPS = "ELASTICTRAIN_REPLICA_CHECK_STEPS"
 ENV_COORDINATOR_COAST = "ELASTICTRAIN_COORDINATOR_COAST"
-ENV_SCRIPT_SETTINGS = (ENV_REPLICA_CHECK_STEPS, ENV_COORDINATOR_COAST)
+ENV_SALVAGE = "ELASTICTRAIN_SALVAGE"
+ENV_SCRIPT_SETTINGS = (ENV_REPLICA_CHECK_STEPS, ENV_COORDINATOR_COAST, ENV_SALVAGE)
 # How long a worker waits in one collective before it gives up (every process group of the job: the runtime's
 # own, and the script's default group through runtime.collective_timeout()). A Spot VM evicted without notice
 # vanishes without a FIN, so this timeout is the only way its peers learn; torch's default is 30 minutes.

@@ -152,6 +152,9 @@ class RuntimeSettings:  # pylint: disable=too-many-instance-attributes  # one fi
     replica_check_steps: int | None = _setting(launch.ENV_REPLICA_CHECK_STEPS, 100, Count(), can_be_off=True)
     # In-process mode: train on with the last quorum while the coordinator does not answer (off: wait for it).
     coordinator_coast: bool = _setting(launch.ENV_COORDINATOR_COAST, True, Switch())
+    # In-process mode: a step a node vanished from mid-step is committed with the others' gradients and the
+    # vanished slice trained at the next step (off: discarded and trained again; runtime/salvage.py).
+    salvage: bool = _setting(launch.ENV_SALVAGE, False, Switch())
 
     def __post_init__(self) -> None:
         for item in fields(self):

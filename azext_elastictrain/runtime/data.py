@@ -20,6 +20,11 @@ the ranks' slices joined in rank order are the global batch at every world size.
 the number of samples the whole job has trained in the epoch, which is the same on every rank and
 means the same at any world size: a resume at another world size continues with the next global batch.
 
+A step trained without some ranks' slices (the in-process mode's salvage of a step a node vanished from,
+``advance(missing=...)``) leaves those samples owed: the next global batch is the owed samples followed by the
+global batch that comes next anyway, so each sample is still trained once in the epoch, one step trains a larger
+batch, and every later batch is the one an uninterrupted run trains.
+
 Why ``advance()``: with ``num_workers > 0`` the DataLoader draws index lists from the sampler several
 batches ahead of training, so what the sampler has yielded says nothing about what was trained. Only
 the loop knows when a step is done (it may also skip a step, or accumulate gradients over several
@@ -29,7 +34,7 @@ batches but never advanced (the tell-tale of a loop that forgot it; its checkpoi
 """
 from __future__ import annotations
 
-from typing import Iterable, Iterator, Sized
+from typing import Any, Iterable, Iterator, Sized
 
 import torch
 import torch.distributed as dist
@@ -72,7 +77,8 @@ class ElasticSampler(Sampler[list[int]], Stateful):  # pylint: disable=too-many-
         self.shuffle = shuffle
         self.seed = seed
         self.epoch = 0
-        self.consumed = 0  # samples of this epoch the whole job has trained
+        self.consumed = 0  # samples of this epoch the whole job has trained, from the epoch's start on
+        self.owed: list[int] = []  # positions before ``consumed`` not trained yet: they lead the next global batch
         self._pass = 0  # which __iter__ is current; an older one stops with an error
         self._drawn = 0  # global batches the current pass has yielded
         self._advanced = 0  # ...and of those, how many were trained
@@ -121,16 +127,17 @@ class ElasticSampler(Sampler[list[int]], Stateful):  # pylint: disable=too-many-
         generator = torch.Generator().manual_seed(self.seed + epoch)
         return torch.randperm(self.dataset_size, generator=generator).tolist()
 
-    def _slice(self, start: int, size: int) -> tuple[int, int]:
-        """This rank's [begin, end) within the global batch of ``size`` samples starting at ``start``."""
+    def _slice(self, start: int, size: int, rank: int | None = None) -> tuple[int, int]:
+        """This rank's (or ``rank``'s) [begin, end) within the global batch of ``size`` samples at ``start``."""
+        rank = self.rank if rank is None else rank
         base, extra = divmod(size, self.num_replicas)
-        begin = start + self.rank * base + min(self.rank, extra)
-        return begin, begin + base + (1 if self.rank < extra else 0)
+        begin = start + rank * base + min(rank, extra)
+        return begin, begin + base + (1 if rank < extra else 0)
 
     # -- iteration ------------------------------------------------------------------------
     def __len__(self) -> int:
         """Global batches left in this epoch (each yields this rank's slice)."""
-        return -(-(self.samples_per_epoch - self.consumed) // self.global_batch_size)
+        return -(-(self.samples_per_epoch - self.consumed) // self.global_batch_size) or (1 if self.owed else 0)
 
     def __iter__(self) -> Iterator[list[int]]:
         self._check_running("a new pass over the data")
@@ -142,28 +149,53 @@ class ElasticSampler(Sampler[list[int]], Stateful):  # pylint: disable=too-many-
 
     def _batches(self, this_pass: int, epoch: int, start: int) -> Iterator[list[int]]:
         order = self.order(epoch)
-        end = self.samples_per_epoch
-        for position in range(start, end, self.global_batch_size):
+        owed = list(self.owed)
+        position = start
+        while position < self.samples_per_epoch or owed:
             self._check_running("the next batch")
             if this_pass != self._pass:
                 raise RuntimeError(
                     "ElasticSampler: this iterator is stale (set_epoch, load_state_dict or a newer iteration "
                     "moved the sampler); create the DataLoader iterator again"
                 )
-            begin, stop = self._slice(position, min(self.global_batch_size, end - position))
+            positions = self._positions(position, owed)
+            begin, stop = self._slice(0, len(positions))
             self._drawn += 1
-            yield order[begin:stop]
+            owed = []
+            position += self.global_batch_size
+            yield [order[i] for i in positions[begin:stop]]
 
-    def advance(self) -> None:
-        """The next drawn global batch is trained: call once per trained batch, on every rank."""
+    def _positions(self, start: int, owed: list[int]) -> list[int]:
+        """The positions (in the epoch's order) of the global batch at ``start``, led by the ``owed`` ones."""
+        return owed + list(range(start, min(start + self.global_batch_size, self.samples_per_epoch)))
+
+    def advance(self, missing: Iterable[int] = ()) -> None:
+        """The next drawn global batch is trained: call once per trained batch, on every rank.
+
+        ``missing``: ranks (of this world) whose slices of it were not trained (a node that vanished mid-step,
+        the step committed without it): those samples lead the next global batch. The loader's iterator must then
+        be created again (a new pass, as after ``reshard``), since batches drawn ahead do not hold them."""
         self._check_running("advance()")
         if self._advanced >= self._drawn:
             raise RuntimeError(
                 f"ElasticSampler.advance() called {self._advanced + 1} times in this pass, but only "
                 f"{self._drawn} batches were drawn: call it once per trained batch, after iterating the loader"
             )
+        missing = sorted(set(missing))
+        if any(not 0 <= rank < self.num_replicas for rank in missing):
+            raise ValueError(f"ElasticSampler.advance(): missing ranks {missing} are not all in a world of "
+                             f"{self.num_replicas}")
         self._advanced += 1
+        positions = self._positions(self.consumed, self.owed)  # the batch trained (only a pass's first has owed)
+        owed: list[int] = []
+        for rank in missing:
+            begin, stop = self._slice(0, len(positions), rank)
+            owed.extend(positions[begin:stop])
+        self.owed = owed
         self.consumed = min(self.consumed + self.global_batch_size, self.samples_per_epoch)
+        if owed:
+            self._pass += 1
+            self._drawn = self._advanced = 0
 
     def reshard(self, num_replicas: int, rank: int) -> None:
         """From the trained position on, take slice ``rank`` of ``num_replicas`` of each global batch.
@@ -189,6 +221,10 @@ class ElasticSampler(Sampler[list[int]], Stateful):  # pylint: disable=too-many-
         if epoch == self.epoch:
             return
         self._check_advanced("set_epoch")
+        if self.owed:
+            raise RuntimeError(f"ElasticSampler.set_epoch({epoch}): {len(self.owed)} samples of epoch {self.epoch} "
+                               "are owed (a step trained without a vanished node's slice); train the epoch's last "
+                               "batch, which holds them, first")
         self.epoch, self.consumed = epoch, 0
         self._pass += 1
         self._drawn = self._advanced = 0
@@ -217,20 +253,27 @@ class ElasticSampler(Sampler[list[int]], Stateful):  # pylint: disable=too-many-
             )
 
     # -- checkpointed state -------------------------------------------------------------------
-    def state_dict(self) -> dict[str, int]:
-        """Plain ints: the position, and what identifies the epoch's order (checked on load)."""
+    def state_dict(self) -> dict[str, Any]:
+        """Plain ints: the position, and what identifies the epoch's order (checked on load). The position is
+        ``consumed``; while samples are owed (a step trained without a vanished node's slice, until the next step
+        trains them) it is the list ``[consumed, *owed]``, under the same key, so that a checkpoint holds the same
+        keys whether a step was salvaged or not (a restore refuses a checkpoint whose keys differ from the state's).
+        """
         self._check_advanced("state_dict")
         return {
             "epoch": self.epoch,
-            "consumed": self.consumed,
+            "consumed": [self.consumed, *self.owed] if self.owed else self.consumed,
             "dataset_size": self.dataset_size,
             "seed": self.seed,
             "shuffle": int(self.shuffle),
         }
 
-    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Continue where the saved job stopped; refuses a state whose sample order differs from this one's."""
-        saved = {k: int(state_dict[k]) for k in ("epoch", "consumed", "dataset_size", "seed", "shuffle")}
+        position = state_dict["consumed"]
+        consumed, *owed = position if isinstance(position, list) and position else [position]
+        saved = {k: int(state_dict[k]) for k in ("epoch", "dataset_size", "seed", "shuffle")}
+        saved["consumed"] = int(consumed)
         mine = {"dataset_size": self.dataset_size, "seed": self.seed, "shuffle": int(self.shuffle)}
         changed = {k: (saved[k], v) for k, v in mine.items() if saved[k] != v}
         if changed:
@@ -239,9 +282,13 @@ class ElasticSampler(Sampler[list[int]], Stateful):  # pylint: disable=too-many-
                              "its position would mean other samples")
         if not 0 <= saved["consumed"] <= self.dataset_size or saved["epoch"] < 0:
             raise ValueError(f"ElasticSampler: invalid position epoch {saved['epoch']}, consumed {saved['consumed']}")
+        if not all(isinstance(p, int) and 0 <= p < saved["consumed"] for p in owed) or len(set(owed)) < len(owed):
+            raise ValueError(f"ElasticSampler: invalid owed positions {owed!r:.80} (before consumed "
+                             f"{saved['consumed']})")
         self.epoch = saved["epoch"]
         # A drop_last change cannot move past the samples this epoch trains.
         self.consumed = min(saved["consumed"], self.samples_per_epoch)
+        self.owed = [int(p) for p in owed]
         self._pass += 1
         self._drawn = self._advanced = 0
 

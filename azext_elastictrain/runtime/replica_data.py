@@ -35,11 +35,11 @@ class ReplicaBatches:
         sampler = self.sampler
         if sampler.epoch >= self.epochs:
             return True
-        return sampler.consumed >= sampler.samples_per_epoch and sampler.epoch + 1 >= self.epochs
+        return sampler.consumed >= sampler.samples_per_epoch and not sampler.owed and sampler.epoch + 1 >= self.epochs
 
     def next(self, quorum: Quorum) -> Any:
         """This worker's slice of the next global batch under ``quorum``."""
-        if self.sampler.consumed >= self.sampler.samples_per_epoch:
+        if self.sampler.consumed >= self.sampler.samples_per_epoch and not self.sampler.owed:
             self.sampler.set_epoch(self.sampler.epoch + 1)
             self._iterator = None
         wanted = layout(quorum, self.node_rank, self.node_size)
@@ -53,9 +53,21 @@ class ReplicaBatches:
         iterator is stale, and the next batch is the peer's (the epoch moves on in ``next`` as on the peer)."""
         self._iterator = None
 
-    def trained(self) -> None:
-        """The step is committed: the position moves on by one global batch."""
-        self.sampler.advance()
+    def salvageable(self) -> bool:
+        """Whether the coming step's batch may be committed without a vanished node's slice, owed to the next batch
+        (runtime/salvage.py): not the epoch's last batch, which has no next one in its epoch."""
+        sampler = self.sampler
+        if sampler.consumed >= sampler.samples_per_epoch:  # the next epoch's first batch, unless samples are owed
+            return not sampler.owed and sampler.global_batch_size < sampler.samples_per_epoch
+        return sampler.consumed + sampler.global_batch_size < sampler.samples_per_epoch
+
+    def trained(self, lost: Iterable[int] = ()) -> None:
+        """The step is committed: the position moves on by one global batch. ``lost``: replica ranks whose slices
+        it did not train (a salvaged step): they lead the next global batch."""
+        missing = [r * self.node_size + i for r in lost for i in range(self.node_size)]
+        self.sampler.advance(missing=missing)
+        if missing:
+            self._iterator = None  # a new pass: the next batch holds the owed samples
 
     def discarded(self) -> None:
         """The step is discarded: its global batch is trained again at the next step (at that step's layout)."""

@@ -163,8 +163,9 @@ class WatchedGroup(ProcessGroup):  # type: ignore[misc]  # torchft ships no py.t
                 gone = self.gone
         try:
             work.wait()  # its own failure raises here; a CUDA one's wait() orders the stream
-        except Exception:
-            self._give_up("the collective failed")
+        except Exception as ex:
+            if self._give_up("the collective failed") and self._key is not None:
+                raise PeerGone(f"the collective failed: {ex}") from ex  # given up on every participant
             raise
 
     def forget(self) -> None:

@@ -168,6 +168,9 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         self._reached = False  # while coasting: this step's probe reached the coordinator
         self._any_reached = False  # ... and the last step-start collective's: some node's probe reached it
         self.left = False
+        from azext_elastictrain.runtime.salvage import Salvage
+
+        self.salvage = Salvage(enabled=settings.salvage and self.node_size == 1)
 
     def _average_in_backward(self, state: dict[str, Any]) -> Any:
         """The comm hook on the state's DDP (runtime/replica_grads.py), or None: averaged in the step pre-hook."""
@@ -188,13 +191,16 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         return hook
 
     # -- the step ---------------------------------------------------------------------------
-    def begin_step(self, last_step: int) -> Quorum:
+    def begin_step(self, last_step: int, *, salvageable: bool = False) -> Quorum:
         """At a step boundary, before the batch is fetched: this step's quorum (a newcomer has the state after it).
+        ``salvageable``: the loop's data can owe this step's slice of a node that vanishes mid-step
+        (runtime/salvage.py).
 
         If no quorum can be had (the coordinator gone past the timeout, this group's manager failed), the worker
         stops (TrainingStopped): torchrun restarts it and it resumes from its node's memory, a peer or blob.
         """
         self.committed, self.healed = None, False
+        self.salvage.begin(salvageable)
         self._pg.next_step()
         if self._in_backward is not None:
             self._in_backward.reset()
@@ -271,8 +277,11 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         due = self.healed or members != self._checked or (
             self._check_every is not None and step % self._check_every == 0)
         self._checked = members
+        eligible = self.salvage.eligible(healed=self.healed, coasting=bool(self._coasting),
+                                         participating=rank is not None)
         flat = torch.cat([self._step_start.vector(rank, participants, due),  # and whether a coasting node
-                          torch.tensor([1.0 if self._coasting and self._reached else 0.0], dtype=torch.float64)])
+                          torch.tensor([1.0 if self._coasting and self._reached else 0.0,  # reached it; whether
+                                        1.0 if eligible else 0.0], dtype=torch.float64)])  # it can salvage
         options = dist.AllreduceOptions()
         options.reduceOp = dist.ReduceOp.SUM  # type: ignore[assignment]  # torch's stub: the option takes the RedOpType
         options.timeout = self.transfer_timeout()
@@ -285,9 +294,10 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
             log.warning("the step's start failed: %s; discarding the step", ex)
             manager.report_error(ex)
             return set()
-        self._any_reached = bool(flat[-1].item() > 0)  # reached the coordinator this step (_coast)
-        digests = self._step_start.apply(flat[:-1], participants)
+        self._any_reached = bool(flat[-2].item() > 0)  # reached the coordinator this step (_coast)
+        digests = self._step_start.apply(flat[:-2], participants)
         _, diverged = winner(digests)
+        self.salvage.armed = int(flat[-1].item()) == participants and not diverged
         if diverged:
             log.error("the replicas differ at step %d (digests by replica rank: %s): replica rank(s) %s sit the step "
                       "out and take the others' state at the next one%s", step, digests, sorted(diverged),
@@ -356,16 +366,68 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         participants = self._participants
         if self.rank is None:  # healing, or diverged: its gradient does not count
             flat.zero_()
-        options = dist.AllreduceOptions()
-        options.reduceOp = dist.ReduceOp.SUM  # type: ignore[assignment]  # torch's stub: the option takes the RedOpType
-        options.timeout = self.timeout  # every participant holds the state already (_start_together)
+        from azext_elastictrain.runtime.replica_watch import PeerGone
+
+        kept = flat.clone() if self.salvage.armed else None  # the collective writes into flat as it goes
         try:
-            self._pg.wait(self._pg.allreduce([flat], options))
+            self._sum(flat)
+            if kept is not None:  # the verdict now, inside the call: every participant salvages, or none does
+                self._agree_now()
+        except PeerGone as ex:
+            if kept is not None:
+                self._salvage_step(kept, flat, ex)
+            else:
+                log.warning("the step's collective was given up: %s; discarding the step", ex)
+                manager.report_error(ex)
+            return
         except Exception as ex:  # pylint: disable=broad-exception-caught  # the step's verdict carries it
             log.warning("the step's collective failed: %s; discarding the step", ex)
             manager.report_error(ex)
             return
         flat /= max(participants, 1)
+
+    def _sum(self, flat: torch.Tensor) -> None:
+        """``flat`` summed in place over the quorum, waiting the replica timeout (or the watch's verdict)."""
+        options = dist.AllreduceOptions()
+        options.reduceOp = dist.ReduceOp.SUM  # type: ignore[assignment]  # torch's stub: the option takes the RedOpType
+        options.timeout = self.timeout  # every participant holds the state already (_start_together)
+        self._pg.wait(self._pg.allreduce([flat], options))
+
+    def _agree_now(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        self._pg.agree()
+
+    def _salvage_step(self, kept: torch.Tensor, flat: torch.Tensor, reason: Exception) -> None:
+        """The step's collective was given up on a participant gone: the survivors' average in ``flat`` from what
+        each kept, over a quorum of the survivors (runtime/salvage.py), or, if that cannot be had, the step
+        discarded as without salvage."""
+        manager = self.manager
+        old_rank, old_participants = self.rank, self._participants
+        log.warning("the step's collective was given up (%s): salvaging the step with the others' gradients", reason)
+        try:
+            manager.start_quorum(allow_heal=False, shrink_only=True)  # the step's participants that are left
+            rank, participants = manager.participating_rank(), manager.num_participants()
+            if manager.errored() is not None or rank is None or old_rank is None:
+                raise RuntimeError(f"no quorum of the survivors ({manager.errored()})")
+            if participants >= old_participants:  # a participant taken for gone wrongly: the same group, whose
+                raise RuntimeError("no participant left the quorum")  # given-up collective may still run
+            self._pg.next_step()  # the second collective's claim is a key of its own
+            present = torch.zeros(old_participants, dtype=kept.dtype, device=kept.device)
+            present[old_rank] = 1
+            summed = torch.cat([kept, present])
+            self._sum(summed)
+            self._agree_now()
+        except Exception as ex:  # pylint: disable=broad-exception-caught  # discarded, as without salvage
+            log.warning("the salvage of the step failed: %s; discarding the step", ex)
+            manager.report_error(ex)
+            return
+        counts = summed[kept.numel():].tolist()
+        self.salvage.lost = [r for r, count in enumerate(counts) if count < 0.5]
+        flat.copy_(summed[:kept.numel()] / participants)
+        self.rank, self._participants = rank, participants
+        log.warning("the step is salvaged by %d of %d nodes; the slices of replica rank(s) %s are trained at the "
+                    "next step", participants, old_participants, self.salvage.lost)
 
     def transfer_timeout(self) -> timedelta:
         return transfer_timeout(self.state, self.timeout)

@@ -500,6 +500,49 @@ def test_communicator_error_mid_collective_discards_the_step_and_trains_it_again
     assert survivors[0].final["final"] == survivors[1].final["final"]
 
 
+@pytest.mark.parametrize("how", ["killed", "frozen"])
+def test_with_salvage_a_step_a_node_left_mid_step_is_committed_and_its_slice_trained_next(job, how) -> None:
+    """ELASTICTRAIN_SALVAGE=on (runtime/salvage.py): a node gone mid-step, after it drew its batch and before the
+    gradient collective (killed: its sockets close; frozen: a Spot VM vanished, AKS's 30 s replica timeout), and the
+    survivors commit that step with their own gradients at its first try, train the gone node's slice at the next
+    step, and each epoch's samples are still trained exactly once."""
+    salvage = {launch.ENV_SALVAGE: "on", launch.ENV_REPLICA_TIMEOUT: f"{launch.AKS.replica_timeout_seconds:g}",
+               "REPLICA_EPOCHS": "3"}
+    replicas = [job.start(f"node-{i}", **salvage) for i in range(2)]
+    if how == "killed":
+        replicas.append(job.start("node-2", REPLICA_DIE_AT_STEP="30", **salvage))
+        assert replicas[-1].proc.wait(timeout=180) == 9
+        gone_at = 30
+    else:  # frozen inside a step's compute (1 s), after its record: the survivors are past the step's start
+        replicas.append(job.start("node-2", REPLICA_STEP_SECONDS="1", **salvage))
+        wait_for(lambda: training_together(replicas), 120, "3 replicas training together")
+        gone_at = replicas[-1].last_step() + 1
+        wait_for(lambda: replicas[-1].last_step() >= gone_at, 60, "the next step's record")
+        replicas[-1].proc.send_signal(signal.SIGSTOP)
+    survivors = replicas[:2]
+    for r in survivors:
+        assert r.proc.wait(timeout=240) == 0, f"{r.name} failed: see its log"
+    replicas[-1].stop()
+    assert_same_pids(survivors)
+    for r in survivors:
+        tries = [rec for rec in r.records if rec["step"] == gone_at]
+        assert [(t["ranks"], t.get("committed")) for t in tries] == [(3, True)], f"{r.name}: {tries}"
+        after = [rec for rec in r.records if rec["step"] == gone_at + 1]
+        assert len(after[-1]["ids"]) == (BATCH + BATCH // 3) // 2, after  # the owed slice leads that batch
+        assert "the step is salvaged by 2 of 3 nodes" in (job.log_dir / f"{r.name}.log").read_text("utf-8")
+    # exactly once, by epoch, over the slices whose step committed (the gone node's slice of its last step: never)
+    by_epoch: dict[int, list[int]] = {}
+    for r in replicas:
+        for rec in r.records:
+            if rec.get("committed") and rec["replica_rank"] is not None:
+                by_epoch.setdefault(rec["epoch"], []).extend(rec["ids"])
+    assert sorted(by_epoch) == [0, 1, 2]
+    for epoch, ids in by_epoch.items():
+        assert sorted(ids) == list(range(SIZE)), f"epoch {epoch}: not each sample once"
+    assert survivors[0].final["final"] == survivors[1].final["final"]
+    assert survivors[0].final["step"] == 3 * SIZE // BATCH
+
+
 @pytest.mark.torchrun  # the kill must land within a transfer
 def test_peer_dies_mid_state_transfer_the_newcomer_heals_from_another(job, tmp_path) -> None:
     """The peer a newcomer fetches the state from is killed while it serves it (a 256 MiB state): the newcomer's

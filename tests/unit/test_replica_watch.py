@@ -224,7 +224,8 @@ def test_a_collective_one_participant_gave_up_is_discarded_by_every_participant(
         first.join(30)
         assert "rank 1" in outcomes[0]["gone"], outcomes
         average(groups[1], 2.0, outcomes[1])
-        assert "gave the step's collective up" in outcomes[1]["gone"], outcomes
+        # read from the claim after its collective completed, or at its beat while it waited (a loaded machine)
+        assert "another participant gave" in outcomes[1]["gone"], outcomes
     finally:
         close(groups)
 

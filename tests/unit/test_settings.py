@@ -23,7 +23,7 @@ FIELD_VALUES = dict(
     collective_timeout_seconds=seconds, peer_timeout_seconds=st.none() | seconds,
     replica_timeout_seconds=st.none() | seconds, replica_heartbeat_timeout_seconds=st.none() | seconds,
     replica_check_steps=st.none() | counts,
-    coordinator_coast=st.booleans())
+    coordinator_coast=st.booleans(), salvage=st.booleans())
 settings_values = st.builds(RuntimeSettings, **FIELD_VALUES)
 
 

@@ -96,7 +96,7 @@ class InProcessLoop(TrainingLoop):
         members = Membership(parts.ranks.world_size)
         try:
             while not (step >= total if total is not None else data is None or data.finished()):
-                quorum = replicas.begin_step(step)
+                quorum = replicas.begin_step(step, salvageable=data is not None and data.salvageable())
                 self._record_quorum(members, quorum, replicas.served() or replicas.healed)
                 if replicas.healed and data is not None:
                     data.healed()
@@ -110,7 +110,7 @@ class InProcessLoop(TrainingLoop):
                     continue
                 step = quorum.step + 1
                 if data is not None:
-                    data.trained()
+                    data.trained(replicas.salvage.lost)
                 if self._replica_step(step, state, replicas, samples):
                     raise TrainingStopped(step, "this node leaves the job (a notice or a SIGTERM)")
             if replicas.is_writer() or replicas.participants() == 0:
