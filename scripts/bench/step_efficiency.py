@@ -2,7 +2,8 @@
 discarded (the default, torchft's behaviour) against salvaged (``ELASTICTRAIN_SALVAGE=on``, runtime/salvage.py),
 side by side in one run.
 
-    .venv/bin/python scripts/bench/step_efficiency.py [--nodes 4] [--every 5.5] [--failures 15] [--step-seconds 2]
+    .venv/bin/python scripts/bench/step_efficiency.py [--nodes 4] [--every 5.5] [--failures 15] [--step-seconds 2] \
+        [--repeats 1]
 
 torchft's published figure: one failure per 5.5 steps gave a step efficiency of 0.82, one per 1.4 steps 0.30 (the
 step in flight is discarded at every failure). Here each mode runs a job of ``--nodes`` replicas of the tests' loop
@@ -12,7 +13,8 @@ for blob). Once every node trains, a node other than the first is frozen (SIGSTO
 sockets open) at a random moment every ``--every`` steps' worth of time, killed ``--kill-after`` seconds later, and
 a new node started in its place (it joins and heals from a peer). The first node is never failed: its records are
 the job's steps, tried and committed (a discarded step is tried again). Per mode: the failures made, the steps
-tried and committed in the failure phase, their ratio, and the time per committed step. JSON on stdout.
+tried and committed in the failure phase, their ratio, and the time per committed step; their medians over the
+repeats. JSON on stdout.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import json
 import os
 import random
 import signal
+import statistics
 import sys
 import tempfile
 import time
@@ -39,7 +42,7 @@ from harness.services import start_azurite  # noqa: E402
 MODES = {"discard": "off", "salvage": "on"}
 
 
-def run(mode: str, args: argparse.Namespace, azurite, container: str, logs: Path) -> dict:
+def run(mode: str, args: argparse.Namespace, seed: int, azurite, container: str, logs: Path) -> dict:
     logs.mkdir(parents=True)
     coordinator = RestartableCoordinator(logs)
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("ELASTICTRAIN_")},
@@ -52,7 +55,7 @@ def run(mode: str, args: argparse.Namespace, azurite, container: str, logs: Path
            "AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(REPO), "REPLICA_EPOCHS": "1000", "REPLICA_SAMPLES": "240",
            "ELASTICTRAIN_CHECKPOINT_INTERVAL_STEPS": "100000", "REPLICA_STEP_SECONDS": f"{args.step_seconds:g}"}
-    rng = random.Random(args.seed)
+    rng = random.Random(seed)
     nodes = [Node(f"node-{i}", env, logs) for i in range(args.nodes)]
     observer = nodes[0]
     made = 0
@@ -97,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-seconds", type=float, default=2.0, help="each step's compute (torchft's padding)")
     parser.add_argument("--kill-after", type=float, default=3.0, help="seconds a frozen node stays before its kill")
     parser.add_argument("--modes", default=",".join(MODES))
-    parser.add_argument("--seed", type=int, default=0, help="the failures' moments and victims (the same per mode)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each mode (the failures' moments and "
+                        "victims are the same for both modes of a repeat)")
     parser.add_argument("--logs", type=Path, help="keep the nodes' and coordinator's logs here (default: dropped)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="step-efficiency-") as tmp:
@@ -106,9 +110,15 @@ def main(argv: list[str] | None = None) -> int:
         with start_azurite(Path(tmp) / "azurite") as azurite:
             container = "bench"
             azurite.blob_service_client().create_container(container)
-            results = [run(mode, args, azurite, container, Path(tmp) / mode) for mode in args.modes.split(",")]
+            modes = args.modes.split(",")
+            results = []
+            for repeat in range(args.repeats):  # interleaved, rotated: the machine's load falls on both alike
+                for mode in modes[repeat % len(modes):] + modes[:repeat % len(modes)]:
+                    results.append(run(mode, args, repeat, azurite, container, Path(tmp) / f"{mode}-{repeat}"))
+    medians = {mode: {key: statistics.median(r[key] for r in results if r["mode"] == mode and r[key] is not None)
+                      for key in ("step_efficiency", "seconds_per_committed_step")} for mode in modes}
     print(json.dumps({"date": time.strftime("%Y-%m-%d"), "nodes": args.nodes, "every_steps": args.every,
-                      "step_seconds": args.step_seconds, "results": results}, indent=1))
+                      "step_seconds": args.step_seconds, "medians": medians, "results": results}, indent=1))
     return 0
 
 
