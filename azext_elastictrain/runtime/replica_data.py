@@ -65,9 +65,11 @@ class ReplicaBatches:
         """The step is committed: the position moves on by one global batch. ``lost``: replica ranks whose slices
         it did not train (a salvaged step): they lead the next global batch."""
         missing = [r * self.node_size + i for r in lost for i in range(self.node_size)]
+        if not missing:
+            self.sampler.advance()  # as a loop of the script's own calls it (a sampler's subclass may not take more)
+            return
         self.sampler.advance(missing=missing)
-        if missing:
-            self._iterator = None  # a new pass: the next batch holds the owed samples
+        self._iterator = None  # a new pass: the next batch holds the owed samples
 
     def discarded(self) -> None:
         """The step is discarded: its global batch is trained again at the next step (at that step's layout)."""

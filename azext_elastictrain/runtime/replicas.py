@@ -74,6 +74,7 @@ QUORUM_RETRIES = 30
 # (restarting) lets the last quorum train on (ReplicaGroup._coast). A refused port answers at once.
 COORDINATOR_PROBE_TIMEOUT = 0.2
 STATE_KEY = "elastictrain"  # the state's name among torchft's state callbacks
+START_TRIES = 3  # quorums a step's start is tried with when a node goes during it (ReplicaGroup.begin_step)
 
 
 def in_process(environ: Mapping[str, str] | None = None) -> bool:
@@ -171,6 +172,7 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         from azext_elastictrain.runtime.salvage import Salvage
 
         self.salvage = Salvage(enabled=settings.salvage and self.node_size == 1)
+        self._start_given_up = False  # this try's start collective was given up on a node gone (begin_step)
 
     def _average_in_backward(self, state: dict[str, Any]) -> Any:
         """The comm hook on the state's DDP (runtime/replica_grads.py), or None: averaged in the step pre-hook."""
@@ -196,10 +198,23 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         ``salvageable``: the loop's data can owe this step's slice of a node that vanishes mid-step
         (runtime/salvage.py).
 
-        If no quorum can be had (the coordinator gone past the timeout, this group's manager failed), the worker
-        stops (TrainingStopped): torchrun restarts it and it resumes from its node's memory, a peer or blob.
+        A node gone during the step's start collective (every participant gives it up alike: runtime/replica_watch.py)
+        costs no step: the quorum is asked again at once, before any body runs, up to START_TRIES times (then the
+        step is discarded, as one whose collective failed). If no quorum can be had (the coordinator gone past the
+        timeout, this group's manager failed), the worker stops (TrainingStopped): torchrun restarts it and it
+        resumes from its node's memory, a peer or blob.
         """
-        self.committed, self.healed = None, False
+        healed = False
+        for _ in range(START_TRIES):
+            quorum = self._begin(last_step, salvageable)
+            healed = self.healed = healed or self.healed  # a heal in an earlier try: the loop's data must know
+            if not self._start_given_up:
+                break
+            log.warning("the step's start was given up on a node gone: a new quorum at once, before its body")
+        return quorum
+
+    def _begin(self, last_step: int, salvageable: bool) -> Quorum:
+        self.committed, self.healed, self._start_given_up = None, False, False
         self.salvage.begin(salvageable)
         self._pg.next_step()
         if self._in_backward is not None:
@@ -269,6 +284,7 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         others and, when a check is due, each replica's digest (runtime/replica_check.py): returns the ranks
         whose replica differs from the others'."""
         from azext_elastictrain.runtime.replica_check import winner
+        from azext_elastictrain.runtime.replica_watch import PeerGone
 
         manager = self.manager
         if manager.errored():
@@ -290,6 +306,11 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
             self._pg.wait(self._pg.allreduce([on_device], options))
             flat = on_device.cpu()  # the host waits here (a GPU collective's wait() orders the stream only)
             self._pg.agree()  # every participant completed it, or gives it up with this one
+        except PeerGone as ex:  # on every participant: begin_step asks for a new quorum at once
+            log.warning("the step's start was given up: %s", ex)
+            self._start_given_up = True
+            manager.report_error(ex)
+            return set()
         except Exception as ex:  # pylint: disable=broad-exception-caught  # the step's verdict carries it
             log.warning("the step's start failed: %s; discarding the step", ex)
             manager.report_error(ex)

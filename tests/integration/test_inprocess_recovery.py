@@ -403,7 +403,9 @@ def test_frozen_replica_is_dropped_and_the_others_go_on(job, azurite, container_
     # the re-form without the frozen node; its outage runs from the last world that trained a step (the world of 3
     # may have formed just before the freeze and trained none)
     (outage,) = [o for o in goodput.outages(events) if o["restoredAt"] == changes[-1]["time"]]
-    assert outage["stepsLost"] == 0 and outage["outageSeconds"] > 0 and changes[-1]["discarded"] >= 1, outage
+    # at most the step in flight is tried again (none when the node went during the step's start: a new quorum at
+    # once, before the body)
+    assert outage["stepsLost"] == 0 and outage["outageSeconds"] > 0 and changes[-1]["discarded"] <= 1, outage
     assert outage["lastStep"] >= frozen_at - 1 and outage["firstStep"] == outage["lastStep"] + 1, outage
     # given up on the frozen node's silence (0.5 s here), not at the 30 s timeout; every survivor says why
     assert outage["outageSeconds"] < launch.AKS.replica_timeout_seconds / 3, outage

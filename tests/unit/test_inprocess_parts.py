@@ -14,6 +14,7 @@ import torch
 from azext_elastictrain.core import launch
 from azext_elastictrain.runtime.data import ElasticSampler
 from azext_elastictrain.runtime.replica_data import ReplicaBatches, layout
+from azext_elastictrain.runtime import replicas as replicas_module
 from azext_elastictrain.runtime.replicas import (Quorum, ReplicaGroup, StepUndo, average_across_replicas, discard_step,
                                                  the_optimizer)
 
@@ -450,3 +451,24 @@ def test_the_replica_timeout_is_torchfts_variable_then_the_backends_then_the_col
     assert replica_timeout({launch.ENV_COLLECTIVE_TIMEOUT: "7"}) == timedelta(seconds=7)
     with pytest.raises(ValueError, match="ELASTICTRAIN_REPLICA_TIMEOUT_SECONDS"):
         replica_timeout({launch.ENV_REPLICA_TIMEOUT: "soon"})
+
+
+@pytest.mark.parametrize("given_up, healed_at, expected", [
+    (0, None, 1),  # nothing gone: one try
+    (1, 0, 2),  # a node gone during the first try's start (which healed this one): a second quorum at once
+    (99, None, replicas_module.START_TRIES),  # gone again and again: the tries end, the step is discarded
+])
+def test_a_start_given_up_on_a_node_gone_asks_for_a_new_quorum_before_any_body(given_up, healed_at, expected) -> None:
+    group = object.__new__(ReplicaGroup)
+    tries: list[int] = []
+
+    def begin(_last_step: int, _salvageable: bool) -> Quorum:
+        tries.append(len(tries))
+        group.healed = len(tries) - 1 == healed_at
+        group._start_given_up = len(tries) <= given_up
+        return Quorum(step=7, participants=4 - len(tries), rank=0)
+
+    group._begin = begin
+    quorum = group.begin_step(7)
+    assert len(tries) == expected and quorum.participants == 4 - expected
+    assert group.healed == (healed_at is not None)  # a heal in an earlier try stays known to the loop
