@@ -472,3 +472,84 @@ def test_a_start_given_up_on_a_node_gone_asks_for_a_new_quorum_before_any_body(g
     quorum = group.begin_step(7)
     assert len(tries) == expected and quorum.participants == 4 - expected
     assert group.healed == (healed_at is not None)  # a heal in an earlier try stays known to the loop
+
+
+class FakeManager:
+    """torchft's Manager as ``_salvage_step`` calls it: the quorum of the survivors it is given."""
+
+    def __init__(self, rank: int | None, participants: int, fails: Exception | None = None) -> None:
+        self.rank, self.participants, self.fails = rank, participants, fails
+        self.reported: list[Exception] = []
+        self.quorums: list[dict] = []
+
+    def start_quorum(self, **kwargs) -> None:
+        self.quorums.append(kwargs)
+        if self.fails is not None:
+            raise self.fails
+
+    def participating_rank(self) -> int | None:
+        return self.rank
+
+    def num_participants(self) -> int:
+        return self.participants
+
+    def errored(self):
+        return None
+
+    def report_error(self, ex: Exception) -> None:
+        self.reported.append(ex)
+
+
+class SummingGroup:
+    """The survivors' second collective: this node's tensor plus another survivor's (``other``), in place."""
+
+    def __init__(self, other: torch.Tensor) -> None:
+        self.other = other
+        self.steps = 0
+
+    def next_step(self) -> None:
+        self.steps += 1
+
+    def allreduce(self, tensors, _options):
+        tensors[0].add_(self.other)
+        return None
+
+    def wait(self, _work) -> None:
+        pass
+
+    def agree(self) -> None:
+        pass
+
+
+def salvaging_group(manager: FakeManager, other: torch.Tensor) -> ReplicaGroup:
+    from datetime import timedelta
+
+    from azext_elastictrain.runtime.salvage import Salvage
+
+    group = object.__new__(ReplicaGroup)
+    group.manager, group._pg, group.device = manager, SummingGroup(other), torch.device("cpu")
+    group.timeout, group.salvage = timedelta(seconds=30), Salvage(enabled=True)
+    group.rank, group._participants = 0, 3
+    return group
+
+
+def test_a_salvaged_step_averages_what_the_survivors_kept_and_names_the_gone_ranks_slice() -> None:
+    """Rank 0 of 3 kept [1, 1] (its gradients, the used-flags after them); rank 1 kept [3, 3]; rank 2 is gone."""
+    manager = FakeManager(rank=0, participants=2)
+    group = salvaging_group(manager, other=torch.tensor([3.0, 3.0, 0.0, 1.0, 0.0]))  # rank 1's, and its presence
+    flat = torch.tensor([9.0, 9.0])  # what the given-up collective left in the buffer: never read
+    group._salvage_step(torch.tensor([1.0, 1.0]), flat, RuntimeError("rank 2 has not beaten"))
+    assert torch.equal(flat, torch.tensor([2.0, 2.0])) and group.salvage.lost == [2]
+    assert manager.quorums == [{"allow_heal": False, "shrink_only": True}] and not manager.reported
+    assert (group.rank, group._participants, group._pg.steps) == (0, 2, 1)
+
+
+@pytest.mark.parametrize("manager", [FakeManager(rank=0, participants=3), FakeManager(rank=None, participants=2),
+                                     FakeManager(rank=0, participants=2, fails=TimeoutError("no coordinator"))])
+def test_a_salvage_without_a_smaller_quorum_of_the_survivors_discards_the_step(manager) -> None:
+    """Nobody left (a node taken for gone wrongly), this node not in the survivors' quorum, or no quorum at all: the
+    step is discarded as without salvage (the error reported to torchft fails its commit)."""
+    group = salvaging_group(manager, other=torch.zeros(5))
+    flat = torch.tensor([9.0, 9.0])
+    group._salvage_step(torch.tensor([1.0, 1.0]), flat, RuntimeError("rank 2 has not beaten"))
+    assert len(manager.reported) == 1 and group.salvage.lost == [] and group._participants == 3
