@@ -29,6 +29,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
@@ -68,20 +69,37 @@ class Node:
         self._log.close()
 
 
+def replica_env(coordinator: RestartableCoordinator, azurite, url: str, step_seconds: float,
+                **settings: str) -> dict[str, str]:
+    """The environment of a node of the tests' loop in an in-process job of ``coordinator`` checkpointing to
+    ``url`` (a container of ``azurite``), a local job's settings but for ``settings``; endless, no interval save."""
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("ELASTICTRAIN_")},
+            "ELASTICTRAIN_RECOVERY": "in-process", "TORCHFT_LIGHTHOUSE": coordinator.address,
+            "ELASTICTRAIN_REPLICA_HOST": "127.0.0.1", "ELASTICTRAIN_SCHEDULED_EVENTS_URL": "off",
+            launch.ENV_JOB_SECRET: uuid.uuid4().hex, "ELASTICTRAIN_MEMORY_TIER": "off",
+            "ELASTICTRAIN_WARM_START": "off", launch.ENV_REPLICA_TIMEOUT: f"{launch.LOCAL.replica_timeout_seconds:g}",
+            "ELASTICTRAIN_CHECKPOINT_URL": url, "AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string,
+            "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "REPLICA_EPOCHS": "1000", "REPLICA_SAMPLES": "240",
+            "ELASTICTRAIN_CHECKPOINT_INTERVAL_STEPS": "100000", "REPLICA_STEP_SECONDS": f"{step_seconds:g}",
+            **settings}
+
+
+def in_azurite(logs: Path | None, prefix: str, each: Callable[[Any, str, Path], list[dict]]) -> list[dict]:
+    """``each(azurite, container, folder)``'s results, with an Azurite of its own (and its container) in ``logs`` or
+    a temporary folder, stopped after."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        folder = Path(tmp) if logs is None else logs
+        with start_azurite(folder / "azurite") as azurite:
+            container = "bench"
+            azurite.blob_service_client().create_container(container)
+            return each(azurite, container, folder)
+
+
 def run(mode: str, args: argparse.Namespace, azurite, container: str, logs: Path) -> dict:
     logs.mkdir(parents=True)
     coordinator = RestartableCoordinator(logs)
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("ELASTICTRAIN_")},
-           "ELASTICTRAIN_RECOVERY": "in-process", "TORCHFT_LIGHTHOUSE": coordinator.address,
-           "ELASTICTRAIN_REPLICA_HOST": "127.0.0.1", "ELASTICTRAIN_SCHEDULED_EVENTS_URL": "off",
-           launch.ENV_JOB_SECRET: uuid.uuid4().hex, "ELASTICTRAIN_MEMORY_TIER": "off",
-           "ELASTICTRAIN_WARM_START": "off", launch.ENV_REPLICA_TIMEOUT: f"{launch.LOCAL.replica_timeout_seconds:g}",
-           "ELASTICTRAIN_CHECKPOINT_URL": f"{azurite.blob_endpoint}/{container}/{mode}-{uuid.uuid4().hex[:6]}",
-           "AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(REPO), "REPLICA_EPOCHS": "1000", "REPLICA_SAMPLES": "240",
-           "ELASTICTRAIN_CHECKPOINT_INTERVAL_STEPS": "100000",
-           "ELASTICTRAIN_COORDINATOR_COAST": "on" if mode == "coast" else "off",
-           "REPLICA_STEP_SECONDS": f"{args.step_seconds:g}"}
+    env = replica_env(coordinator, azurite, f"{azurite.blob_endpoint}/{container}/{mode}-{uuid.uuid4().hex[:6]}",
+                      args.step_seconds, ELASTICTRAIN_COORDINATOR_COAST="on" if mode == "coast" else "off")
     nodes = [Node(f"node-{i}", env, logs) for i in range(args.nodes)]
     kills = []
     try:
@@ -123,13 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default="coast,wait")
     parser.add_argument("--logs", type=Path, help="keep the nodes' and coordinator's logs here (default: dropped)")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="coordinator-loss-") as tmp:
-        if args.logs is not None:
-            tmp = str(args.logs)
-        with start_azurite(Path(tmp) / "azurite") as azurite:
-            container = "bench"
-            azurite.blob_service_client().create_container(container)
-            results = [run(mode, args, azurite, container, Path(tmp) / mode) for mode in args.modes.split(",")]
+    results = in_azurite(args.logs, "coordinator-loss-", lambda azurite, container, folder: [
+        run(mode, args, azurite, container, folder / mode) for mode in args.modes.split(",")])
     print(json.dumps({"date": time.strftime("%Y-%m-%d"), "nodes": args.nodes, "down_s": args.down,
                       "results": results}, indent=1))
     return 0

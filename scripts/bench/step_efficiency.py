@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import signal
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -35,9 +33,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts" / "bench"))
 
 from azext_elastictrain.core import launch  # noqa: E402
-from coordinator_loss import Node  # noqa: E402
+from coordinator_loss import Node, in_azurite, replica_env  # noqa: E402
 from harness.restartable_coordinator import RestartableCoordinator  # noqa: E402
-from harness.services import start_azurite  # noqa: E402
 
 MODES = {"discard": "off", "salvage": "on"}
 
@@ -45,16 +42,9 @@ MODES = {"discard": "off", "salvage": "on"}
 def run(mode: str, args: argparse.Namespace, seed: int, azurite, container: str, logs: Path) -> dict:
     logs.mkdir(parents=True)
     coordinator = RestartableCoordinator(logs)
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("ELASTICTRAIN_")},
-           "ELASTICTRAIN_RECOVERY": "in-process", "TORCHFT_LIGHTHOUSE": coordinator.address,
-           "ELASTICTRAIN_REPLICA_HOST": "127.0.0.1", "ELASTICTRAIN_SCHEDULED_EVENTS_URL": "off",
-           launch.ENV_JOB_SECRET: uuid.uuid4().hex, "ELASTICTRAIN_MEMORY_TIER": "off",
-           "ELASTICTRAIN_WARM_START": "off", launch.ENV_REPLICA_TIMEOUT: f"{launch.AKS.replica_timeout_seconds:g}",
-           launch.ENV_SALVAGE: MODES[mode],
-           "ELASTICTRAIN_CHECKPOINT_URL": f"{azurite.blob_endpoint}/{container}/{mode}-{uuid.uuid4().hex[:6]}",
-           "AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(REPO), "REPLICA_EPOCHS": "1000", "REPLICA_SAMPLES": "240",
-           "ELASTICTRAIN_CHECKPOINT_INTERVAL_STEPS": "100000", "REPLICA_STEP_SECONDS": f"{args.step_seconds:g}"}
+    env = replica_env(coordinator, azurite, f"{azurite.blob_endpoint}/{container}/{mode}-{uuid.uuid4().hex[:6]}",
+                      args.step_seconds, **{launch.ENV_REPLICA_TIMEOUT: f"{launch.AKS.replica_timeout_seconds:g}",
+                                            launch.ENV_SALVAGE: MODES[mode]})
     rng = random.Random(seed)
     nodes = [Node(f"node-{i}", env, logs) for i in range(args.nodes)]
     observer = nodes[0]
@@ -104,17 +94,16 @@ def main(argv: list[str] | None = None) -> int:
                         "victims are the same for both modes of a repeat)")
     parser.add_argument("--logs", type=Path, help="keep the nodes' and coordinator's logs here (default: dropped)")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="step-efficiency-") as tmp:
-        if args.logs is not None:
-            tmp = str(args.logs)
-        with start_azurite(Path(tmp) / "azurite") as azurite:
-            container = "bench"
-            azurite.blob_service_client().create_container(container)
-            modes = args.modes.split(",")
-            results = []
-            for repeat in range(args.repeats):  # interleaved, rotated: the machine's load falls on both alike
-                for mode in modes[repeat % len(modes):] + modes[:repeat % len(modes)]:
-                    results.append(run(mode, args, repeat, azurite, container, Path(tmp) / f"{mode}-{repeat}"))
+    modes = args.modes.split(",")
+
+    def each(azurite, container: str, folder: Path) -> list[dict]:
+        results = []
+        for repeat in range(args.repeats):  # interleaved, rotated: the machine's load falls on both alike
+            for mode in modes[repeat % len(modes):] + modes[:repeat % len(modes)]:
+                results.append(run(mode, args, repeat, azurite, container, folder / f"{mode}-{repeat}"))
+        return results
+
+    results = in_azurite(args.logs, "step-efficiency-", each)
     medians = {mode: {key: statistics.median(r[key] for r in results if r["mode"] == mode and r[key] is not None)
                       for key in ("step_efficiency", "seconds_per_committed_step")} for mode in modes}
     print(json.dumps({"date": time.strftime("%Y-%m-%d"), "nodes": args.nodes, "every_steps": args.every,
