@@ -46,6 +46,7 @@ from azext_elastictrain.core import launch
 from azext_elastictrain.core.settings import RuntimeSettings
 from azext_elastictrain.runtime import entries
 from azext_elastictrain.runtime.loop import samplers_in
+from azext_elastictrain.runtime.salvage import Salvage
 from azext_elastictrain.runtime.state import capture_rng, modules_in, restore_rng
 from azext_elastictrain.runtime.stopping import TrainingStopped
 
@@ -169,8 +170,6 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         self._reached = False  # while coasting: this step's probe reached the coordinator
         self._any_reached = False  # ... and the last step-start collective's: some node's probe reached it
         self.left = False
-        from azext_elastictrain.runtime.salvage import Salvage
-
         self.salvage = Salvage(enabled=settings.salvage and self.node_size == 1)
         self._start_given_up = False  # this try's start collective was given up on a node gone (begin_step)
 
