@@ -140,8 +140,10 @@ class WatchedGroup(ProcessGroup):  # type: ignore[misc]  # torchft ships no py.t
 
     def wait(self, work: Any) -> None:
         """Until ``work`` (a collective of this group) is done here, or given up on every participant (PeerGone).
-        The collective's own failure (its timeout) raises as before. A CUDA collective's wait orders the stream
-        only. Its claim is made by ``agree()``, once the host has synced."""
+        The collective's own failure (its timeout, a peer's socket closed) is given up on every participant too
+        (PeerGone) where this participant's claim is the first; where another's claim says done, it raises as it
+        came. A CUDA collective's wait orders the stream only. Its claim is made by ``agree()``, once the host has
+        synced."""
         with self._lock:
             self._op += 1
             self._key = f"{CLAIM_PREFIX}{self._attempt}/{self._op}" if self._claims is not None else None

@@ -349,10 +349,8 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         if self.manager.errored():  # discarded here for a reason of this node's own: it heals at the next quorum
             self._pg.forget()
             return
-        if self.device.type == "cuda":
-            torch.cuda.current_stream(self.device).synchronize()  # the collectives done (torchft syncs here too)
         try:
-            self._pg.agree()
+            self._agree_now()
         except PeerGone as ex:
             log.warning("the step's collective was given up: %s; discarding the step", ex)
             self.manager.report_error(ex)
@@ -414,8 +412,9 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         self._pg.wait(self._pg.allreduce([flat], options))
 
     def _agree_now(self) -> None:
+        """The claims of this step's collectives that completed here (PeerGone: another participant gave one up)."""
         if self.device.type == "cuda":
-            torch.cuda.current_stream(self.device).synchronize()
+            torch.cuda.current_stream(self.device).synchronize()  # the collectives done (torchft syncs here too)
         self._pg.agree()
 
     def _salvage_step(self, kept: torch.Tensor, flat: torch.Tensor, reason: Exception) -> None:

@@ -2,8 +2,8 @@
 
 Without it, as in torchft, the step in flight is discarded at every vanish and its global batch trained again: at
 one failure per 5.5 steps torchft's published run kept 82 % of the steps it tried. With it, when the quorum's watch
-gives the step's gradient collective up on a participant gone (runtime/replica_watch.py), every survivor, inside
-the collective's call:
+gives the step's gradient collective up on a participant gone, or the collective fails and is given up on every
+participant (a killed node's socket closed: runtime/replica_watch.py), every survivor, inside the collective's call:
 
 1. asks the coordinator for a new quorum at once, among the step's participants only (torchft's ``shrink_only``:
    a newcomer waits for the next step); the coordinator has dropped the gone node by then (its heartbeat timeout
