@@ -33,6 +33,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -45,6 +46,7 @@ import torch.distributed as dist
 from azext_elastictrain.core import launch
 from azext_elastictrain.core.settings import RuntimeSettings
 from azext_elastictrain.runtime import entries
+from azext_elastictrain.runtime.handover import Handover
 from azext_elastictrain.runtime.loop import samplers_in
 from azext_elastictrain.runtime.salvage import Salvage
 from azext_elastictrain.runtime.state import capture_rng, modules_in, restore_rng
@@ -95,7 +97,8 @@ class Quorum:
 class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manager's handles and the step's verdict
     """This node's membership in the job, step by step; see the module's docstring."""
 
-    def __init__(self, state: dict[str, Any], *, step: int, environ: Mapping[str, str] | None = None) -> None:
+    def __init__(self, state: dict[str, Any], *, step: int, environ: Mapping[str, str] | None = None,
+                 node_max: Callable[[list[int]], list[int]] | None = None) -> None:
         from torchft import Manager
 
         from azext_elastictrain.runtime.peer_transfer import PeerTransport, job_secret
@@ -108,6 +111,9 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         self.optimizer = the_optimizer(state)
         self.node_rank = dist.get_rank() if dist.is_initialized() else 0
         self.node_size = dist.get_world_size() if dist.is_initialized() else 1
+        # the element-wise maximum over the node's workers (runtime/collectives.py ``all_reduce_max``): what they
+        # decide as one in a handover (runtime/handover.py)
+        self._node_max = node_max or (lambda values: values)
         self.committed: bool | None = None  # the current step's verdict, once asked
         self.healed = False  # this step loaded the state from a peer
         # Called before a heal writes into the live tensors: the memory tier's copies of them must have left
@@ -163,15 +169,17 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         # the members and transfers sent at the last step: a change makes a check due
         self._checked: tuple[int | None, int] = (None, 0)
         self._participants = 0  # the step's participants that train it (a diverged replica does not)
-        self.excluded = False  # this replica diverged from the others: it sits the step out and heals after it
         # the coordinator this node trains on without while it does not answer (coast "off": it waits for it)
         self._coordinator = env.get(launch.ENV_COORDINATOR) if settings.coordinator_coast else None
         self._coasting = 0  # steps trained with the last quorum while the coordinator did not answer
-        self._reached = False  # while coasting: this step's probe reached the coordinator
-        self._any_reached = False  # ... and the last step-start collective's: some node's probe reached it
-        self.left = False
+        # while coasting: this step's probe reached the coordinator, and the last step-start collective's: some
+        # node's probe reached it
+        self._reached, self._any_reached = False, False
+        self.left = self.excluded = False  # this group left; this replica diverged from the others: it sits the
+        # step out and heals after it
         self.salvage = Salvage(enabled=settings.salvage and self.node_size == 1)
         self._start_given_up = False  # this try's start collective was given up on a node gone (begin_step)
+        self.handover = Handover(settings.replica_heartbeat_timeout if env.get(launch.ENV_COORDINATOR) else None)
 
     def _average_in_backward(self, state: dict[str, Any]) -> Any:
         """The comm hook on the state's DDP (runtime/replica_grads.py), or None: averaged in the step pre-hook."""
@@ -207,7 +215,7 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         for _ in range(START_TRIES):
             quorum = self._begin(last_step, salvageable)
             healed = self.healed = healed or self.healed  # a heal in an earlier try: the loop's data must know
-            if not self._start_given_up:
+            if not self._start_given_up or self.handover.done:  # done: a departing node leaves instead
                 break
             log.warning("the step's start was given up on a node gone: a new quorum at once, before its body")
         return quorum
@@ -215,6 +223,8 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
     def _begin(self, last_step: int, salvageable: bool) -> Quorum:
         self.committed, self.healed, self._start_given_up = None, False, False
         self.salvage.begin(salvageable)
+        self.handover.begin(time.monotonic())
+        ready = self._node_agrees(self.handover.leaving and self.handover.ready_now(time.monotonic()))
         self._pg.next_step()
         if self._in_backward is not None:
             self._in_backward.reset()
@@ -240,8 +250,8 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
                                              "tensors and no peer healed it since; restarting from its checkpoints")
         if self.healed:
             self.undo.keep()  # the state this step starts from is the peer's
-        step = self.manager.current_step()
-        diverged = self._start_together(step, rank, participants)
+        step = self.current_step()
+        diverged = self._start_together(step, rank, participants, ready)
         self._transport.disallow_checkpoint()  # the body changes the tensors served from here on (peer_transfer.py)
         self.excluded = rank in diverged
         healthy = [r for r in range(participants) if r not in diverged]
@@ -260,6 +270,8 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         The nodes end coasting together: each coasting step's probe goes into the step-start collective, and the
         step after one in which some node reached the coordinator, every node asks it for a quorum (one asking a
         step before the others got a quorum alone, and the others a failed step and a heal)."""
+        if self.handover.hold and not self.manager.errored():  # a node hands over: no quorum until it is dropped
+            return True
         if self._coordinator is None or self.rank is None or torn or self.manager.errored():
             return False
         if self._coasting:
@@ -275,7 +287,7 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         self._reached, self._any_reached, self._coasting = False, False, 1
         return True
 
-    def _start_together(self, step: int, rank: int | None, participants: int) -> set[int]:
+    def _start_together(self, step: int, rank: int | None, participants: int, ready: bool) -> set[int]:
         """Every participant holds the step's state before the step's collective counts time: a collective that
         waits as long as a transfer may take. A newcomer loads the state inside start_quorum and comes here after
         it; the others cannot see it heal, so without this their step's collective, which waits the replica
@@ -292,11 +304,12 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         due = self.healed or members != self._checked or (
             self._check_every is not None and step % self._check_every == 0)
         self._checked = members
-        eligible = self.salvage.eligible(healed=self.healed, coasting=bool(self._coasting),
+        eligible = self.salvage.eligible(healed=self.healed, coasting=bool(self._coasting) or self.handover.active,
                                          participating=rank is not None)
         flat = torch.cat([self._step_start.vector(rank, participants, due),  # and whether a coasting node
-                          torch.tensor([1.0 if self._coasting and self._reached else 0.0,  # reached it; whether
-                                        1.0 if eligible else 0.0], dtype=torch.float64)])  # it can salvage
+                          torch.tensor([1.0 if self._coasting and self._reached else 0.0,  # reached it; whether it
+                                        *self.handover.flags(ready),  # departs and is ready to; whether it can
+                                        1.0 if eligible else 0.0], dtype=torch.float64)])  # salvage
         options = dist.AllreduceOptions()
         options.reduceOp = dist.ReduceOp.SUM  # type: ignore[assignment]  # torch's stub: the option takes the RedOpType
         options.timeout = self.transfer_timeout()
@@ -309,14 +322,17 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
             log.warning("the step's start was given up: %s", ex)
             self._start_given_up = True
             manager.report_error(ex)
+            self.handover.failed()
             return set()
         except Exception as ex:  # pylint: disable=broad-exception-caught  # the step's verdict carries it
             log.warning("the step's start failed: %s; discarding the step", ex)
             manager.report_error(ex)
+            self.handover.failed()
             return set()
-        self._any_reached = bool(flat[-2].item() > 0)  # reached the coordinator this step (_coast)
-        digests = self._step_start.apply(flat[:-2], participants)
+        self._any_reached = bool(flat[-4].item() > 0)  # reached the coordinator this step (_coast)
+        digests = self._step_start.apply(flat[:-4], participants)
         _, diverged = winner(digests)
+        self._hand_over(departing=round(flat[-3].item()), ready=round(flat[-2].item()), diverged=bool(diverged))
         self.salvage.armed = int(flat[-1].item()) == participants and not diverged
         if diverged:
             log.error("the replicas differ at step %d (digests by replica rank: %s): replica rank(s) %s sit the step "
@@ -328,18 +344,58 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         """After the step's body: whether it is committed (asks the quorum if the optimizer hook did not)."""
         if self.committed is None:
             self.committed = self._should_commit()
+        self.handover.ended(committed=self.committed)
         return self.committed
+
+    def current_step(self) -> int:
+        """The steps committed: the manager's count, and those committed after this node's heartbeats stopped."""
+        return self.manager.current_step() + self.handover.held
+
+    # -- a handover (runtime/handover.py) ----------------------------------------------------------------------
+    def can_hand_over(self, seconds_left: float | None) -> bool:
+        """Whether this node, told to leave, can hand over rather than leave at once: it trains in a quorum of
+        others, the coordinator answers (no coasting), nothing failed, and the handover fits (runtime/handover.py)."""
+        return (self.rank is not None and self._participants > 1 and not self._coasting and not self.left
+                and self.manager.errored() is None and self.handover.possible(seconds_left))
+
+    def _hand_over(self, *, departing: int, ready: int, diverged: bool) -> None:
+        """The sums of the step's start collective; a departing node that every participant now knows of stops
+        its heartbeats (torchft's Manager.shutdown: its server, and with it the heartbeat to the coordinator)."""
+        self.handover.started(departing, ready, diverged=diverged)
+        if self.handover.leaving and self.handover.stopped_at is None:
+            log.warning("handing over: heartbeats stopped, training on with the others until the coordinator "
+                        "has dropped this node")
+            self._shutdown_manager()
+            self.handover.stopped_at = time.monotonic()
+
+    def _node_agrees(self, mine: bool) -> bool:
+        """The node's first worker's ``mine``, on every worker of the node."""
+        if not self.handover.leaving:  # every worker of a departing node asks; no other node does
+            return False
+        return bool(self._node_max([1 if mine and self.node_rank == 0 else 0])[0])
+
+    def _held_verdict(self) -> bool:
+        """A departing node's commit after its heartbeats stopped (its server, which counted its workers' votes,
+        is gone): the step's collectives agreed on every participant, and no worker of the node failed."""
+        self._agree()
+        failed = self._node_max([1 if self.manager.errored() is not None else 0])[0] if self.handover.leaving else 0
+        if failed:
+            return False
+        self.handover.held += 1
+        return True
 
     def _should_commit(self) -> bool:
         if self.excluded and not self.manager.errored():  # behind after this step: it heals at the next quorum
             self.manager.report_error(RuntimeError("this replica differs from the others'"))
+        if self.handover.stopped_at is not None:
+            return self._held_verdict()
         self._agree()
         try:
             return bool(self.manager.should_commit())
         except Exception as ex:  # pylint: disable=broad-exception-caught
             log.error("the step's commit could not be agreed: %s; restarting this worker", ex)
             self.close()
-            raise TrainingStopped(self.manager.current_step(), f"in-process recovery: no commit ({ex})") from ex
+            raise TrainingStopped(self.current_step(), f"in-process recovery: no commit ({ex})") from ex
 
     def _agree(self) -> None:
         """The step's collectives completed on every participant, or the step is discarded on each: a step that
@@ -523,6 +579,10 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         self.left = True
         self._hook.remove()
         self._pg.stop_watch(leave=True)
+        if self.handover.stopped_at is None:
+            self._shutdown_manager()
+
+    def _shutdown_manager(self) -> None:
         try:
             self.manager.shutdown(wait=False)
         except Exception as ex:  # pylint: disable=broad-exception-caught  # leaving must not fail the exit

@@ -367,6 +367,14 @@ def test_notice_is_a_planned_departure_the_others_do_not_stop(job) -> None:
         steps = [rec["step"] for rec in r.records]
         assert steps == sorted(set(steps)), f"{r.name} trained a step twice around the departure"
     assert survivors[0].records[-1]["ranks"] == 2 and left_at < survivors[0].final["step"]
+    # It handed over (runtime/handover.py): it trained on without heartbeats until the coordinator had dropped it,
+    # so the survivors never asked for their quorum while the coordinator still heard it (torchft's Lighthouse logs
+    # each request's view: "[asked/heard participants healthy][heard heartbeating]").
+    log = (job.log_dir / "coordinator.log").read_text().split("Detected quorum change")
+    assert len(log) >= 3, "no re-form after the departure"
+    after = log[-2].rsplit("[3/3 participants healthy]", 1)[-1]  # after the quorums the departing node was in
+    waited = [line for line in after.splitlines() if "[2/2 participants healthy][3 heartbeating]" in line]
+    assert not waited, f"the survivors waited for the departing node's heartbeat to age out: {waited[:2]}"
 
 
 @pytest.mark.torchrun  # the heartbeat timeout tells a frozen node from a slow one

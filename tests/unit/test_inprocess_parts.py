@@ -13,6 +13,7 @@ import torch
 
 from azext_elastictrain.core import launch
 from azext_elastictrain.runtime.data import ElasticSampler
+from azext_elastictrain.runtime.handover import Handover
 from azext_elastictrain.runtime.replica_data import ReplicaBatches, layout
 from azext_elastictrain.runtime import replicas as replicas_module
 from azext_elastictrain.runtime.replicas import (Quorum, ReplicaGroup, StepUndo, average_across_replicas, discard_step,
@@ -460,6 +461,7 @@ def test_the_replica_timeout_is_torchfts_variable_then_the_backends_then_the_col
 ])
 def test_a_start_given_up_on_a_node_gone_asks_for_a_new_quorum_before_any_body(given_up, healed_at, expected) -> None:
     group = object.__new__(ReplicaGroup)
+    group.handover = Handover(None)
     tries: list[int] = []
 
     def begin(_last_step: int, _salvageable: bool) -> Quorum:
@@ -472,6 +474,23 @@ def test_a_start_given_up_on_a_node_gone_asks_for_a_new_quorum_before_any_body(g
     quorum = group.begin_step(7)
     assert len(tries) == expected and quorum.participants == 4 - expected
     assert group.healed == (healed_at is not None)  # a heal in an earlier try stays known to the loop
+
+
+def test_a_departing_node_whose_start_was_given_up_leaves_instead_of_asking_for_a_quorum() -> None:
+    """Its heartbeats stopped (runtime/handover.py): it has no server to ask with; the loop sees ``done``."""
+    group = object.__new__(ReplicaGroup)
+    group.handover = Handover(0.5, leaving=True, stopped_at=1.0, departing=1, hold=True)
+    tries: list[int] = []
+
+    def begin(_last_step: int, _salvageable: bool) -> Quorum:
+        tries.append(len(tries))
+        group.healed, group._start_given_up = False, True
+        group.handover.failed()
+        return Quorum(step=7, participants=3, rank=2)
+
+    group._begin = begin
+    group.begin_step(7)
+    assert tries == [0] and group.handover.done
 
 
 class FakeManager:

@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 FINAL_COMMIT_TIMEOUT_SECONDS = 1800.0
 FINAL_COMMIT_POLL_SECONDS = 0.5
 
+LEFT = "this node leaves the job (a notice or a SIGTERM)"
+
 log = logging.getLogger(__name__)
 
 
@@ -90,13 +92,15 @@ class InProcessLoop(TrainingLoop):
         from azext_elastictrain.runtime.replicas import ReplicaGroup
 
         parts = self.parts
-        replicas = self.replicas = ReplicaGroup(state, step=step)
+        replicas = self.replicas = ReplicaGroup(state, step=step, node_max=parts.ranks.all_reduce_max)
         if parts.memory is not None:
             replicas.before_write = parts.memory.landed
         members = Membership(parts.ranks.world_size)
         try:
             while not (step >= total if total is not None else data is None or data.finished()):
                 quorum = replicas.begin_step(step, salvageable=data is not None and data.salvageable())
+                if replicas.handover.done:  # this node hands over, and the step's start failed: it leaves now
+                    self._leave(step, state, replicas)
                 self._record_quorum(members, quorum, replicas.served() or replicas.healed)
                 if replicas.healed and data is not None:
                     data.healed()
@@ -107,12 +111,14 @@ class InProcessLoop(TrainingLoop):
                     members.discard()
                     if data is not None:
                         data.discarded()
+                    if replicas.handover.done:
+                        self._leave(step, state, replicas)
                     continue
                 step = quorum.step + 1
                 if data is not None:
                     data.trained(replicas.salvage.lost)
                 if self._replica_step(step, state, replicas, samples):
-                    raise TrainingStopped(step, "this node leaves the job (a notice or a SIGTERM)")
+                    raise TrainingStopped(step, LEFT)
             if replicas.is_writer() or replicas.participants() == 0:
                 parts.finish(step, state, step if total is None else total)
             else:  # the writer group saves the final step and records the job finished; the others end after it
@@ -165,18 +171,30 @@ class InProcessLoop(TrainingLoop):
         if parts.memory is not None:
             parts.memory.keep(step, state, parts.ranks.world_size)
         notices = parts.notices.live()
-        leaving, due = parts.ranks.all_reduce_max([1 if notices else 0,
-                                                   1 if parts.ranks.rank == 0 and parts.policy.due(step) else 0])
+        first = parts.ranks.rank == 0  # what the node's first worker sees, the node decides
+        left = [n.seconds_left() for n in notices]
+        seconds_left = min((s for s in left if s is not None), default=None)
+        leaving, due, handover = parts.ranks.all_reduce_max(
+            [1 if notices else 0, 1 if first and parts.policy.due(step) else 0,
+             1 if first and replicas.can_hand_over(seconds_left) else 0])
         parts.reporter.completed(step)
         writer = replicas.is_writer()
         if writer:
             parts.reporter.record_progress(step, samples, metrics)
-        if leaving:
+        if replicas.handover.done or (leaving and not handover and not replicas.handover.leaving):
             self._depart(step, state, notices, replicas)
             return True
+        if leaving and not replicas.handover.leaving:  # the others go on without this node's heartbeat timeout
+            log.warning("a notice at step %d: handing over to the other nodes before leaving", step)
+            replicas.handover.leaving = True
         if due and writer:
             parts.save(step, state)
         return False
+
+    def _leave(self, step: int, state: dict[str, Any], replicas: ReplicaGroup) -> None:
+        """A departing node's handover ended with a step it did not commit: it leaves at ``step``."""
+        self._depart(step, state, self.parts.notices.live(), replicas)
+        raise TrainingStopped(step, LEFT)
 
     def _depart(self, step: int, state: dict[str, Any], notices: list[Any], replicas: ReplicaGroup) -> None:
         """A planned departure (runtime/stepping.py ``depart``): the notices stamped first (the survivors' next

@@ -1,0 +1,107 @@
+"""A planned departure that costs the others no wait (in-process mode): the leaving node hands over.
+
+torchft's coordinator has no call by which a node leaves. It drops a node once the node's last heartbeat is older
+than its heartbeat timeout (core/launch.py: local 0.5 s, AKS 1 s), and a quorum asked before then waits for the
+node (it is heard, and has not asked). So a node that left at its notice cost every survivor that wait at the next
+step (1.07 s with AKS's figures: docs/benchmarks.md).
+
+A notice leaves the node time (Azure's Scheduled Events: at least 30 s; a pod's SIGTERM: its grace period), so the
+node spends the wait training instead:
+
+1. At the step after its notice, the node asks for the quorum as always and says in the step's start collective
+   that it departs. Right after that collective it stops its heartbeats (torchft's ``Manager.shutdown``: its
+   server goes, with the heartbeat to the coordinator and the commit vote of the node's workers).
+2. From the next step on, every participant trains with the last quorum without asking the coordinator (as when
+   the coordinator does not answer: ``ReplicaGroup._coast``), the departing node too. It is a whole replica still:
+   its gradients count, and it commits the steps the others commit (its workers vote among themselves).
+3. Each step's start collective also says whether the departing node is ready: its last heartbeat will be the
+   heartbeat timeout old by the next step's quorum request (the step's duration counted). At the first step where
+   every departing node is ready, that step is their last: they leave after it (the notice acknowledged, then the
+   hold: runtime/loops/in_process.py), and at the next step the others ask the coordinator, which has dropped them
+   already and forms the quorum as soon as the last of the others asks.
+
+The survivors' outage is then that quorum and a new process group, not the heartbeat timeout. Every participant
+decides alike: each decision comes from the sums of a start collective that every participant took part in, and
+from the step's verdict (the same on every participant: runtime/replica_watch.py). So they hold together or ask
+together. A step that fails during the handover ends it: the departing nodes leave at once, and the others ask the
+coordinator, which waits for the rest of the heartbeat timeout at most. A node leaves at once, as before, where
+handing over would take long or could not work: a step longer than ``MAX_STEP_SECONDS``, a notice that expires
+first, no other participant, the coordinator not answering.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# A node whose steps take longer leaves at once: its handover (about the heartbeat timeout plus two steps) would
+# take a large part of Azure's 30 s notice, and the others' wait it saves (the heartbeat timeout) is small beside
+# such steps.
+MAX_STEP_SECONDS = 5.0
+# Past the heartbeat timeout, before a departing node counts as dropped: a heartbeat in flight as its server stopped,
+# and the coordinator's quorum tick (core/launch.py COORDINATOR_QUORUM_TICK_MS).
+MARGIN_SECONDS = 0.1
+# A notice must leave at least this many steps beyond the heartbeat timeout for a handover.
+NOTICE_STEPS = 3
+
+
+@dataclass
+class Handover:  # pylint: disable=too-many-instance-attributes  # the step's sums, this node's part, the timing
+    """This node's part in a handover (see the module's docstring), and what the current step's start collective
+    said of every participant's."""
+
+    heartbeat_timeout: float | None  # the coordinator's (None: no coordinator, no handover)
+    leaving: bool = False  # this node departs: it says so from the next step's start collective on
+    stopped_at: float | None = None  # when this node stopped its heartbeats (time.monotonic())
+    departing: int = 0  # the current step's start collective: participants that depart
+    ready: int = 0  # ... and those of them that leave after this step
+    diverged: bool = False  # ... and replicas that differ (they heal at a quorum: no step holds)
+    hold: bool = False  # the next step trains with the current quorum, the coordinator not asked
+    done: bool = False  # this node's handover is over: it leaves now
+    step_seconds: float | None = None  # the last step's duration, from one start to the next
+    began: float | None = None  # when the current step started
+    held: int = 0  # steps this node committed after its heartbeats stopped (its manager counts no more)
+
+    def begin(self, now: float) -> None:
+        """A step starts (each try of it)."""
+        if self.began is not None:
+            self.step_seconds = now - self.began
+        self.began = now
+
+    def possible(self, seconds_left: float | None) -> bool:
+        """Whether this node can hand over rather than leave at once (``seconds_left``: until its notice expires,
+        None if the notice does not say)."""
+        if self.heartbeat_timeout is None or self.step_seconds is None or self.step_seconds > MAX_STEP_SECONDS:
+            return False
+        needed = self.heartbeat_timeout + MARGIN_SECONDS + NOTICE_STEPS * self.step_seconds
+        return seconds_left is None or seconds_left > needed
+
+    def ready_now(self, now: float) -> bool:
+        """(A departing node, at a step's start.) Its last heartbeat will be the heartbeat timeout old by the next
+        step's quorum request, so this step can be its last. At the first step (heartbeats stop after it starts):
+        a step lasts that long."""
+        stopped = now if self.stopped_at is None else self.stopped_at
+        timeout = self.heartbeat_timeout or 0.0
+        return (now - stopped) + (self.step_seconds or 0.0) >= timeout + MARGIN_SECONDS
+
+    def flags(self, ready: bool) -> list[float]:
+        """This node's part of the step's start collective: it departs; it is ready."""
+        return [1.0 if self.leaving else 0.0, 1.0 if self.leaving and ready else 0.0]
+
+    def started(self, departing: int, ready: int, *, diverged: bool) -> None:
+        """What the step's start collective said."""
+        self.departing, self.ready, self.diverged = departing, ready, diverged
+
+    def failed(self) -> None:
+        """The step's start collective failed: no handover goes on through it."""
+        self.started(0, 0, diverged=False)
+        self.ended(committed=False)
+
+    def ended(self, *, committed: bool) -> None:
+        """After the step's verdict: whether the next step holds, and whether this node's handover is over."""
+        self.hold = self.departing > 0 and self.ready < self.departing and committed and not self.diverged
+        if self.stopped_at is not None and not self.hold:
+            self.done = True
+
+    @property
+    def active(self) -> bool:
+        """A handover is under way: this node departs, or the next step holds for another."""
+        return self.leaving or self.hold
