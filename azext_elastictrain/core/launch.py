@@ -98,11 +98,11 @@ COORDINATOR_MODULE = "azext_elastictrain.runtime.coordinator"
 #   (the AKS replica timeout; below the Manager's 60 s quorum timeout, runtime/replicas.py QUORUM_TIMEOUT).
 # - quorum_tick_ms 50: how often a waiting quorum is looked at again: a step's quorum is never late by more.
 # - heartbeat_timeout_ms: a node not heard from this long is out of the next quorum (torchft's Manager beats every
-#   100 ms, and each quorum request counts as a beat). It is also what a planned departure waits: the Lighthouse
-#   has no call by which a node leaves, so the survivors wait until the leaving node's last beat is this old
-#   (measured, 2 nodes: notice outage 1.07 s at 1000 ms, 0.80 s at 500 ms, and a vanish 1.03 s / 0.57 s;
-#   outage.py --nodes 2 --repeats 3 --modes in-process@1000,in-process@500). A needless drop costs the node a heal
-#   from a peer, not a restart.
+#   100 ms, and each quorum request counts as a beat). It is what a vanish costs (measured, 2 nodes: 1.03 s at
+#   1000 ms, 0.57 s at 500 ms; outage.py --nodes 2 --repeats 3 --modes in-process@1000,in-process@500). A planned
+#   departure no longer waits it: the Lighthouse has no call by which a node leaves, so the leaving node trains on
+#   without heartbeats until it is dropped (runtime/handover.py). A needless drop costs the node a heal from a
+#   peer, not a restart.
 #   Local: 500 ms, five beats lost in a row: 0 needless drops in 120 s under two CPU hogs on this 2-core machine
 #   (rdzv_soak.py --in-process-heartbeat-ms 500). AKS: 1000 ms, not measured here: a needless drop there sends a
 #   real model's state across the network, so ten beats.

@@ -1,7 +1,8 @@
 """In-process recovery with nodes of several workers (a GPU VM runs one per GPU): the README's script, unchanged,
 on 2 nodes of 2 workers each, launched as ``job run --local --recovery in-process --nproc-per-node 2`` launches
 them (harness/elastic.py: the product's AgentLaunch and coordinator), through one worker killed (torchrun
-restarts its node's workers, which rejoin), a node killed and a newcomer. A restarted worker generation needs a
+restarts its node's workers, which rejoin), a node killed, a newcomer, and the newcomer's SIGTERM (a notice: it
+hands over and leaves). A restarted worker generation needs a
 fresh torchrun store (the launch's TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1): in torch's default the agent's store
 outlives the restart, and both torch's own init_process_group and torchft's manager address (a fixed key) find the
 dead generation's keys in it (seen: node-1's workers restarting in a loop, every init timing out).
@@ -9,7 +10,7 @@ dead generation's keys in it (seen: node-1's workers restarting in a loop, every
 Each node is one replica group: its workers a ``torchrun --standalone`` world whose DDP averages within the node,
 the runtime's optimizer hook across the nodes. Checked from the workers' own records (tests/support/readme_harness.py
 writes each committed step's slice): the survivor's two worker processes never change, every epoch's samples are
-trained exactly once in an uninterrupted run's order whatever the layout (4 ranks, 2, 4 again), and the job is
+trained exactly once in an uninterrupted run's order whatever the layout (4 ranks, 2, 4, 2 again), and the job is
 finished at its last step.
 """
 from __future__ import annotations
@@ -34,7 +35,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(500), pytest.mark.filterwarn
 STEPS = 3 * 4096 // 64  # the README's loop: 3 epochs of 4096 samples, a global batch of 64
 
 
-def test_nodes_of_two_workers_train_each_sample_once_through_a_worker_restart_a_kill_and_a_newcomer(
+def test_nodes_of_two_workers_train_each_sample_once_through_a_worker_restart_a_kill_a_newcomer_and_a_notice(
         azurite: svc.AzuriteService, container_url: str, tmp_path: Path, monkeypatch) -> None:
     pytest.importorskip("torchft", reason="in-process jobs run torchft (the train extra)")
     block, out, slow = tmp_path / "train.py", tmp_path / "records", tmp_path / "slow"
@@ -77,9 +78,16 @@ def test_nodes_of_two_workers_train_each_sample_once_through_a_worker_restart_a_
                           and r["time"] > killed], 120, "the survivor training alone, 2 ranks", on_timeout=tails)
         nodes.append(Node(job, f"{name}-node-2", tmp_path))
         wait_for(lambda: 4 in layouts(nodes[2].name), 240, "the newcomer admitted, 4 ranks", on_timeout=tails)
+        # The newcomer's pod is deleted (a SIGTERM through its agent to both workers): a notice, on which the node
+        # hands over (runtime/handover.py; its two workers decide each step as one) and leaves; node-0 trains on.
+        terminated = time.time()
+        nodes[2].signal_agent(signal.SIGTERM)
+        wait_for(lambda: [r for r in read_slices(out) if r["node"] == nodes[0].name and r["ranks"] == 2
+                          and r["time"] > terminated], 120, "the survivor alone again, 2 ranks", on_timeout=tails)
+        assert nodes[2].wait(timeout=120) != 0, tails()  # a stop, not the job's end
+        assert nodes[2].log_tail(10**6).count("handing over: heartbeats stopped") == 2, tails()
         slow.unlink()
-        for node in (nodes[0], nodes[2]):
-            assert node.wait(timeout=300) == 0, tails()
+        assert nodes[0].wait(timeout=300) == 0, tails()
         events = read_events(store, store.prefix)
     finally:
         for node in nodes:
