@@ -80,6 +80,8 @@ def test_nodes_of_two_workers_train_each_sample_once_through_a_worker_restart_a_
         wait_for(lambda: 4 in layouts(nodes[2].name), 240, "the newcomer admitted, 4 ranks", on_timeout=tails)
         # The newcomer's pod is deleted (a SIGTERM through its agent to both workers): a notice, on which the node
         # hands over (runtime/handover.py; its two workers decide each step as one) and leaves; node-0 trains on.
+        wait_for(lambda: len([r for r in read_slices(out) if r["node"] == nodes[2].name and r["ranks"] == 4]) >= 6,
+                 60, "the newcomer's third step", on_timeout=tails)  # it has timed its steps (handover.py)
         terminated = time.time()
         nodes[2].signal_agent(signal.SIGTERM)
         wait_for(lambda: [r for r in read_slices(out) if r["node"] == nodes[0].name and r["ranks"] == 2
