@@ -150,6 +150,8 @@ def _run_evicted(az, variant: str, mode: str, folder: Path) -> Path:
         assert done["state"] == "Succeeded" and done["step"] == STEPS, done
         logs = az("elastictrain", "job", "logs", "--local", "--name", name).stdout
         assert "the replicas differ" not in logs, [line for line in logs.splitlines() if "differ" in line][:3]
+        if mode == launch.RECOVERY_IN_PROCESS:  # the eviction with notice went through the handover
+            assert "handing over: heartbeats stopped" in logs, "the node with the notice left without handing over"
     finally:
         az("elastictrain", "job", "delete", "--local", "--name", name, "--yes", check=False, timeout=180)
     return folder / "out"
