@@ -103,14 +103,19 @@ COORDINATOR_MODULE = "azext_elastictrain.runtime.coordinator"
 #   departure no longer waits it: the Lighthouse has no call by which a node leaves, so the leaving node trains on
 #   without heartbeats until it is dropped (runtime/handover.py). A needless drop costs the node a heal from a
 #   peer, not a restart.
-#   Local: 500 ms, five beats lost in a row: 0 needless drops in 120 s under two CPU hogs on this 2-core machine
-#   (rdzv_soak.py --in-process-heartbeat-ms 500). AKS: 1000 ms, not measured here: a needless drop there sends a
-#   real model's state across the network, so ten beats.
+#   500 ms on both backends, five beats lost in a row: 0 needless drops in 600 s under two CPU hogs on this 2-core
+#   machine (rdzv_soak.py --seconds 600 --hogs 2 --in-process-heartbeat-ms 500; the quorum's watch, at the same
+#   timeout, gave up one step's collective on a live node: one step discarded). AKS had 1000 ms until the handover:
+#   then a notice, Spot's usual eviction, waited this timeout too, so a short one bought little beside the risk of
+#   a needless drop, which on AKS sends a real model's state across the network. Now only a node gone without
+#   notice waits it (1.10 s at 1000 ms, AKS's replica timeout: docs/benchmarks.md). The beat that counts is the
+#   torchft server's, a Rust thread that no GIL or Python stall holds up; five beats in a row lost on a cluster's
+#   network is a stall, not a slow node.
 LOCAL_COORDINATOR_JOIN_TIMEOUT_MS = 10_000
 AKS_COORDINATOR_JOIN_TIMEOUT_MS = 30_000
 COORDINATOR_QUORUM_TICK_MS = 50
 LOCAL_COORDINATOR_HEARTBEAT_TIMEOUT_MS = 500
-AKS_COORDINATOR_HEARTBEAT_TIMEOUT_MS = 1000
+AKS_COORDINATOR_HEARTBEAT_TIMEOUT_MS = 500
 ENV_PREFIX = "ELASTICTRAIN_"  # a local node starts without the caller's ELASTICTRAIN_* settings
 # The runtime's settings that no option of `job run` sets: a job's --env may give them (every other ELASTICTRAIN_
 # name is the job's own, written from its options, and refused there). In-process mode: steps between two checks
