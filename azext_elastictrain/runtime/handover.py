@@ -24,7 +24,9 @@ The survivors' outage is then that quorum and a new process group, not the heart
 decides alike: each decision comes from the sums of a start collective that every participant took part in, and
 from the step's verdict (the same on every participant: runtime/replica_watch.py). So they hold together or ask
 together. A step that fails during the handover ends it: the departing nodes leave at once, and the others ask the
-coordinator, which waits for the rest of the heartbeat timeout at most. A node leaves at once, as before, where
+coordinator, which waits for the rest of the heartbeat timeout at most. Where every participant departs (Spot
+capacity reclaimed from the whole job at once), nobody is left to hold the step: they leave at once, and the
+quorum's writer saves the step to blob first, as a node alone does. A node leaves at once, as before, where
 handing over would take long or could not work: a step longer than ``MAX_STEP_SECONDS``, a notice that expires
 first, no other participant, the coordinator not answering.
 """
@@ -54,6 +56,7 @@ class Handover:  # pylint: disable=too-many-instance-attributes  # the step's su
     departing: int = 0  # the current step's start collective: participants that depart
     ready: int = 0  # ... and those of them that leave after this step
     diverged: bool = False  # ... and replicas that differ (they heal at a quorum: no step holds)
+    everyone: bool = False  # ... and every participant departs: nobody stays to hold the step (the writer saves it)
     hold: bool = False  # the next step trains with the current quorum, the coordinator not asked
     done: bool = False  # this node's handover is over: it leaves now
     step_seconds: float | None = None  # the last step's duration, from one start to the next
@@ -86,18 +89,20 @@ class Handover:  # pylint: disable=too-many-instance-attributes  # the step's su
         """This node's part of the step's start collective: it departs; it is ready."""
         return [1.0 if self.leaving else 0.0, 1.0 if self.leaving and ready else 0.0]
 
-    def started(self, departing: int, ready: int, *, diverged: bool) -> None:
+    def started(self, departing: int, ready: int, *, diverged: bool, participants: int) -> None:
         """What the step's start collective said."""
         self.departing, self.ready, self.diverged = departing, ready, diverged
+        self.everyone = 0 < participants <= departing
 
     def failed(self) -> None:
         """The step's start collective failed: no handover goes on through it."""
-        self.started(0, 0, diverged=False)
+        self.started(0, 0, diverged=False, participants=0)
         self.ended(committed=False)
 
     def ended(self, *, committed: bool) -> None:
         """After the step's verdict: whether the next step holds, and whether this node's handover is over."""
-        self.hold = self.departing > 0 and self.ready < self.departing and committed and not self.diverged
+        self.hold = (self.departing > 0 and self.ready < self.departing and committed and not self.diverged
+                     and not self.everyone)  # every node going: nobody to hand over to, all leave at once
         if self.stopped_at is not None and not self.hold:
             self.done = True
 

@@ -332,7 +332,8 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         self._any_reached = bool(flat[-4].item() > 0)  # reached the coordinator this step (_coast)
         digests = self._step_start.apply(flat[:-4], participants)
         _, diverged = winner(digests)
-        self._hand_over(departing=round(flat[-3].item()), ready=round(flat[-2].item()), diverged=bool(diverged))
+        self._hand_over(departing=round(flat[-3].item()), ready=round(flat[-2].item()), diverged=bool(diverged),
+                        participants=participants)
         self.salvage.armed = int(flat[-1].item()) == participants and not diverged
         if diverged:
             log.error("the replicas differ at step %d (digests by replica rank: %s): replica rank(s) %s sit the step "
@@ -358,10 +359,10 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         return (self.rank is not None and self._participants > 1 and not self._coasting and not self.left
                 and self.manager.errored() is None and self.handover.possible(seconds_left))
 
-    def _hand_over(self, *, departing: int, ready: int, diverged: bool) -> None:
+    def _hand_over(self, *, departing: int, ready: int, diverged: bool, participants: int) -> None:
         """The sums of the step's start collective; a departing node that every participant now knows of stops
         its heartbeats (torchft's Manager.shutdown: its server, and with it the heartbeat to the coordinator)."""
-        self.handover.started(departing, ready, diverged=diverged)
+        self.handover.started(departing, ready, diverged=diverged, participants=participants)
         if self.handover.leaving and self.handover.stopped_at is None:
             log.warning("handing over: heartbeats stopped, training on with the others until the coordinator "
                         "has dropped this node")

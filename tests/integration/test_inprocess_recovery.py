@@ -670,3 +670,28 @@ def test_notice_on_the_last_node_saves_its_step_to_blob_before_it_goes(job, azur
     durable = durable_steps(azurite, container_url, job.prefix)
     assert durable and durable[-1] == only.last_step(), (durable, only.last_step())
     assert all(r["time"] < acknowledged for r in only.records), "trained after acknowledging"
+
+
+@pytest.mark.torchrun
+def test_a_notice_on_every_node_at_once_saves_the_step_to_blob_before_they_go(job, azurite, container_url) -> None:
+    """Spot capacity reclaimed from the whole job: both nodes depart together (runtime/handover.py: the second's
+    notice comes while the first hands over), so no peer is left to hold the step, and the quorum's writer saves it
+    to blob before they acknowledge (before the handover, each left trusting the other to hold it)."""
+    from azext_elastictrain.backends.local.scheduled_events import ScheduledEventsServer
+
+    with ScheduledEventsServer() as imds:
+        nodes = [job.start(f"node-{i}", REPLICA_EPOCHS="12", ELASTICTRAIN_SCHEDULED_EVENTS_URL=imds.url,
+                           ELASTICTRAIN_VM_NAME=f"vm-{i}", ELASTICTRAIN_PREEMPTION_POLL_SECONDS="0.2",
+                           ELASTICTRAIN_PREEMPTION_HOLD_SECONDS="1") for i in range(2)]
+        wait_for(lambda: all(r.records and r.records[-1]["ranks"] == 2 and r.last_step() >= 5 for r in nodes), 120,
+                 "both nodes training together")
+        events = [imds.post_event([f"vm-{i}"], "Preempt", notice_seconds=30) for i in range(2)]
+        for event in events:
+            assert imds.wait_acknowledged(event, timeout=60), "a node never acknowledged its notice"
+        for r in nodes:
+            assert r.proc.wait(timeout=60) == 143
+    durable = durable_steps(azurite, container_url, job.prefix)
+    last = max(r.last_step() for r in nodes)
+    assert durable and durable[-1] == last, (durable, [r.last_step() for r in nodes])
+    logs = "".join((job.log_dir / f"{r.name}.log").read_text(errors="replace") for r in nodes)
+    assert "every node leaves: the quorum's writer saves it" in logs

@@ -26,7 +26,7 @@ def step(nodes: list[Handover], now: float, *, committed: bool = True, diverged:
     flags = [n.flags(n.leaving and n.ready_now(now)) for n in nodes]
     departing, ready = (round(sum(f[i] for f in flags)) for i in (0, 1))
     for node in nodes:
-        node.started(departing, ready, diverged=diverged)
+        node.started(departing, ready, diverged=diverged, participants=len(nodes))
         if node.leaving and node.stopped_at is None:
             node.stopped_at = now
     for node in nodes:
@@ -108,3 +108,12 @@ def test_a_node_that_does_not_depart_says_nothing() -> None:
     assert survivor.flags(True) == [0.0, 0.0] and not survivor.active
     step([survivor], 200.0)
     assert not survivor.hold and not survivor.done and survivor.stopped_at is None
+
+
+def test_when_every_node_departs_nobody_holds_and_all_leave_at_once() -> None:
+    """Spot capacity reclaimed from the whole job: nobody stays to hand over to (the quorum's writer saves the step,
+    runtime/loops/in_process.py)."""
+    first, second = timed(0.1), timed(0.1)
+    first.leaving = second.leaving = True
+    step([first, second], 200.0)
+    assert first.everyone and second.everyone and first.done and second.done and not first.hold

@@ -200,13 +200,15 @@ class InProcessLoop(TrainingLoop):
         """A planned departure (runtime/stepping.py ``depart``): the notices stamped first (the survivors' next
         quorum, the re-form, is this notice's), out of the quorum (it goes on without this node), the step durable
         (the peers that committed it hold it; alone, blob), the notice acknowledged, then hold until the node goes."""
-        alone = replicas.participants() <= 1
+        # no peer holds the step: this node is alone, or every node departs together (runtime/handover.py)
+        alone = replicas.participants() <= 1 or replicas.handover.everyone
+        saves = alone and (replicas.is_writer() or replicas.participants() <= 1)
 
         def leave() -> None:
             replicas.close()
-            log.warning("leaving the job at step %d (%s)", step, "saving it: no peer holds it" if alone
-                        else "its peers hold it")
-            if alone:
+            log.warning("leaving the job at step %d (%s)", step, "its peers hold it" if not alone else
+                        "saving it: no peer holds it" if saves else "every node leaves: the quorum's writer saves it")
+            if saves:
                 self.parts.save(step, state, blocking=True)
             self.parts.stop(step, state)
 
