@@ -26,7 +26,7 @@ from the step's verdict (the same on every participant: runtime/replica_watch.py
 together. A step that fails during the handover ends it: the departing nodes leave at once, and the others ask the
 coordinator, which waits for the rest of the heartbeat timeout at most. Where every participant departs (Spot
 capacity reclaimed from the whole job at once), nobody is left to hold the step: they leave at once, and the
-quorum's writer saves the step to blob first, as a node alone does. A node leaves at once, as before, where
+quorum's writer saves the step to blob first, as a node alone does (``saves_on_departure``). A node leaves at once, as before, where
 handing over would take long or could not work: a step longer than ``MAX_STEP_SECONDS``, a notice that expires
 first, no other participant, the coordinator not answering.
 """
@@ -110,3 +110,14 @@ class Handover:  # pylint: disable=too-many-instance-attributes  # the step's su
     def active(self) -> bool:
         """A handover is under way: this node departs, or the next step holds for another."""
         return self.leaving or self.hold
+
+
+def saves_on_departure(*, participants: int, writer: bool, handed_over: bool, everyone: bool) -> bool:
+    """Whether a departing node saves its step to blob before it goes (no peer may be left to hold it). A node
+    alone must. Where every node departs in a handover, the quorum's writer does. A writer that leaves without
+    handing over (steps too long for it, no step timed yet) cannot know whether the others leave too (the notices
+    of Spot capacity reclaimed from a whole job come together), so it saves: on its own notice's time, not the
+    others' (it has left the quorum). The others' steps then hold the step in any case."""
+    if participants <= 1:
+        return True
+    return writer and (everyone or not handed_over)

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from azext_elastictrain.runtime.handover import MARGIN_SECONDS, MAX_STEP_SECONDS, NOTICE_STEPS, Handover
+from azext_elastictrain.runtime.handover import (MARGIN_SECONDS, MAX_STEP_SECONDS, NOTICE_STEPS, Handover,
+                                                 saves_on_departure)
 
 HEARTBEAT = 0.5
 
@@ -117,3 +118,17 @@ def test_when_every_node_departs_nobody_holds_and_all_leave_at_once() -> None:
     first.leaving = second.leaving = True
     step([first, second], 200.0)
     assert first.everyone and second.everyone and first.done and second.done and not first.hold
+
+
+@pytest.mark.parametrize("participants, writer, handed_over, everyone, saves", [
+    (1, True, False, False, True),  # alone: nobody else holds it
+    (3, True, True, False, False),  # handed over, the others stay: they hold it
+    (3, False, True, True, False),  # every node departs: the writer saves, not this one
+    (3, True, True, True, True),  # ... this one is the writer
+    (3, True, False, False, True),  # left without a handover: the others may be leaving too
+    (3, False, False, False, False),  # ... and then the writer saves, if it leaves too
+])
+def test_a_departing_node_saves_its_step_where_no_peer_may_be_left_to_hold_it(participants, writer, handed_over,
+                                                                               everyone, saves) -> None:
+    assert saves_on_departure(participants=participants, writer=writer, handed_over=handed_over,
+                              everyone=everyone) == saves

@@ -199,15 +199,20 @@ class InProcessLoop(TrainingLoop):
     def _depart(self, step: int, state: dict[str, Any], notices: list[Any], replicas: ReplicaGroup) -> None:
         """A planned departure (runtime/stepping.py ``depart``): the notices stamped first (the survivors' next
         quorum, the re-form, is this notice's), out of the quorum (it goes on without this node), the step durable
-        (the peers that committed it hold it; alone, blob), the notice acknowledged, then hold until the node goes."""
-        # no peer holds the step: this node is alone, or every node departs together (runtime/handover.py)
-        alone = replicas.participants() <= 1 or replicas.handover.everyone
-        saves = alone and (replicas.is_writer() or replicas.participants() <= 1)
+        (the peers that committed it hold it; else blob: runtime/handover.py ``saves_on_departure``), the notice
+        acknowledged, then hold until the node goes."""
+        from azext_elastictrain.runtime.handover import saves_on_departure
+
+        participants, handover = replicas.participants(), replicas.handover
+        saves = saves_on_departure(participants=participants, writer=replicas.is_writer(),
+                                   handed_over=handover.stopped_at is not None, everyone=handover.everyone)
+        why = ("every node leaves: the quorum's writer saves it" if handover.everyone else
+               "saving it: no peer holds it" if participants <= 1 else
+               "saving it: the others may be leaving too" if saves else "its peers hold it")
 
         def leave() -> None:
             replicas.close()
-            log.warning("leaving the job at step %d (%s)", step, "its peers hold it" if not alone else
-                        "saving it: no peer holds it" if saves else "every node leaves: the quorum's writer saves it")
+            log.warning("leaving the job at step %d (%s)", step, why)
             if saves:
                 self.parts.save(step, state, blocking=True)
             self.parts.stop(step, state)
