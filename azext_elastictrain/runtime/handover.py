@@ -26,9 +26,9 @@ from the step's verdict (the same on every participant: runtime/replica_watch.py
 together. A step that fails during the handover ends it: the departing nodes leave at once, and the others ask the
 coordinator, which waits for the rest of the heartbeat timeout at most. Where every participant departs (Spot
 capacity reclaimed from the whole job at once), nobody is left to hold the step: they leave at once, and the
-quorum's writer saves the step to blob first, as a node alone does (``saves_on_departure``). A node leaves at once, as before, where
-handing over would take long or could not work: a step longer than ``MAX_STEP_SECONDS``, a notice that expires
-first, no other participant, the coordinator not answering.
+quorum's writer saves the step to blob first, as a node alone does (``saves_on_departure``). A node leaves at
+once, as before, where handing over would take long or could not work: a step longer than ``MAX_STEP_SECONDS``, a
+notice that expires first, no other participant, the coordinator not answering.
 """
 from __future__ import annotations
 

@@ -128,7 +128,7 @@ def test_when_every_node_departs_nobody_holds_and_all_leave_at_once() -> None:
     (3, True, False, False, True),  # left without a handover: the others may be leaving too
     (3, False, False, False, False),  # ... and then the writer saves, if it leaves too
 ])
-def test_a_departing_node_saves_its_step_where_no_peer_may_be_left_to_hold_it(participants, writer, handed_over,
-                                                                               everyone, saves) -> None:
+def test_a_departing_node_saves_its_step_where_no_peer_may_be_left_to_hold_it(
+        participants, writer, handed_over, everyone, saves) -> None:
     assert saves_on_departure(participants=participants, writer=writer, handed_over=handed_over,
                               everyone=everyone) == saves
