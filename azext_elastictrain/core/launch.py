@@ -98,19 +98,17 @@ COORDINATOR_MODULE = "azext_elastictrain.runtime.coordinator"
 #   (the AKS replica timeout; below the Manager's 60 s quorum timeout, runtime/replicas.py QUORUM_TIMEOUT).
 # - quorum_tick_ms 50: how often a waiting quorum is looked at again: a step's quorum is never late by more.
 # - heartbeat_timeout_ms: a node not heard from this long is out of the next quorum (torchft's Manager beats every
-#   100 ms, and each quorum request counts as a beat). It is what a vanish costs (measured, 2 nodes: 1.03 s at
-#   1000 ms, 0.57 s at 500 ms; outage.py --nodes 2 --repeats 3 --modes in-process@1000,in-process@500). A planned
-#   departure no longer waits it: the Lighthouse has no call by which a node leaves, so the leaving node trains on
-#   without heartbeats until it is dropped (runtime/handover.py). A needless drop costs the node a heal from a
-#   peer, not a restart.
+#   100 ms, and each quorum request counts as a beat). It is what a node gone without notice costs (2 nodes, AKS's
+#   replica timeout: 0.60 s at 500 ms, 1.10 s at 1000 ms; docs/benchmarks.md). A planned departure does not wait
+#   it: the Lighthouse has no call by which a node leaves, so the leaving node trains on without heartbeats until it
+#   is dropped (runtime/handover.py). A needless drop costs the node a heal from a peer, not a restart.
 #   500 ms on both backends, five beats lost in a row: 0 needless drops in 600 s under two CPU hogs on this 2-core
 #   machine (rdzv_soak.py --seconds 600 --hogs 2 --in-process-heartbeat-ms 500; the quorum's watch, at the same
-#   timeout, gave up one step's collective on a live node: one step discarded). AKS had 1000 ms until the handover:
-#   then a notice, Spot's usual eviction, waited this timeout too, so a short one bought little beside the risk of
-#   a needless drop, which on AKS sends a real model's state across the network. Now only a node gone without
-#   notice waits it (1.10 s at 1000 ms, AKS's replica timeout: docs/benchmarks.md). The beat that counts is the
-#   torchft server's, a Rust thread that no GIL or Python stall holds up; five beats in a row lost on a cluster's
-#   network is a stall, not a slow node.
+#   timeout, gave up one step's collective on a live node: one step discarded). AKS had 1000 ms until the handover,
+#   when a notice, Spot's usual eviction, waited this timeout too: a short one bought little then beside the risk of
+#   a needless drop, which on AKS sends a real model's state across the network. The beat that counts is the
+#   torchft server's, a Rust thread that no GIL or Python stall holds up; five beats lost in a row on a cluster's
+#   network is a stall, not a slow node (not measured on one here).
 LOCAL_COORDINATOR_JOIN_TIMEOUT_MS = 10_000
 AKS_COORDINATOR_JOIN_TIMEOUT_MS = 30_000
 COORDINATOR_QUORUM_TICK_MS = 50

@@ -28,11 +28,15 @@ coordinator, which waits for the rest of the heartbeat timeout at most. Where ev
 capacity reclaimed from the whole job at once), nobody is left to hold the step: they leave at once, and the
 quorum's writer saves the step to blob first, as a node alone does (``saves_on_departure``). A node leaves at
 once, as before, where handing over would take long or could not work: a step longer than ``MAX_STEP_SECONDS``, a
-notice that expires first, no other participant, the coordinator not answering.
+notice that expires first (``time_left``: a Scheduled Event that has started leaves none), no other participant,
+the coordinator not answering.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from azext_elastictrain.runtime.preemption import SOURCE_SIGTERM
 
 # A node whose steps take longer leaves at once: its handover (about the heartbeat timeout plus two steps) would
 # take a large part of Azure's 30 s notice, and the others' wait it saves (the heartbeat timeout) is small beside
@@ -110,6 +114,14 @@ class Handover:  # pylint: disable=too-many-instance-attributes  # the step's su
     def active(self) -> bool:
         """A handover is under way: this node departs, or the next step holds for another."""
         return self.leaving or self.hold
+
+
+def time_left(notices: list[Any], now: float | None = None) -> float | None:
+    """The least time the notices leave this node, in seconds: a Scheduled Event's until its NotBefore; one without
+    a NotBefore has started (IMDS blanks it then) and leaves none; a SIGTERM does not say (its pod's grace period:
+    None, unless another notice says)."""
+    left = [0.0 if n.not_before is None else n.seconds_left(now) for n in notices if n.source != SOURCE_SIGTERM]
+    return min(left, default=None)
 
 
 def saves_on_departure(*, participants: int, writer: bool, handed_over: bool, everyone: bool) -> bool:

@@ -695,3 +695,27 @@ def test_a_notice_on_every_node_at_once_saves_the_step_to_blob_before_they_go(jo
     assert durable and durable[-1] == last, (durable, [r.last_step() for r in nodes])
     logs = "".join((job.log_dir / f"{r.name}.log").read_text(errors="replace") for r in nodes)
     assert "every node leaves: the quorum's writer saves it" in logs
+
+
+@pytest.mark.torchrun
+def test_a_writer_that_leaves_without_a_handover_saves_its_step_to_blob(job, azurite, container_url) -> None:
+    """A Scheduled Event that has started already (IMDS blanks its NotBefore) leaves no time to hand over: the node
+    leaves at once, and as the quorum's writer (node-0: the first replica id) it cannot know whether the others go
+    too, so it saves its step to blob first (runtime/handover.py ``saves_on_departure``). No interval save comes
+    near: the step is durable only through that save."""
+    from azext_elastictrain.backends.local.scheduled_events import ScheduledEventsServer
+
+    with ScheduledEventsServer() as imds:
+        settings = {"REPLICA_EPOCHS": "12", "ELASTICTRAIN_CHECKPOINT_INTERVAL_STEPS": "100000",
+                    "ELASTICTRAIN_PREEMPTION_POLL_SECONDS": "0.2", "ELASTICTRAIN_PREEMPTION_HOLD_SECONDS": "1"}
+        writer = job.start("node-0", ELASTICTRAIN_SCHEDULED_EVENTS_URL=imds.url, ELASTICTRAIN_VM_NAME="vm-0",
+                           **settings)
+        other = job.start("node-1", **settings)
+        wait_for(lambda: all(r.records and r.records[-1]["ranks"] == 2 and r.last_step() >= 5
+                             for r in (writer, other)), 120, "both nodes training together")
+        event = imds.post_event(["vm-0"], "Preempt", notice_seconds=0)
+        assert imds.wait_acknowledged(event, timeout=60), "the node never acknowledged its notice"
+        assert writer.proc.wait(timeout=60) == 143
+    log = (job.log_dir / "node-0.log").read_text(errors="replace")
+    assert "handing over" not in log and "saving it: the others may be leaving too" in log, log[-2000:]
+    assert writer.last_step() in durable_steps(azurite, container_url, job.prefix)

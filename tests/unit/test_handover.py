@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from azext_elastictrain.runtime.handover import (MARGIN_SECONDS, MAX_STEP_SECONDS, NOTICE_STEPS, Handover,
-                                                 saves_on_departure)
+                                                 saves_on_departure, time_left)
+from azext_elastictrain.runtime.preemption import SOURCE_SCHEDULED_EVENTS, SOURCE_SIGTERM, PreemptionNotice
 
 HEARTBEAT = 0.5
 
@@ -132,3 +133,19 @@ def test_a_departing_node_saves_its_step_where_no_peer_may_be_left_to_hold_it(
         participants, writer, handed_over, everyone, saves) -> None:
     assert saves_on_departure(participants=participants, writer=writer, handed_over=handed_over,
                               everyone=everyone) == saves
+
+
+def notice(source: str, not_before: float | None) -> PreemptionNotice:
+    return PreemptionNotice(source=source, event_id="e" if source == SOURCE_SCHEDULED_EVENTS else None,
+                            event_type="Preempt" if source == SOURCE_SCHEDULED_EVENTS else None,
+                            not_before=not_before, received_at=0.0, description="")
+
+
+def test_the_time_a_notice_leaves_for_a_handover() -> None:
+    """A Scheduled Event until its NotBefore; one whose NotBefore IMDS blanked has started: no time, the node
+    leaves at once; a SIGTERM does not say."""
+    assert time_left([notice(SOURCE_SCHEDULED_EVENTS, 130.0)], now=100.0) == 30.0
+    assert time_left([notice(SOURCE_SCHEDULED_EVENTS, None)], now=100.0) == 0.0
+    assert time_left([notice(SOURCE_SIGTERM, None)], now=100.0) is None
+    assert time_left([notice(SOURCE_SIGTERM, None), notice(SOURCE_SCHEDULED_EVENTS, 105.0)], now=100.0) == 5.0
+    assert not timed(0.05).possible(time_left([notice(SOURCE_SCHEDULED_EVENTS, None)], now=100.0))

@@ -171,12 +171,12 @@ class InProcessLoop(TrainingLoop):
         if parts.memory is not None:
             parts.memory.keep(step, state, parts.ranks.world_size)
         notices = parts.notices.live()
+        from azext_elastictrain.runtime.handover import time_left
+
         first = parts.ranks.rank == 0  # what the node's first worker sees, the node decides
-        left = [n.seconds_left() for n in notices]
-        seconds_left = min((s for s in left if s is not None), default=None)
         leaving, due, handover = parts.ranks.all_reduce_max(
             [1 if notices else 0, 1 if first and parts.policy.due(step) else 0,
-             1 if first and replicas.can_hand_over(seconds_left) else 0])
+             1 if first and replicas.can_hand_over(time_left(notices)) else 0])
         parts.reporter.completed(step)
         writer = replicas.is_writer()
         if writer:
