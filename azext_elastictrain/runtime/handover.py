@@ -14,11 +14,11 @@ node spends the wait training instead:
 2. From the next step on, every participant trains with the last quorum without asking the coordinator (as when
    the coordinator does not answer: ``ReplicaGroup._coast``), the departing node too. It is a whole replica still:
    its gradients count, and it commits the steps the others commit (its workers vote among themselves).
-3. Each step's start collective also says whether the departing node is ready: its last heartbeat will be the
-   heartbeat timeout old by the next step's quorum request (the step's duration counted). At the first step where
-   every departing node is ready, that step is their last: they leave after it (the notice acknowledged, then the
-   hold: runtime/loops/in_process.py), and at the next step the others ask the coordinator, which has dropped them
-   already and forms the quorum as soon as the last of the others asks.
+3. Each step's start collective also says whether the departing node is ready: its last heartbeat is the
+   heartbeat timeout old already. At the first step where every departing node is ready, that step is their last:
+   they leave after it (the notice acknowledged, then the hold: runtime/loops/in_process.py), and at the next step
+   the others ask the coordinator, which has dropped them already and forms the quorum as soon as the last of the
+   others asks.
 
 The survivors' outage is then that quorum and a new process group, not the heartbeat timeout. Every participant
 decides alike: each decision comes from the sums of a start collective that every participant took part in, and
@@ -38,7 +38,7 @@ from typing import Any
 
 from azext_elastictrain.runtime.preemption import SOURCE_SIGTERM
 
-# A node whose steps take longer leaves at once: its handover (about the heartbeat timeout plus two steps) would
+# A node whose steps take longer leaves at once: its handover (the heartbeat timeout plus up to two steps) would
 # take a large part of Azure's 30 s notice, and the others' wait it saves (the heartbeat timeout) is small beside
 # such steps.
 MAX_STEP_SECONDS = 5.0
@@ -82,12 +82,12 @@ class Handover:  # pylint: disable=too-many-instance-attributes  # the step's su
         return seconds_left is None or seconds_left > needed
 
     def ready_now(self, now: float) -> bool:
-        """(A departing node, at a step's start.) Its last heartbeat will be the heartbeat timeout old by the next
-        step's quorum request, so this step can be its last. At the first step (heartbeats stop after it starts):
-        a step lasts that long."""
-        stopped = now if self.stopped_at is None else self.stopped_at
-        timeout = self.heartbeat_timeout or 0.0
-        return (now - stopped) + (self.step_seconds or 0.0) >= timeout + MARGIN_SECONDS
+        """(A departing node, at a step's start.) Its last heartbeat is the heartbeat timeout old already, so this
+        step can be its last: the others' next quorum request comes after this step, whatever it lasts (a guess
+        of the step's length let them ask early when a step ran shorter than the one before)."""
+        if self.stopped_at is None:
+            return False
+        return now - self.stopped_at >= (self.heartbeat_timeout or 0.0) + MARGIN_SECONDS
 
     def flags(self, ready: bool) -> list[float]:
         """This node's part of the step's start collective: it departs; it is ready."""
