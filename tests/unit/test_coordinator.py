@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -61,6 +62,29 @@ def test_the_coordinator_drops_a_silent_node_after_five_lost_beats_on_both_backe
     assert compared.heartbeat_timeout_ms == 700
 
 
+def _probe():
+    pytest.importorskip("torch", reason="the nodes' probe lives in the runtime (the train extra)")
+    from azext_elastictrain.runtime.replicas import coordinator_answers
+
+    return coordinator_answers
+
+
+def test_a_port_that_accepts_but_whose_process_does_not_answer_is_no_coordinator():
+    """A coordinator killed with SIGKILL: while its process is torn down (~30 ms here), the kernel still completes
+    connections to its port; only its index page says it is up. A node that took the connect for an answer asked it
+    for a quorum that never came, while the others coasted."""
+    coordinator_answers = _probe()
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen(8)  # never accepted: the kernel's handshake, no process behind it
+        address = "http://127.0.0.1:%d" % listening.getsockname()[1]
+        with socket.create_connection(listening.getsockname(), timeout=1):
+            pass  # what the probe used to take for an answer
+        began = time.monotonic()
+        assert not coordinator_answers(address, timeout=0.2)
+        assert time.monotonic() - began < 2
+
+
 def test_a_bad_setting_is_refused_before_torch_is_imported():
     result = subprocess.run([sys.executable, "-m", launch.COORDINATOR_MODULE, "--min-replicas", "0"],
                             capture_output=True, text=True, timeout=60, cwd=REPO)
@@ -94,13 +118,16 @@ def coordinator(tmp_path):
 def test_it_forms_a_quorum_on_the_address_it_wrote_and_stops_cleanly_on_sigterm(coordinator):
     from torchft.coordination import LighthouseClient
 
+    coordinator_answers = _probe()
     proc, address = coordinator
     assert address.startswith("http://127.0.0.1:")
     client = LighthouseClient(address, connect_timeout=timedelta(seconds=10))
     quorum = client.quorum(replica_id="job-node-0", timeout=timedelta(seconds=10), address="a", store_address="s",
                            step=0, world_size=1)
     assert [m.replica_id for m in quorum.participants] == ["job-node-0"]  # min nodes 1: it formed alone
+    assert coordinator_answers(address, timeout=5)  # the nodes' probe before each step's quorum request
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0, out
+    assert not coordinator_answers(address, timeout=5)  # its port refuses: at once
     assert f"coordinator listening on {address}" in out and "coordinator stopped" in out
