@@ -37,6 +37,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 from urllib.parse import urlsplit
@@ -47,6 +48,7 @@ import torch.distributed as dist
 from azext_elastictrain.core import launch
 from azext_elastictrain.core.settings import RuntimeSettings
 from azext_elastictrain.runtime import entries
+from azext_elastictrain.runtime.greeter import Greeter, replica_id_of_node
 from azext_elastictrain.runtime.handover import Handover
 from azext_elastictrain.runtime.loop import samplers_in
 from azext_elastictrain.runtime.salvage import Salvage
@@ -81,6 +83,9 @@ QUORUM_RETRIES = round(QUORUM_TIMEOUT.total_seconds() / QUORUM_RETRY_SECONDS)
 # that does not answer (restarting) lets the last quorum train on (ReplicaGroup._coast). A refused port answers at
 # once; a killed one whose process is being torn down, once its sockets close (~30 ms).
 COORDINATOR_PROBE_TIMEOUT = 0.2
+# Coasting ends at the step after one at which every node's probe reached the coordinator, or after this many in a
+# row at which some node's did (one that cannot reach it does not keep the others from it for good).
+COAST_END_STEPS = 5
 STATE_KEY = "elastictrain"  # the state's name among torchft's state callbacks
 START_TRIES = 3  # quorums a step's start is tried with when a node goes during it (ReplicaGroup.begin_step)
 
@@ -177,9 +182,10 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         # the coordinator this node trains on without while it does not answer (coast "off": it waits for it)
         self._coordinator = env.get(launch.ENV_COORDINATOR) if settings.coordinator_coast else None
         self._coasting = 0  # steps trained with the last quorum while the coordinator did not answer
-        # while coasting: this step's probe reached the coordinator, and the last step-start collective's: some
-        # node's probe reached it
-        self._reached, self._any_reached = False, False
+        # while coasting: this step's probe reached the coordinator; the last step-start collective's count of the
+        # nodes whose probe did, and of the coasting steps in a row at which one did
+        self._reached, self._reached_by, self._reaching, self._greeter = False, 0, 0, Greeter(
+            env.get(launch.ENV_COORDINATOR) or "", partial(replica_id_of_node, store_addr, store_port))
         self.left = self.excluded = False  # this group left; this replica diverged from the others: it sits the
         # step out and heals after it
         self.salvage = Salvage(enabled=settings.salvage and self.node_size == 1)
@@ -248,7 +254,8 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
                 raise TrainingStopped(last_step, f"in-process recovery: no quorum ({ex})") from ex
             if self._coasting:
                 log.warning("the coordinator answers again: %d steps trained without it", self._coasting)
-                self._coasting, self._reached, self._any_reached = 0, False, False
+                self._coasting, self._reached, self._reached_by, self._reaching = 0, False, 0, 0
+                self._greeter.stop()  # on until the torchft server's own heartbeats are back (runtime/greeter.py)
         if torn and self._transport.torn:
             self.close()
             raise TrainingStopped(last_step, "in-process recovery: a heal failed midway through this replica's "
@@ -266,30 +273,35 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
 
     def _coast(self, torn: bool) -> bool:
         """Whether this step trains with the last quorum, without asking the coordinator: it does not answer (its
-        port refuses, or its index page does not come in COORDINATOR_PROBE_TIMEOUT: coordinator_answers), and nothing failed since the last quorum (no
-        error, no torn heal, this replica in the quorum). The step-start collective still finds out whether every
-        member of that quorum is there: if one is gone it fails, the step is discarded, and the next step asks the
-        coordinator (waiting for it up to the quorum timeout, as before). So while no node leaves or joins, a
-        coordinator that restarts (a Deployment's pod, the local supervisor) costs no training.
+        port refuses, or its index page does not come in COORDINATOR_PROBE_TIMEOUT: coordinator_answers), and
+        nothing failed since the last quorum (no error, no torn heal, this replica in the quorum). The step-start
+        collective still finds out whether every member of that quorum is there: if one is gone it fails, the step
+        is discarded, and the next step asks the coordinator (waiting for it up to the quorum timeout, as before).
+        So while no node leaves or joins, a coordinator that restarts (a Deployment's pod, the local supervisor)
+        costs no training.
 
         The nodes end coasting together: each coasting step's probe goes into the step-start collective, and the
-        step after one in which some node reached the coordinator, every node asks it for a quorum (one asking a
-        step before the others got a quorum alone, and the others a failed step and a heal)."""
+        step after one in which every node reached the coordinator (or some node did, COAST_END_STEPS in a row),
+        every node asks it for a quorum (one asking a step before the others got a quorum alone, and the others a
+        failed step and a heal). A node whose probe reaches it heartbeats it at once (runtime/greeter.py): a
+        coordinator that restarted knows no node, and formed a quorum of the first to ask."""
         if self.handover.hold and not self.manager.errored():  # a node hands over: no quorum until it is dropped
             return True
         if self._coordinator is None or self.rank is None or torn or self.manager.errored():
             return False
         if self._coasting:
-            if self._any_reached:
+            if self._reached_by >= self._participants or self._reaching >= COAST_END_STEPS:
                 return False
             self._reached = coordinator_answers(self._coordinator, COORDINATOR_PROBE_TIMEOUT)
+            if self._reached and self.node_rank == 0:
+                self._greeter.start()
             self._coasting += 1
             return True
         if coordinator_answers(self._coordinator, COORDINATOR_PROBE_TIMEOUT):
             return False
         log.warning("the coordinator does not answer (%s): training on with the last quorum (%d nodes) while no "
                     "node leaves or joins", self._coordinator, self._participants)
-        self._reached, self._any_reached, self._coasting = False, False, 1
+        self._reached, self._reached_by, self._reaching, self._coasting = False, 0, 0, 1
         return True
 
     def _start_together(self, step: int, rank: int | None, participants: int, ready: bool) -> set[int]:
@@ -334,7 +346,8 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
             manager.report_error(ex)
             self.handover.failed()
             return set()
-        self._any_reached = bool(flat[-4].item() > 0)  # reached the coordinator this step (_coast)
+        self._reached_by = round(flat[-4].item())  # nodes that reached the coordinator this step (_coast)
+        self._reaching = self._reaching + 1 if self._reached_by else 0
         digests = self._step_start.apply(flat[:-4], participants)
         _, diverged = winner(digests)
         self._hand_over(departing=round(flat[-3].item()), ready=round(flat[-2].item()), diverged=bool(diverged),
@@ -583,6 +596,7 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         if self.left:
             return
         self.left = True
+        self._greeter.close()
         self._hook.remove()
         self._pg.stop_watch(leave=True)
         if self.handover.stopped_at is None:

@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -131,3 +132,50 @@ def test_it_forms_a_quorum_on_the_address_it_wrote_and_stops_cleanly_on_sigterm(
     assert proc.returncode == 0, out
     assert not coordinator_answers(address, timeout=5)  # its port refuses: at once
     assert f"coordinator listening on {address}" in out and "coordinator stopped" in out
+
+
+def test_a_restarted_coordinator_that_a_node_greeted_waits_for_it_rather_than_forming_a_quorum_without_it():
+    """A coordinator that restarts knows no node: the first to ask got a quorum alone. A node whose probe reaches it
+    beats for itself at once (runtime/greeter.py), so the first to ask waits for it; after its stop, the beats end
+    once its linger is over."""
+    pytest.importorskip("torchft", reason="the coordinator runs torchft's Lighthouse (the train extra)")
+    from torchft.coordination import LighthouseClient, LighthouseServer
+
+    from azext_elastictrain.runtime.greeter import Greeter
+
+    server = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=10_000, quorum_tick_ms=50,
+                              heartbeat_timeout_ms=500)
+    address = reachable_address("127.0.0.1:0", server.address())
+    greeters = [Greeter(address, lambda name=name: name, linger=0.2) for name in ("node-0:a", "node-1:b")]
+    try:
+        for greeter in greeters:  # each node whose probe reached it (the torchft servers' own beats are not back)
+            greeter.start()
+        deadline = time.monotonic() + 10
+        while min(greeter.beats for greeter in greeters) < 2:
+            assert time.monotonic() < deadline, "the greeters never beat"
+            time.sleep(0.05)
+        quorums: dict[str, list[str]] = {}
+
+        def ask(replica_id: str) -> None:
+            client = LighthouseClient(address, connect_timeout=timedelta(seconds=5))
+            quorum = client.quorum(replica_id=replica_id, timeout=timedelta(seconds=20), address="a",
+                                   store_address="s", step=0, world_size=1)
+            quorums[replica_id] = [m.replica_id for m in quorum.participants]
+
+        first = threading.Thread(target=ask, args=("node-0:a",))
+        first.start()
+        time.sleep(0.5)
+        assert not quorums, "the coordinator formed a quorum without the node it heard"
+        ask("node-1:b")
+        first.join(timeout=20)
+        assert quorums == {"node-0:a": ["node-0:a", "node-1:b"], "node-1:b": ["node-0:a", "node-1:b"]}
+        greeters[0].stop()
+        deadline = time.monotonic() + 5
+        while greeters[0].beating:
+            assert time.monotonic() < deadline, "the greeter beat on past its linger"
+            time.sleep(0.05)
+        assert greeters[1].beating
+    finally:
+        for greeter in greeters:
+            greeter.close()
+        server.shutdown()
