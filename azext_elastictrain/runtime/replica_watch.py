@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import torch
 from torchft.process_group import ProcessGroup, create_store_client
@@ -40,8 +41,13 @@ from torchft.process_group import ProcessGroup, create_store_client
 from azext_elastictrain.runtime.peer_watch import PeerWatch, StoreClient
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 CLAIM_PREFIX = "elastictrain/claim/"
+SPACE_KEY = "elastictrain/space"  # the name of the current group's own keys (WatchedGroup.configure)
+# Where c10d's gloo group keeps a participant's addresses while it forms: under its device's index, then its rank
+# (torch 2.13; tests/unit/test_replica_watch.py holds it). NCCL's group keeps its id elsewhere: not forgotten here.
+RENDEZVOUS_KEY = "0/{rank}"
 DONE, GIVEN_UP = b"done", b"given-up"
 # The watch's store calls fail after this many heartbeat timeouts, at least this many seconds (the watch has called
 # the store gone after one by then). A claim, made on the training thread, fails after one heartbeat timeout (at
@@ -92,18 +98,28 @@ class WatchedGroup(ProcessGroup):  # type: ignore[misc]  # torchft ships no py.t
         with self._lock:
             self.gone, self._key, self._attempt, self._op = None, None, 0, 0
         self._pending = []
+        self._claim_timeout = max(CLAIM_FLOOR_SECONDS, self.heartbeat_timeout or 0.0)
+        group_store = create_store_client(store_addr, timeout=timedelta(seconds=self._claim_timeout))
+        before = self._bounded(lambda: _value(group_store, SPACE_KEY))  # read before the group forms (below)
         self.inner.configure(store_addr, replica_id, rank, world_size, quorum_id, group_rank, group_world_size,
                              global_ranks)
+        self._bounded(lambda: _forget(group_store, RENDEZVOUS_KEY.format(rank=rank)))
         if self.heartbeat_timeout is None or world_size < 2:
             self._claims = None
             return
+        # This group's own keys (claims, beats) under a name every participant agrees on, new for each group: the
+        # store prefix is the coordinator's quorum id, which a coordinator that restarted counts from 1 again, so
+        # a new group met on an earlier one's keys (its claims, a peer's "left" mark: a vanish taken for a step
+        # discarded, or never seen). The group's forming is the barrier: every participant read the name before
+        # it, and proposes its own after it; the first proposal wins.
+        space = self._bounded(lambda: bytes(group_store.compare_set(SPACE_KEY, before, uuid.uuid4().hex[:12])))
+        scoped = f"{store_addr}/{space.decode('ascii')}"
         call_timeout = timedelta(seconds=max(STORE_CALL_FLOOR_SECONDS, STORE_CALL_TIMEOUTS * self.heartbeat_timeout))
-        self._claim_timeout = max(CLAIM_FLOOR_SECONDS, self.heartbeat_timeout)
-        self._claims = create_store_client(store_addr, timeout=timedelta(seconds=self._claim_timeout))
+        self._claims = create_store_client(scoped, timeout=timedelta(seconds=self._claim_timeout))
         # a ring: each participant reads its successor's beat only (a store call per beat, not one per participant:
         # 256 nodes would read 65,536 counters a beat); a gone one's predecessor gives the collective up, and the
         # others read its claim at their next beat
-        self._watch = PeerWatch(lambda: StoreClient.over(create_store_client(store_addr, timeout=call_timeout)),
+        self._watch = PeerWatch(lambda: StoreClient.over(create_store_client(scoped, timeout=call_timeout)),
                                 rank=rank, world_size=world_size, timeout=self.heartbeat_timeout,
                                 on_gone=self._on_gone, on_beat=self._read_claim,
                                 watched=[(rank + 1) % world_size]).start()
@@ -225,27 +241,32 @@ class WatchedGroup(ProcessGroup):  # type: ignore[misc]  # torchft ships no py.t
 
     def _claim(self, key: str, value: bytes) -> bytes:
         """The claim of ``key`` (``value`` unless another participant's came first), waited for at most the claim
-        timeout. torch's TCP store client bounds its connects and waits, not a call to a server that does not
-        answer: a call to the store of a node that vanished (SIGSTOP, a VM gone) never returned. So the call runs on
-        a thread of its own, left there if it hangs (a daemon: it cannot hold the process's exit)."""
+        timeout."""
+        claims = self._claims
+        return self._bounded(lambda: bytes(claims.compare_set(key, "", value)))
+
+    def _bounded(self, call: Callable[[], T]) -> T:
+        """``call()``'s result (a call to the quorum's store), waited for at most the claim timeout. torch's TCP
+        store client bounds its connects and waits, not a call to a server that does not answer: a call to the store
+        of a node that vanished (SIGSTOP, a VM gone) never returned. So the call runs on a thread of its own, left
+        there if it hangs (a daemon: it cannot hold the process's exit)."""
         answer: list[Any] = []
         done = threading.Event()
-        claims = self._claims
 
-        def call() -> None:
+        def run() -> None:
             try:
-                answer.append(bytes(claims.compare_set(key, "", value)))
+                answer.append(call())
             except Exception as ex:  # pylint: disable=broad-exception-caught  # handed to the caller
                 answer.append(ex)
             finally:
                 done.set()
 
-        threading.Thread(target=call, name="elastictrain-claim", daemon=True).start()
+        threading.Thread(target=run, name="elastictrain-store-call", daemon=True).start()
         if not done.wait(self._claim_timeout):
-            raise TimeoutError(f"the quorum's store has not answered a claim for {self._claim_timeout:g} s")
+            raise TimeoutError(f"the quorum's store has not answered for {self._claim_timeout:g} s")
         if isinstance(answer[0], Exception):
             raise answer[0]
-        result: bytes = answer[0]
+        result: T = answer[0]
         return result
 
     def stop_watch(self, *, leave: bool = False) -> None:
@@ -254,6 +275,19 @@ class WatchedGroup(ProcessGroup):  # type: ignore[misc]  # torchft ships no py.t
         if self._watch is not None:
             self._watch.stop(leave=leave)
             self._watch = None
+
+
+def _value(store: Any, key: str) -> bytes:
+    """``key``'s value in ``store``, or b"" where it is not set."""
+    return bytes(store.get(key)) if store.check([key]) else b""
+
+
+def _forget(store: Any, key: str) -> None:
+    """The group is formed: this participant's rendezvous record has been read by every other (each connected to
+    it), so it goes, and a later group on the same store prefix cannot read it for its own and wait on a peer that
+    is not there (gloo's connect timeout: seen after a coordinator restarted)."""
+    if store.check([key]):
+        store.delete_key(key)
 
 
 def _abort(group: Any) -> None:

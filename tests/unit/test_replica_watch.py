@@ -13,7 +13,7 @@ from datetime import timedelta
 import pytest
 import torch
 import torch.distributed as dist
-from torchft.process_group import ProcessGroupGloo
+from torchft.process_group import ProcessGroupGloo, create_store_client
 
 from azext_elastictrain.runtime.replica_watch import PeerGone, WatchedGroup
 
@@ -245,6 +245,49 @@ def test_the_next_quorum_meets_on_a_new_group_without_waiting_for_the_one_given_
         thaw(groups[1])
     finally:
         close(groups)
+
+
+def both_average(groups: list[WatchedGroup]) -> list[dict]:
+    outcomes: list[dict] = [{} for _ in groups]
+    threads = [threading.Thread(target=average, args=(g, 1.0 + i, outcomes[i])) for i, g in enumerate(groups)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return outcomes
+
+
+def test_a_group_on_the_store_prefix_of_an_earlier_one_forms_without_its_leftovers(store):
+    """A coordinator that restarts numbers its quorums from 1 again, so a new group meets under the store prefix of
+    an earlier one of the job. Its gloo records are gone once it formed, so the new group's rank 1, there first,
+    waits for rank 0's own rather than connecting to the old rank 0 (gloo's connect timeout: the step lost, 30 s on
+    AKS); and the new group's claims and beats are its own, so a claim the old group left does not decide the new
+    group's step."""
+    old = pair(store, 1)
+    assert [o.get("sum") for o in both_average(old)] == [3.0, 3.0]
+    leftovers = create_store_client(f"127.0.0.1:{store.port}/torchft/1/0", timeout=timedelta(seconds=5))
+    assert not leftovers.check(["0/0"]) and not leftovers.check(["0/1"])  # gloo's records, read and gone
+    old_space = bytes(leftovers.get("elastictrain/space")).decode()
+    for key in (f"{old_space}/elastictrain/claim/1/1", "elastictrain/claim/1/1"):
+        leftovers.set(key, "given-up")  # the old group's first collective, given up
+    close(old)
+    for group in old:
+        group.inner.shutdown()
+    new = [WatchedGroup(lambda: ProcessGroupGloo(timeout=TIMEOUT), heartbeat_timeout=HEARTBEAT) for _ in range(2)]
+    started = time.monotonic()
+    address = f"127.0.0.1:{store.port}/torchft/1/0"
+    threads = [threading.Thread(target=new[i].configure, args=(address, f"r{i}", i, 2, 1)) for i in (1, 0)]
+    threads[0].start()
+    time.sleep(1.0)  # rank 1 alone: it would have read the old rank 0's record by now
+    threads[1].start()
+    for t in threads:
+        t.join(20)
+    try:
+        assert not any(t.is_alive() for t in threads) and time.monotonic() - started < 10
+        assert [o.get("sum") for o in both_average(new)] == [3.0, 3.0]  # not PeerGone from the old claim
+        assert bytes(leftovers.get("elastictrain/space")).decode() != old_space
+    finally:
+        close(new)
 
 
 # -- NCCL: the communicator is aborted, and only once the claim is this participant's (fakes: no GPU here) -----------
