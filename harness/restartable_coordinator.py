@@ -17,17 +17,18 @@ REPO = Path(__file__).resolve().parents[1]
 class RestartableCoordinator:
     """``start()`` (also on creation) and ``kill()``, any number of times; ``address`` stays the same."""
 
-    def __init__(self, log_dir: Path, start_timeout: float = 30.0, min_nodes: int = 1):
+    def __init__(self, log_dir: Path, start_timeout: float = 30.0, min_nodes: int = 1,
+                 profile: launch.LaunchProfile = launch.LOCAL):
         self.port, self.log_dir, self.proc = free_port(), log_dir, None
         self.address = f"http://127.0.0.1:{self.port}"
-        self.start_timeout, self.min_nodes = start_timeout, min_nodes
+        self.start_timeout, self.min_nodes, self.profile = start_timeout, min_nodes, profile
         self.start()
 
     def start(self) -> None:
         with open(self.log_dir / "coordinator.log", "ab") as log:
             self.proc = subprocess.Popen(  # pylint: disable=consider-using-with
                 [sys.executable, "-m", launch.COORDINATOR_MODULE,
-                 *launch.coordinator_args(launch.LOCAL, bind=f"127.0.0.1:{self.port}", min_nodes=self.min_nodes)],
+                 *launch.coordinator_args(self.profile, bind=f"127.0.0.1:{self.port}", min_nodes=self.min_nodes)],
                 cwd=REPO, stdout=log, stderr=log)
         deadline = time.monotonic() + self.start_timeout
         while not self._listening():

@@ -2,7 +2,7 @@
 the coordinator is gone (the default) against waiting for it at every step (``ELASTICTRAIN_COORDINATOR_COAST=off``,
 torchft's own behaviour), side by side in one run.
 
-    .venv/bin/python scripts/bench/coordinator_loss.py [--nodes 2] [--kills 5] [--down 3] [--modes coast,wait]
+    .venv/bin/python scripts/bench/coordinator_loss.py [--nodes 2] [--kills 5] [--down 3] [--modes coast,wait] [--aks]
 
 Each mode runs a job of ``--nodes`` replicas of the tests' loop (harness/replica_worker.py, ``--step-seconds``
 of compute a step, 0.5 s by default, a coordinator of its own as runtime/coordinator.py with a local job's
@@ -97,9 +97,12 @@ def in_azurite(logs: Path | None, prefix: str, each: Callable[[Any, str, Path], 
 
 def run(mode: str, args: argparse.Namespace, azurite, container: str, logs: Path) -> dict:
     logs.mkdir(parents=True)
-    coordinator = RestartableCoordinator(logs)
+    coordinator = RestartableCoordinator(logs, profile=launch.AKS if args.aks else launch.LOCAL)
+    aks = {launch.ENV_REPLICA_TIMEOUT: f"{launch.AKS.replica_timeout_seconds:g}",
+           launch.ENV_REPLICA_HEARTBEAT_TIMEOUT: f"{launch.AKS.coordinator_heartbeat_timeout_ms / 1000:g}"}
     env = replica_env(coordinator, azurite, f"{azurite.blob_endpoint}/{container}/{mode}-{uuid.uuid4().hex[:6]}",
-                      args.step_seconds, ELASTICTRAIN_COORDINATOR_COAST="on" if mode == "coast" else "off")
+                      args.step_seconds, ELASTICTRAIN_COORDINATOR_COAST="on" if mode == "coast" else "off",
+                      **(aks if args.aks else {}))
     nodes = [Node(f"node-{i}", env, logs) for i in range(args.nodes)]
     kills = []
     try:
@@ -139,11 +142,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-seconds", type=float, default=0.5,
                         help="each step's compute (the quorum request's share of a step shrinks as it grows)")
     parser.add_argument("--modes", default="coast,wait")
+    parser.add_argument("--aks", action="store_true",
+                        help="AKS's timeouts (the coordinator's, the replica timeout of 30 s, the watch's) for the "
+                             "local job's")
     parser.add_argument("--logs", type=Path, help="keep the nodes' and coordinator's logs here (default: dropped)")
     args = parser.parse_args(argv)
     results = in_azurite(args.logs, "coordinator-loss-", lambda azurite, container, folder: [
         run(mode, args, azurite, container, folder / mode) for mode in args.modes.split(",")])
-    print(json.dumps({"date": time.strftime("%Y-%m-%d"), "nodes": args.nodes, "down_s": args.down,
+    print(json.dumps({"date": time.strftime("%Y-%m-%d"), "nodes": args.nodes, "down_s": args.down, "aks": args.aks,
                       "results": results}, indent=1))
     return 0
 

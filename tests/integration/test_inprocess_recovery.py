@@ -432,9 +432,10 @@ def test_coordinator_restart_costs_no_training_while_no_node_leaves_or_joins(job
     """The coordinator is killed and comes back on the same address 5 s later: the replicas train on with their
     last quorum while it is gone (no node left or joined: the step-start collective finds every member), then ask
     the new one; every committed step trained exactly once, the same model on both. (The new coordinator counts
-    quorums from the start again, so the first re-form may wait out the replica timeout on the old quorum's store
-    keys: that step is discarded.) A kill that lands while the nodes' quorum request is in flight cannot be trained
-    through (torchft's manager retries that request until the coordinator answers): then the kill is tried again.
+    quorums from 1 again: the new group meets on an earlier group's store prefix, whose leftover keys it no longer
+    reads: runtime/replica_watch.py.) A kill that lands while the nodes' quorum request is in flight cannot be
+    trained through (torchft's manager retries that request until the coordinator answers): then the kill is tried
+    again.
     The job's --min-nodes is 2: with 1, a new coordinator that hears one node's request more than its join timeout
     before the other's forms a quorum of each (seen under load), and the replica check heals one a step later."""
     (tmp_path / "min-2").mkdir()
