@@ -66,6 +66,9 @@ class StoreClient:
     def add(self, key: str, amount: int) -> int:
         return int(self._store.add(key, amount))
 
+    def delete(self, key: str) -> None:
+        self._store.delete_key(key)
+
     def counters(self, keys: Sequence[str]) -> list[int]:
         """Every key's counter (0 for one not created yet)."""
         if self._store.check(list(keys)):

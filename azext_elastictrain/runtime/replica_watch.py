@@ -83,6 +83,12 @@ class WatchedGroup(ProcessGroup):  # type: ignore[misc]  # torchft ships no py.t
         self._key: str | None = None  # the claim of the collective in flight
         self._pending: list[str] = []  # this step's collectives that completed here, claimed done by agree()
         self._attempt = self._op = 0
+        # claims no participant reads any more, deleted by the first participant's beat thread (a claim a collective,
+        # two or three a step: a store that kept them grew by ~100 MB a day of 0.5 s steps): the last attempt's,
+        # once this attempt's first collective completed (every participant is past the last attempt then)
+        self._retiring: list[str] = []
+        self._spent: list[str] = []
+        self._sweeps = False
         self._abandoned = False  # a collective of the current group was given up while it waited (gloo)
 
     # -- torchft's calls -----------------------------------------------------------------------------------------
@@ -97,6 +103,7 @@ class WatchedGroup(ProcessGroup):  # type: ignore[misc]  # torchft ships no py.t
             self._abandoned = False
         with self._lock:
             self.gone, self._key, self._attempt, self._op = None, None, 0, 0
+            self._retiring, self._spent, self._sweeps = [], [], rank == 0
         self._pending = []
         self._claim_timeout = max(CLAIM_FLOOR_SECONDS, self.heartbeat_timeout or 0.0)
         group_store = create_store_client(store_addr, timeout=timedelta(seconds=self._claim_timeout))
@@ -149,6 +156,7 @@ class WatchedGroup(ProcessGroup):  # type: ignore[misc]  # torchft ships no py.t
         """A step begins: its collectives' claims are new keys (a step tried again after a discard, in the same
         quorum, claims afresh)."""
         with self._lock:
+            self._retiring += [f"{CLAIM_PREFIX}{self._attempt}/{op}" for op in range(1, self._op + 1)]
             self._attempt += 1
             self._op = 0
             self._key = None
@@ -205,6 +213,11 @@ class WatchedGroup(ProcessGroup):  # type: ignore[misc]  # torchft ships no py.t
                 raise PeerGone(f"the quorum's store did not answer the claim of a collective ({ex})") from ex
             if claim != DONE:
                 raise PeerGone(f"another participant gave the step's collective up ({self.gone or 'a peer gone'})")
+        if pending:
+            with self._lock:  # every participant took part in this attempt's collectives: none reads the last's
+                if self._sweeps:
+                    self._spent += self._retiring
+                self._retiring = []
 
     # -- the watch's thread -----------------------------------------------------------------------------------------
     def _on_gone(self, reason: str) -> None:
@@ -216,10 +229,15 @@ class WatchedGroup(ProcessGroup):  # type: ignore[misc]  # torchft ships no py.t
         self._wake.set()
 
     def _read_claim(self, client: StoreClient) -> None:
-        """On each beat: a collective in flight that another participant gave up is given up here too."""
+        """On each beat: a collective in flight that another participant gave up is given up here too; and the
+        first participant deletes the claims nobody reads any more."""
         key = self._key
         if key is not None and client.get(key) == GIVEN_UP and self.gone is None:
             self._on_gone("another participant gave up the step's collective")
+        with self._lock:
+            spent, self._spent = self._spent, []
+        for old in spent:
+            client.delete(old)
 
     def _give_up(self, reason: str) -> bool:
         """Claim the collective in flight given up; True if the claim is ours (or the store is gone too), False if

@@ -290,6 +290,20 @@ def test_a_group_on_the_store_prefix_of_an_earlier_one_forms_without_its_leftove
         close(new)
 
 
+def test_the_claims_of_steps_every_participant_is_past_are_deleted(store):
+    """A claim a collective, never read again once every participant is in a later step: the quorum's store (a
+    node's) must not keep them all (two or three a step: ~100 MB a day of 0.5 s steps)."""
+    groups = pair(store, 1)
+    try:
+        baseline = store.num_keys()
+        for _ in range(40):
+            assert [o.get("sum") for o in both_average(groups)] == [3.0, 3.0]
+        time.sleep(3 * HEARTBEAT)  # the first participant's beat deletes them
+        assert store.num_keys() - baseline <= 3, store.num_keys() - baseline  # the last steps' own, and no more
+    finally:
+        close(groups)
+
+
 # -- NCCL: the communicator is aborted, and only once the claim is this participant's (fakes: no GPU here) -----------
 class PendingWork:
     """A collective on the GPU that a gone peer holds up: its future ends only when its communicator is aborted."""
