@@ -89,6 +89,8 @@ class WatchedGroup(ProcessGroup):  # type: ignore[misc]  # torchft ships no py.t
         self._retiring: list[str] = []
         self._spent: list[str] = []
         self._sweeps = False
+        self._rendezvous: tuple[Any, str] | None = None  # this participant's gloo record, until the group has met
+        self._met = False  # a collective of the current group completed here
         self._abandoned = False  # a collective of the current group was given up while it waited (gloo)
 
     # -- torchft's calls -----------------------------------------------------------------------------------------
@@ -110,7 +112,7 @@ class WatchedGroup(ProcessGroup):  # type: ignore[misc]  # torchft ships no py.t
         before = self._bounded(lambda: _value(group_store, SPACE_KEY))  # read before the group forms (below)
         self.inner.configure(store_addr, replica_id, rank, world_size, quorum_id, group_rank, group_world_size,
                              global_ranks)
-        self._bounded(lambda: _forget(group_store, RENDEZVOUS_KEY.format(rank=rank)))
+        self._rendezvous, self._met = (group_store, RENDEZVOUS_KEY.format(rank=rank)), False  # see agree()
         if self.heartbeat_timeout is None or world_size < 2:
             self._claims = None
             return
@@ -175,6 +177,7 @@ class WatchedGroup(ProcessGroup):  # type: ignore[misc]  # torchft ships no py.t
             gone = self.gone
         if self._key is None:
             work.wait()
+            self._met = True
             return
         self._pending.append(self._key)  # claimed by agree(), once the host has synced
         future = work.get_future()
@@ -189,6 +192,7 @@ class WatchedGroup(ProcessGroup):  # type: ignore[misc]  # torchft ships no py.t
                 gone = self.gone
         try:
             work.wait()  # its own failure raises here; a CUDA one's wait() orders the stream
+            self._met = True  # a collective of the group completed: every participant formed it
         except Exception as ex:
             if self._give_up("the collective failed") and self._key is not None:
                 raise PeerGone(f"the collective failed: {ex}") from ex  # given up on every participant
@@ -213,11 +217,25 @@ class WatchedGroup(ProcessGroup):  # type: ignore[misc]  # torchft ships no py.t
                 raise PeerGone(f"the quorum's store did not answer the claim of a collective ({ex})") from ex
             if claim != DONE:
                 raise PeerGone(f"another participant gave the step's collective up ({self.gone or 'a peer gone'})")
+        if self._rendezvous is not None and self._met:  # every participant is past forming the group now
+            self._forget_rendezvous()
         if pending:
             with self._lock:  # every participant took part in this attempt's collectives: none reads the last's
                 if self._sweeps:
                     self._spent += self._retiring
                 self._retiring = []
+
+    def _forget_rendezvous(self) -> None:
+        """This participant's gloo record of its addresses, deleted: every participant has taken part in a
+        collective of the group since it formed, so none reads it any more, and a later group on the same store
+        prefix cannot read it for its own and wait on a peer that is not there (gloo's connect timeout: seen after a
+        coordinator restarted). Not before: a peer may return from forming before another has read its record."""
+        store, key = self._rendezvous or (None, "")
+        self._rendezvous = None
+        try:
+            self._bounded(lambda: _forget(store, key))
+        except Exception as ex:  # pylint: disable=broad-exception-caught  # its node is gone: nobody reads it
+            log.info("the group's rendezvous record was not deleted: %s", ex)
 
     # -- the watch's thread -----------------------------------------------------------------------------------------
     def _on_gone(self, reason: str) -> None:
@@ -301,9 +319,6 @@ def _value(store: Any, key: str) -> bytes:
 
 
 def _forget(store: Any, key: str) -> None:
-    """The group is formed: this participant's rendezvous record has been read by every other (each connected to
-    it), so it goes, and a later group on the same store prefix cannot read it for its own and wait on a peer that
-    is not there (gloo's connect timeout: seen after a coordinator restarted)."""
     if store.check([key]):
         store.delete_key(key)
 
