@@ -37,8 +37,8 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import partial
 from datetime import timedelta
+from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 from urllib.parse import urlsplit
 

@@ -82,7 +82,8 @@ def soak_in_process(heartbeat_ms: int, seconds: float, blob, logs: Path) -> dict
     """A healthy 2-node in-process job (goodput.py's config, its coordinator at ``heartbeat_ms``): every quorum
     change after both nodes train is a live node taken for dead (its heartbeats late) and dropped for nothing; the
     quorum's watch (runtime/replica_watch.py) beats at the same timeout, and each step it gave up on a live node is
-    a needless discard (counted from the nodes' logs, as is every discarded step)."""
+    a needless discard (counted from the nodes' logs, as is every discarded step); so is each step a node coasted,
+    its probe of the live coordinator missed (runtime/replicas.py ``coordinator_answers``)."""
     from goodput import CONFIGS, WORKLOAD, WORKLOAD_ARGS, start_coordinator  # pylint: disable=import-outside-toplevel
 
     cfg = CONFIGS["in-process"]
@@ -99,7 +100,8 @@ def soak_in_process(heartbeat_ms: int, seconds: float, blob, logs: Path) -> dict
         result = train_healthy(job, seconds, store, logs / name, "quorum")
         text = "".join(path.read_text(errors="replace") for path in (logs / name).glob("*.log"))
         return {**result, "given_up": text.count("giving up the step's collective"),
-                "discarded": text.count("discarding the step")}
+                "discarded": text.count("discarding the step"),
+                "coasted": text.count("the coordinator does not answer")}  # a probe missed: a live one taken for gone
     finally:
         coordinator.stop()
         store.close()
@@ -132,7 +134,8 @@ def main() -> int:
                     print(f"{r['reforms']} needless re-form(s) in {r['seconds']:.0f}s ({r['steps']} steps, "
                           f"{args.hogs} CPU hogs): in-process, coordinator heartbeat timeout {heartbeat_ms} ms; "
                           f"the quorum's watch gave up {r['given_up']} collective(s) on a live node, "
-                          f"{r['discarded']} step(s) discarded", flush=True)
+                          f"{r['discarded']} step(s) discarded, {r['coasted']} probe(s) of the live coordinator "
+                          f"missed", flush=True)
                 for peer in [] if args.in_process_heartbeat_ms else args.peer_timeout or []:
                     r = soak(TUNED_RDZV_CONF, args.seconds, blob, etcd, work / "logs",
                              launch.AKS.collective_timeout_seconds, args.checkpoint_every, peer_timeout=peer)
