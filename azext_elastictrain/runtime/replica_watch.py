@@ -181,7 +181,8 @@ class WatchedGroup(ProcessGroup):  # type: ignore[misc]  # torchft ships no py.t
             return
         self._pending.append(self._key)  # claimed by agree(), once the host has synced
         future = work.get_future()
-        future.add_done_callback(lambda _f: self._wake.set())
+        wake = self._wake  # the callback runs on the backend's own thread: it must not hold this group, or the
+        future.add_done_callback(lambda _f: wake.set())  # group's last reference, dropped there, joined that thread
         while not future.done():
             if gone is not None:
                 if self._give_up(gone):
