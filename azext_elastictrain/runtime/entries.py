@@ -22,10 +22,11 @@ def rng_prefix(rank: int) -> str:
     return f"{RNG_PREFIX}{rank}{SEP}"
 
 
-def tree(state: dict[str, Any]) -> StateTree:
-    """The flat view of a training state, our reserved key kept free; a state it cannot take: CheckpointError."""
+def tree(state: dict[str, Any], *, source: bool = False) -> StateTree:
+    """The flat view of a training state, our reserved key kept free; a state it cannot take: CheckpointError.
+    ``source``: the view that is saved or sent, not loaded into (StateTree)."""
     try:
-        return StateTree(state, reserved=RESERVED)
+        return StateTree(state, reserved=RESERVED, source=source)
     except StateError as ex:
         raise CheckpointError(str(ex)) from ex
 

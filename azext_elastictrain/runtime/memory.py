@@ -56,7 +56,7 @@ class MemoryKeeper:  # pylint: disable=too-many-instance-attributes  # the keepe
             return
         self.kept()
         try:
-            tree = entries.tree(state)
+            tree = entries.tree(state, source=True)
             if not memory_tier.is_replicated(tree.flat):
                 return
             flat = {k: v if isinstance(v, torch.Tensor) else json_tensor(v, k) for k, v in tree.flat.items()}

@@ -528,7 +528,7 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
 
     # -- state transfer (runtime/peer_transfer.py) ---------------------------------------------
     def _state_dict(self) -> dict[str, Any]:
-        return {"flat": served_state(self.state, self.optimizer), "rng": capture_rng()}
+        return {"flat": served_state(self.state), "rng": capture_rng()}
 
     def _destination(self) -> Any:
         """Where a peer's state lands (peer_transfer.py; on torchft's quorum thread while the training thread
@@ -620,20 +620,11 @@ def parameters_device(optimizer: torch.optim.Optimizer) -> torch.device:
     return default_device()
 
 
-def served_state(state: dict[str, Any], optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """``state``'s flat items as a peer receives them at a heal. An optimizer that has not stepped yet is sent
-    without its per-parameter state, and left as it was: torch's state-dict API makes a fresh optimizer's state to
-    flatten it by a step with zero gradients, so Adam's first step counted as its second (its bias correction one
-    step off: the first update x0.74, and every step after it off from an uninterrupted run's) on the node that sent
-    its state before its first step and on the one that received it. The receiver drops the groups the state lacks
-    (``StateTree.forget``), so its optimizer has not stepped either."""
-    fresh = not optimizer.state
-    tree = entries.tree(state)
-    if not fresh:
-        return tree.flat
-    made = tree.group_keys(tree.optimizer_groups)
-    optimizer.state.clear()
-    return {key: value for key, value in tree.flat.items() if key not in made}
+def served_state(state: dict[str, Any]) -> dict[str, Any]:
+    """``state``'s flat items as a peer receives them at a heal: its source view (an optimizer that has not stepped
+    yet is sent without per-parameter state and stays unstepped, StateTree). The receiver drops the groups the
+    state lacks (``StateTree.forget``), so its optimizer has not stepped either."""
+    return entries.tree(state, source=True).flat
 
 
 def coordinator_answers(url: str, timeout: float) -> bool:

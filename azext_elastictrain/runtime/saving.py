@@ -65,7 +65,7 @@ class BlobSaver:  # pylint: disable=too-many-instance-attributes  # the settings
         started = self._clock()
         step_time = time.time() if step_time is None else step_time
         self._agree_on_buffers(state)
-        tree = entries.tree(state)
+        tree = entries.tree(state, source=True)
         flat = dict(tree.flat)
         gathered = self.ranks.all_gather((uuid.uuid4().hex[:12], capture_rng()))
         writer = gathered[0][0]  # rank 0's token names this attempt's folder on every rank

@@ -23,8 +23,9 @@ from __future__ import annotations
 import copy
 import json
 import random
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterable, cast
+from typing import Any, Iterable, Iterator, cast
 
 import torch
 from torch.distributed.checkpoint.stateful import Stateful
@@ -186,6 +187,39 @@ class _OptimizerState:
         set_optimizer_state_dict(self.module, self.optimizer, state_dict, options=_lenient())
 
 
+def _unstepped(value: Any) -> torch.optim.Optimizer | None:
+    """The optimizer of an optimizer or TrainingState value, if it has not stepped yet."""
+    optimizer = value.optimizer if isinstance(value, TrainingState) else value
+    if isinstance(optimizer, torch.optim.Optimizer) and not optimizer.state:
+        return optimizer
+    return None
+
+
+@contextmanager
+def _as_it_is(optimizer: torch.optim.Optimizer | None) -> Iterator[None]:
+    """Read an unstepped optimizer's state dict without torch making its state: torch's state-dict API steps a fresh
+    optimizer with zero gradients unless a parameter has a gradient, so one parameter gets a zero gradient that
+    takes no memory (an expanded scalar) for the read. Where that cannot be set (a sharded parameter), the state
+    torch made is dropped after the read; either way the optimizer is left unstepped."""
+    if optimizer is None:
+        yield
+        return
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    guarded = None
+    if params and all(p.grad is None for p in params):
+        try:
+            params[0].grad = torch.zeros((), dtype=params[0].dtype, device=params[0].device).expand_as(params[0])
+            guarded = params[0]
+        except Exception:  # pylint: disable=broad-exception-caught  # a DTensor takes no plain gradient: drop after
+            guarded = None
+    try:
+        yield
+    finally:
+        if guarded is not None:
+            guarded.grad = None
+        optimizer.state.clear()
+
+
 # --------------------------------------------------------------------------- the flat tree
 
 
@@ -217,20 +251,29 @@ class StateTree:  # pylint: disable=too-many-instance-attributes  # the flat vie
     (an unused head, an expert no batch reached). ``absent_groups`` names those a
     source lacks and ``forget`` drops them, so after the load that parameter has
     no state, as in the run that saved it.
+
+    ``source``: the view of a state that is sent out (a save, a memory copy, a
+    peer's heal), not loaded into. An optimizer that has not stepped yet has no
+    per-parameter state in it and stays unstepped: torch makes that template by a
+    step with zero gradients, and Adam's first real step would then count as its
+    second (its bias correction one step off: the first update x0.74) on the node
+    that saved and on the one that resumed.
     """
 
-    def __init__(self, state: dict[str, Any], reserved: str | None = None):
+    def __init__(self, state: dict[str, Any], reserved: str | None = None, *, source: bool = False):
         found: list[tuple[str, Any]] = []
         _walk_objects(state, "", found)
         self._pairs = pair_optimizers(found)
+        self._source = source
         self.state = state
         self.flat: dict[str, Any] = {}
         self.free: set[str] = set()
         self._origin: dict[str, str] = {}
         self._inner: dict[str, Any] = {}  # path -> what an object's state_dict() gave at flattening
         self.paths: dict[str, tuple[str | int, ...]] = {}  # flat key -> its nesting, for offline DCP tools
-        # an optimizer's state of one parameter: the prefix of its keys -> (the "state" dict it is in, its name)
-        self._optimizer_groups: dict[str, tuple[dict[str, Any], str]] = {}
+        # an optimizer's state of one parameter: the prefix of its keys -> (the "state" dict it is in, its name,
+        # that dict's key and nesting)
+        self._optimizer_groups: dict[str, tuple[dict[str, Any], str, str, tuple[str | int, ...]]] = {}
         for key, value in state.items():
             if not isinstance(key, str) or not key:
                 raise StateError(f"state dict keys must be non-empty strings, got {key!r}")
@@ -275,14 +318,18 @@ class StateTree:  # pylint: disable=too-many-instance-attributes  # the flat vie
             for i, v in enumerate(value):
                 self._flatten(v, f"{path}{SEP}{i}", origin, in_place, (*parts, i))
         elif isinstance(value, (torch.nn.Module, torch.optim.Optimizer)) or _has_state_dict(value):
+            unstepped = _unstepped(value) if self._source else None
             try:
-                inner = self._adapter(value).state_dict()
+                with _as_it_is(unstepped):
+                    inner = self._adapter(value).state_dict()
             except Exception as ex:  # noqa: BLE001 - name the key, whatever the object raised
                 raise StateError(f"{_describe(path)}: its state_dict() failed: {ex}") from ex
             self._inner[path] = inner
-            self._note_optimizer_groups(value, inner, path)
+            self._note_optimizer_groups(value, inner, path, parts)
             in_place = isinstance(value, (torch.nn.Module, torch.optim.Optimizer, TrainingState))
             self._flatten(inner, path, path, in_place, parts)
+            if unstepped is not None:  # whatever state torch made for the read is not sent
+                self.forget({group for group in self._optimizer_groups if group.startswith(f"{path}{SEP}")})
         else:
             raise StateError(
                 f"{_describe(path)}: a {type(value).__name__} cannot be checkpointed; a state holds modules, "
@@ -290,16 +337,17 @@ class StateTree:  # pylint: disable=too-many-instance-attributes  # the flat vie
                 "and objects with state_dict()/load_state_dict()"
             )
 
-    def _note_optimizer_groups(self, value: Any, inner: Any, path: str) -> None:
+    def _note_optimizer_groups(self, value: Any, inner: Any, path: str, parts: tuple[str | int, ...]) -> None:
         optimizer_sd, prefix = None, path
         if isinstance(value, torch.optim.Optimizer):
             optimizer_sd = inner
         elif isinstance(value, TrainingState) and isinstance(inner, dict):
-            optimizer_sd, prefix = inner.get("optim"), f"{path}{SEP}optim"
+            optimizer_sd, prefix, parts = inner.get("optim"), f"{path}{SEP}optim", (*parts, "optim")
         states = optimizer_sd.get("state") if isinstance(optimizer_sd, dict) else None
         if isinstance(states, dict):
+            where = (f"{prefix}{SEP}state", (*parts, "state"))
             for name in states:
-                self._optimizer_groups[f"{prefix}{SEP}state{SEP}{name}{SEP}"] = (states, name)
+                self._optimizer_groups[f"{prefix}{SEP}state{SEP}{name}{SEP}"] = (states, name, *where)
 
     @property
     def optimizer_groups(self) -> set[str]:
@@ -318,7 +366,9 @@ class StateTree:  # pylint: disable=too-many-instance-attributes  # the flat vie
         return {key for key in self.flat if prefixes and key.startswith(prefixes)}
 
     def forget(self, groups: Iterable[str]) -> None:
-        """Drop these optimizer state groups: their parameters have no state after the load (see the class)."""
+        """Drop these optimizer state groups: their parameters have no state after the load (see the class). The
+        tree is then what flattening the state without them gives: an optimizer left with no state at all has its
+        one empty ``state`` item, as one that never had any (plain SGD, an unstepped optimizer's source view)."""
         groups = set(groups)
         for key in self.group_keys(groups):
             del self.flat[key]
@@ -326,8 +376,10 @@ class StateTree:  # pylint: disable=too-many-instance-attributes  # the flat vie
             self.paths.pop(key, None)
             self._origin.pop(key, None)
         for group in groups:
-            states, name = self._optimizer_groups.pop(group)
+            states, name, path, parts = self._optimizer_groups.pop(group)
             states.pop(name, None)
+            if not states and path not in self.flat:
+                self._put(path, {}, path, free=True, parts=parts)
 
     @property
     def json_keys(self) -> set[str]:

@@ -9,7 +9,7 @@ uninterrupted. Checked at every step the job kept (for each step, the records of
 it: a step trained again after a re-form replaces the earlier try):
 
 - the global batch (this step's slices, joined in rank order), the learning rate the step used, the generator's
-  state and the plain counter after it: equal to the uninterrupted run's;
+  state, the plain counter and AdamW's step count (its bias correction) after it: equal to the uninterrupted run's;
 - the replicas are one: every rank's digest of parameters, optimizer state and EMA is the same after the step
   (in the bn variant with an expert that each rank's slice uses or not: its average must reach every rank);
 - a parameter no forward uses never moves (bn variant: DDP leaves it without a gradient, so AdamW skips it);
@@ -73,7 +73,7 @@ def compare_with_uninterrupted(run: dict[int, list[dict]], reference: dict[int, 
         got, want = run[step], reference[step]
         where = f"step {step} (world {len(got)}, uninterrupted {len(want)})"
         assert [i for r in got for i in r["ids"]] == [i for r in want for i in r["ids"]], f"{where}: global batch"
-        for key in ("lr", "strength", "counter", "scale"):
+        for key in ("lr", "strength", "counter", "scale", "adam"):
             assert {r[key] for r in got} == {want[0][key]}, (where, key, [r[key] for r in got], want[0][key])
         assert all(r["replica"] == got[0]["replica"] for r in got), f"{where}: the replicas differ {got}"
         if same_weights:

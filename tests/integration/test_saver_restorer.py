@@ -109,3 +109,29 @@ def test_a_state_that_does_not_fit_the_checkpoint_is_a_clear_error(parts) -> Non
     saver.save(1, make_state(1.0), background=False)
     with pytest.raises(CheckpointError, match="does not fit the state"):
         restorer.restore({"model": {"w": torch.zeros(64, 32), "extra": torch.zeros(2)}, "meta": {"value": 0.0}})
+
+
+def test_a_save_before_the_first_step_leaves_adamw_unstepped_on_both_sides(parts) -> None:
+    """A checkpoint taken before the first optimizer step (a notice at the job's start, a save at step 0): torch's
+    state-dict API makes a fresh optimizer's state by a step with zero gradients, so AdamW's first real step counted
+    as its second, on the node that saved and on the one that resumed (its bias correction one step off: the first
+    update x0.74). Both now take the step an uninterrupted run takes."""
+    saver, restorer, _ = parts
+
+    def replica() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(8, 4)
+        return model, torch.optim.AdamW(model.parameters(), lr=0.01)
+
+    (saved, saved_opt), (resumed, resumed_opt), (alone, alone_opt) = replica(), replica(), replica()
+    saver.save(0, {"model": saved, "optimizer": saved_opt}, background=False)
+    assert not saved_opt.state
+    restored = restorer.restore({"model": resumed, "optimizer": resumed_opt})
+    assert restored.step == 0 and not resumed_opt.state
+    x = torch.randn(6, 8)
+    for model, optimizer in ((saved, saved_opt), (resumed, resumed_opt), (alone, alone_opt)):
+        optimizer.zero_grad()
+        model(x).pow(2).mean().backward()
+        optimizer.step()
+    for model in (saved, resumed):
+        assert all(torch.equal(a, b) for a, b in zip(model.parameters(), alone.parameters()))

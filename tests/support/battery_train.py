@@ -16,8 +16,9 @@ Its own log is what the battery compares with one uninterrupted run: one JSON li
 ``$BATTERY_OUT/records-<node>-<pid>.jsonl``: the step, the world size and rank of the step's data-parallel layout
 (the sampler's: in the in-process mode each node is a torchrun world of its own), the sample ids of this rank's
 batch, the learning rate the step used, the generator's state, the counter and the gradient scaler's scale after
-the body, the gradient norm ``clip_grad_norm_`` saw (the total norm before clipping), a digest of the replica
-(parameters, optimizer state, EMA), and in the bn variant a digest of the head no batch uses (it must never move).
+the body, AdamW's step count (bn), the gradient norm ``clip_grad_norm_`` saw (the total norm before clipping), a
+digest of the replica (parameters, optimizer state, EMA), and in the bn variant a digest of the head no batch uses
+(it must never move).
 While the file ``$BATTERY_SLOW`` exists each step also sleeps ``$BATTERY_STEP_DELAY`` seconds (in the step's
 compute, before backward), so the test can evict nodes before the job ends.
 """
@@ -79,6 +80,14 @@ def replica_digest(net: nn.Module, optimizer: torch.optim.Optimizer, ema: Averag
             "ema": digest(*ema.parameters(), ema.n_averaged)}
 
 
+def adam_steps(net: nn.Module, optimizer: torch.optim.Optimizer) -> float | None:
+    """The step count AdamW keeps for a parameter every batch trains (its bias correction), or None (SGD keeps
+    none)."""
+    first = next(net.parameters())
+    count = optimizer.state.get(first, {}).get("step")
+    return None if count is None else float(count)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--variant", choices=("plain", "bn"), required=True)
@@ -138,7 +147,7 @@ def main() -> None:
         log.write(json.dumps({
             "step": step, "world": world, "rank": rank, "node": node,
             "ids": ids.tolist(), "lr": lr, "strength": digest(strength.get_state()), "counter": state["counter"],
-            "scale": scaler.get_scale() if not bn else None, "norm": float(norm),
+            "scale": scaler.get_scale() if not bn else None, "norm": float(norm), "adam": adam_steps(net, optimizer),
             "replica": replica_digest(net, optimizer, ema), "time": time.time(),
             **({"unused": digest(*net.unused.parameters())} if bn else {})}) + "\n")
         ckpt.report(loss=loss.item())

@@ -591,7 +591,7 @@ def test_a_heal_before_the_first_step_leaves_both_optimizers_unstepped_as_in_an_
         return model, torch.optim.AdamW(model.parameters(), lr=0.01)
 
     (sender, sender_opt), (receiver, receiver_opt), (alone, alone_opt) = replica(), replica(), replica()
-    flat = served_state({"model": sender, "optimizer": sender_opt}, sender_opt)
+    flat = served_state({"model": sender, "optimizer": sender_opt})
     assert not sender_opt.state
     tree = entries.tree({"model": receiver, "optimizer": receiver_opt})  # as ReplicaGroup._load does
     tree.forget(tree.absent_groups(flat))
@@ -604,5 +604,5 @@ def test_a_heal_before_the_first_step_leaves_both_optimizers_unstepped_as_in_an_
         optimizer.step()
     for model in (sender, receiver):
         assert all(torch.equal(a, b) for a, b in zip(model.parameters(), alone.parameters()))
-    stepped = served_state({"model": alone, "optimizer": alone_opt}, alone_opt)
+    stepped = served_state({"model": alone, "optimizer": alone_opt})
     assert any(".state." in key for key in stepped) and alone_opt.state  # a stepped optimizer: whole, untouched
