@@ -46,7 +46,9 @@ if mode == "self-kill":
 if mode in ("term", "wait"):
     if mode == "term":
         signal.signal(signal.SIGTERM, lambda *_: (print("got SIGTERM", flush=True), sys.exit(7)))
-    open(sys.argv[2], "w").write(str(os.getpid()))
+    with open(sys.argv[2] + ".tmp", "w") as ready:  # whole or absent: the agent signals once the file exists
+        ready.write(str(os.getpid()))
+    os.replace(sys.argv[2] + ".tmp", sys.argv[2])
     time.sleep(60)
 '''
 
