@@ -38,6 +38,7 @@ class Greeter:  # pylint: disable=too-many-instance-attributes  # its settings, 
         self._thread: threading.Thread | None = None
         self._until: float | None = None  # monotonic time the beats end (None: while started)
         self._closed = threading.Event()
+        self._id: str | None = None
 
     def start(self) -> None:
         """Beat from now on (again, if a linger was running or over)."""
@@ -56,6 +57,12 @@ class Greeter:  # pylint: disable=too-many-instance-attributes  # its settings, 
     def close(self) -> None:
         self._closed.set()
 
+    def replica_id(self) -> str:
+        """This node's replica id (read once)."""
+        if self._id is None:
+            self._id = self._replica_id()
+        return self._id
+
     @property
     def beating(self) -> bool:
         with self._lock:
@@ -64,16 +71,15 @@ class Greeter:  # pylint: disable=too-many-instance-attributes  # its settings, 
     def _run(self) -> None:
         from torchft.coordination import LighthouseClient
 
-        client, replica_id = None, None
+        client = None
         while True:
             with self._lock:  # start() sees the thread gone, or the thread sees start()'s new time
                 if self._closed.is_set() or (self._until is not None and time.monotonic() >= self._until):
                     self._thread = None
                     return
             try:
-                replica_id = replica_id or self._replica_id()
                 client = client or LighthouseClient(self.coordinator, connect_timeout=CALL_TIMEOUT)
-                client.heartbeat(replica_id, timeout=CALL_TIMEOUT)
+                client.heartbeat(self.replica_id(), timeout=CALL_TIMEOUT)
                 self.beats += 1
             except Exception as ex:  # pylint: disable=broad-exception-caught  # gone again: the next beat retries
                 log.debug("a heartbeat to the coordinator failed: %s", ex)

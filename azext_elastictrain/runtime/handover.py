@@ -15,10 +15,10 @@ node spends the wait training instead:
    the coordinator does not answer: ``ReplicaGroup._coast``), the departing node too. It is a whole replica still:
    its gradients count, and it commits the steps the others commit (its workers vote among themselves).
 3. Each step's start collective also says whether the departing node is ready: its last heartbeat is the
-   heartbeat timeout old already. At the first step where every departing node is ready, that step is their last:
-   they leave after it (the notice acknowledged, then the hold: runtime/loops/in_process.py), and at the next step
-   the others ask the coordinator, which has dropped them already and forms the quorum as soon as the last of the
-   others asks.
+   heartbeat timeout old already, and the coordinator's status page no longer counts it. At the first step where
+   every departing node is ready, that step is their last: they leave after it (the notice acknowledged, then the
+   hold: runtime/loops/in_process.py), and at the next step the others ask the coordinator, which has dropped them
+   already and forms the quorum as soon as the last of the others asks.
 
 The survivors' outage is then that quorum and a new process group, not the heartbeat timeout. Every participant
 decides alike: each decision comes from the sums of a start collective that every participant took part in, and
@@ -34,7 +34,7 @@ the coordinator not answering.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from azext_elastictrain.runtime.preemption import SOURCE_SIGTERM
 
@@ -47,6 +47,9 @@ MAX_STEP_SECONDS = 5.0
 MARGIN_SECONDS = 0.1
 # A notice must leave at least this many steps beyond the heartbeat timeout for a handover.
 NOTICE_STEPS = 3
+# A departing node that the coordinator still hears is ready anyway this many heartbeat timeouts after it stopped
+# its heartbeats (the others' quorum then waits for its heartbeat to age out, as without a handover).
+HEARD_WAIT = 3
 
 
 @dataclass
@@ -81,13 +84,21 @@ class Handover:  # pylint: disable=too-many-instance-attributes  # the step's su
         needed = self.heartbeat_timeout + MARGIN_SECONDS + NOTICE_STEPS * self.step_seconds
         return seconds_left is None or seconds_left > needed
 
-    def ready_now(self, now: float) -> bool:
+    def ready_now(self, now: float, heard: Callable[[], bool | None] | None = None) -> bool:
         """(A departing node, at a step's start.) Its last heartbeat is the heartbeat timeout old already, so this
         step can be its last: the others' next quorum request comes after this step, whatever it lasts (a guess
-        of the step's length let them ask early when a step ran shorter than the one before)."""
+        of the step's length let them ask early when a step ran shorter than the one before).
+
+        ``heard``: whether the coordinator still counts this node (None: it cannot say), asked once that time is
+        up. A node it still hears is not ready: a heartbeat that left late (the machine loaded, the torchft
+        server's shutdown not done) would make the others' quorum wait for it. Past ``HEARD_WAIT`` heartbeat
+        timeouts the node is ready whatever the coordinator says, so a handover always ends."""
         if self.stopped_at is None:
             return False
-        return now - self.stopped_at >= (self.heartbeat_timeout or 0.0) + MARGIN_SECONDS
+        waited, timeout = now - self.stopped_at, self.heartbeat_timeout or 0.0
+        if waited < timeout + MARGIN_SECONDS:
+            return False
+        return heard is None or waited >= HEARD_WAIT * timeout + MARGIN_SECONDS or heard() is not True
 
     def flags(self, ready: bool) -> list[float]:
         """This node's part of the step's start collective: it departs; it is ready."""

@@ -32,6 +32,7 @@ import copy
 import http.client
 import logging
 import os
+import re
 import socket
 import threading
 import time
@@ -235,7 +236,7 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         self.committed, self.healed, self._start_given_up = None, False, False
         self.salvage.begin(salvageable)
         self.handover.begin(time.monotonic())
-        ready = self._node_agrees(self.handover.leaving and self.handover.ready_now(time.monotonic()))
+        ready = self._node_agrees(self.handover.leaving and self.handover.ready_now(time.monotonic(), self._heard))
         self._pg.next_step()
         if self._in_backward is not None:
             self._in_backward.reset()
@@ -384,8 +385,23 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         if self.handover.leaving and self.handover.stopped_at is None:
             log.warning("handing over: heartbeats stopped, training on with the others until the coordinator "
                         "has dropped this node")
+            self._greeter.close()  # no beat of its own for the coordinator either
             self._shutdown_manager()
             self.handover.stopped_at = time.monotonic()
+
+    def _heard(self) -> bool | None:
+        """(A departing node's first worker.) Whether the coordinator still counts this node (coordinator_hears)."""
+        if self.node_rank != 0 or not self._greeter.coordinator:
+            return None
+        try:
+            replica_id = self._greeter.replica_id()
+        except Exception as ex:  # pylint: disable=broad-exception-caught  # cannot say: the timer alone decides
+            log.debug("this node's replica id: %s", ex)
+            return None
+        heard = coordinator_hears(self._greeter.coordinator, replica_id, COORDINATOR_PROBE_TIMEOUT)
+        if heard:
+            log.warning("handing over: the coordinator still counts this node; it trains one more step")
+        return heard
 
     def _node_agrees(self, mine: bool) -> bool:
         """The node's first worker's ``mine``, on every worker of the node."""
@@ -633,15 +649,36 @@ def coordinator_answers(url: str, timeout: float) -> bool:
     killed (SIGKILL) went on accepting connections for ~30 ms while its process was torn down, so a node took it
     for up and asked it for a quorum that never came (in flight until a new one was up), while another node
     coasted. No proxy is consulted (the coordinator is in the cluster)."""
+    return _coordinator_page(url, "/", timeout) is not None
+
+
+# torchft's Lighthouse lists every replica it heard in its status page, one item each, marked "old" once its last
+# heartbeat is older than the heartbeat timeout: exactly the replicas its quorums no longer count.
+_HEARD = re.compile(r'<li class="heartbeat\s*(old)?\s*">\s*(\S+): seen ')
+
+
+def coordinator_hears(url: str, replica_id: str, timeout: float) -> bool | None:
+    """Whether the coordinator still counts ``replica_id`` as heartbeating (its status page: torchft's own view,
+    not a guess from the time this node stopped its heartbeats); None when the page does not come or is not the
+    status page of torchft's Lighthouse as we know it."""
+    page = _coordinator_page(url, "/status", timeout)
+    if page is None or "<h2>Heartbeats</h2>" not in page:
+        return None
+    listed: dict[str, bool] = {name: old == "" for old, name in _HEARD.findall(page)}
+    return listed.get(replica_id, False)
+
+
+def _coordinator_page(url: str, path: str, timeout: float) -> str | None:
+    """The coordinator's page at ``path`` if it serves it (200) within ``timeout`` seconds, else None."""
     parsed = urlsplit(url if "//" in url else f"http://{url}")
     connection = http.client.HTTPConnection(parsed.hostname or "127.0.0.1", parsed.port or 80, timeout=timeout)
     try:
-        connection.request("GET", "/")
+        connection.request("GET", path)
         response = connection.getresponse()
-        response.read()
-        return response.status == 200
+        body = response.read()
+        return body.decode("utf-8", errors="replace") if response.status == 200 else None
     except (OSError, http.client.HTTPException):
-        return False
+        return None
     finally:
         connection.close()
 

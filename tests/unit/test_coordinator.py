@@ -179,3 +179,32 @@ def test_a_restarted_coordinator_that_a_node_greeted_waits_for_it_rather_than_fo
         for greeter in greeters:
             greeter.close()
         server.shutdown()
+
+
+def test_a_node_reads_from_the_coordinator_whether_it_still_counts_it():
+    """A departing node is ready to leave once the coordinator itself no longer counts it (runtime/handover.py): its
+    status page, with torchft's real Lighthouse. Counted while its beats are fresh, not once they are older than
+    the heartbeat timeout; a node never heard is not counted; no page: the coordinator cannot say."""
+    pytest.importorskip("torchft", reason="the coordinator runs torchft's Lighthouse (the train extra)")
+    from torchft.coordination import LighthouseClient, LighthouseServer
+
+    from azext_elastictrain.runtime.replicas import coordinator_hears
+
+    server = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=10_000, quorum_tick_ms=50,
+                              heartbeat_timeout_ms=300)
+    address = reachable_address("127.0.0.1:0", server.address())
+    try:
+        client = LighthouseClient(address, connect_timeout=timedelta(seconds=5))
+        client.heartbeat("node-0:a", timeout=timedelta(seconds=5))
+        client.heartbeat("node-1:b", timeout=timedelta(seconds=5))
+        assert coordinator_hears(address, "node-0:a", timeout=2) is True
+        assert coordinator_hears(address, "node-9:z", timeout=2) is False
+        deadline = time.monotonic() + 0.6
+        while time.monotonic() < deadline:  # node-1 beats on; node-0 has stopped
+            client.heartbeat("node-1:b", timeout=timedelta(seconds=5))
+            time.sleep(0.05)
+        assert coordinator_hears(address, "node-0:a", timeout=2) is False
+        assert coordinator_hears(address, "node-1:b", timeout=2) is True
+    finally:
+        server.shutdown()
+    assert coordinator_hears(address, "node-1:b", timeout=0.5) is None

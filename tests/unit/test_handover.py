@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from azext_elastictrain.runtime.handover import (MARGIN_SECONDS, MAX_STEP_SECONDS, NOTICE_STEPS, Handover,
-                                                 saves_on_departure, time_left)
+from azext_elastictrain.runtime.handover import (HEARD_WAIT, MARGIN_SECONDS, MAX_STEP_SECONDS, NOTICE_STEPS,
+                                                 Handover, saves_on_departure, time_left)
 from azext_elastictrain.runtime.preemption import SOURCE_SCHEDULED_EVENTS, SOURCE_SIGTERM, PreemptionNotice
 
 HEARTBEAT = 0.5
@@ -51,6 +51,28 @@ def test_a_departing_node_trains_until_its_heartbeat_is_old_enough_then_leaves_a
     assert now - leaver.stopped_at >= HEARTBEAT + MARGIN_SECONDS
     assert not leaver.ready_now(now - 0.1), "it trained a step longer than needed"
     assert not survivor.hold and not survivor.done and steps >= 2
+
+
+def test_a_departing_node_the_coordinator_still_hears_is_not_ready_until_it_is_dropped_or_waited_long_enough() -> None:
+    """The timer is the floor; the coordinator's own view decides past it (a heartbeat that left late under load
+    made the others' quorum wait for the node). Asked only once the timer is up; past HEARD_WAIT heartbeat timeouts
+    the node leaves whatever it says."""
+    leaver = timed(0.1)
+    leaver.leaving, leaver.stopped_at = True, 200.0
+    asked: list[float] = []
+
+    def hears(answer: bool | None):
+        def heard() -> bool | None:
+            asked.append(answer)
+            return answer
+        return heard
+
+    assert not leaver.ready_now(200.0 + HEARTBEAT, hears(True)) and not asked  # not yet: not asked
+    up = 200.0 + HEARTBEAT + MARGIN_SECONDS + 0.01
+    assert not leaver.ready_now(up, hears(True)) and asked == [True]
+    assert leaver.ready_now(up, hears(False)) and leaver.ready_now(up, hears(None))
+    assert leaver.ready_now(up, None)
+    assert leaver.ready_now(200.0 + HEARD_WAIT * HEARTBEAT + MARGIN_SECONDS + 0.01, hears(True))
 
 
 def test_a_step_as_long_as_the_heartbeat_timeout_hands_over_in_the_step_after_the_node_says_it_departs() -> None:
