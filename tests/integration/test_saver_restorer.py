@@ -13,6 +13,7 @@ from azext_elastictrain.runtime.errors import CheckpointError, FencedError
 from azext_elastictrain.runtime.reporting import Reporter
 from azext_elastictrain.runtime.restoring import Restorer
 from azext_elastictrain.runtime.saving import BlobSaver
+from tests.support.states import adamw_replica, assert_first_steps_alike
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
@@ -118,20 +119,9 @@ def test_a_save_before_the_first_step_leaves_adamw_unstepped_on_both_sides(parts
     update x0.74). Both now take the step an uninterrupted run takes."""
     saver, restorer, _ = parts
 
-    def replica() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-        torch.manual_seed(0)
-        model = torch.nn.Linear(8, 4)
-        return model, torch.optim.AdamW(model.parameters(), lr=0.01)
-
-    (saved, saved_opt), (resumed, resumed_opt), (alone, alone_opt) = replica(), replica(), replica()
+    (saved, saved_opt), (resumed, resumed_opt), alone = adamw_replica(), adamw_replica(), adamw_replica()
     saver.save(0, {"model": saved, "optimizer": saved_opt}, background=False)
     assert not saved_opt.state
     restored = restorer.restore({"model": resumed, "optimizer": resumed_opt})
     assert restored.step == 0 and not resumed_opt.state
-    x = torch.randn(6, 8)
-    for model, optimizer in ((saved, saved_opt), (resumed, resumed_opt), (alone, alone_opt)):
-        optimizer.zero_grad()
-        model(x).pow(2).mean().backward()
-        optimizer.step()
-    for model in (saved, resumed):
-        assert all(torch.equal(a, b) for a, b in zip(model.parameters(), alone.parameters()))
+    assert_first_steps_alike([(saved, saved_opt), (resumed, resumed_opt)], alone)

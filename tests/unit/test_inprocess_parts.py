@@ -580,29 +580,18 @@ def test_a_heal_before_the_first_step_leaves_both_optimizers_unstepped_as_in_an_
     first real step counted as its second on both (its bias correction one step off: the update x0.74, seen as the
     replicas parting from the lone run at step 1). Both now take the first step an uninterrupted run takes; a
     stepped optimizer's state is sent whole."""
-    from torch import nn
-
     from azext_elastictrain.runtime import entries
     from azext_elastictrain.runtime.replicas import served_state
+    from tests.support.states import adamw_replica, assert_first_steps_alike
 
-    def replica() -> tuple[nn.Module, torch.optim.Optimizer]:
-        torch.manual_seed(0)
-        model = nn.Linear(8, 4)
-        return model, torch.optim.AdamW(model.parameters(), lr=0.01)
-
-    (sender, sender_opt), (receiver, receiver_opt), (alone, alone_opt) = replica(), replica(), replica()
+    (sender, sender_opt), (receiver, receiver_opt) = adamw_replica(), adamw_replica()
+    alone, alone_opt = adamw_replica()
     flat = served_state({"model": sender, "optimizer": sender_opt})
     assert not sender_opt.state
     tree = entries.tree({"model": receiver, "optimizer": receiver_opt})  # as ReplicaGroup._load does
     tree.forget(tree.absent_groups(flat))
     tree.apply({key: flat[key] for key in tree.flat})
     assert not receiver_opt.state
-    x = torch.randn(6, 8)
-    for model, optimizer in ((sender, sender_opt), (receiver, receiver_opt), (alone, alone_opt)):
-        optimizer.zero_grad()
-        model(x).pow(2).mean().backward()
-        optimizer.step()
-    for model in (sender, receiver):
-        assert all(torch.equal(a, b) for a, b in zip(model.parameters(), alone.parameters()))
+    assert_first_steps_alike([(sender, sender_opt), (receiver, receiver_opt)], (alone, alone_opt))
     stepped = served_state({"model": alone, "optimizer": alone_opt})
     assert any(".state." in key for key in stepped) and alone_opt.state  # a stepped optimizer: whole, untouched
