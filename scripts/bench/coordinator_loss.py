@@ -3,6 +3,7 @@ the coordinator is gone (the default) against waiting for it at every step (``EL
 torchft's own behaviour), side by side in one run.
 
     .venv/bin/python scripts/bench/coordinator_loss.py [--nodes 2] [--kills 5] [--down 3] [--modes coast,wait] [--aks]
+    .venv/bin/python scripts/bench/coordinator_loss.py --every 60 --modes undisturbed,coast --aks   # goodput
 
 Each mode runs a job of ``--nodes`` replicas of the tests' loop (harness/replica_worker.py, ``--step-seconds``
 of compute a step, 0.5 s by default, a coordinator of its own as runtime/coordinator.py with a local job's
@@ -10,7 +11,9 @@ settings, Azurite for blob). Once every node trains, the coordinator is killed `
 ``--down`` seconds, then started again on the same address, 10 s apart. Per kill, from the nodes' own records:
 the training lost, i.e. the window from the kill to 10 s after the restart minus the committed steps in it at the
 undisturbed step time (the median interval of the 5 s before the kill), and the steps discarded in it. Medians
-per mode, JSON on stdout.
+per mode, JSON on stdout. With ``--every`` the kills come that many seconds apart, and the ``undisturbed`` mode
+runs the same job and schedule without a kill: each mode's committed steps per second over the schedule, against
+that one's, is its goodput.
 
 A kill that lands while the nodes' quorum request is in flight cannot be trained through: torchft's manager
 retries that request until the coordinator answers (a failed request leaves it unusable), so such a kill costs
@@ -40,6 +43,7 @@ from harness.restartable_coordinator import RestartableCoordinator  # noqa: E402
 from harness.services import start_azurite  # noqa: E402
 
 SETTLE = 10.0  # seconds after the restart that count in a kill's window
+UNDISTURBED = "undisturbed"  # a mode: the same job and schedule, the coordinator never killed
 
 
 class Node:
@@ -111,27 +115,33 @@ def run(mode: str, args: argparse.Namespace, azurite, container: str, logs: Path
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{mode}: the nodes never trained together; see {logs}")
             time.sleep(0.2)
+        began = time.time()
         for _ in range(args.kills):
-            time.sleep(5)
+            time.sleep(max(5.0, args.every - args.down - SETTLE))
             node = nodes[0]
             before = [t for _, t in node.committed if t > time.time() - 5]
             interval = statistics.median(b - a for a, b in zip(before, before[1:]))
             discarded = node.discarded
             killed = time.time()
-            coordinator.kill()
+            if mode != UNDISTURBED:
+                coordinator.kill()
             time.sleep(args.down)
-            coordinator.start()
+            if mode != UNDISTURBED:
+                coordinator.start()
             time.sleep(SETTLE)
             window = time.time() - killed
             steps = sum(1 for _, t in node.committed if killed <= t)
             kills.append({"lost_s": round(window - steps * interval, 3), "step_s": round(interval, 4),
                           "discarded": node.discarded - discarded})
+        span = time.time() - began
+        committed = sum(1 for _, t in nodes[0].committed if began <= t)
     finally:
         for node in nodes:
             node.stop()
         coordinator.kill()
     return {"mode": mode, "kills": kills, "median_lost_s": statistics.median(k["lost_s"] for k in kills),
-            "median_discarded": statistics.median(k["discarded"] for k in kills)}
+            "median_discarded": statistics.median(k["discarded"] for k in kills),
+            "span_s": round(span, 1), "committed": committed, "steps_per_s": round(committed / span, 4)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,7 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--down", type=float, default=3.0, help="seconds the coordinator stays down each time")
     parser.add_argument("--step-seconds", type=float, default=0.5,
                         help="each step's compute (the quorum request's share of a step shrinks as it grows)")
-    parser.add_argument("--modes", default="coast,wait")
+    parser.add_argument("--modes", default="coast,wait",
+                        help=f"of coast, wait and {UNDISTURBED} (the same schedule without a kill: the goodput's base)")
+    parser.add_argument("--every", type=float, default=0.0,
+                        help="seconds from one kill to the next (at least down + 15 s; default: that least)")
     parser.add_argument("--aks", action="store_true",
                         help="AKS's timeouts (the coordinator's, the replica timeout of 30 s, the watch's) for the "
                              "local job's")
@@ -149,8 +162,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     results = in_azurite(args.logs, "coordinator-loss-", lambda azurite, container, folder: [
         run(mode, args, azurite, container, folder / mode) for mode in args.modes.split(",")])
+    base = next((r["steps_per_s"] for r in results if r["mode"] == UNDISTURBED), None)
+    for result in results:  # committed steps per second against the undisturbed job's, over the same schedule
+        result["goodput_vs_undisturbed"] = round(result["steps_per_s"] / base, 4) if base else None
     print(json.dumps({"date": time.strftime("%Y-%m-%d"), "nodes": args.nodes, "down_s": args.down, "aks": args.aks,
-                      "results": results}, indent=1))
+                      "every_s": args.every, "results": results}, indent=1))
     return 0
 
 
