@@ -60,8 +60,24 @@ def records(stream: Any) -> Iterator[dict]:
             continue
 
 
+def join_own_world(attempts: int = 5) -> None:
+    """This node's one-worker world. Its store's port was free when ``start`` chose it; a process of a parallel test
+    may have taken it since (EADDRINUSE: a node that never started, once in CI). Nobody else connects to this
+    store, so another free port does."""
+    from harness.services import free_port
+
+    for attempt in range(attempts):
+        try:
+            dist.init_process_group("gloo")
+            return
+        except dist.DistNetworkError:
+            if attempt == attempts - 1:
+                raise
+            os.environ["MASTER_PORT"] = str(free_port())
+
+
 def main() -> int:
-    dist.init_process_group("gloo")
+    join_own_world()
     torch.manual_seed(0)
     data = Ids()
     sampler = ElasticSampler(data, global_batch_size=BATCH, seed=0)
