@@ -595,3 +595,20 @@ def test_a_heal_before_the_first_step_leaves_both_optimizers_unstepped_as_in_an_
     assert_first_steps_alike([(sender, sender_opt), (receiver, receiver_opt)], (alone, alone_opt))
     stepped = served_state({"model": alone, "optimizer": alone_opt})
     assert any(".state." in key for key in stepped) and alone_opt.state  # a stepped optimizer: whole, untouched
+
+
+def test_the_source_view_of_an_unstepped_training_state_leaves_its_optimizer_unstepped():
+    """TrainingState's optimizer too (state.py ``_unstepped``): read for a save or a heal without torch's
+    zero-gradient step, its one empty ``state`` item in place of per-parameter state; the view a load fills is
+    unchanged (torch's template, to receive into)."""
+    from azext_elastictrain.runtime import entries
+    from azext_elastictrain.runtime.state import TrainingState
+    from tests.support.states import adamw_replica
+
+    model, optimizer = adamw_replica()
+    state = {"run": TrainingState(model, optimizer)}
+    flat = entries.tree(state, source=True).flat
+    assert not optimizer.state and flat["run.optim.state"] == {}
+    assert not any(key.startswith("run.optim.state.") for key in flat)
+    loading = entries.tree(state).flat
+    assert any(key.startswith("run.optim.state.") for key in loading) and optimizer.state
