@@ -91,7 +91,8 @@ def _same_norm(got: float, want: float) -> bool:
 
 def _start(az, name: str, variant: str, out: Path, *, recovery: str, evict: bool, slow: Path | None = None) -> None:
     # slow steps until the evictions are done: 68 of them must outlast two evictions and their scale-ups (at 0.5 s
-    # an in-process job, which trains on at world size 1, once ran out of steps before the second scale-up)
+    # an in-process job, which trains on at world size 1, once ran out of steps before the second scale-up; at 1 s
+    # too, in CI, where a replacement took 30 s to start): the last epoch's steps wait up to 10 s more each
     env = [f"BATTERY_OUT={out}", *([f"BATTERY_SLOW={slow}", "BATTERY_STEP_DELAY=1.0"] if slow else []),
            f"{REPLICA_CHECK_STEPS}=2"]
     az("elastictrain", "job", "run", "--local", "--name", name, "--script", str(SCRIPT),

@@ -20,7 +20,9 @@ the body, AdamW's step count (bn), the gradient norm ``clip_grad_norm_`` saw (th
 digest of the replica (parameters, optimizer state, EMA), and in the bn variant a digest of the head no batch uses
 (it must never move).
 While the file ``$BATTERY_SLOW`` exists each step also sleeps ``$BATTERY_STEP_DELAY`` seconds (in the step's
-compute, before backward), so the test can evict nodes before the job ends.
+compute, before backward), so the test can evict nodes before the job ends, and a step of the last epoch waits up
+to ``HOLD_SECONDS`` more for the file to go: on a machine slow to start the replacements, the job still cannot
+train its last step (and end at a smaller world) while the test is evicting its nodes.
 """
 from __future__ import annotations
 
@@ -43,6 +45,8 @@ GLOBAL_BATCH = 64
 OVERFLOW_STEPS = (6, 23, 41)  # the plain variant: rank 0's loss is inf there (an fp16 overflow), the step skipped
 SAMPLES = 16 * GLOBAL_BATCH + 34  # a final partial batch of 34: 17 per rank at 2 ranks, the same maths at 1
 EPOCHS = 4
+STEPS_PER_EPOCH = -(-SAMPLES // GLOBAL_BATCH)
+HOLD_SECONDS = 10.0
 
 
 def digest(*tensors: torch.Tensor) -> str:
@@ -125,6 +129,9 @@ def main() -> None:
         scale = 1 + 0.1 * torch.rand((), generator=strength)  # one draw a step, whatever the world size
         if slow and os.path.exists(slow):
             time.sleep(delay)
+            hold = time.monotonic() + (HOLD_SECONDS if step > (EPOCHS - 1) * STEPS_PER_EPOCH else 0.0)
+            while os.path.exists(slow) and time.monotonic() < hold:
+                time.sleep(0.2)
         optimizer.zero_grad()
         # plain: the slice in two micro-batches, gradients accumulated locally over the first (DDP's no_sync) and
         # averaged with the second's; bn: one backward (BatchNorm's statistics would change with the split)

@@ -278,6 +278,26 @@ def test_a_new_world_that_has_not_completed_a_step_has_no_outage_yet_and_recover
                                  sleep=lambda s: None)
 
 
+def test_a_job_that_finished_before_its_replacement_trained_ends_the_wait_with_why():
+    """`evict simulate --wait --replace-after`: a job whose smaller world trained its last step before the
+    replacement joined will never train at full size again; the wait says so at once instead of running out."""
+    from azext_elastictrain.core.errors import EvictionError
+
+    waits = []
+    events = [e for e in scale_up_from_memory() if e["time"] < 20.3] + [ev(25.0, "finished", step=28)]
+    with pytest.raises(EvictionError, match=r"finished \(step 28\) at a smaller world .* world size 2"):
+        recovery.follow_world_size(lambda job: events, "j", 2, since=20.0, timeout=5, sleep=waits.append)
+    assert waits == []
+    # a job that finished before the replacement's start (since) is not this wait's business
+    with pytest.raises(EvictionError, match="within 0s"):
+        recovery.follow_world_size(lambda job: events, "j", 2, since=26.0, timeout=0.1, sleep=lambda s: None)
+    notice = evicted_with_notice()[:-3] + [ev(117.0, "finished", step=40)]  # trained to the end before it went
+    with pytest.raises(EvictionError, match=r"finished \(step 40\) before a world formed after the eviction"):
+        recovery.follow_recovery(lambda job: notice, "j", {"node": "n1", "evictedAt": 118.0, "startedAt": 115.0},
+                                 timeout=5, sleep=waits.append)
+    assert waits == []
+
+
 def test_a_same_size_re_form_after_a_sigterm_alone_is_a_restart():
     events = [ev(0.0, "restored", step=None, world_size=2), ev(10.0, "progress", step=10, world_size=2),
               ev(10.2, "preempted", step=10, source="sigterm"),

@@ -9,6 +9,7 @@ import time
 from typing import Any, Callable, Mapping
 
 from azext_elastictrain.core.errors import EvictionError
+from azext_elastictrain.core.eventlog import events as job_events
 from azext_elastictrain.core.eventlog.goodput import last_completed_step, outages, scale_ups, world_starts
 
 # A local node comes back in seconds; the AKS backend passes its own, longer timeout (a new Spot VM).
@@ -20,6 +21,12 @@ def trained_again(events: list[dict[str, Any]], since: float) -> bool:
     reported progress."""
     restored = [e["time"] for e in world_starts(events) if e["time"] > since]
     return bool(restored) and any(e.get("event") == "progress" and e["time"] > restored[0] for e in events)
+
+
+def finished_since(events: list[dict[str, Any]], since: float) -> int | None:
+    """The step the job finished at after ``since`` (its last step: nothing more will train), or None."""
+    done = [e.get("step") for e in events if e.get("event") == job_events.FINISHED and e["time"] > since]
+    return done[0] if done else None
 
 
 def follow_recovery(read_events: Any, job: str, eviction: Mapping[str, Any], timeout: float = RECOVERY_TIMEOUT,
@@ -57,6 +64,10 @@ def follow_recovery(read_events: Any, job: str, eviction: Mapping[str, Any], tim
                 reached = notices[0] if notices else max(before, default=restored[0]["step"])
             found["stepsLost"] = max(0, reached - restored[0]["step"])
             return found
+        ended = finished_since(events, started_at)
+        if ended is not None:  # the survivors trained to the end without a new world that reported a step
+            raise EvictionError(f"job {job!r} finished (step {ended}) before a world formed after the eviction "
+                                "trained a step: there was nothing left to recover")
         sleep(0.5)
     raise EvictionError(f"job {job!r} did not train again within {timeout:.0f}s of the eviction")
 
@@ -86,6 +97,10 @@ def follow_world_size(read_events: Any, job: str, world_size: int, since: float,
                     "nodeJoinedToFullSizeSeconds": up.get("nodeJoinedToFullSizeSeconds"),
                     "noTrainingSeconds": up.get("noTrainingSeconds"), "stepsLost": up.get("stepsLost"),
                     "restoreSource": up.get("restoreSource"), "ranksFromPeer": up.get("ranksFromPeer")}
+        ended = finished_since(events, since)
+        if ended is not None:  # the smaller world trained the last step before the replacement was in
+            raise EvictionError(f"job {job!r} finished (step {ended}) at a smaller world before it trained at "
+                                f"world size {world_size} again: the replacement came after the last step")
         sleep(0.5)
     raise EvictionError(f"job {job!r} did not train at world size {world_size} within {timeout:.0f}s "
                         "of the replacement joining")
