@@ -199,8 +199,9 @@ def _unstepped(value: Any) -> torch.optim.Optimizer | None:
 def _as_it_is(optimizer: torch.optim.Optimizer | None) -> Iterator[None]:
     """Read an unstepped optimizer's state dict without torch making its state: torch's state-dict API steps a fresh
     optimizer with zero gradients unless a parameter has a gradient, so one parameter gets a zero gradient that
-    takes no memory (an expanded scalar) for the read. Where that cannot be set (a sharded parameter), the state
-    torch made is dropped after the read; either way the optimizer is left unstepped."""
+    takes no memory (an expanded scalar) for the read (an FSDP2 DTensor parameter takes it too: the unit tests).
+    Where torch refuses that gradient, the state torch made is dropped after the read; either way the optimizer is
+    left unstepped."""
     if optimizer is None:
         yield
         return
@@ -210,7 +211,7 @@ def _as_it_is(optimizer: torch.optim.Optimizer | None) -> Iterator[None]:
         try:
             params[0].grad = torch.zeros((), dtype=params[0].dtype, device=params[0].device).expand_as(params[0])
             guarded = params[0]
-        except Exception:  # pylint: disable=broad-exception-caught  # a DTensor takes no plain gradient: drop after
+        except Exception:  # pylint: disable=broad-exception-caught  # torch refused it: drop what it makes, after
             guarded = None
     try:
         yield

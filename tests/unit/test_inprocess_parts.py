@@ -612,3 +612,31 @@ def test_the_source_view_of_an_unstepped_training_state_leaves_its_optimizer_uns
     assert not any(key.startswith("run.optim.state.") for key in flat)
     loading = entries.tree(state).flat
     assert any(key.startswith("run.optim.state.") for key in loading) and optimizer.state
+
+
+def test_the_source_view_of_an_unstepped_sharded_optimizer_leaves_it_unstepped():
+    """FSDP2 (DTensor parameters, torch's state-dict API for a sharded model): a save or a heal before the first
+    step reads the optimizer without stepping it, and its first step is an unsharded run's."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from azext_elastictrain.runtime import entries
+    from tests.support.states import adamw_replica
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model, _ = adamw_replica()
+        fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+        flat = entries.tree({"model": model, "optimizer": optimizer}, source=True).flat
+        assert not optimizer.state and flat["optimizer.state"] == {}
+        assert all(p.grad is None for p in model.parameters())
+        alone, alone_opt = adamw_replica()
+        x = torch.randn(6, 8)
+        for net, opt in ((model, optimizer), (alone, alone_opt)):
+            net(x).pow(2).mean().backward()
+            opt.step()
+        assert all(torch.equal(p.full_tensor(), q) for p, q in zip(model.parameters(), alone.parameters()))
+    finally:
+        dist.destroy_process_group()
