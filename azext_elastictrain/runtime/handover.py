@@ -76,12 +76,17 @@ class Handover:  # pylint: disable=too-many-instance-attributes  # the step's su
             self.step_seconds = now - self.began
         self.began = now
 
-    def possible(self, seconds_left: float | None) -> bool:
+    def possible(self, seconds_left: float | None, now: float | None = None) -> bool:
         """Whether this node can hand over rather than leave at once (``seconds_left``: until its notice expires,
-        None if the notice does not say)."""
-        if self.heartbeat_timeout is None or self.step_seconds is None or self.step_seconds > MAX_STEP_SECONDS:
+        None if the notice does not say), asked at ``now``, as a step ends. At the end of a node's first step no
+        step is timed from one start to the next yet: the step that is ending, ``now`` less its start, counts (a
+        first step runs longer than the rest, if anything: a warm-up, a heal)."""
+        step = self.step_seconds
+        if step is None and self.began is not None and now is not None:
+            step = now - self.began
+        if self.heartbeat_timeout is None or step is None or step > MAX_STEP_SECONDS:
             return False
-        needed = self.heartbeat_timeout + MARGIN_SECONDS + NOTICE_STEPS * self.step_seconds
+        needed = self.heartbeat_timeout + MARGIN_SECONDS + NOTICE_STEPS * step
         return seconds_left is None or seconds_left > needed
 
     def ready_now(self, now: float, heard: Callable[[], bool | None] | None = None) -> bool:

@@ -376,7 +376,7 @@ class ReplicaGroup:  # pylint: disable=too-many-instance-attributes  # the manag
         """Whether this node, told to leave, can hand over rather than leave at once: it trains in a quorum of
         others, the coordinator answers (no coasting), nothing failed, and the handover fits (runtime/handover.py)."""
         return (self.rank is not None and self._participants > 1 and not self._coasting and not self.left
-                and self.manager.errored() is None and self.handover.possible(seconds_left))
+                and self.manager.errored() is None and self.handover.possible(seconds_left, time.monotonic()))
 
     def _hand_over(self, *, departing: int, ready: int, diverged: bool, participants: int) -> None:
         """The sums of the step's start collective; a departing node that every participant now knows of stops

@@ -125,7 +125,12 @@ def test_two_departing_nodes_leave_together_once_both_are_ready() -> None:
 
 def test_no_handover_where_it_would_take_long_or_no_coordinator_drops_the_node() -> None:
     assert timed(0.2).possible(None)
-    assert not Handover(HEARTBEAT).possible(None), "no step timed yet"
+    assert not Handover(HEARTBEAT).possible(None, now=100.0), "no step begun yet"
+    first = Handover(HEARTBEAT)
+    first.begin(100.0)  # a notice as the node's first step ends: that step's time counts
+    assert first.possible(None, now=100.2) and not first.possible(None, now=100.0 + MAX_STEP_SECONDS + 0.1)
+    needed = HEARTBEAT + MARGIN_SECONDS + NOTICE_STEPS * 0.2
+    assert first.possible(needed + 0.01, now=100.2) and not first.possible(needed - 0.01, now=100.2)
     assert not Handover(None).possible(None), "no coordinator"
     assert not timed(MAX_STEP_SECONDS + 0.1).possible(None)
     needed = HEARTBEAT + MARGIN_SECONDS + NOTICE_STEPS * 0.2
