@@ -296,6 +296,11 @@ def test_a_job_that_finished_before_its_replacement_trained_ends_the_wait_with_w
         recovery.follow_recovery(lambda job: notice, "j", {"node": "n1", "evictedAt": 118.0, "startedAt": 115.0},
                                  timeout=5, sleep=waits.append)
     assert waits == []
+    # a new world that trained on to the end before it reported progress did recover
+    ended = evicted_with_notice()[:-1] + [ev(121.5, "finished", step=33)]
+    found = recovery.follow_recovery(lambda job: ended, "j", {"node": "n1", "evictedAt": 118.0}, timeout=5,
+                                     sleep=waits.append)
+    assert found["resumedFromStep"] == 30 and found["stepsLost"] == 0 and waits == []
 
 
 def test_a_same_size_re_form_after_a_sigterm_alone_is_a_restart():

@@ -43,7 +43,8 @@ def follow_recovery(read_events: Any, job: str, eviction: Mapping[str, Any], tim
         events = read_events(job)
         # from the eviction's start: an in-process job re-forms at the notice, before the node goes
         restored = [e for e in world_starts(events) if e.get("step") is not None and e["time"] > started_at]
-        resumed = [e for e in events if e.get("event") == "progress" and restored
+        # a world that trained on to the job's end before it reported progress recovered too
+        resumed = [e for e in events if e.get("event") in (job_events.PROGRESS, job_events.FINISHED) and restored
                    and e["time"] > restored[0]["time"]]
         if resumed:
             found = {"node": eviction["node"], "resumedFromStep": restored[0]["step"],
