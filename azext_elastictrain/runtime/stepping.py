@@ -164,6 +164,9 @@ class StepPolicy:  # pylint: disable=too-many-instance-attributes  # the setting
         if own:
             return True
         if self.notices.wait_for_sigterm(self.sigterm_wait_seconds, poll=0.05):
+            # its own SIGTERM came after the step's agreement (ms after a peer's): recorded as if it had been first,
+            # or a node whose first worker was signalled last would leave no ``preempted`` event
+            self._record(step, self.notices.live())
             return True
         log.warning("another rank was stopped at step %d but this one was not: training on", step)
         return False

@@ -158,6 +158,10 @@ def test_a_rank_whose_peer_got_sigterm_waits_for_its_own_then_stops() -> None:
     world.watcher = FakeWatcher(world.clock, sigterm_at=world.clock.now + 1.0)
     assert at(world.policy(sigterm_wait_seconds=5.0), 4) is True
     assert 1.0 <= world.clock.now - 1000.0 < 1.2  # it stopped as soon as its own SIGTERM came
+    # ... and recorded it as a rank that had it at the step's end does (a node's first worker signalled last:
+    # tests/integration/test_determinism.py once found no preempted event)
+    preempted = [fields for kind, fields in world.events.emitted if kind == progress.PREEMPTED]
+    assert preempted == [{"step": 4, "source": "sigterm", "event_id": None}]
 
 
 def test_a_rank_whose_own_sigterm_never_comes_trains_on_after_the_wait() -> None:
