@@ -301,6 +301,7 @@ def test_a_job_that_finished_before_its_replacement_trained_ends_the_wait_with_w
     found = recovery.follow_recovery(lambda job: ended, "j", {"node": "n1", "evictedAt": 118.0}, timeout=5,
                                      sleep=waits.append)
     assert found["resumedFromStep"] == 30 and found["stepsLost"] == 0 and waits == []
+    assert found["worldSize"] == 1  # the new world's, from its restore: a finished event carries no world size
 
 
 def test_a_same_size_re_form_after_a_sigterm_alone_is_a_restart():

@@ -48,7 +48,7 @@ def follow_recovery(read_events: Any, job: str, eviction: Mapping[str, Any], tim
                    and e["time"] > restored[0]["time"]]
         if resumed:
             found = {"node": eviction["node"], "resumedFromStep": restored[0]["step"],
-                     "worldSize": resumed[0].get("world_size"),
+                     "worldSize": resumed[0].get("world_size", restored[0].get("world_size")),
                      # 0: an in-process job trained on without the node before it went
                      "restoreSeconds": round(max(0.0, restored[0]["time"] - evicted_at), 2),
                      "recoverySeconds": round(max(0.0, resumed[0]["time"] - evicted_at), 2), "outageSeconds": None}
